@@ -1,0 +1,151 @@
+"""The data contract: every measurement, tag and field this package writes.
+
+Everything else (sources, the line-protocol encoder, sinks, queries, CSV,
+dashboards) takes its names from here. The README's "Data contract" table is
+this module, rendered.
+
+Points are written with nanosecond timestamps (InfluxDB's default precision),
+on the scheduler's clock: each worker adds ``worker.scheduler_delay``.
+
+Example
+-------
+>>> FIELDS["gpu", "memory_used"].unit
+'MiB'
+>>> TRACKING["compute-util"]
+(('gpu', 'utilization_gpu'),)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Union
+
+FieldValue = Union[float, int, str]
+
+
+class Point(NamedTuple):
+    """One line of line protocol: ``measurement,tags fields time``.
+
+    >>> Point("gpu", {"index": "0"}, {"utilization_gpu": 12.0}, 1_700_000_000_000_000_000)
+    Point(measurement='gpu', tags={'index': '0'}, fields={'utilization_gpu': 12.0}, time_ns=1700000000000000000)
+    """
+
+    measurement: str
+    tags: dict[str, str]
+    fields: dict[str, FieldValue]
+    time_ns: int
+
+
+class Reading(NamedTuple):
+    """What a source returns: a point without the common tags and time."""
+
+    measurement: str
+    tags: dict[str, str]
+    fields: dict[str, FieldValue]
+
+
+class Field(NamedTuple):
+    measurement: str
+    name: str
+    type: type  # float, int or str: the encoder writes exactly this type
+    unit: str
+    description: str
+
+
+# Measurements
+GPU = "gpu"
+HOST = "host"
+WORKER = "worker"
+CUSTOM = "custom"
+DAG = "dag"
+
+# Tags on every worker point, in this order.
+COMMON_TAGS = ("host", "worker", "job", "dag")
+# Extra tags on per-device points (gpu, and per-device custom metrics).
+DEVICE_TAGS = ("index", "uuid", "name")
+
+TAGS = {
+    "host": "hostname of the machine the worker (or scheduler) runs on",
+    "worker": "worker address, e.g. tcp://10.0.0.5:40211",
+    "job": "job number(s) of the tasks executing at sample time, ascending and "
+    "comma-joined ('3' or '3,4'); idle samples carry the last job this worker "
+    "ran for ('0' before the first task)",
+    "dag": "DAG number(s) of the tasks executing at sample time, ascending and "
+    "comma-joined; '0' when the worker is idle",
+    "index": "device index as the worker sees it (0 = first of CUDA_VISIBLE_DEVICES)",
+    "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
+    "name": "device product name",
+    "status": "dag points: 'running' on submission, then 'ok' or 'erred'",
+}
+
+_FIELDS = (
+    Field(GPU, "utilization_gpu", float, "%", "time a kernel ran over the last sample period (NVML utilization.gpu)"),
+    Field(GPU, "utilization_memory", float, "%", "time device memory was read or written (NVML utilization.memory); busy time, not capacity"),
+    Field(GPU, "memory_used", float, "MiB", "device memory in use (NVML memory info v2 where available)"),
+    Field(GPU, "memory_total", float, "MiB", "device memory capacity"),
+    Field(GPU, "memory_used_percent", float, "%", "memory_used / memory_total * 100"),
+    Field(GPU, "power_draw", float, "W", "board power draw"),
+    Field(GPU, "temperature_gpu", float, "C", "GPU core temperature"),
+    Field(GPU, "clocks_current_sm", float, "MHz", "current SM clock"),
+    Field(HOST, "cpu_percent", float, "%", "whole-host CPU use since the previous sample (all cores = 100)"),
+    Field(HOST, "memory_used", int, "bytes", "host memory in use (psutil virtual_memory.used)"),
+    Field(HOST, "memory_total", int, "bytes", "host memory capacity"),
+    Field(HOST, "memory_used_percent", float, "%", "host memory in use, percent"),
+    Field(HOST, "disk_read_bytes", int, "bytes", "cumulative bytes read from all disks (counter)"),
+    Field(HOST, "disk_write_bytes", int, "bytes", "cumulative bytes written to all disks (counter)"),
+    Field(HOST, "net_recv_bytes", int, "bytes", "cumulative bytes received on all interfaces (counter)"),
+    Field(HOST, "net_sent_bytes", int, "bytes", "cumulative bytes sent on all interfaces (counter)"),
+    Field(WORKER, "tasks", int, "count", "tasks executing (including seceded) at sample time"),
+    Field(WORKER, "running", str, "JSON", "JSON list of the executing task keys (tuples become lists)"),
+    Field(WORKER, "cpu_percent", float, "%", "worker process CPU since the previous sample (one core = 100)"),
+    Field(WORKER, "rss", int, "bytes", "worker process resident memory"),
+    Field(WORKER, "managed_bytes", int, "bytes", "bytes of task results the worker holds (worker.state.nbytes)"),
+    Field(DAG, "event", str, "", "'submit' or 'end'"),
+    Field(DAG, "tasks", int, "count", "tasks in the DAG (new tasks of this submission)"),
+    Field(DAG, "label", str, "", "readable job label: the submitting client's id"),
+    Field(DAG, "duration", float, "s", "end points: seconds from submission to end"),
+)
+FIELDS: dict[tuple[str, str], Field] = {(f.measurement, f.name): f for f in _FIELDS}
+
+# Custom metrics land in the ``custom`` measurement, one float field per metric
+# name; per-device metrics carry the device tags.
+CUSTOM_FIELD_TYPE = float
+
+# Tracking names users pass to ``Monitor.attach(tracking=[...])`` and the
+# fields each one turns on. The first four are the old dask-metrics names.
+TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
+    "total-mem": ((GPU, "memory_used"),),
+    "mem-util": ((GPU, "memory_used_percent"),),
+    "compute-util": ((GPU, "utilization_gpu"),),
+    "tasks": ((WORKER, "tasks"), (WORKER, "running")),
+    "mem-busy": ((GPU, "utilization_memory"),),
+    "power": ((GPU, "power_draw"),),
+    "temperature": ((GPU, "temperature_gpu"),),
+    "sm-clock": ((GPU, "clocks_current_sm"),),
+    "host-cpu": ((HOST, "cpu_percent"),),
+    "host-mem": ((HOST, "memory_used"), (HOST, "memory_used_percent")),
+    "disk-io": ((HOST, "disk_read_bytes"), (HOST, "disk_write_bytes")),
+    "net-io": ((HOST, "net_recv_bytes"), (HOST, "net_sent_bytes")),
+    "worker-cpu": ((WORKER, "cpu_percent"),),
+    "worker-mem": ((WORKER, "rss"), (WORKER, "managed_bytes")),
+}
+# Fields written whenever their measurement is written at all (static, cheap).
+ALWAYS = frozenset({(GPU, "memory_total"), (HOST, "memory_total")})
+
+
+def fields_for(tracking) -> frozenset[tuple[str, str]]:
+    """The (measurement, field) pairs that a tracking list turns on.
+
+    Raises ``ValueError`` naming every unknown name and listing the known ones.
+
+    >>> sorted(fields_for(["compute-util"]))
+    [('gpu', 'memory_total'), ('gpu', 'utilization_gpu')]
+    """
+    tracking = list(tracking)
+    unknown = [t for t in tracking if t not in TRACKING]
+    if unknown:
+        raise ValueError(
+            f"unknown metric name(s) {unknown}; known: {sorted(TRACKING)}"
+        )
+    chosen = {pair for name in tracking for pair in TRACKING[name]}
+    measurements = {m for m, _ in chosen}
+    return frozenset(chosen | {p for p in ALWAYS if p[0] in measurements})
