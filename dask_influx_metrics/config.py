@@ -16,6 +16,7 @@ Example
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -99,7 +100,7 @@ class Settings:
         """
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         with dask.config.set({f"influx-metrics.{k}": v for k, v in overrides.items()}):
-            c = dask.config.get("influx-metrics")
+            c = copy.deepcopy(dask.config.get("influx-metrics"))  # set() restores in place
 
         def get(path):
             node = c
@@ -157,3 +158,48 @@ def _positive_int(value, key) -> int:
     if isinstance(value, bool) or number <= 0 or number != value and not str(value).isdigit():
         raise ValueError(f"influx-metrics.{key} must be a positive integer, got {value!r}")
     return number
+
+
+# Keyword arguments accepted by Monitor(...) and Monitor.attach(...), and the
+# config key (below ``influx-metrics``) each one overrides.
+KWARGS = {
+    "polling_interval": "polling-interval",
+    "tracking": "tracking",
+    "job_type": "job-type",
+    "sink": "sink",
+    "tags": "tags",
+    "telegraf_address": "telegraf.address",
+    "max_datagram": "telegraf.max-datagram",
+    "influxdb_url": "influxdb.url",
+    "database": "influxdb.database",
+    "retention_policy": "influxdb.retention-policy",
+    "username": "influxdb.username",
+    "password": "influxdb.password",
+    "token": "influxdb.token",
+    "spool_directory": "spool.directory",
+    "dump_loc": "spool.directory",
+    "mem_limit": "spool.mem-limit",
+    "flush_interval": "spool.flush-interval",
+    "gpu_source": "gpu.source",
+    "gpu_count": "gpu.count",
+}
+
+
+def overrides_from_kwargs(**kwargs) -> dict:
+    """Map Python keyword arguments to ``influx-metrics`` config keys.
+
+    ``None`` means "not given". ``mem_limit``/``dump_loc`` (the old
+    dask-metrics spill-to-disk options) also switch the spool sink on.
+
+    >>> overrides_from_kwargs(polling_interval=50, telegraf_address="10.0.0.1:8094")
+    {'polling-interval': 50, 'telegraf.address': '10.0.0.1:8094'}
+    """
+    unknown = sorted(set(kwargs) - set(KWARGS))
+    if unknown:
+        raise TypeError(f"unknown setting(s) {unknown}; known: {sorted(KWARGS)}")
+    out = {KWARGS[k]: v for k, v in kwargs.items() if v is not None}
+    if kwargs.get("mem_limit") is not None or kwargs.get("dump_loc") is not None:
+        sinks = _as_list(out.get("sink", dask.config.get("influx-metrics.sink")))
+        if "spool" not in sinks:
+            out["sink"] = sinks + ["spool"]
+    return out

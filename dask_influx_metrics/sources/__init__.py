@@ -14,3 +14,24 @@ from ..schema import Reading
 class Source(Protocol):
     def read(self) -> list[Reading]:
         """Return this moment's readings; one bad field never drops the rest."""
+
+
+def make_gpu_source(settings, activity):
+    """The GPU source that ``influx-metrics.gpu.source`` names, or None.
+
+    ``auto`` is NVML when pynvml imports and sees a device, else no GPU
+    source; ``simulated`` follows the worker's activity (see
+    :mod:`.simulated`); ``none`` turns GPU sampling off.
+    """
+    choice = settings.gpu_source
+    if choice == "none":
+        return None
+    if choice == "simulated":
+        from .simulated import SimulatedGpuSource
+
+        return SimulatedGpuSource(settings.gpu_count, settings.fields, activity)
+    from .nvml import NvmlSource, nvml_available
+
+    if choice == "auto" and not nvml_available():
+        return None
+    return NvmlSource(settings.fields)

@@ -1,0 +1,317 @@
+r"""InfluxDB line protocol: ``encode`` a :class:`~.schema.Point`, ``parse`` it back.
+
+One point is one line, ``measurement[,tag=value...] field=value[,...] [time_ns]``,
+UTF-8, tags sorted by key. Field values: ``float`` -> shortest text that
+round-trips (``repr``), ``int`` -> ``<n>i``, ``bool`` -> ``true``/``false``,
+``str`` -> ``"..."``. ``parse(encode(p))`` gives back ``p`` exactly whenever
+every name and value is representable, and otherwise the normalised point
+described below, which is also exactly what InfluxDB 1.6.7 stores (checked
+against the real server by ``tests/test_lineprotocol.py``).
+
+Policy for what line protocol cannot carry (deterministic; nothing raises)
+--------------------------------------------------------------------------
+Names (measurement, tag key, tag value, field key):
+
+1. Control characters U+0000-U+001F and U+007F become a space. InfluxDB 1.x
+   ends the line at a newline even when it is backslash-escaped (``\<LF>``
+   is stored *with* the backslash), Telegraf's parser rejects the whole line
+   for TAB/LF/FF/CR, and the v2 ``line-protocol`` parser for any of them.
+2. A backslash is kept verbatim (``a\b`` and ``a\\b`` round-trip) except a
+   run of backslashes that ends the text: there is no encoding for it in any
+   parser (the delimiter after it reads as escaped; 1.6.7 folded
+   ``m\,t=a`` into a measurement named ``m,t=a``), so it is removed (as
+   Telegraf's serializer does). In measurements and field keys a run of
+   backslashes directly before ``,`` ``=`` space or ``"`` is removed too:
+   1.x unescapes those pairs there (measurement names even twice, leaving
+   series that ``SELECT`` cannot find), and its field scanner takes ``\\``
+   as a pair, so ``f\\,x=1`` does not parse. In tag keys and values such a
+   backslash is exact (``a\,b`` is written ``a\\,b`` and stored ``a\,b``).
+3. A measurement starting with ``#`` would turn the line into a comment
+   (1.x drops it silently), so it is written ``\#...`` and stored that way
+   by 1.x, Telegraf and the v2 parser alike.
+4. Afterwards an empty measurement drops the point; an empty tag key or value
+   drops the tag (line protocol has no empty tag value); an empty field key,
+   or a tag/field key ``time`` (1.x rejects the whole point for it), drops
+   that tag/field; when two keys clean up to the same text the first wins
+   (tags in sorted order of the original keys, fields in dict order).
+
+String field values round-trip exactly (``\`` and ``"`` are escaped; LF,
+CRLF, TAB, NUL are written raw, which 1.x, Telegraf and v2 all accept inside
+quotes), except a CR not followed by LF and a form feed, which become a
+space: Telegraf's grammar has no way to accept them. So a line may span
+several physical lines; use :func:`split_lines` to read a stream back.
+
+Field values that cannot be written are dropped, and the point only if no
+field is left: NaN/+-inf floats, ints outside int64 and values of other types
+(``None`` is skipped silently). Lone surrogates, which UTF-8 cannot encode,
+become ``?``. Each drop is counted in the module-level :data:`stats`.
+
+Known differences between parsers for lines this module writes: Telegraf's
+``influx`` parser unescapes ``\"`` in tag keys/values (1.x and v2 keep the
+backslash), so a tag containing backslash-quote loses that backslash on the
+Telegraf path; InfluxDB 2.x rejects tag keys ``_field`` and ``_measurement``
+(1.x accepts them), which this module does not rewrite.
+
+>>> from dask_influx_metrics.schema import Point
+>>> line = encode(Point("gpu", {"name": "A100 SXM", "index": "0"},
+...                     {"utilization_gpu": 12.5, "tasks": 3}, 1700000000000000000))
+>>> line
+b'gpu,index=0,name=A100\\ SXM utilization_gpu=12.5,tasks=3i 1700000000000000000'
+>>> parse(line).tags
+{'index': '0', 'name': 'A100 SXM'}
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections import Counter
+from typing import Iterable, Optional
+
+from .schema import Point
+
+#: Counts of what the encoder dropped, by reason: ``nonfinite`` (NaN/inf
+#: float fields), ``int_range``, ``unsupported_type``, ``empty_key``,
+#: ``reserved_key``, ``duplicate_key`` (fields or tags) and ``points`` (points
+#: with no measurement or no field left). Cumulative for the process; reset
+#: with ``stats.clear()``.
+stats: Counter = Counter()
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_TRAILING_BS = re.compile(r"\\+\Z")
+_BS_BEFORE_SPECIAL = re.compile(r'\\+(?=[,= "]|\Z)')
+_STRING_CR_FF = re.compile(r"\r(?!\n)|\f")
+_MEASUREMENT_ESC = str.maketrans({",": r"\,", " ": r"\ "})
+_KEY_ESC = str.maketrans({",": r"\,", " ": r"\ ", "=": r"\="})
+_STRING_ESC = str.maketrans({"\\": "\\\\", '"': '\\"'})
+_RESERVED = frozenset({"time"})
+_FLOAT_TEXT = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\Z")
+
+
+def _clean(text, backslashes: re.Pattern) -> str:
+    text = str(text)
+    if _CONTROL.search(text):
+        text = _CONTROL.sub(" ", text)
+    if "\\" in text:
+        text = backslashes.sub("", text)
+    return text
+
+
+def _measurement(name) -> str:
+    text = _clean(name, _BS_BEFORE_SPECIAL).translate(_MEASUREMENT_ESC)
+    return "\\" + text if text.startswith("#") else text
+
+
+def _field_value(value) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + _STRING_CR_FF.sub(" ", value).translate(_STRING_ESC) + '"'
+    if isinstance(value, numbers.Integral):
+        number = int(value)
+        if _INT64_MIN <= number <= _INT64_MAX:
+            return f"{number}i"
+        stats["int_range"] += 1
+        return None
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        if math.isfinite(number):
+            return repr(number)
+        stats["nonfinite"] += 1
+        return None
+    stats["unsupported_type"] += 1
+    return None
+
+
+def _key_ok(key: str, seen) -> bool:
+    reason = "empty_key" if not key else "reserved_key" if key in _RESERVED else (
+        "duplicate_key" if key in seen else None)
+    if reason:
+        stats[reason] += 1
+    return reason is None
+
+
+def encode(point: Point) -> Optional[bytes]:
+    """One line of line protocol (no newline), or ``None`` if nothing is writable.
+
+    >>> encode(Point("m", {"t": ""}, {"x": float("nan"), "s": 'say "hi"'}, 5))
+    b'm s="say \\\\"hi\\\\"" 5'
+    >>> encode(Point("m", {}, {"x": float("inf")}, 5)) is None
+    True
+    """
+    measurement = _measurement(point.measurement)
+    tags: dict[str, str] = {}
+    for key, value in sorted(((str(k), v) for k, v in point.tags.items()), key=lambda kv: kv[0]):
+        value = "" if value is None else _clean(value, _TRAILING_BS)
+        if not value:
+            continue  # line protocol cannot hold an empty tag value
+        key = _clean(key, _TRAILING_BS)
+        if _key_ok(key, tags):
+            tags[key] = value
+    fields: dict[str, str] = {}
+    for key, value in point.fields.items():
+        text = _field_value(value)
+        if text is None:
+            continue
+        key = _clean(key, _BS_BEFORE_SPECIAL)
+        if _key_ok(key, fields):
+            fields[key] = text
+    if not measurement or not fields:
+        stats["points"] += 1
+        return None
+    parts = [measurement]
+    for key in sorted(tags):
+        parts += [",", key.translate(_KEY_ESC), "=", tags[key].translate(_KEY_ESC)]
+    parts.append(" ")
+    parts.append(",".join(k.translate(_KEY_ESC) + "=" + v for k, v in fields.items()))
+    if point.time_ns is not None:
+        parts.append(f" {int(point.time_ns)}")
+    line = "".join(parts)
+    try:
+        return line.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates
+        return line.encode("utf-8", "replace")
+
+
+def encode_many(points: Iterable[Point]) -> list[bytes]:
+    """Encode each point, leaving out those that :func:`encode` drops.
+
+    >>> encode_many([Point("a", {}, {"v": 1}, 1), Point("b", {}, {}, 2)])
+    [b'a v=1i 1']
+    """
+    return [line for line in map(encode, points) if line is not None]
+
+
+def split_lines(data: bytes) -> tuple[list[bytes], bytes]:
+    """Split a stream of newline-joined lines, honouring newlines inside strings.
+
+    Returns the complete lines (empty ones left out) and the unterminated
+    rest: a partial last line, or ``b""``.
+
+    >>> split_lines(b'm s="a\\nb" 1\\nm v=2i 2\\nm v=')
+    ([b'm s="a\\nb" 1', b'm v=2i 2'], b'm v=')
+    """
+    segments = data.split(b"\n")
+    rest = segments.pop()
+    lines: list[bytes] = []
+    record = None
+    for segment in segments:
+        record = segment if record is None else record + b"\n" + segment
+        if b'"' in record and _ends_quoted(record):
+            continue  # the newline is inside a string value
+        if record.strip():
+            lines.append(record)
+        record = None
+    if record is not None:
+        rest = record + b"\n" + rest
+    return lines, rest
+
+
+_TOKENS = re.compile(rb'\\[\s\S]|[ ,="]|[^\\ ,="]+')
+
+
+def _ends_quoted(record: bytes) -> bool:
+    """Whether ``record`` ends inside a string value (InfluxDB 1.x ``scanLine`` rules)."""
+    fields = quoted = False
+    equals = commas = 0
+    for token in _TOKENS.findall(record):
+        if token == b" ":
+            fields = True
+        elif fields and not quoted and token == b"=":
+            equals += 1
+        elif fields and not quoted and token == b",":
+            commas += 1
+        elif fields and token == b'"' and equals > commas:
+            quoted = not quoted
+    return quoted
+
+
+def _scan(text: str, i: int, stops: str) -> int:
+    """Index of the first char in ``stops`` at or after ``i`` not preceded by ``\\``."""
+    n = len(text)
+    while i < n and (text[i] not in stops or (i > 0 and text[i - 1] == "\\")):
+        i += 1
+    return i
+
+
+def _unescape(text: str, codes: str) -> str:
+    if "\\" not in text:
+        return text
+    out, i, n = [], 0, len(text)
+    while i < n:
+        if text[i] == "\\" and i + 1 < n and text[i + 1] in codes:
+            out.append(text[i + 1])
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _parse_value(text: str, line: str):
+    if text.endswith(("i", "u")) and text[:-1].lstrip("-").isdigit():
+        return int(text[:-1])
+    if text in ("t", "T", "true", "True", "TRUE"):
+        return True
+    if text in ("f", "F", "false", "False", "FALSE"):
+        return False
+    if _FLOAT_TEXT.match(text):
+        return float(text)
+    raise ValueError(f"bad field value {text!r} in line {line!r}")
+
+
+def parse(line) -> Point:
+    """Read one line written by :func:`encode` back into a :class:`Point`.
+
+    Unescapes exactly as InfluxDB 1.x does. Raises ``ValueError`` on a
+    malformed line. ``time_ns`` is ``None`` when the line has no timestamp.
+
+    >>> parse(b'gpu,name=A100\\\\ SXM used=1.5,n=2i,ok=true,s="x" 7')
+    Point(measurement='gpu', tags={'name': 'A100 SXM'}, fields={'used': 1.5, 'n': 2, 'ok': True, 's': 'x'}, time_ns=7)
+    """
+    text = line.decode("utf-8") if isinstance(line, (bytes, bytearray)) else str(line)
+    text = text.rstrip("\n")
+    n = len(text)
+    i = _scan(text, 0, ", ")
+    measurement = _unescape(text[:i], ',=" ')
+    if not measurement or i >= n:
+        raise ValueError(f"no measurement or no fields in line {text!r}")
+    tags = {}
+    while text[i] == ",":
+        j = _scan(text, i + 1, "=")
+        k = _scan(text, j + 1, ", ")
+        if j >= n or k >= n or j == i + 1 or k == j + 1:
+            raise ValueError(f"bad tag at {i} in line {text!r}")
+        tags[_unescape(text[i + 1:j], ",= ")] = _unescape(text[j + 1:k], ",= ")
+        i = k
+    fields = {}
+    while i < n and (text[i] == " " and not fields or text[i] == ","):
+        j = _scan(text, i + 1, "=")
+        if j >= n - 1 or j == i + 1:
+            raise ValueError(f"bad field at {i} in line {text!r}")
+        key = _unescape(text[i + 1:j], ',=" ')
+        if text[j + 1] == '"':
+            k = j + 2
+            while k < n and text[k] != '"':
+                k += 2 if text[k] == "\\" else 1
+            if k >= n:
+                raise ValueError(f"unterminated string in line {text!r}")
+            fields[key] = _unescape(text[j + 2:k], '\\"')
+            i = k + 1
+        else:
+            k = _scan(text, j + 1, ", ")
+            fields[key] = _parse_value(text[j + 1:k], text)
+            i = k
+    time_ns = None
+    rest = text[i:].strip(" ")
+    if rest:
+        if not rest.lstrip("-").isdigit():
+            raise ValueError(f"bad timestamp {rest!r} in line {text!r}")
+        time_ns = int(rest)
+    if not fields:
+        raise ValueError(f"no fields in line {text!r}")
+    return Point(measurement, tags, fields, time_ns)

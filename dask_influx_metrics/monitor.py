@@ -1,0 +1,172 @@
+"""``Monitor``: the client-side handle, compatible with the old dask-metrics API.
+
+All state lives on the cluster (the scheduler plugin), not in this object, so
+a later, different ``Client`` can build ``Monitor(client)`` and ``stop()``
+what an earlier one started.
+
+Example
+-------
+>>> from dask.distributed import Client, LocalCluster          # doctest: +SKIP
+>>> client = Client(LocalCluster(n_workers=2))                   # doctest: +SKIP
+>>> monitor = Monitor(client, gpu_source="simulated")            # doctest: +SKIP
+>>> monitor.attach(tracking=["compute-util", "tasks"], polling_interval=100)  # doctest: +SKIP
+>>> monitor.start()                                              # doctest: +SKIP
+>>> client.submit(sum, [1, 2]).result()                          # doctest: +SKIP
+3
+>>> monitor.stop()                                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from distributed.protocol.pickle import dumps
+
+from .config import Settings, overrides_from_kwargs
+from .scheduler_plugin import NEW_JOB_OP, PLUGIN_NAME as JOBS_PLUGIN, JobPlugin
+from .sources import custom
+from .worker_plugin import PLUGIN_NAME as WORKER_PLUGIN, MetricsWorkerPlugin
+
+
+async def _on_scheduler(dask_scheduler=None, action="state", tracking=None):
+    """Runs on the scheduler (via ``run_on_scheduler``): read or drive the session."""
+    plugin = dask_scheduler.plugins.get(JOBS_PLUGIN)
+    if plugin is None:
+        return None
+    if action == "detach":
+        await plugin.close()
+        dask_scheduler.remove_plugin(name=JOBS_PLUGIN)
+        return plugin.state()
+    if action == "start":
+        if tracking is not None:
+            plugin.overrides["tracking"] = list(tracking)
+        return plugin.start_session()
+    if action == "stop":
+        return plugin.stop_session()
+    return plugin.state()
+
+
+class Monitor:
+    """Collects GPU, host and custom metrics on every worker of ``client``'s cluster.
+
+    ``settings`` are keyword overrides of the ``influx-metrics`` Dask config
+    (see :data:`dask_influx_metrics.config.KWARGS`), e.g. ``sink="udp"``,
+    ``gpu_source="simulated"``; they apply to every ``attach``.
+    """
+
+    def __init__(self, client, **settings):
+        self.client = client
+        self._settings = overrides_from_kwargs(**settings)
+
+    # --- old dask-metrics API --------------------------------------------
+    def attach(self, tracking=None, custom_metrics=None, job_type="client", polling_interval=None,
+               mem_limit=None, dump_loc=None, **settings) -> Settings:
+        """Validate the options and install the scheduler plugin (sampling starts at ``start()``).
+
+        ``tracking`` names metrics (default: all, see README), ``custom_metrics``
+        are functions decorated with ``@custom_metric``, ``job_type`` is
+        ``"client"`` (each client connection is a job) or ``"manual"`` (only
+        ``new_job()`` changes the job), ``polling_interval`` is in ms,
+        ``mem_limit`` lines are held in worker memory before being spooled to
+        ``dump_loc``. Raises ``ValueError``/``TypeError`` naming any bad option;
+        returns the resolved settings as this client sees them.
+
+        >>> monitor.attach(["mem-util", "compute-util"], job_type="manual")  # doctest: +SKIP
+        """
+        overrides = {**self._settings, **overrides_from_kwargs(
+            tracking=list(tracking) if tracking is not None else None, job_type=job_type,
+            polling_interval=polling_interval, mem_limit=mem_limit, dump_loc=dump_loc, **settings)}
+        resolved = Settings.resolve(overrides)  # raises on anything invalid
+        metrics = custom.validate(custom_metrics)
+        clash = {m.name for m in metrics} & {"tasks", "running"}
+        if clash:
+            raise ValueError(f"custom metric name(s) {sorted(clash)} are reserved")
+        state = self._state(required=False)
+        if state and state["session"]:
+            raise RuntimeError(f"monitoring session {state['session']['id']} is running; stop() it before attach()")
+        payload = dumps(metrics) if metrics else b""
+        if state:
+            self.client.run_on_scheduler(_on_scheduler, action="detach")
+        self.client.register_plugin(JobPlugin(overrides, payload), name=JOBS_PLUGIN)
+        return resolved
+
+    def start(self, tracking=None) -> dict:
+        """Start sampling on every worker, now and on workers that join later.
+
+        Job and DAG numbers restart from 1. ``tracking`` replaces the list given
+        to ``attach``. Returns the session (``id``, ``start`` time).
+
+        >>> session = monitor.start()  # doctest: +SKIP
+        """
+        if tracking is not None:
+            Settings.resolve({**self._state()["overrides"], "tracking": list(tracking)})
+        state = self._state()
+        session = self.client.run_on_scheduler(_on_scheduler, action="start", tracking=tracking)
+        overrides = {**state["overrides"], **({"tracking": list(tracking)} if tracking is not None else {})}
+        try:
+            self.client.register_plugin(
+                MetricsWorkerPlugin(overrides, state["worker_payload"], session), name=WORKER_PLUGIN)
+        except Exception:
+            self.client.run_on_scheduler(_on_scheduler, action="stop")
+            raise
+        return session
+
+    def stop(self, force=False) -> dict:
+        """Stop sampling on all workers (flushing their sinks) and end the session.
+
+        Works from any client connected to the cluster. ``force`` is accepted
+        for compatibility; stopping never waits for running jobs.
+
+        >>> Monitor(other_client).stop()  # doctest: +SKIP
+        """
+        self._state()
+        try:
+            self.client.unregister_worker_plugin(WORKER_PLUGIN)
+            had_workers = True
+        except ValueError:  # not registered: nothing was sampling
+            had_workers = False
+        session = self.client.run_on_scheduler(_on_scheduler, action="stop")
+        if session is None and not had_workers:
+            raise RuntimeError(f"no monitoring session is running on {self.client.scheduler.address}")
+        return session
+
+    def new_job(self, job=None) -> None:
+        """Manual job mode: graphs submitted after this call belong to a new job.
+
+        ``job`` sets the number; by default it is the next one. The message
+        travels on this client's graph stream, so it is ordered exactly with
+        this client's submissions.
+
+        >>> monitor.new_job()  # doctest: +SKIP
+        """
+        state = self._state()
+        if state["job_type"] != "manual":
+            raise ValueError("new_job() needs attach(job_type='manual'); this monitor counts one job per client")
+        if job is not None and (isinstance(job, bool) or not isinstance(job, int) or job < 1):
+            raise ValueError(f"job must be a positive integer, got {job!r}")
+        self.client._send_to_scheduler({"op": NEW_JOB_OP, "job": job})
+
+    def shutdown(self) -> None:
+        """Stop any running session and remove the monitor from the cluster.
+
+        >>> monitor.shutdown()  # doctest: +SKIP
+        """
+        try:
+            self.client.unregister_worker_plugin(WORKER_PLUGIN)
+        except ValueError:
+            pass
+        self.client.run_on_scheduler(_on_scheduler, action="detach")
+
+    # --- introspection ---------------------------------------------------
+    def jobs(self) -> dict:
+        """Jobs and DAGs of the current (or last) session, from the scheduler.
+
+        >>> monitor.jobs()["dags"][1]["status"]  # doctest: +SKIP
+        'ok'
+        """
+        state = self._state()
+        return {k: state[k] for k in ("job_type", "jobs", "dags", "session", "last_session")}
+
+    def _state(self, required=True) -> dict | None:
+        state = self.client.run_on_scheduler(_on_scheduler, action="state")
+        if state is None and required:
+            raise RuntimeError(f"no monitor is attached to {self.client.scheduler.address}; call attach() first")
+        return state

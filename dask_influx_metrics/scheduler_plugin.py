@@ -1,0 +1,161 @@
+"""Scheduler plugin: owns job and DAG identity and the monitoring session.
+
+At each graph submission (``update_graph``) it numbers the DAG, decides its
+job, and writes ``{"session", "job", "dag"}`` into each new task's
+annotations under :data:`ANNOTATION`. Dask ships annotations to the worker in
+the same ``compute-task`` message as the task, so a worker always knows
+exactly which job and DAG the tasks it runs belong to, however many clients
+submit at once. Nothing is broadcast.
+
+Two messages travel on the client's own batched stream, in order with its
+graph submissions: ``update-graph`` (wrapped here to learn the submitting task
+of graphs submitted from inside tasks, which Dask does not pass to plugins)
+and :data:`NEW_JOB_OP` (manual ``new_job()``).
+
+Example
+-------
+>>> plugin = JobPlugin({"job-type": "manual"}, worker_payload=b"")
+>>> plugin.name
+'influx-metrics-jobs'
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import socket
+import time
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from . import lineprotocol, schema
+from .config import Settings
+from .jobs import JobBook
+from .sinks import make_sink
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "influx-metrics-jobs"
+ANNOTATION = "influx_metrics"
+NEW_JOB_OP = "influx-metrics-new-job"
+_submitting_task: contextvars.ContextVar = contextvars.ContextVar("influx_metrics_submitting", default=None)
+
+
+class JobPlugin(SchedulerPlugin):
+    """Counts jobs/DAGs, tags tasks, and holds what any client needs to start or stop."""
+
+    name = PLUGIN_NAME
+
+    def __init__(self, overrides: dict, worker_payload: bytes):
+        self.overrides = dict(overrides)
+        self.worker_payload = worker_payload  # pickled custom metrics, opened on workers only
+        self.session: dict | None = None
+        self.last_session: dict | None = None
+        self.book = JobBook(self.overrides.get("job-type", "client"))
+        self.sink = None
+
+    # --- plugin life cycle -------------------------------------------------
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        current = scheduler.stream_handlers.get("update-graph")
+        original = getattr(current, "_influx_metrics_original", current)  # never wrap a wrapper
+        self._wrapper = None
+        if original is not None:
+
+            async def update_graph(**msg):
+                token = _submitting_task.set(msg.get("submitting_task"))
+                try:
+                    return await original(**msg)
+                finally:
+                    _submitting_task.reset(token)
+
+            update_graph._influx_metrics_original = original
+            scheduler.stream_handlers["update-graph"] = self._wrapper = update_graph
+        scheduler.stream_handlers[NEW_JOB_OP] = self._handle_new_job
+
+    async def close(self) -> None:
+        handlers = self.scheduler.stream_handlers
+        if self._wrapper is not None and handlers.get("update-graph") is self._wrapper:
+            handlers["update-graph"] = self._wrapper._influx_metrics_original
+        if getattr(handlers.get(NEW_JOB_OP), "__self__", None) is self:
+            handlers.pop(NEW_JOB_OP)
+        self.stop_session()
+
+    # --- session -----------------------------------------------------------
+    def start_session(self) -> dict:
+        """Begin counting from job/DAG 1; returns the session description."""
+        if self.session is not None:
+            raise RuntimeError(f"monitoring session {self.session['id']} is already running; stop() it first")
+        settings = Settings.resolve(self.overrides)
+        started = time.time()
+        sid = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started)) + f"-{int(started * 1e6) % 1000000:06d}"
+        self.book = JobBook(settings.job_type)
+        self.session = {"id": sid, "start": started, "job_type": settings.job_type}
+        self.sink = make_sink(settings, role="scheduler", session=sid)
+        self._tags = {**settings.tags, "host": socket.gethostname()}
+        return dict(self.session)
+
+    def stop_session(self) -> dict | None:
+        session, self.session = self.session, None
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+        if session is not None:
+            session["stop"] = time.time()
+            self.last_session = session
+        return session
+
+    def state(self) -> dict:
+        """What a client needs: settings overrides, session, jobs and DAGs."""
+        return {"overrides": dict(self.overrides), "worker_payload": self.worker_payload,
+                "session": dict(self.session) if self.session else None,
+                "last_session": dict(self.last_session) if self.last_session else None,
+                **self.book.summary()}
+
+    # --- Dask hooks ----------------------------------------------------------
+    def update_graph(self, scheduler, *, client, keys, tasks, annotations=None, stimulus_id=None, **kwargs):
+        if self.session is None:
+            return
+        sid = self.session["id"]
+        parent = _submitting_task.get()
+        parent_job = None
+        if parent is not None and parent in scheduler.tasks:
+            mark = (scheduler.tasks[parent].annotations or {}).get(ANNOTATION) or {}
+            parent_job = mark.get("job") if mark.get("session") == sid else None
+        new = []
+        for key in tasks:
+            ts = scheduler.tasks.get(key)
+            if ts is not None and ((ts.annotations or {}).get(ANNOTATION) or {}).get("session") != sid:
+                new.append(ts)
+        dag = self.book.submit(client, [ts.key for ts in new], now=time.time(), parent_job=parent_job)
+        mark = {"session": sid, "job": dag.job, "dag": dag.number}
+        for ts in new:  # copy: Dask may share one annotations dict between tasks
+            ts.annotations = {**(ts.annotations or {}), ANNOTATION: mark}
+        self._write_dag(dag, "submit")
+        if dag.ended is not None:
+            self._write_dag(dag, "end")
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        if self.session is None or finish not in ("memory", "erred", "forgotten"):
+            return
+        dag = self.book.task_done(key, erred=finish == "erred", now=time.time())
+        if dag is not None:
+            self._write_dag(dag, "end")
+
+    def _handle_new_job(self, client=None, job=None, **kwargs):
+        try:
+            number = self.book.new_job(job)
+            logger.info("influx-metrics: client %s started manual job %s", client, number)
+        except ValueError as e:
+            logger.warning("influx-metrics: new_job from %s refused: %s", client, e)
+
+    def _write_dag(self, dag, event: str) -> None:
+        if self.sink is None:
+            return
+        fields = {"event": event, "tasks": dag.ntasks, "label": dag.client}
+        if event == "end":
+            fields["duration"] = float(dag.ended - dag.submitted)
+        t = dag.submitted if event == "submit" else dag.ended
+        tags = {**self._tags, "job": str(dag.job), "dag": str(dag.number), "status": dag.status}
+        point = schema.Point(schema.DAG, tags, fields, int(t * 1e9))
+        self.sink.send(lineprotocol.encode_many([point]))

@@ -1,0 +1,204 @@
+"""Spool sink: line protocol on local disk, for replay into InfluxDB later.
+
+``SpoolSink`` holds at most ``mem_limit`` lines in memory and appends them to
+``<directory>/spool-<pid>-<NNNNNN>.lp`` when that many are buffered, when
+``flush_interval`` seconds have passed since the last flush (checked on each
+``send``), on :meth:`SpoolSink.flush` and on ``close``. A file is rotated
+once it would exceed ``max_file_bytes``. Each flush is one ``write`` of whole
+newline-terminated lines to a file opened with ``O_APPEND``, so a reader
+sees only whole lines plus, at worst, one unterminated last line, which
+:func:`read_lines` ignores. If the disk refuses a write the batch is dropped
+and counted (memory stays bounded), and the next write starts a new file.
+String field values may hold raw newlines, so files are split with
+:func:`~dask_influx_metrics.lineprotocol.split_lines`, never ``bytes.split``.
+
+>>> import tempfile
+>>> d = tempfile.mkdtemp()
+>>> sink = SpoolSink(d, mem_limit=2)
+>>> sink.send([b"m v=1i 1", b"m v=2i 2", b"m v=3i 3"])
+>>> sink.buffered, sink.points_written
+(1, 2)
+>>> sink.close()
+>>> list(read_lines(d))
+[b'm v=1i 1', b'm v=2i 2', b'm v=3i 3']
+>>> import shutil; shutil.rmtree(d)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from typing import Iterator
+
+from ..lineprotocol import split_lines
+
+logger = logging.getLogger(__name__)
+
+SUFFIX = ".lp"
+_READ_CHUNK = 1 << 20
+
+
+class SpoolSink:
+    """Append line protocol to files under ``directory`` (see the module docstring)."""
+
+    def __init__(self, directory, mem_limit: int = 1000, flush_interval: float = 1.0,
+                 max_file_bytes: int = 64 * 2**20, clock=time.monotonic):
+        self.directory = os.fspath(directory)
+        self.mem_limit = max(1, int(mem_limit))
+        self.flush_interval = float(flush_interval)
+        self.max_file_bytes = max(1, int(max_file_bytes))
+        self.points_written = 0
+        self.points_dropped = 0
+        self._clock = clock
+        self._buffer: list[bytes] = []
+        self._last_flush = clock()
+        self._pid = None
+        self._seq = 0
+        self._closed = False
+        self._failing = False
+        self._lock = threading.Lock()
+
+    @property
+    def buffered(self) -> int:
+        """Lines in memory, not yet on disk (never more than ``mem_limit``)."""
+        return len(self._buffer)
+
+    @property
+    def path(self) -> str:
+        """The file the next flush appends to."""
+        return os.path.join(self.directory, f"spool-{self._pid or os.getpid()}-{self._seq:06d}{SUFFIX}")
+
+    def send(self, lines: list[bytes]) -> None:
+        """Buffer ``lines``, writing to disk whenever the buffer fills or is due; never raises."""
+        try:
+            with self._lock:
+                i = 0
+                while i < len(lines):
+                    room = self.mem_limit - len(self._buffer)
+                    self._buffer.extend(lines[i:i + room])
+                    i += room
+                    if len(self._buffer) >= self.mem_limit:
+                        self._flush()
+                if self._closed or self._clock() - self._last_flush >= self.flush_interval:
+                    self._flush()
+        except Exception:
+            logger.exception("spool sink: unexpected error in send")
+
+    def flush(self) -> None:
+        """Write the buffered lines to disk now."""
+        with self._lock:
+            self._flush()
+
+    def close(self) -> None:
+        """Flush. Later sends still work, written straight through."""
+        with self._lock:
+            self._closed = True
+            self._flush()
+
+    def _flush(self) -> None:
+        self._last_flush = self._clock()
+        if not self._buffer:
+            return
+        batch, self._buffer = self._buffer, []
+        try:
+            self._append(b"".join(line + b"\n" for line in batch))
+        except OSError as e:
+            self.points_dropped += len(batch)
+            self._seq += 1  # never append after a possibly partial write
+            if not self._failing:
+                logger.warning("spool sink: cannot write %s (%s); dropping lines until it works",
+                               self.path, e)
+                self._failing = True
+            return
+        self.points_written += len(batch)
+        self._failing = False
+
+    def _append(self, data: bytes) -> None:
+        if self._pid != os.getpid():  # first write, or a forked child: never share a file
+            os.makedirs(self.directory, exist_ok=True)
+            self._pid = os.getpid()
+            self._seq = _next_sequence(self.directory, self._pid)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+                if size == 0 or (size + len(data) <= self.max_file_bytes and not torn):
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    return
+            finally:
+                os.close(fd)
+            self._seq += 1  # full, or ends in a torn line: next file
+
+
+def _next_sequence(directory: str, pid: int) -> int:
+    pattern = re.compile(rf"spool-{pid}-(\d+){re.escape(SUFFIX)}\Z")
+    numbers = [int(m.group(1)) for m in map(pattern.match, os.listdir(directory)) if m]
+    return max(numbers) + 1 if numbers else 0
+
+
+def spool_files(directory) -> list[str]:
+    """Every ``*.lp`` file under ``directory`` (recursively), sorted by path.
+
+    >>> spool_files("/nonexistent")
+    []
+    """
+    found = []
+    for root, _, files in os.walk(os.fspath(directory)):
+        found.extend(os.path.join(root, f) for f in files if f.endswith(SUFFIX))
+    return sorted(found)
+
+
+def _file_lines(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        rest = b""
+        while True:
+            chunk = f.read(_READ_CHUNK)
+            if not chunk:
+                break
+            lines, rest = split_lines(rest + chunk)
+            yield from lines
+    if rest.strip():
+        logger.debug("spool: ignoring an unterminated last line in %s", path)
+
+
+def read_lines(directory) -> Iterator[bytes]:
+    """Yield every complete spooled line under ``directory``, file by file, in order."""
+    for path in spool_files(directory):
+        yield from _file_lines(path)
+
+
+def replay(directory, sink, remove: bool = False, batch_size: int = 5000) -> int:
+    """Send every spooled line under ``directory`` to ``sink``; return how many.
+
+    With ``remove=True`` each file is deleted once all its lines were handed
+    to ``sink``. Asynchronous sinks (:class:`~.http.HttpSink`) deliver on
+    ``close()``: check their counters before trusting the removal, and give
+    them a fallback outside ``directory``. Replay only directories no live
+    process is still writing to.
+
+    >>> class Collect:
+    ...     lines = []
+    ...     def send(self, lines): self.lines += lines
+    >>> replay("/nonexistent", Collect())
+    0
+    """
+    total = 0
+    for path in spool_files(directory):
+        batch: list[bytes] = []
+        for line in _file_lines(path):
+            batch.append(line)
+            if len(batch) >= batch_size:
+                sink.send(batch)
+                total, batch = total + len(batch), []
+        if batch:
+            sink.send(batch)
+            total += len(batch)
+        if remove:
+            os.remove(path)
+    return total

@@ -1,0 +1,177 @@
+"""UDP sink: line protocol datagrams to Telegraf's ``socket_listener`` (or InfluxDB 1.x ``[[udp]]``).
+
+Lines are packed, newline-joined, into datagrams of at most ``max_datagram``
+bytes (1472 = a 1500-byte Ethernet MTU minus IP and UDP headers, so nothing
+is fragmented). A line longer than that goes alone, up to the UDP maximum of
+65507 bytes; a longer one is dropped and counted. Sends are non-blocking: a
+full socket buffer drops that datagram (counted) rather than stalling the
+sampler. A socket error is logged once per run of failures and resets the
+socket, which is also re-opened every ``reopen_every`` seconds, because a
+stale conntrack entry left by a restarted Telegraf pod can black-hole UDP.
+
+>>> class Fake:
+...     def __init__(self): self.sent = []
+...     def sendto(self, data, address): self.sent.append(data); return len(data)
+...     def close(self): pass
+>>> sink = UdpSink(("127.0.0.1", 8094), max_datagram=20, sock=Fake())
+>>> sink.send([b"m v=1i 1", b"m v=2i 2", b"m v=3i 3"])
+>>> sink.datagrams_sent, sink.points_sent
+(2, 3)
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+logger = logging.getLogger(__name__)
+
+MAX_UDP_PAYLOAD = 65507  # 65535 - 8 (UDP header) - 20 (IPv4 header)
+_SEND_BUFFER = 1 << 20
+_RETRY_OPEN_AFTER = 1.0  # seconds to wait before re-opening after a failure
+
+
+def _open_socket(address: tuple[str, int]) -> tuple[socket.socket, tuple]:
+    """A non-blocking UDP socket for ``address`` and the resolved target."""
+    family, kind, proto, _, target = socket.getaddrinfo(
+        address[0], address[1], type=socket.SOCK_DGRAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+    except OSError:
+        pass  # best effort; capped by net.core.wmem_max anyway
+    sock.setblocking(False)
+    return sock, target
+
+
+def pack(lines: list[bytes], max_datagram: int) -> tuple[list[tuple[bytes, int]], int]:
+    """Group lines into ``(payload, n_lines)`` datagrams; also return how many were too long.
+
+    >>> pack([b"aaaa", b"bb", b"c" * 9, b"dd"], 8)
+    ([(b'aaaa\\nbb', 2), (b'ccccccccc', 1), (b'dd', 1)], 0)
+    """
+    datagrams, batch, size, too_long = [], [], 0, 0
+    for line in lines:
+        n = len(line)
+        if n > MAX_UDP_PAYLOAD:
+            too_long += 1
+            continue
+        if batch and size + 1 + n > max_datagram:
+            datagrams.append((b"\n".join(batch), len(batch)))
+            batch, size = [], 0
+        if n > max_datagram:  # alone, in a datagram of its own
+            datagrams.append((line, 1))
+            continue
+        size = size + 1 + n if batch else n
+        batch.append(line)
+    if batch:
+        datagrams.append((b"\n".join(batch), len(batch)))
+    return datagrams, too_long
+
+
+class UdpSink:
+    """Fire-and-forget UDP delivery of line-protocol lines (see the module docstring).
+
+    ``sock`` injects a socket-like object (``sendto``, ``close``) used until
+    the first reset/re-open, or a zero-argument callable returning one,
+    used for every (re-)open. ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, address: tuple[str, int], max_datagram: int = 1472, sock=None,
+                 reopen_every: float = 60.0, clock=time.monotonic):
+        self.address = (str(address[0]), int(address[1]))
+        self.max_datagram = max(1, min(int(max_datagram), MAX_UDP_PAYLOAD))
+        self.reopen_every = reopen_every
+        self.points_sent = 0
+        self.datagrams_sent = 0
+        self.points_dropped = 0
+        self.errors = 0
+        self._clock = clock
+        is_factory = isinstance(sock, type) or (callable(sock) and not hasattr(sock, "sendto"))
+        self._factory = sock if is_factory else None
+        self._sock = None if self._factory else sock
+        self._target = self.address
+        self._opened_at = clock()
+        self._retry_at = 0.0
+        self._failing = False
+        self._lock = threading.Lock()
+
+    def send(self, lines: list[bytes]) -> None:
+        """Pack and send ``lines``; never raises, never blocks on the network."""
+        try:
+            with self._lock:
+                datagrams, too_long = pack(lines, self.max_datagram)
+                if too_long:
+                    self.points_dropped += too_long
+                    logger.warning("dropped %d line(s) longer than %d bytes", too_long, MAX_UDP_PAYLOAD)
+                for i, (payload, count) in enumerate(datagrams):
+                    if not self._send_one(payload, count):
+                        self.points_dropped += sum(c for _, c in datagrams[i + 1:])
+                        break
+        except Exception:  # a sink must never take the sampler down
+            logger.exception("UDP sink: unexpected error; %d line(s) dropped", len(lines))
+
+    def _send_one(self, payload: bytes, count: int) -> bool:
+        """Send one datagram; False when the socket is unusable (the rest is dropped)."""
+        sock = self._socket()
+        if sock is None:
+            self.points_dropped += count
+            return False
+        try:
+            sock.sendto(payload, self._target)
+        except BlockingIOError:  # send buffer full: drop this datagram, keep going
+            self.points_dropped += count
+            return True
+        except OSError as e:
+            self.points_dropped += count
+            self._fail(e)
+            return False
+        self.datagrams_sent += 1
+        self.points_sent += count
+        if self._failing:
+            logger.info("UDP sink: sending to %s:%d again", *self.address)
+            self._failing = False
+        return True
+
+    def _socket(self):
+        now = self._clock()
+        if self._sock is not None and now - self._opened_at < self.reopen_every:
+            return self._sock
+        if now < self._retry_at:
+            return None
+        self._close_socket()
+        try:
+            if self._factory is not None:
+                self._sock, self._target = self._factory(), self.address
+            else:
+                self._sock, self._target = _open_socket(self.address)
+        except OSError as e:
+            self._fail(e)
+            return None
+        self._opened_at = now
+        return self._sock
+
+    def _fail(self, error: OSError) -> None:
+        self.errors += 1
+        self._close_socket()
+        self._retry_at = self._clock() + _RETRY_OPEN_AFTER
+        if not self._failing:  # once per run of failures, not per call
+            logger.warning("UDP sink: cannot send to %s:%d (%s); dropping lines until it works again",
+                           self.address[0], self.address[1], error)
+            self._failing = True
+
+    def _close_socket(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Close the socket (UDP keeps no buffer to flush)."""
+        with self._lock:
+            self._close_socket()
+            self._retry_at = float("inf")

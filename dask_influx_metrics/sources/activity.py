@@ -1,0 +1,137 @@
+"""What the worker is doing: executing tasks, their job/DAG, bytes held.
+
+The worker plugin feeds :class:`TaskRegistry` from ``WorkerPlugin.transition``
+(on the event loop); the sampler thread reads consistent snapshots under a
+lock, so it never touches the worker's own state machine.
+
+Example
+-------
+>>> reg = TaskRegistry(nthreads=2)
+>>> reg.started(("x", 0), job=1, dag=3)
+>>> snap = reg.snapshot()
+>>> snap.executing, snap.job_tag, snap.dag_tag
+(1, '1', '3')
+>>> reg.finished(("x", 0)); reg.snapshot().dag_tag
+'0'
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Callable, NamedTuple
+
+from ..schema import WORKER, Reading
+
+
+class Activity(NamedTuple):
+    """A consistent snapshot of the worker at one instant."""
+
+    running: tuple  # ((key, job, dag), ...) in start order
+    nthreads: int
+    managed_bytes: int
+    last_job: int
+
+    @property
+    def executing(self) -> int:
+        return len(self.running)
+
+    @property
+    def job_tag(self) -> str:
+        """Jobs of executing tasks ('1,2'), else the last job run here.
+
+        Tasks submitted while no session ran carry job 0 and are left out."""
+        jobs = sorted({job for _, job, _ in self.running if job})
+        return ",".join(map(str, jobs)) if jobs else str(self.last_job)
+
+    @property
+    def dag_tag(self) -> str:
+        """DAGs of executing tasks ('3,5'); '0' when idle."""
+        dags = sorted({dag for _, _, dag in self.running if dag})
+        return ",".join(map(str, dags)) if dags else "0"
+
+
+class TaskRegistry:
+    """Executing tasks with their (job, dag), fed by the worker plugin."""
+
+    def __init__(self, nthreads: int = 1, managed_bytes: Callable[[], int] = lambda: 0):
+        self._lock = threading.Lock()
+        self._running: dict = {}
+        self._last_job = 0
+        self.nthreads = nthreads
+        self._managed_bytes = managed_bytes
+
+    def started(self, key, job: int, dag: int) -> None:
+        with self._lock:
+            self._running[key] = (job, dag)
+            if job:
+                self._last_job = job
+
+    def finished(self, key) -> None:
+        with self._lock:
+            self._running.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._running.clear()
+
+    def snapshot(self) -> Activity:
+        with self._lock:
+            running = tuple((k, j, d) for k, (j, d) in self._running.items())
+            last = self._last_job
+        try:
+            managed = int(self._managed_bytes())
+        except Exception:  # worker state mid-update: report nothing rather than fail
+            managed = 0
+        return Activity(running, self.nthreads, managed, last)
+
+
+class CachedActivity:
+    """One snapshot per sample, shared by the tags and every source.
+
+    >>> cache = CachedActivity(TaskRegistry()); cache.refresh(); cache().executing
+    0
+    """
+
+    def __init__(self, registry: TaskRegistry):
+        self._registry = registry
+        self._snap = registry.snapshot()
+
+    def refresh(self) -> None:
+        self._snap = self._registry.snapshot()
+
+    def __call__(self) -> Activity:
+        return self._snap
+
+
+def key_json(keys) -> str:
+    """Task keys as a JSON list; tuple keys become lists, any string survives.
+
+    >>> key_json([("a, b", 1), 'say "hi"'])
+    '[["a, b", 1], "say \\\\"hi\\\\""]'
+    """
+
+    def plain(k):
+        return [plain(p) for p in k] if isinstance(k, tuple) else (k if isinstance(k, (int, float)) else str(k))
+
+    return json.dumps([plain(k) for k in keys], ensure_ascii=False)
+
+
+class TaskSource:
+    """The ``worker`` measurement's task fields, from an activity snapshot."""
+
+    def __init__(self, fields: frozenset, activity: Callable[[], Activity]):
+        self._want = {name for m, name in fields if m == WORKER}
+        self._activity = activity
+
+    def read(self) -> list[Reading]:
+        want = self._want & {"tasks", "running", "managed_bytes"}
+        if not want:
+            return []
+        snap = self._activity()
+        values = {
+            "tasks": snap.executing,
+            "running": key_json(k for k, _, _ in snap.running),
+            "managed_bytes": snap.managed_bytes,
+        }
+        return [Reading(WORKER, {}, {k: v for k, v in values.items() if k in want})]

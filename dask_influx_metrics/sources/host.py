@@ -1,0 +1,142 @@
+"""Host and worker-process readings from psutil.
+
+``host`` fields come from one psutil call per group (``cpu_times``,
+``virtual_memory``, ``disk_io_counters``, ``net_io_counters``); ``worker``
+fields from the worker's :class:`psutil.Process`. Only requested groups are
+called; each value is cast to the type ``schema.FIELDS`` declares. A failing
+call (or ``disk_io_counters()`` returning ``None``, as in many containers)
+omits its fields, is logged once, and never raises.
+
+``cpu_percent`` (host) is computed per source from ``psutil.cpu_times()``
+deltas, exactly as ``psutil.cpu_percent(interval=None)`` does but without its
+module-wide "previous call" state, which every caller in the process shares
+(several workers in one process would shorten each other's window). Both CPU
+percentages are primed at construction, so the first read covers the time
+since then. Host ``cpu_percent``: all cores = 100; worker: one core = 100.
+
+Example
+-------
+>>> src = HostSource(frozenset({("host", "memory_total"), ("worker", "rss")}))
+>>> [(r.measurement, sorted(r.fields)) for r in src.read()]
+[('host', ['memory_total']), ('worker', ['rss'])]
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psutil
+
+from ..schema import FIELDS, HOST, WORKER, Reading
+
+logger = logging.getLogger(__name__)
+
+# (measurement, group) -> fields one psutil call provides
+_GROUPS = {
+    (HOST, "cpu"): ("cpu_percent",),
+    (HOST, "memory"): ("memory_used", "memory_total", "memory_used_percent"),
+    (HOST, "disk"): ("disk_read_bytes", "disk_write_bytes"),
+    (HOST, "net"): ("net_recv_bytes", "net_sent_bytes"),
+    (WORKER, "cpu"): ("cpu_percent",),
+    (WORKER, "memory"): ("rss",),
+}
+
+
+def _busy_total(times) -> tuple[float, float]:
+    """(busy, total) CPU seconds as psutil counts them (guest time is in user)."""
+    total = sum(times) - getattr(times, "guest", 0) - getattr(times, "guest_nice", 0)
+    return total - times.idle - getattr(times, "iowait", 0), total
+
+
+class HostSource:
+    """``host`` and ``worker`` (process) readings for the requested fields.
+
+    ``process`` defaults to this process (``psutil.Process()``); tests inject one.
+    """
+
+    def __init__(self, fields: frozenset, process=None):
+        self._groups = {
+            key: tuple(n for n in names if (key[0], n) in fields)
+            for key, names in _GROUPS.items()
+        }
+        self._groups = {k: v for k, v in self._groups.items() if v}
+        self._reported: set = set()
+        self._process = process
+        self._last_cpu = None  # (busy, total) at the previous read
+        self._last_percent = 0.0
+        if (WORKER, "cpu") in self._groups or (WORKER, "memory") in self._groups:
+            self._process = psutil.Process() if process is None else process
+        self._calls = {
+            (HOST, "cpu"): self._host_cpu,
+            (HOST, "memory"): self._host_memory,
+            (HOST, "disk"): self._host_disk,
+            (HOST, "net"): self._host_net,
+            (WORKER, "cpu"): self._worker_cpu,
+            (WORKER, "memory"): self._worker_memory,
+        }
+        for key in ((HOST, "cpu"), (WORKER, "cpu")):  # prime: the first read covers time since now
+            if key in self._groups:
+                self._guard(key, self._calls[key])
+
+    def _host_cpu(self) -> dict:
+        busy, total = _busy_total(psutil.cpu_times())
+        if self._last_cpu is not None:
+            d_total = total - self._last_cpu[1]
+            if d_total <= 0:  # same clock tick: keep the window open
+                return {"cpu_percent": self._last_percent}
+            d_busy = min(max(busy - self._last_cpu[0], 0.0), d_total)
+            self._last_percent = round(100.0 * d_busy / d_total, 1)
+        self._last_cpu = (busy, total)
+        return {"cpu_percent": self._last_percent}
+
+    def _host_memory(self) -> dict:
+        vm = psutil.virtual_memory()
+        return {"memory_used": vm.used, "memory_total": vm.total, "memory_used_percent": vm.percent}
+
+    def _host_disk(self) -> dict:
+        io = psutil.disk_io_counters()
+        if io is None:
+            raise RuntimeError("psutil.disk_io_counters() returned None (no disks visible)")
+        return {"disk_read_bytes": io.read_bytes, "disk_write_bytes": io.write_bytes}
+
+    def _host_net(self) -> dict:
+        io = psutil.net_io_counters()
+        if io is None:
+            raise RuntimeError("psutil.net_io_counters() returned None (no interfaces)")
+        return {"net_recv_bytes": io.bytes_recv, "net_sent_bytes": io.bytes_sent}
+
+    def _worker_cpu(self) -> dict:
+        return {"cpu_percent": self._process.cpu_percent(interval=None)}
+
+    def _worker_memory(self) -> dict:
+        return {"rss": self._process.memory_info().rss}
+
+    def _guard(self, key, call):
+        try:
+            return call()
+        except Exception as e:
+            self._report(key, e)
+            return None
+
+    def _report(self, key, e: Exception) -> None:
+        if key not in self._reported:
+            self._reported.add(key)
+            logger.warning(
+                "%s %s unavailable (%s: %s); omitted while it fails (reported once)",
+                key[0], "/".join(_GROUPS[key]), type(e).__name__, e,
+            )
+
+    def read(self) -> list[Reading]:
+        """Up to two readings: ``host`` then ``worker``, each only if it has fields."""
+        out: dict[str, dict] = {}
+        for key, names in self._groups.items():
+            values = self._guard(key, self._calls[key])
+            if values is None:
+                continue
+            fields = out.setdefault(key[0], {})
+            for name in names:
+                try:
+                    fields[name] = FIELDS[key[0], name].type(values[name])
+                except (KeyError, TypeError, ValueError) as e:  # an odd psutil value
+                    self._report(key, e)
+        return [Reading(m, {}, out[m]) for m in (HOST, WORKER) if out.get(m)]

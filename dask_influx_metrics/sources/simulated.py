@@ -1,0 +1,139 @@
+"""A simulated GPU that follows the worker's real activity.
+
+It lets every code path above NVML (sampling, tags, custom per-device metrics,
+encoding, sinks, queries, dashboards) run on a machine without a GPU. Readings
+have the same shape and tags as :class:`.nvml.NvmlSource`; the name is
+``Simulated GPU`` and the UUID ``SIM-...`` is stable per (host, worker process,
+index).
+
+Model, per read and per device ``i`` (``busy`` from the activity snapshot):
+
+* ``busy = min(1, executing / nthreads)`` (0 when the worker has no threads)
+* ``utilization_gpu = round(100 * busy * (1 - j))`` with ``j`` a seeded jitter
+  in ``[0, 0.08]`` (a fixed per-device part plus a per-read part), so an idle
+  worker reads exactly 0 and a saturated one 92..100
+* ``utilization_memory = 0.6 * utilization_gpu``
+* ``memory_used = 400 MiB + managed_bytes / 2**20 / count``, capped at
+  ``memory_total``; ``memory_used_percent`` from those two
+* ``power_draw = 60 W + 340 W * u`` with ``u = utilization_gpu / 100``
+* ``temperature_gpu`` moves 30 % of the way per read towards ``35 + 45 * u`` C
+  (starting at 35), like a heat sink
+* ``clocks_current_sm = 1410 MHz`` when ``u > 0``, else ``210 MHz``
+
+The same seed and the same activity give the same readings.
+
+Example
+-------
+>>> from dask_influx_metrics.sources.activity import Activity
+>>> idle = lambda: Activity(running=(), nthreads=2, managed_bytes=0, last_job=0)
+>>> src = SimulatedGpuSource(1, frozenset({("gpu", "utilization_gpu"), ("gpu", "power_draw")}), idle)
+>>> src.read()[0].fields
+{'utilization_gpu': 0.0, 'power_draw': 60.0}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import socket
+from typing import Callable, NamedTuple
+
+from ..schema import GPU, Reading
+from .activity import Activity
+
+NAME = "Simulated GPU"
+BASE_MIB = 400.0
+IDLE_W, MAX_W = 60.0, 400.0
+COOL_C, HOT_C = 35.0, 80.0
+BUSY_MHZ, IDLE_MHZ = 1410.0, 210.0
+JITTER = 0.08  # at most this fraction below 100 % * busy
+SMOOTHING = 0.3  # fraction of the way to the target temperature per read
+_MIB = float(2**20)
+
+
+class SimulatedHandle(NamedTuple):
+    """What a per-device custom metric receives for a simulated device."""
+
+    index: int
+    uuid: str
+
+
+def simulated_uuid(index: int, host: str | None = None, pid: int | None = None) -> str:
+    """``SIM-`` plus a UUID-shaped digest of (host, pid, index).
+
+    >>> simulated_uuid(0, "node1", 42)
+    'SIM-6265069f-4f55-1493-a720-6fc01769aae2'
+    """
+    host = socket.gethostname() if host is None else host
+    pid = os.getpid() if pid is None else pid
+    h = hashlib.sha1(f"{host}/{pid}/{index}".encode()).hexdigest()
+    return f"SIM-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+class SimulatedGpuSource:
+    """``count`` simulated devices whose readings follow ``activity()``.
+
+    ``fields`` holds ``(measurement, field)`` pairs; only the requested ``gpu``
+    fields are computed and returned.
+    """
+
+    def __init__(
+        self,
+        count: int,
+        fields: frozenset,
+        activity: Callable[[], Activity],
+        memory_total_mib: float = 81920.0,
+        seed: int = 0,
+    ):
+        if count < 0:
+            raise ValueError(f"simulated GPU count must be >= 0, got {count}")
+        self._want = frozenset(name for m, name in fields if m == GPU)
+        self._activity = activity
+        self._total = float(memory_total_mib)
+        self._rng = random.Random(seed)
+        self._offset = [self._rng.uniform(0, JITTER / 2) for _ in range(count)]
+        self._temp = [COOL_C] * count
+        self._handles = [SimulatedHandle(i, simulated_uuid(i)) for i in range(count)]
+        self._tags = [{"index": str(i), "uuid": h.uuid, "name": NAME} for i, h in enumerate(self._handles)]
+
+    def read(self) -> list[Reading]:
+        """One ``gpu`` reading per simulated device."""
+        if not self._want or not self._handles:
+            return []
+        snap = self._activity()
+        busy = min(1.0, snap.executing / snap.nthreads) if snap.nthreads > 0 else 0.0
+        count = len(self._handles)
+        used = min(self._total, BASE_MIB + snap.managed_bytes / _MIB / count)
+        want = self._want
+        readings = []
+        for i in range(count):
+            jitter = self._offset[i] + self._rng.uniform(0, JITTER / 2)
+            util = float(round(100.0 * busy * (1.0 - jitter)))
+            u = util / 100.0
+            self._temp[i] += SMOOTHING * (COOL_C + (HOT_C - COOL_C) * u - self._temp[i])
+            values = {
+                "utilization_gpu": util,
+                "utilization_memory": round(0.6 * util, 1),
+                "memory_used": used,
+                "memory_total": self._total,
+                "memory_used_percent": 100.0 * used / self._total if self._total else 0.0,
+                "power_draw": round(IDLE_W + (MAX_W - IDLE_W) * u, 3),
+                "temperature_gpu": round(self._temp[i], 2),
+                "clocks_current_sm": BUSY_MHZ if u > 0 else IDLE_MHZ,
+            }
+            readings.append(Reading(GPU, dict(self._tags[i]), {k: v for k, v in values.items() if k in want}))
+        return readings
+
+    @property
+    def handles(self) -> list[SimulatedHandle]:
+        """One :class:`SimulatedHandle` per device, for custom metrics."""
+        return list(self._handles)
+
+    @property
+    def devices(self) -> list[tuple[int, str, str]]:
+        """``(index, uuid, name)`` per device, as :class:`.nvml.NvmlSource` has."""
+        return [(h.index, h.uuid, NAME) for h in self._handles]
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,131 @@
+"""HttpSink: real writes to influxd, fallback on every kind of failure, never blocking."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import requests
+
+from dask_influx_metrics.sinks.http import HttpSink
+
+BASE_NS = 1_700_000_000_000_000_000
+
+
+class Collect:
+    """A fallback sink that keeps what it is given."""
+
+    def __init__(self):
+        self.lines: list[bytes] = []
+        self.closed = False
+
+    def send(self, lines):
+        self.lines.extend(lines)
+
+    def close(self):
+        self.closed = True
+
+
+def numbered(n, measurement="m", start=0):
+    return [b"%s,t=x v=%di %d" % (measurement.encode(), i, BASE_NS + i) for i in range(start, start + n)]
+
+
+def dead_url() -> str:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return "http://127.0.0.1:%d" % s.getsockname()[1]
+
+
+def test_batches_reach_influxd(influxd, fresh_db):
+    sink = HttpSink(influxd.url, fresh_db, batch_size=100, flush_interval=0.05)
+    lines = numbered(1000)
+    for i in range(0, 1000, 37):
+        sink.send(lines[i:i + 37])
+    influxd.wait_for("SELECT count(v) FROM m", lambda rows: rows and rows[0]["count"] == 1000, db=fresh_db)
+    sink.close()
+    assert (sink.points_written, sink.points_failed, sink.pending) == (1000, 0, 0)
+
+
+def test_close_flushes_what_is_queued(influxd, fresh_db):
+    sink = HttpSink(influxd.url, fresh_db, batch_size=10_000, flush_interval=3600)
+    sink.send(numbered(250))
+    sink.close()  # neither batch size nor interval reached: close must flush
+    assert influxd.query("SELECT count(v) FROM m", db=fresh_db)[0]["count"] == 250
+
+
+def test_dead_url_sends_every_line_to_the_fallback(caplog):
+    fallback = Collect()
+    sink = HttpSink(dead_url(), "db", batch_size=40, flush_interval=0.01, timeout=2, fallback=fallback)
+    lines = numbered(250)
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
+        for i in range(0, 250, 25):
+            sink.send(lines[i:i + 25])
+        sink.close()
+    assert sorted(fallback.lines) == sorted(lines) and fallback.closed
+    assert (sink.points_written, sink.points_failed) == (0, 250)
+    assert len([r for r in caplog.records if "cannot reach" in r.message]) == 1  # once, not per batch
+
+
+def test_bad_data_is_logged_with_the_server_message_and_kept(influxd, fresh_db, caplog):
+    fallback = Collect()
+    sink = HttpSink(influxd.url, fresh_db, fallback=fallback, flush_interval=0.01)
+    batch = [b"m,t=x v=1i 1", b"this is not line protocol"]
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
+        sink.send(batch)
+        sink.close()
+    assert fallback.lines == batch and sink.points_failed == 2
+    assert any("HTTP 400" in r.message and "unable to parse" in r.message for r in caplog.records)
+
+
+def test_send_never_blocks_on_a_hung_server_and_close_is_bounded():
+    with socket.socket() as server:  # accepts connections (backlog) but never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        fallback = Collect()
+        sink = HttpSink("http://127.0.0.1:%d" % server.getsockname()[1], "db", batch_size=10,
+                        flush_interval=0.0, timeout=30, max_pending=100, fallback=fallback)
+        lines = numbered(1000)
+        started = time.monotonic()
+        for i in range(0, 1000, 10):
+            sink.send(lines[i:i + 10])
+        assert time.monotonic() - started < 0.5  # the writer thread is stuck, send is not
+        started = time.monotonic()
+        sink.close(wait=0.2)
+        assert time.monotonic() - started < 2
+        # everything except the batch stuck in the hung request reached the fallback
+        assert len(fallback.lines) >= 990 and set(fallback.lines) <= set(lines)
+
+
+class FakeSession:
+    def __init__(self):
+        self.calls = []
+
+    def post(self, url, **kwargs):
+        self.calls.append((url, kwargs))
+        response = requests.Response()
+        response.status_code = 204
+        return response
+
+    def close(self):
+        pass
+
+
+def test_url_params_and_auth():
+    session = FakeSession()
+    sink = HttpSink("http://influx:8086/", "metrics", retention_policy="week", token="t0k",
+                    flush_interval=0.0, session=session)
+    sink.send([b"m v=1i 1"])
+    sink.close()
+    url, kw = session.calls[0]
+    assert url == "http://influx:8086/write"
+    assert kw["params"] == {"db": "metrics", "rp": "week", "precision": "ns"}
+    assert kw["headers"]["Authorization"] == "Token t0k" and kw["auth"] is None
+    assert kw["data"] == b"m v=1i 1"
+
+    session = FakeSession()
+    sink = HttpSink("http://influx:8086", "metrics", username="u", password="p", session=session)
+    sink.send([b"m v=1i 1"])
+    sink.close()
+    assert session.calls[0][1]["auth"] == ("u", "p")
+    assert "Authorization" not in session.calls[0][1]["headers"]

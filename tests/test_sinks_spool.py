@@ -1,0 +1,143 @@
+"""SpoolSink: bounded memory, whole lines on disk, and a lossless replay into influxd."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+
+from dask_influx_metrics import lineprotocol as lp
+from dask_influx_metrics.schema import Point
+from dask_influx_metrics.sinks.http import HttpSink
+from dask_influx_metrics.sinks.spool import SpoolSink, read_lines, replay, spool_files
+
+BASE_NS = 1_700_000_000_000_000_000
+NASTY = ["plain", "multi\nline", 'quote " and \\', "a=b, c", "\\", "", "x\r\ny"]
+
+
+def nasty_lines(n, measurement="spool"):
+    """Lines whose string values hold raw newlines, quotes and backslashes."""
+    return [lp.encode(Point(measurement, {"host": "h 1", "k": NASTY[i % 7] or "e"},
+                            {"s": NASTY[i % 7] + str(i), "i": i}, BASE_NS + i)) for i in range(n)]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_memory_never_exceeds_mem_limit(tmp_path, monkeypatch):
+    sink = SpoolSink(tmp_path, mem_limit=50, flush_interval=3600)
+    peaks = []
+    flush = sink._flush
+    monkeypatch.setattr(sink, "_flush", lambda: (peaks.append(sink.buffered), flush())[1])
+    lines = nasty_lines(1234)
+    for size in (1, 7, 49, 50, 51, 333, 743):  # single sends larger than the limit too
+        sink.send(lines[:size])
+        lines = lines[size:]
+        peaks.append(sink.buffered)
+    assert max(peaks) <= 50 and sink.points_written + sink.buffered == 1234
+
+
+def test_files_hold_every_line_in_order_across_rotations(tmp_path):
+    lines = nasty_lines(5000)
+    sink = SpoolSink(tmp_path / "a" / "b", mem_limit=300, max_file_bytes=64 * 1024)
+    for i in range(0, 5000, 123):
+        sink.send(lines[i:i + 123])
+    sink.close()
+    files = spool_files(tmp_path)
+    assert len(files) > 5
+    assert all(re.fullmatch(r"spool-%d-\d{6}\.lp" % os.getpid(), os.path.basename(f)) for f in files)
+    for f in files:
+        data = open(f, "rb").read()
+        assert data.endswith(b"\n") and (len(data) <= 64 * 1024)
+    assert list(read_lines(tmp_path)) == lines
+    assert [lp.parse(x) for x in read_lines(tmp_path)] == [lp.parse(x) for x in lines]
+    assert sink.points_written == 5000 and sink.points_dropped == 0
+
+
+def test_flush_interval_is_checked_on_send(tmp_path):
+    clock = Clock()
+    sink = SpoolSink(tmp_path, mem_limit=1000, flush_interval=1.0, clock=clock)
+    sink.send([b"m v=1i 1"])
+    assert sink.buffered == 1 and not spool_files(tmp_path)
+    clock.now = 1.5
+    sink.send([])
+    assert sink.buffered == 0 and list(read_lines(tmp_path)) == [b"m v=1i 1"]
+    sink.send([b"m v=2i 2"])
+    sink.flush()
+    assert list(read_lines(tmp_path)) == [b"m v=1i 1", b"m v=2i 2"]
+
+
+def test_readers_ignore_an_unterminated_last_line(tmp_path):
+    (tmp_path / "spool-1-000000.lp").write_bytes(b'm v=1i 1\nm s="a\nb" 2\nm s="half\nwr')
+    assert list(read_lines(tmp_path)) == [b"m v=1i 1", b'm s="a\nb" 2']
+
+
+def test_a_torn_file_is_never_appended_to(tmp_path):
+    sink = SpoolSink(tmp_path, mem_limit=1)
+    sink.send([b"m v=1i 1"])
+    first = spool_files(tmp_path)[0]
+    with open(first, "r+b") as f:
+        f.truncate(5)  # as if a write had been cut short
+    sink.send([b"m v=2i 2"])
+    assert len(spool_files(tmp_path)) == 2 and list(read_lines(tmp_path)) == [b"m v=2i 2"]
+
+
+def test_an_existing_spool_of_the_same_pid_is_not_overwritten(tmp_path):
+    old = tmp_path / ("spool-%d-000004.lp" % os.getpid())
+    old.write_bytes(b"old v=1i 1\n")
+    sink = SpoolSink(tmp_path, mem_limit=1)
+    sink.send([b"new v=1i 1"])
+    assert list(read_lines(tmp_path)) == [b"old v=1i 1", b"new v=1i 1"]
+
+
+def test_disk_errors_drop_and_count_without_raising(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    sink = SpoolSink(blocker / "spool", mem_limit=2)
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.spool"):
+        for _ in range(3):
+            sink.send([b"m v=1i 1", b"m v=2i 2"])
+        sink.close()
+    assert sink.points_dropped == 6 and sink.buffered == 0
+    assert len([r for r in caplog.records if "cannot write" in r.message]) == 1
+
+
+def test_replay_into_real_influxd_loses_nothing(tmp_path, influxd, fresh_db):
+    lines = nasty_lines(3000)
+    spool = SpoolSink(tmp_path / "spool", mem_limit=500, max_file_bytes=100_000)
+    spool.send(lines)
+    spool.close()
+    undelivered = tmp_path / "undelivered"
+    http = HttpSink(influxd.url, fresh_db, batch_size=700, flush_interval=0.01,
+                    fallback=SpoolSink(undelivered))
+    assert replay(tmp_path / "spool", http, remove=True, batch_size=400) == 3000
+    http.close()
+    assert http.points_written == 3000 and not spool_files(tmp_path / "spool")
+    assert not spool_files(undelivered)
+    rows = influxd.query("SELECT * FROM spool", db=fresh_db)
+    assert len(rows) == 3000
+    want = {p.time_ns: p for p in map(lp.parse, lines)}
+    for row in rows:
+        p = want[row["time"]]
+        assert (row["s"], row["i"], row["host"], row["k"]) == (p.fields["s"], p.fields["i"],
+                                                               p.tags["host"], p.tags.get("k"))
+
+
+def test_failed_replay_is_kept_in_the_fallback_spool(tmp_path):
+    lines = nasty_lines(100)
+    sink = SpoolSink(tmp_path / "spool")
+    sink.send(lines)
+    sink.close()
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = "http://127.0.0.1:%d" % s.getsockname()[1]
+    http = HttpSink(dead, "db", flush_interval=0.0, fallback=SpoolSink(tmp_path / "again"))
+    assert replay(tmp_path / "spool", http) == 100
+    http.close()
+    assert list(read_lines(tmp_path / "again")) == lines and http.points_failed == 100

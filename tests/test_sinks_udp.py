@@ -1,0 +1,143 @@
+"""UdpSink: datagram packing with a fake socket, error handling, and real delivery to influxd."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import pytest
+from telegraf import TelegrafClient
+
+from dask_influx_metrics import lineprotocol as lp
+from dask_influx_metrics.schema import Point
+from dask_influx_metrics.sinks.udp import MAX_UDP_PAYLOAD, UdpSink, pack
+
+BASE_NS = 1_700_000_000_000_000_000
+
+
+class FakeSocket:
+    def __init__(self, fail_with=None):
+        self.sent: list[bytes] = []
+        self.fail_with = fail_with
+        self.closed = False
+
+    def sendto(self, data, address):
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.sent.append(bytes(data))
+        return len(data)
+
+    def close(self):
+        self.closed = True
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def lines_of(lengths):
+    return [(b"m%d v=" % i).ljust(n, b"x") for i, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("max_datagram", [1, 50, 512, 1472, 9000])
+def test_datagrams_are_bounded_and_carry_every_line_in_order(max_datagram):
+    lengths = [(i * 7919) % 3000 + 10 for i in range(400)] + [70000, 65507, 65508]
+    lines = lines_of(lengths)
+    sock = FakeSocket()
+    sink = UdpSink(("127.0.0.1", 9), max_datagram=max_datagram, sock=sock)
+    sink.send(lines)
+    kept = [line for line in lines if len(line) <= MAX_UDP_PAYLOAD]
+    for datagram in sock.sent:
+        assert len(datagram) <= max_datagram or b"\n" not in datagram
+    assert b"\n".join(sock.sent).split(b"\n") == kept
+    assert sink.points_sent == len(kept) and sink.datagrams_sent == len(sock.sent)
+    assert sink.points_dropped == 2  # 70000 and 65508 bytes: larger than any UDP payload
+
+
+def test_pack_fills_datagrams_exactly():
+    datagrams, too_long = pack([b"a" * 10] * 4, 21)  # two 10-byte lines + newline = 21
+    assert [count for _, count in datagrams] == [2, 2] and too_long == 0
+
+
+def test_oserror_is_logged_once_resets_socket_and_recovers(caplog):
+    clock, made = Clock(), []
+    broken = FakeSocket(fail_with=OSError(101, "Network is unreachable"))
+
+    def factory():
+        made.append(FakeSocket() if made else broken)
+        return made[-1]
+
+    sink = UdpSink(("127.0.0.1", 9), sock=factory, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.udp"):
+        for _ in range(5):
+            sink.send([b"m v=1i 1"])
+    assert len([r for r in caplog.records if "cannot send" in r.message]) == 1
+    assert broken.closed and sink.points_dropped == 5 and sink.points_sent == 0
+    clock.now += 1.5  # past the re-open back-off
+    sink.send([b"m v=2i 2"])
+    assert made[-1].sent == [b"m v=2i 2"] and sink.points_sent == 1
+
+
+def test_socket_is_reopened_periodically():
+    clock, made = Clock(), []
+    sink = UdpSink(("127.0.0.1", 9), sock=lambda: made.append(FakeSocket()) or made[-1],
+                   reopen_every=60.0, clock=clock)
+    sink.send([b"a v=1i"])
+    clock.now += 30
+    sink.send([b"b v=1i"])
+    clock.now += 31
+    sink.send([b"c v=1i"])
+    assert [s.sent for s in made] == [[b"a v=1i", b"b v=1i"], [b"c v=1i"]]
+    assert made[0].closed and not made[1].closed
+
+
+def test_full_send_buffer_drops_without_blocking_or_resetting():
+    sock = FakeSocket(fail_with=BlockingIOError(11, "Resource temporarily unavailable"))
+    sink = UdpSink(("127.0.0.1", 9), max_datagram=10, sock=sock)
+    sink.send([b"m v=1i", b"m v=2i", b"m v=3i"])
+    assert sink.points_dropped == 3 and not sock.closed
+
+
+def test_send_never_raises():
+    def cannot_open():
+        raise OSError(-2, "Name or service not known")
+
+    sink = UdpSink(("127.0.0.1", 9), sock=cannot_open)
+    sink.send([b"m v=1i 1"])  # the socket cannot be opened: dropped and logged
+    sink.send([None])  # garbage: logged, not raised
+    assert sink.points_dropped >= 1
+    sink.close()
+
+
+def test_points_land_in_influxd_with_their_tags(influxd):
+    measurement = "udp_" + uuid.uuid4().hex[:10]
+    points = [Point(measurement, {"worker": f"tcp://10.0.0.{i % 3}:4000", "job": str(i % 2)},
+                    {"v": float(i), "n": i}, BASE_NS + i) for i in range(300)]
+    sink = UdpSink(influxd.udp_address)
+    sink.send(lp.encode_many(points))
+    sink.close()
+    rows = influxd.wait_for(f'SELECT * FROM "{measurement}"', 300)
+    assert sink.datagrams_sent < 300 / 5  # lines were batched
+    by_time = {r["time"]: r for r in rows}
+    for p in points:
+        row = by_time[p.time_ns]
+        assert (row["worker"], row["job"], row["v"], row["n"]) == (
+            p.tags["worker"], p.tags["job"], p.fields["v"], p.fields["n"])
+
+
+def test_pytelegraf_points_sit_beside_ours(influxd):
+    measurement = "mixed_" + uuid.uuid4().hex[:10]
+    host, port = influxd.udp_address
+    theirs = TelegrafClient(host=host, port=port)
+    theirs.metric(measurement, {"value": 2.5, "count": 7}, tags={"src": "pytelegraf", "host": "h1"})
+    ours = UdpSink(influxd.udp_address)
+    ours.send([lp.encode(Point(measurement, {"src": "ours", "host": "h1"}, {"value": 1.5, "count": 3}, BASE_NS))])
+    rows = influxd.wait_for(f'SELECT * FROM "{measurement}"', 2)
+    assert {(r["src"], r["host"], r["value"], r["count"]) for r in rows} == {
+        ("pytelegraf", "h1", 2.5, 7), ("ours", "h1", 1.5, 3)}
+    fields = influxd.query(f'SHOW FIELD KEYS FROM "{measurement}"')
+    assert {(r["fieldKey"], r["fieldType"]) for r in fields} == {("value", "float"), ("count", "integer")}

@@ -1,0 +1,280 @@
+"""NvmlSource against recorded NVML output (tests/data/nvml_*.json), no GPU needed."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import pathlib
+import sys
+
+import pynvml
+import pytest
+
+from dask_influx_metrics.schema import FIELDS, GPU
+from dask_influx_metrics.sources import nvml as nvml_mod
+from dask_influx_metrics.sources.nvml import NvmlSource, nvml_available, parse_visible
+from fake_nvml import FakeNvml
+
+ALL = frozenset(k for k in FIELDS if k[0] == GPU)
+UUID0 = "GPU-9baca7f5-0f2f-01ac-6b05-8da14d6e9005"
+UUID1 = "GPU-e1006a74-5836-264f-5c26-53d19d212dfe"
+MIG = "MIG-7feb6df5-eccf-5faa-ab00-9a441867e237"
+MIB = 2**20
+
+
+@pytest.fixture
+def fake():
+    return FakeNvml()
+
+
+def by_index(readings):
+    return {r.tags["index"]: r for r in readings}
+
+
+# -- CUDA_VISIBLE_DEVICES ------------------------------------------------------
+
+def test_parse_visible():
+    assert parse_visible(None) is None
+    assert parse_visible("") == [] and parse_visible(" ") == []
+    assert parse_visible("0, 2,") == ["0", "2"]
+    assert parse_visible("1,-1,0") == ["1"]  # CUDA stops at a negative index
+
+
+@pytest.mark.parametrize(
+    "visible, uuids",
+    [
+        (None, [UUID0, UUID1, "GPU-5b2f8e4a-1c7d-9e3f-a6b0-2d4c8f1e7a93", "GPU-1f0c7a2e-3b4d-5e6f-8091-a2b3c4d5e6f7"]),
+        ("1,0", [UUID1, UUID0]),
+        (f"{UUID1},2", [UUID1, "GPU-5b2f8e4a-1c7d-9e3f-a6b0-2d4c8f1e7a93"]),
+        ("GPU-e1006a74", [UUID1]),  # unique prefix, as CUDA accepts
+        ("MIG-7feb", [MIG]),
+        ("", []),
+        ("-1", []),
+    ],
+)
+def test_visible_devices(fake, visible, uuids):
+    src = NvmlSource(ALL, visible=visible, nvml=fake)
+    assert [u for _, u, _ in src.devices] == uuids
+    assert [i for i, _, _ in src.devices] == list(range(len(uuids)))  # position, not NVML index
+    readings = src.read()
+    assert [r.tags["uuid"] for r in readings] == uuids
+    assert [r.tags["index"] for r in readings] == [str(i) for i in range(len(uuids))]
+
+
+def test_visible_defaults_to_environment(fake, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert NvmlSource(ALL, nvml=fake).devices == [(0, "GPU-1f0c7a2e-3b4d-5e6f-8091-a2b3c4d5e6f7", "NVIDIA A100-SXM4-80GB")]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert len(NvmlSource(ALL, nvml=fake).devices) == 4
+
+
+@pytest.mark.parametrize(
+    "visible, message",
+    [
+        ("0,foo", "'foo' is neither a device index nor a UUID"),
+        ("7", "'7': no GPU with that index"),
+        ("GPU-deadbeef", "'GPU-deadbeef' matches no device"),
+        ("GPU-", "'GPU-' is ambiguous"),
+        ("0,0", "'0' names a device twice"),
+        (f"0,{UUID0}", f"'{UUID0}' names a device twice"),
+    ],
+)
+def test_bad_visible_entry(fake, visible, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        NvmlSource(ALL, visible=visible, nvml=fake)
+    assert not nvml_available(nvml=fake, visible=visible)
+
+
+# -- values ----------------------------------------------------------------------
+
+def test_all_fields_follow_schema(fake):
+    readings = by_index(NvmlSource(ALL, visible=None, nvml=fake).read())
+    for r in readings.values():
+        assert r.measurement == "gpu" and set(r.tags) == {"index", "uuid", "name"}
+        for name, value in r.fields.items():
+            assert type(value) is FIELDS[GPU, name].type, name
+    busy = readings["0"].fields
+    assert busy == {
+        "utilization_gpu": 87.0,
+        "utilization_memory": 41.0,
+        "memory_used": 24310775808 / MIB,  # v2: reserved memory not counted
+        "memory_used_percent": 100 * 24310775808 / 85899345920,
+        "memory_total": 81920.0,
+        "power_draw": 312.456,
+        "temperature_gpu": 61.0,
+        "clocks_current_sm": 1410.0,
+    }
+    assert readings["1"].fields["memory_used"] == pytest.approx(7.797, abs=1e-3)
+
+
+def test_only_requested_fields_are_read(fake):
+    src = NvmlSource(frozenset({(GPU, "utilization_gpu"), ("host", "cpu_percent")}), visible="0,1", nvml=fake)
+    before = fake.calls.copy()
+    assert [r.fields for r in src.read()] == [{"utilization_gpu": 87.0}, {"utilization_gpu": 0.0}]
+    delta = fake.calls - before
+    assert {f for f, _ in delta} == {"nvmlDeviceGetUtilizationRates"}
+    assert fake.calls_to("nvmlDeviceGetUtilizationRates") == 2  # one per device
+
+    src = NvmlSource(frozenset({(GPU, "utilization_gpu"), (GPU, "utilization_memory")}), visible="0", nvml=fake)
+    before = fake.calls.copy()
+    assert src.read()[0].fields == {"utilization_gpu": 87.0, "utilization_memory": 41.0}
+    assert sum((fake.calls - before).values()) == 1  # one call serves both
+
+
+def test_static_memory_total_needs_no_call_per_read(fake):
+    src = NvmlSource(frozenset({(GPU, "memory_total")}), visible="0", nvml=fake)
+    before = fake.calls.copy()
+    assert src.read()[0].fields == {"memory_total": 81920.0}
+    assert not (fake.calls - before)
+
+
+def test_no_gpu_fields_no_calls(fake):
+    src = NvmlSource(frozenset({("host", "cpu_percent")}), visible=None, nvml=fake)
+    before = fake.calls.copy()
+    assert src.read() == [] and not (fake.calls - before)
+
+
+# -- errors ----------------------------------------------------------------------
+
+def test_not_supported_is_omitted_and_never_retried(fake, caplog):
+    src = NvmlSource(ALL, visible="2", nvml=fake)  # the K80: no power reading
+    for _ in range(3):
+        fields = src.read()[0].fields
+        assert "power_draw" not in fields
+        assert fields["utilization_gpu"] == 35.0 and fields["temperature_gpu"] == 44.0
+    assert fake.calls_to("nvmlDeviceGetPowerUsage") == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_memory_v2_falls_back_to_v1_once(fake):
+    src = NvmlSource(ALL, visible="2", nvml=fake)  # driver 470: no nvmlDeviceGetMemoryInfo_v2
+    for _ in range(3):
+        fields = src.read()[0].fields
+        assert fields["memory_used"] == 3072.0 and fields["memory_total"] == 11996954624 / MIB
+    assert fake.calls_to("nvmlDeviceGetMemoryInfo_v2") == 1
+    assert fake.calls_to("nvmlDeviceGetMemoryInfo") == 4  # init + 3 reads
+    assert fake.calls_to("nvmlDeviceGetTemperatureV") == 1  # same story for temperature
+    assert fake.calls_to("nvmlDeviceGetTemperature") == 3
+
+
+def test_memory_v2_with_pynvml_lacking_version_keyword(fake, monkeypatch):
+    v1_only = fake.nvmlDeviceGetMemoryInfo
+    monkeypatch.setattr(fake, "nvmlDeviceGetMemoryInfo", lambda handle: v1_only(handle), raising=False)
+    fields = NvmlSource(ALL, visible="1", nvml=fake).read()[0].fields
+    assert fields["memory_used"] == 912.0  # v1 counts reserved memory
+
+
+def test_mig_instance_has_memory_but_no_utilization(fake, caplog):
+    caplog.set_level(logging.INFO, logger=nvml_mod.__name__)
+    (reading,) = NvmlSource(ALL, visible=MIG, nvml=fake).read()
+    assert reading.tags == {"index": "0", "uuid": MIG, "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb"}
+    assert reading.fields == {
+        "memory_used": 2308.0,
+        "memory_total": 42314694656 / MIB,
+        "memory_used_percent": 100 * 2420113408 / 42314694656,
+    }
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("utilization_gpu/utilization_memory not available" in r.getMessage() for r in caplog.records)
+
+
+def test_other_error_omits_field_this_sample_reports_once(fake, caplog):
+    src = NvmlSource(ALL, visible="0,1", nvml=fake)
+    fake.devices[1]["power_mw"] = [{"error": "Unknown"}, {"error": "GpuIsLost"}, {"error": "Unknown"}, 60500]
+    for _ in range(3):
+        first, second = src.read()
+        assert "power_draw" in first.fields
+        assert "power_draw" not in second.fields and second.fields["utilization_gpu"] == 0.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "GPU 1" in warnings[0] and UUID1 in warnings[0] and "power_draw" in warnings[0]
+    assert src.read()[1].fields["power_draw"] == 60.5  # retried, and back
+
+
+def test_every_field_failing_drops_only_that_device(fake):
+    src = NvmlSource(ALL, visible="0,1", nvml=fake)
+    for key in ("utilization", "memory_v2", "power_mw", "temperature_v", "clock_sm"):
+        fake.devices[0][key] = {"error": "GpuIsLost"}
+    src._devices[0].memory_total = None
+    assert [r.tags["index"] for r in src.read()] == ["1"]
+
+
+def test_names_as_bytes_from_old_pynvml():
+    src = NvmlSource(ALL, visible="0", nvml=FakeNvml(as_bytes=True))
+    assert src.devices == [(0, UUID0, "NVIDIA A100-SXM4-80GB")]
+
+
+# -- init, availability, import ----------------------------------------------
+
+def test_init_once_per_process(fake, monkeypatch):
+    NvmlSource(ALL, visible="0", nvml=fake)
+    src = NvmlSource(ALL, visible="1", nvml=fake)
+    assert nvml_available(nvml=fake, visible=None)
+    src.read()
+    assert fake.calls_to("nvmlInit") == 1
+    monkeypatch.setattr(nvml_mod.os, "getpid", lambda: 999_999_999)  # as in a forked child
+    assert src.read()[0].tags["uuid"] == UUID1
+    src.read()
+    assert fake.calls_to("nvmlInit") == 2
+
+
+def test_nvml_available(fake):
+    assert nvml_available(nvml=fake, visible=None)
+    assert nvml_available(nvml=fake, visible="3")
+    assert not nvml_available(nvml=fake, visible="")
+    broken = FakeNvml()
+    broken.data["init_error"] = "DriverNotLoaded"
+    assert not nvml_available(nvml=broken, visible=None)
+    with pytest.raises(RuntimeError, match="NVML could not start"):
+        NvmlSource(ALL, visible=None, nvml=broken)
+
+
+@pytest.mark.skipif(nvml_available(visible=None), reason="this machine has a GPU")
+def test_real_pynvml_without_gpu():
+    assert not nvml_available(nvml=pynvml, visible=None)
+    with pytest.raises(RuntimeError, match="NVML could not start"):
+        NvmlSource(ALL, visible=None, nvml=pynvml)
+
+
+def test_missing_pynvml_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(ImportError, match="pip install nvidia-ml-py"):
+        NvmlSource(ALL)
+    assert not nvml_available()
+
+
+def test_handles_and_close(fake):
+    src = NvmlSource(ALL, visible="1,MIG-7feb", nvml=fake)
+    assert src.handles == [(1, None), (3, 0)]
+    src.close()
+    assert src.read() == [] and src.handles == []
+
+
+# -- the real pynvml has every name nvml.py uses ------------------------------------
+
+def nvml_names_used() -> set[str]:
+    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in sources/nvml.py."""
+    tree = ast.parse(pathlib.Path(nvml_mod.__file__).read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "nvml":
+            names.add(node.attr)
+        if (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+            and isinstance(node.args[0], ast.Name) and node.args[0].id == "nvml"
+        ):
+            names.add(node.args[1].value)
+    return names
+
+
+def test_real_pynvml_has_every_name_used():
+    names = nvml_names_used()
+    assert {"nvmlInit", "nvmlDeviceGetMemoryInfo", "nvmlMemory_v2", "NVMLError_NotSupported"} <= names
+    missing = sorted(n for n in names if not hasattr(pynvml, n))
+    assert not missing, f"not in the installed pynvml: {missing}"
+
+
+def test_real_memory_info_takes_version_keyword():
+    import inspect
+
+    assert "version" in inspect.signature(pynvml.nvmlDeviceGetMemoryInfo).parameters
+    assert "version" in inspect.signature(FakeNvml().nvmlDeviceGetMemoryInfo).parameters
