@@ -83,9 +83,36 @@ def main(argv=None) -> int:
     ap.add_argument("--database", default="dask_metrics", help="database the UDP listener writes to")
     ap.add_argument("--telegraf-address", default="127.0.0.1:8089", help="UDP line-protocol listener (host:port)")
     ap.add_argument("--spool", default=None, help="spool directory when InfluxDB is not reachable")
+    ap.add_argument("--local-influxd", action="store_true",
+                    help="start a private influxd on free loopback ports for the demo (needs the influxd binary)")
     ap.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes")
     ap.add_argument("--gpus", type=int, default=2, help="simulated GPUs per worker")
     args = ap.parse_args(argv)
+
+    server = None
+    if args.local_influxd:
+        from . import localinflux
+
+        if localinflux.available():
+            server = localinflux.start()
+            args.influxdb_url = server.url
+            args.telegraf_address = "%s:%d" % server.udp_address
+            print(f"started influxd: HTTP {server.url}, UDP listener {args.telegraf_address}")
+        else:
+            print(f"no influxd binary at {localinflux.INFLUXD}; the demo will spool to disk")
+    try:
+        return _run(args)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run(args) -> int:
+    import uuid
+
+    from distributed import Client, LocalCluster
+
+    from . import Monitor
 
     run = uuid.uuid4().hex[:8]
     online = _reachable(args.influxdb_url)

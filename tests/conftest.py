@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))  # pytest does this too, except with --import-mode=importlib
-import influxd as _influxd  # noqa: E402  (tests/influxd.py)
+from dask_influx_metrics import localinflux as _influxd
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,7 @@
-"""A throw-away InfluxDB 1.x server for tests: temp dirs, free 127.0.0.1 ports.
+"""A throw-away InfluxDB 1.x server for tests, demos and benchmarks.
+
+Temporary directories, free 127.0.0.1 ports; the Debian package ``influxdb``
+provides the binary.
 
 ``start()`` writes a config, launches ``influxd`` and waits (bounded) for
 ``/ping``; ``Influxd.stop()`` terminates it, then kills it. Only the HTTP API
@@ -25,7 +28,7 @@ from typing import Callable, Union
 
 import requests
 
-INFLUXD = os.environ.get("INFLUXD", "/usr/bin/influxd")
+INFLUXD = os.environ.get("INFLUXD") or shutil.which("influxd") or "/usr/bin/influxd"
 UDP_DATABASE = "dask_metrics"
 
 _CONFIG = """\
