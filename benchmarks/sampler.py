@@ -4,9 +4,10 @@
    every built-in metric, sent through the UDP sink; split into read, encode,
    send. Baseline in the same run: the same sample with only the tasks source.
 2. Gaps: a LocalCluster worker sampling at 200 ms while its threads run
-   GIL-holding pure-Python tasks; the gaps between consecutive samples.
+   GIL-holding pure-Python tasks; the gaps between consecutive samples, with
+   every metric and, side by side, without the psutil (host/process) reads.
 
-Run: ``.venv/bin/python benchmarks/sampler.py`` (about 30 s).
+Run: ``.venv/bin/python benchmarks/sampler.py`` (about 45 s).
 """
 
 from __future__ import annotations
@@ -72,14 +73,14 @@ def _gil_heavy(seconds):
     return x
 
 
-def gap_table(duration=12.0):
+def gap_table(duration=12.0, tracking=None):
     from distributed import Client, LocalCluster
 
     from dask_influx_metrics import Monitor
 
     with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as cluster, Client(cluster) as client:
         m = Monitor(client, sink="udp", telegraf_address="127.0.0.1:9", gpu_source="simulated", gpu_count=8)
-        m.attach(polling_interval=200)
+        m.attach(polling_interval=200, tracking=tracking)
         m.start()
         client.gather(client.map(_gil_heavy, [duration / 2] * 4, pure=False))
         gaps = client.run(lambda dask_worker: list(dask_worker.plugins["influx-metrics"].sampler.gaps))
@@ -99,9 +100,13 @@ def main():
     for k, v in rows.items():
         print(f"  {k:<32} {v:8.1f}")
     print(f"  ratio total / baseline          {rows['total per sample'] / rows['baseline: tasks source only']:8.1f}x")
+    no_host = [t for t in schema.TRACKING if schema.TRACKING[t][0][0] != schema.HOST and t != "worker-cpu"
+               and t != "worker-mem"]
+    runs = {"all metrics": gap_table(), "without psutil (GPU + tasks)": gap_table(tracking=no_host)}
     print("\nGaps at 200 ms polling, worker threads running GIL-holding Python (2 threads, 12 s)")
-    for k, v in gap_table().items():
-        print(f"  {k:<32} {v:8.1f}")
+    print(f"  {'':<32} " + " ".join(f"{name:>30}" for name in runs))
+    for k in runs["all metrics"]:
+        print(f"  {k:<32} " + " ".join(f"{r[k]:30.1f}" for r in runs.values()))
 
 
 if __name__ == "__main__":
