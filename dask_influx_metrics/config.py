@@ -99,14 +99,15 @@ class Settings:
         offending key for anything invalid.
         """
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+        paths = ("polling-interval", "tracking", "job-type", "sink", "tags", "telegraf.address",
+                 "telegraf.max-datagram", "influxdb.url", "influxdb.database", "influxdb.retention-policy",
+                 "influxdb.username", "influxdb.password", "influxdb.token", "influxdb.batch-size",
+                 "influxdb.timeout", "spool.directory", "spool.mem-limit", "spool.flush-interval",
+                 "gpu.source", "gpu.count")
+        # dask.config.get treats '-' and '_' alike, as environment variables need
         with dask.config.set({f"influx-metrics.{k}": v for k, v in overrides.items()}):
-            c = copy.deepcopy(dask.config.get("influx-metrics"))  # set() restores in place
-
-        def get(path):
-            node = c
-            for part in path.split("."):
-                node = node.get(part) if isinstance(node, dict) else None
-            return node
+            values = {p: copy.deepcopy(dask.config.get(f"influx-metrics.{p}", default=None)) for p in paths}
+        get = values.__getitem__
 
         interval = get("polling-interval")
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:

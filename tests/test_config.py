@@ -60,3 +60,17 @@ def test_old_mem_limit_and_dump_loc_switch_the_spool_on():
 def test_unknown_keyword_is_named():
     with pytest.raises(TypeError, match="polling_intervall"):
         overrides_from_kwargs(polling_intervall=5)
+
+
+def test_hyphenated_keys_set_from_environment_variables(monkeypatch):
+    monkeypatch.setenv("DASK_INFLUX_METRICS__POLLING_INTERVAL", "50")
+    monkeypatch.setenv("DASK_INFLUX_METRICS__SPOOL__MEM_LIMIT", "7")
+    monkeypatch.setenv("DASK_INFLUX_METRICS__JOB_TYPE", "manual")
+    dask.config.refresh()
+    try:
+        s = Settings.resolve()
+        assert (s.polling_interval, s.mem_limit, s.job_type) == (50, 7, "manual")
+    finally:
+        for var in ("POLLING_INTERVAL", "SPOOL__MEM_LIMIT", "JOB_TYPE"):
+            monkeypatch.delenv(f"DASK_INFLUX_METRICS__{var}")
+        dask.config.refresh()

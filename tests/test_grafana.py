@@ -1,0 +1,178 @@
+"""Grafana provisioning and the generated dashboard.
+
+Structure (ids, grid, datasources, variables), then every InfluxQL query of
+the dashboard (panels, variables, annotations) run against the real influxd on
+data a real monitored LocalCluster wrote, with Grafana's substitutions done
+the way Grafana does them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+import yaml
+from distributed import Client, LocalCluster
+
+from dask_influx_metrics import Monitor, schema
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+GRAFANA = os.path.join(ROOT, "grafana")
+DASHBOARDS = os.path.join(GRAFANA, "dashboards")
+DATASOURCES = os.path.join(GRAFANA, "provisioning", "datasources", "influxdb.yaml")
+PROVIDER = os.path.join(GRAFANA, "provisioning", "dashboards", "dask.yaml")
+BUILTIN_VARS = {"timeFilter", "__interval", "__interval_ms", "__timeFilter", "__from", "__to",
+                "tag_worker", "tag_index", "tag_host", "col"}
+
+
+def _dashboards() -> dict[str, dict]:
+    out = {}
+    for name in sorted(os.listdir(DASHBOARDS)):
+        if name.endswith(".json"):
+            with open(os.path.join(DASHBOARDS, name)) as f:
+                out[name] = json.load(f)
+    assert out, "no dashboards"
+    return out
+
+
+def _queries(dash: dict) -> list[tuple[str, str]]:
+    """(where, InfluxQL) for every panel target, variable and annotation."""
+    found = [(f"variable {v['name']}", v["query"]) for v in dash["templating"]["list"]]
+    found += [(f"annotation {a['name']}", a["query"]) for a in dash["annotations"]["list"]]
+    for p in dash["panels"]:
+        found += [(f"panel {p['id']} {p['title']}/{t['refId']}", t["query"]) for t in p.get("targets", [])]
+    return found
+
+
+def test_generated_dashboard_is_committed():
+    """The committed JSON is what build_dashboard.py writes from the schema."""
+    sys.path.insert(0, GRAFANA)
+    try:
+        import build_dashboard
+    finally:
+        sys.path.remove(GRAFANA)
+    with open(build_dashboard.OUT) as f:
+        assert json.load(f) == json.loads(json.dumps(build_dashboard.dashboard())), \
+            "run grafana/build_dashboard.py and commit its output"
+
+
+@pytest.mark.parametrize("name", list(_dashboards()))
+def test_dashboard_structure(name):
+    dash = _dashboards()[name]
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    cells = {}
+    for p in dash["panels"]:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']} overlaps {cells[(x, y)]}"
+                cells[x, y] = p["title"]
+    with open(DATASOURCES) as f:
+        uids = {d["uid"] for d in yaml.safe_load(f)["datasources"]}
+    refs = [p["datasource"] for p in dash["panels"]]
+    refs += [t["datasource"] for p in dash["panels"] for t in p.get("targets", [])]
+    refs += [v["datasource"] for v in dash["templating"]["list"]]
+    refs += [a["datasource"] for a in dash["annotations"]["list"]]
+    assert {r["uid"] for r in refs} <= uids
+    defined = {v["name"] for v in dash["templating"]["list"]} | BUILTIN_VARS
+    for where, q in _queries(dash) + [(p["title"], t.get("alias", "")) for p in dash["panels"]
+                                      for t in p.get("targets", [])]:
+        used = set(re.findall(r"\$\{?(\w+)", q))
+        assert used <= defined, f"{where}: undefined {used - defined}"
+
+
+def test_dashboard_uses_only_schema_names():
+    measurements = {m for m, _ in schema.FIELDS}
+    for dash in _dashboards().values():
+        for where, q in _queries(dash):
+            for m in re.findall(r'FROM "(\w+)"', q):
+                assert m in measurements, f"{where}: unknown measurement {m}"
+            if q.startswith("SELECT"):
+                (m,) = re.findall(r'FROM "(\w+)"', q)
+                known = {f for mm, f in schema.FIELDS if mm == m} | set(schema.TAGS)
+                for name in re.findall(r'"(\w+)"', q.split(" FROM ")[0]):
+                    if not name.startswith(("peak_", "mean_")):
+                        assert name in known, f"{where}: {m} has no field {name}"
+
+
+def test_provider_path_is_where_dashboards_are_mounted():
+    with open(PROVIDER) as f:
+        (provider,) = yaml.safe_load(f)["providers"]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+# --- every query against the real influxd ------------------------------------------------
+
+def _regex_escape(value: str) -> str:
+    """Grafana's regex escaping of variable values for InfluxQL (kbn.regexEscape)."""
+    return re.sub(r"([\\^$*+?.()|{}\[\]/])", r"\\\1", value)
+
+
+def substitute(query: str, values: dict[str, list[str]]) -> str:
+    """What Grafana sends: multi-value variables as ``(a|b)``, time macros filled in."""
+    query = query.replace("$timeFilter", "time > now() - 1h").replace("$__interval", "10s")
+    for name, vals in sorted(values.items(), key=lambda kv: -len(kv[0])):
+        query = query.replace(f"${name}", "(" + "|".join(_regex_escape(v) for v in vals) + ")")
+    return query
+
+
+def _slow(x):
+    threading.Event().wait(0.3)
+    return x
+
+
+@pytest.fixture(scope="module")
+def monitored(influxd):
+    """Data in ``dask_metrics`` from a real monitored LocalCluster (UDP, simulated GPUs)."""
+    run = uuid.uuid4().hex[:10]
+    host, port = influxd.udp_address
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        monitor = Monitor(client, sink="udp", telegraf_address=f"{host}:{port}", gpu_source="simulated",
+                          tags={"run": run})
+        monitor.attach(polling_interval=50)
+        monitor.start()
+        try:
+            client.gather(client.map(_slow, range(8)))
+            client.gather(client.map(_slow, range(100, 104)))
+            where = f"WHERE \"run\" = '{run}'"
+            influxd.wait_for(f"SELECT * FROM \"gpu\" {where} AND \"dag\" != '0'", 1, timeout=30)
+            influxd.wait_for(f'SELECT * FROM "host" {where}', 1, timeout=30)
+            influxd.wait_for(f"SELECT * FROM \"worker\" {where} AND \"dag\" != '0'", 1, timeout=30)
+            influxd.wait_for(f"SELECT * FROM \"dag\" {where} AND \"event\" = 'end'", 2, timeout=30)
+        finally:
+            monitor.stop()
+    return influxd
+
+
+@pytest.mark.parametrize("name", list(_dashboards()))
+def test_every_query_returns_rows(monitored, name):
+    dash = _dashboards()[name]
+    values: dict[str, list[str]] = {}
+    for var in dash["templating"]["list"]:  # in order: later variables use earlier ones
+        rows = monitored.query(substitute(var["query"], values))
+        assert rows, f"variable {var['name']}: no values"
+        values[var["name"]] = sorted({r["value"] for r in rows})
+    failures = []
+    for where, q in _queries(dash):
+        sent = substitute(q, values)
+        assert "$" not in sent.replace("$/", "").replace("(,|$)", ""), sent
+        if not monitored.query(sent):
+            failures.append(f"{where}: {sent}")
+    assert not failures, "queries without rows:\n" + "\n".join(failures)
+
+
+def test_build_script_runs(tmp_path):
+    """The generator is a plain script (python grafana/build_dashboard.py)."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    out = subprocess.run([sys.executable, "-c", "import build_dashboard as b; print(len(b.panels()))"],
+                         cwd=GRAFANA, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and int(out.stdout) >= 8, out.stderr

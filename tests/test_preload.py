@@ -1,0 +1,88 @@
+"""``dask scheduler --preload dask_influx_metrics.preload``: monitored from boot.
+
+Real ``dask scheduler``/``dask worker`` processes on 127.0.0.1, settings only
+from the environment, points read back from the private influxd.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from distributed import Client
+
+DASK = os.path.join(os.path.dirname(sys.executable), "dask")
+
+
+def _env(influxd, run: str) -> dict:
+    host, port = influxd.udp_address
+    return {
+        **os.environ,
+        "DASK_INFLUX_METRICS__SINK": "udp",
+        "DASK_INFLUX_METRICS__TELEGRAF__ADDRESS": f"{host}:{port}",
+        "DASK_INFLUX_METRICS__GPU__SOURCE": "simulated",
+        "DASK_INFLUX_METRICS__TAGS": json.dumps({"run": run}),
+    }
+
+
+def _spawn(args, env, log):
+    return subprocess.Popen([DASK, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop(proc) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def _wait_file(path, proc, log_path, timeout=30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not (os.path.exists(path) and os.path.getsize(path) > 0):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            with open(log_path) as f:
+                pytest.fail(f"scheduler did not write {path} (rc={proc.poll()}):\n{f.read()[-3000:]}")
+        time.sleep(0.05)
+
+
+def test_preload_monitors_cluster_from_boot(influxd, tmp_path):
+    run = uuid.uuid4().hex
+    env = _env(influxd, run)
+    scheduler_file = str(tmp_path / "scheduler.json")
+    logs = {name: tmp_path / f"{name}.log" for name in ("scheduler", "worker")}
+    procs = []
+    try:
+        with open(logs["scheduler"], "w") as log:
+            procs.append(_spawn(["scheduler", "--preload", "dask_influx_metrics.preload",
+                                 "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                 "--scheduler-file", scheduler_file], env, log))
+        _wait_file(scheduler_file, procs[0], logs["scheduler"])
+        with open(logs["worker"], "w") as log:
+            procs.append(_spawn(["worker", "--scheduler-file", scheduler_file, "--host", "127.0.0.1",
+                                 "--nthreads", "2", "--no-dashboard"], env, log))
+        with Client(scheduler_file=scheduler_file, timeout=30) as client:
+            client.wait_for_workers(1, timeout=30)
+            futures = client.map(lambda x: time.sleep(0.2) or x * 2, range(6))
+            assert sum(client.gather(futures)) == 30
+            worker = next(iter(client.scheduler_info()["workers"]))
+
+        where = f"WHERE \"run\" = '{run}'"
+        gpu = influxd.wait_for(f'SELECT * FROM "gpu" {where} AND "worker" = \'{worker}\'', 1, timeout=30)
+        assert gpu[0]["uuid"].startswith("SIM-")
+        busy = influxd.wait_for(f'SELECT "tasks" FROM "worker" {where} AND "dag" != \'0\'', 1, timeout=30)
+        assert all(row["tasks"] >= 1 for row in busy)
+        dags = influxd.wait_for(f'SELECT "event" FROM "dag" {where}', 2, timeout=30)
+        assert {row["event"] for row in dags} == {"submit", "end"}
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
