@@ -96,9 +96,9 @@ class Monitor:
 
         >>> session = monitor.start()  # doctest: +SKIP
         """
-        if tracking is not None:
-            Settings.resolve({**self._state()["overrides"], "tracking": list(tracking)})
         state = self._state()
+        if tracking is not None:
+            Settings.resolve({**state["overrides"], "tracking": list(tracking)})  # raises on bad names
         session = self.client.run_on_scheduler(_on_scheduler, action="start", tracking=tracking)
         overrides = {**state["overrides"], **({"tracking": list(tracking)} if tracking is not None else {})}
         try:
