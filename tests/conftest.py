@@ -32,3 +32,62 @@ def influxd():
 def fresh_db(influxd) -> str:
     """The name of a new, empty database on the session's ``influxd``."""
     return influxd.create_database("test_" + uuid.uuid4().hex[:12])
+
+
+def _slow(x, delay=0.3):
+    import threading
+
+    threading.Event().wait(delay)
+    return x
+
+
+@pytest.fixture(scope="session")
+def monitored(influxd, tmp_path_factory):
+    """Data from one real monitored LocalCluster run, in influxd and in a spool.
+
+    Two workers (2 threads each, simulated GPUs x2), polling every 50 ms,
+    ``job_type="manual"``: job 1 runs 8 slow tasks, job 2 runs 4. Samples go
+    over UDP into ``dask_metrics`` (every point tagged ``run=<id>``) and, the
+    same points, into a spool. Returns a namespace with ``influxd``, ``run``,
+    ``spool`` (the spool root), ``session`` (``id``, ``start``, ``stop``) and
+    ``workers`` (sorted addresses).
+    """
+    import types
+
+    from distributed import Client, LocalCluster
+
+    from dask_influx_metrics import Monitor
+
+    run = uuid.uuid4().hex[:10]
+    spool = tmp_path_factory.mktemp("spool")
+    host, port = influxd.udp_address
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        monitor = Monitor(client, sink=["udp", "spool"], telegraf_address=f"{host}:{port}",
+                          spool_directory=str(spool), gpu_source="simulated", gpu_count=2,
+                          tags={"run": run})
+        monitor.attach(polling_interval=50, job_type="manual")
+        session = monitor.start()
+        try:
+            monitor.new_job()
+            client.gather(client.map(_slow, range(8)))
+            monitor.new_job()
+            client.gather(client.map(_slow, range(100, 104)))
+            where = f"WHERE \"run\" = '{run}'"
+            influxd.wait_for(f"SELECT * FROM \"gpu\" {where} AND \"job\" = '2' AND \"dag\" != '0'", 1, timeout=30)
+            influxd.wait_for(f'SELECT * FROM "host" {where}', 1, timeout=30)
+            influxd.wait_for(f"SELECT * FROM \"worker\" {where} AND \"dag\" != '0'", 1, timeout=30)
+            influxd.wait_for(f"SELECT * FROM \"dag\" {where} AND \"event\" = 'end'", 2, timeout=30)
+            workers = sorted(client.scheduler_info()["workers"])
+        finally:
+            stopped = monitor.stop()
+    # Everything spooled must also have landed over UDP (the last samples trail the stop).
+    from dask_influx_metrics import lineprotocol
+    from dask_influx_metrics.sinks.spool import read_lines
+
+    spooled = [lineprotocol.parse(line) for line in read_lines(spool)]
+    for measurement in ("gpu", "host", "worker", "dag"):
+        n = sum(p.measurement == measurement for p in spooled)
+        influxd.wait_for(f'SELECT * FROM "{measurement}" WHERE "run" = \'{run}\'', n, timeout=30)
+    return types.SimpleNamespace(influxd=influxd, run=run, spool=str(spool), session=stopped or session,
+                                 workers=workers)

@@ -13,14 +13,11 @@ import os
 import re
 import subprocess
 import sys
-import threading
-import uuid
 
 import pytest
 import yaml
-from distributed import Client, LocalCluster
 
-from dask_influx_metrics import Monitor, schema
+from dask_influx_metrics import schema
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 GRAFANA = os.path.join(ROOT, "grafana")
@@ -124,48 +121,20 @@ def substitute(query: str, values: dict[str, list[str]]) -> str:
     return query
 
 
-def _slow(x):
-    threading.Event().wait(0.3)
-    return x
-
-
-@pytest.fixture(scope="module")
-def monitored(influxd):
-    """Data in ``dask_metrics`` from a real monitored LocalCluster (UDP, simulated GPUs)."""
-    run = uuid.uuid4().hex[:10]
-    host, port = influxd.udp_address
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        monitor = Monitor(client, sink="udp", telegraf_address=f"{host}:{port}", gpu_source="simulated",
-                          tags={"run": run})
-        monitor.attach(polling_interval=50)
-        monitor.start()
-        try:
-            client.gather(client.map(_slow, range(8)))
-            client.gather(client.map(_slow, range(100, 104)))
-            where = f"WHERE \"run\" = '{run}'"
-            influxd.wait_for(f"SELECT * FROM \"gpu\" {where} AND \"dag\" != '0'", 1, timeout=30)
-            influxd.wait_for(f'SELECT * FROM "host" {where}', 1, timeout=30)
-            influxd.wait_for(f"SELECT * FROM \"worker\" {where} AND \"dag\" != '0'", 1, timeout=30)
-            influxd.wait_for(f"SELECT * FROM \"dag\" {where} AND \"event\" = 'end'", 2, timeout=30)
-        finally:
-            monitor.stop()
-    return influxd
-
-
 @pytest.mark.parametrize("name", list(_dashboards()))
 def test_every_query_returns_rows(monitored, name):
+    influxd = monitored.influxd
     dash = _dashboards()[name]
     values: dict[str, list[str]] = {}
     for var in dash["templating"]["list"]:  # in order: later variables use earlier ones
-        rows = monitored.query(substitute(var["query"], values))
+        rows = influxd.query(substitute(var["query"], values))
         assert rows, f"variable {var['name']}: no values"
         values[var["name"]] = sorted({r["value"] for r in rows})
     failures = []
     for where, q in _queries(dash):
         sent = substitute(q, values)
         assert "$" not in sent.replace("$/", "").replace("(,|$)", ""), sent
-        if not monitored.query(sent):
+        if not influxd.query(sent):
             failures.append(f"{where}: {sent}")
     assert not failures, "queries without rows:\n" + "\n".join(failures)
 

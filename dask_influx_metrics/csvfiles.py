@@ -1,0 +1,186 @@
+"""CSV export and import in the old dask-metrics layout.
+
+One file per worker, ``<fname>_<i>.csv``, where ``i`` is the worker's index
+in address order (the same numbering as ``workers=[...]`` everywhere). Columns:
+``job, dag, timestamp``, then one column per metric; a per-GPU metric holds
+all GPUs in one cell as ``"v0, v1, ..."``. Two columns the old tool did not
+write come last: ``running`` (the executing task keys, JSON) when collected,
+and ``worker`` (the address). ``workers.csv`` beside them maps index ->
+address -> file.
+
+>>> import pandas as pd, tempfile, os
+>>> t = pd.DataFrame({"job": ["1"], "dag": ["1"], "timestamp": [0.5], "x[0]": [1.0], "x[1]": [2.5]})
+>>> t.attrs = {"worker": "tcp://h:1", "worker_index": 0}
+>>> d = tempfile.mkdtemp()
+>>> [os.path.basename(p) for p in write_tables([t], d)]
+['worker_0.csv']
+>>> open(os.path.join(d, "worker_0.csv")).read().splitlines()[1]
+'1,1,0.5,"1, 2.5",tcp://h:1'
+>>> read_worker_csv(os.path.join(d, "worker_0.csv"))["x[1]"].tolist()
+[2.5]
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+import re
+from typing import Callable, Optional
+
+import numpy as np
+import pandas as pd
+
+from . import schema
+from .tables import BASE_COLUMNS, device_columns, table_metrics
+
+MANIFEST = "workers.csv"
+EXTRA_COLUMNS = ("running", "worker")
+
+
+def _num(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "nan"
+    if isinstance(v, (float, np.floating)) and float(v).is_integer() and abs(v) < 2**53:
+        return str(int(v))
+    return repr(float(v)) if isinstance(v, (float, np.floating)) else str(v)
+
+
+def to_old_layout(table: pd.DataFrame) -> pd.DataFrame:
+    """A table (see :mod:`~dask_influx_metrics.tables`) as the old CSV columns."""
+    out = pd.DataFrame({c: table[c].to_numpy() for c in BASE_COLUMNS})
+    for metric in table_metrics(table):
+        cols = device_columns(table, metric)
+        if cols == [metric]:
+            out[metric] = [_num(v) for v in table[metric].to_numpy()]
+        else:
+            values = table[cols].to_numpy(dtype=float)
+            out[metric] = [", ".join(_num(v) for v in row) for row in values]
+    if "running" in table.columns:
+        out["running"] = table["running"].fillna("").to_numpy()
+    out["worker"] = table.attrs.get("worker", "")
+    return out
+
+
+def write_tables(tables: list[pd.DataFrame], directory, fname: str = "worker", clear_dir: bool = False,
+                 progress: Optional[Callable[[int, int], None]] = None) -> list[str]:
+    """Write each table to ``<directory>/<fname>_<worker_index>.csv`` plus ``workers.csv``.
+
+    ``clear_dir`` first removes the ``<fname>_*.csv`` files already there
+    (only those). ``progress(done, total)`` is called after each file.
+    Returns the paths written.
+    """
+    directory = os.fspath(directory)
+    if not re.fullmatch(r"[\w.-]+", fname):
+        raise ValueError(f"fname {fname!r} must be a plain file name prefix (letters, digits, '_', '-', '.')")
+    os.makedirs(directory, exist_ok=True)
+    if clear_dir:
+        for old in glob.glob(os.path.join(directory, f"{glob.escape(fname)}_*.csv")):
+            os.remove(old)
+    paths, manifest = [], []
+    for done, table in enumerate(tables, 1):
+        i = int(table.attrs.get("worker_index", done - 1))
+        path = os.path.join(directory, f"{fname}_{i}.csv")
+        to_old_layout(table).to_csv(path, index=False)
+        paths.append(path)
+        manifest.append({"index": i, "worker": table.attrs.get("worker", ""),
+                         "file": os.path.basename(path), "rows": len(table)})
+        if progress:
+            progress(done, len(tables))
+    pd.DataFrame(manifest, columns=["index", "worker", "file", "rows"]).to_csv(
+        os.path.join(directory, MANIFEST), index=False)
+    return paths
+
+
+def _bad(path, row: int, message: str) -> ValueError:
+    return ValueError(f"{path}, line {row + 2}: {message}")  # +1 header, +1 one-based
+
+
+def _floats(path, column: str, cells: pd.Series) -> np.ndarray:
+    parts = cells.str.split(",")
+    widths = parts.str.len()
+    if widths.nunique() > 1:
+        row = int(np.argmax(widths.to_numpy() != widths.iloc[0]))
+        raise _bad(path, row, f"column {column!r} has {widths.iloc[row]} values, earlier rows have {widths.iloc[0]}")
+    flat = parts.explode().str.strip()
+    values = pd.to_numeric(flat, errors="coerce").to_numpy(dtype=float)
+    bad = np.isnan(values) & ~flat.str.lower().isin(["nan", ""]).to_numpy()
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0]) // int(widths.iloc[0])
+        raise _bad(path, row, f"column {column!r}: {cells.iloc[row]!r} is not a number or a list of numbers")
+    return values.reshape(len(cells), int(widths.iloc[0]))
+
+
+def _gpu_metric(name: str) -> bool:
+    """A metric that is per GPU even when a worker has one GPU (no comma in its cells)."""
+    pairs = schema.TRACKING.get(name) or ((name.split(".", 1)[0], ""),)
+    return all(m == schema.GPU for m, _ in pairs)
+
+
+def read_worker_csv(path) -> pd.DataFrame:
+    """One worker's CSV (old layout, or ours) -> a table with ``<metric>[<i>]`` columns.
+
+    Raises ``ValueError`` naming the file and line of the first malformed row.
+    """
+    path = os.fspath(path)
+    try:
+        raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a readable CSV file: {e}") from None
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path}: empty file, expected a header with {list(BASE_COLUMNS)}") from None
+    missing = [c for c in BASE_COLUMNS if c not in raw.columns]
+    if missing:
+        raise ValueError(f"{path}, line 1: missing column(s) {missing}; found {list(raw.columns)}")
+    table = pd.DataFrame({"job": raw["job"], "dag": raw["dag"]})
+    table["timestamp"] = _floats(path, "timestamp", raw["timestamp"])[:, 0] if len(raw) else []
+    for column in raw.columns:
+        if column in BASE_COLUMNS or column in EXTRA_COLUMNS:
+            continue
+        cells = raw[column]
+        values = _floats(path, column, cells) if len(raw) else np.empty((0, 1))
+        if values.shape[1] == 1 and not cells.str.contains(",").any() and not _gpu_metric(column):
+            table[column] = values[:, 0]
+        else:
+            for i in range(values.shape[1]):
+                table[f"{column}[{i}]"] = values[:, i]
+    if "running" in raw.columns:
+        table["running"] = raw["running"]
+    if "tasks" in table.columns:
+        table["tasks"] = table["tasks"].astype("Int64")
+    number = re.search(r"_(\d+)\.csv$", os.path.basename(path))
+    worker = raw["worker"].iloc[0] if "worker" in raw.columns and len(raw) else ""
+    table.attrs = {"worker": worker or os.path.basename(path),
+                   "worker_index": int(number.group(1)) if number else 0, "units": {}}
+    return table
+
+
+def csv_files(directory, fname: str = "worker") -> dict[int, str]:
+    """``{worker index: path}`` of ``<fname>_<i>.csv`` files in ``directory``, by number.
+
+    >>> csv_files("/nonexistent")
+    {}
+    """
+    pattern = re.compile(rf"^{re.escape(fname)}_(\d+)\.csv$")
+    found = {}
+    if os.path.isdir(directory):
+        for name in os.listdir(directory):
+            m = pattern.match(name)
+            if m:
+                found[int(m.group(1))] = os.path.join(directory, name)
+    return dict(sorted(found.items()))
+
+
+def read_tables(directory, workers=None, fname: str = "worker") -> list[pd.DataFrame]:
+    """Tables of ``workers`` (indices; default all) from a directory written by :func:`write_tables`.
+
+    ``workers=[2]`` reads ``worker_2.csv``, never ``worker_10.csv``.
+    """
+    files = csv_files(directory, fname)
+    if not files:
+        raise FileNotFoundError(f"no {fname}_<n>.csv files in {os.fspath(directory)!r}")
+    wanted = list(files) if workers is None else list(workers)
+    missing = [w for w in wanted if w not in files]
+    if missing:
+        raise ValueError(f"worker(s) {missing} not in {os.fspath(directory)!r}; present: {list(files)}")
+    return [read_worker_csv(files[w]) for w in wanted]

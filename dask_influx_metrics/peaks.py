@@ -1,0 +1,109 @@
+"""Peaks per worker, per GPU and per job: a tidy DataFrame, and the old tool's list shapes.
+
+A sample belongs to every job in its ``job`` tag (``"1,2"`` counts for 1 and
+2; idle samples count for the last job the worker ran). Job ``0`` (nothing ran
+yet) is never a job of its own. Because a maximum of maxima is the maximum,
+the server can group by the raw ``job`` tag and the client splits the lists:
+server-side and client-side peaks are equal by construction, and tested so.
+
+The tidy form has one row per (worker, job, device): ``worker_index``,
+``worker``, ``job`` (``<NA>`` for whole-session peaks), ``device`` (GPU index,
+``<NA>`` for host/worker metrics), ``metric``, ``peak``, ``unit``.
+
+>>> import pandas as pd
+>>> t = pd.DataFrame({"job": ["1", "1,2", "2"], "dag": ["1", "1,2", "2"], "timestamp": [0, 1, 2],
+...                   "x[0]": [5.0, 7.0, 1.0], "x[1]": [2.0, 3.0, 9.0]})
+>>> t.attrs = {"worker": "tcp://a:1", "worker_index": 0}
+>>> tidy = from_tables([t], "x", per_job=True)
+>>> to_lists(tidy, per_job=True)
+[{1: [7, 3], 2: [7, 9]}]
+>>> to_lists(from_tables([t], "x", per_job=False), per_job=False)
+[[7, 9]]
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from .tables import device_columns
+
+COLUMNS = ["worker_index", "worker", "job", "device", "metric", "peak", "unit"]
+
+
+def _explode_jobs(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows with ``job="1,2"`` become two rows (job 1 and job 2); job 0 is dropped."""
+    jobs = frame["job"].astype(str).str.split(",")
+    frame = frame.assign(job=jobs).explode("job")
+    frame = frame[frame["job"].str.strip().str.fullmatch(r"\d+")]
+    frame = frame.assign(job=frame["job"].astype(int))
+    return frame[frame["job"] > 0]
+
+
+def _tidy(rows: pd.DataFrame, metric: str, unit: str) -> pd.DataFrame:
+    rows = rows.assign(metric=metric, unit=unit)
+    for c in ("job", "device"):
+        rows[c] = rows[c].astype("Int64") if c in rows.columns else pd.array([pd.NA] * len(rows), dtype="Int64")
+    rows = rows.sort_values(["worker_index", "job", "device"], na_position="first", kind="stable")
+    return rows[COLUMNS].reset_index(drop=True)
+
+
+def from_tables(tables: list[pd.DataFrame], metric: str, per_job: bool = True, unit: str = "") -> pd.DataFrame:
+    """Client-side peaks from per-worker tables (each with ``attrs`` worker/worker_index)."""
+    parts = []
+    for table in tables:
+        cols = device_columns(table, metric)
+        if not cols:
+            continue
+        long = table[["job"] + cols].melt(id_vars="job", var_name="column", value_name="value").dropna(subset=["value"])
+        device = long["column"].str.extract(r"\[(\d+)\]$", expand=False)
+        long = long.assign(device=pd.to_numeric(device))
+        if per_job:
+            long = _explode_jobs(long)
+        keys = (["job"] if per_job else []) + ["device"]
+        peak = long.groupby(keys, dropna=False)["value"].max().rename("peak").reset_index()
+        parts.append(peak.assign(worker_index=table.attrs.get("worker_index", 0), worker=table.attrs.get("worker", "")))
+        unit = unit or table.attrs.get("units", {}).get(metric, "")
+    if not parts:
+        return pd.DataFrame(columns=COLUMNS)
+    return _tidy(pd.concat(parts, ignore_index=True), metric, unit)
+
+
+def from_groups(groups: pd.DataFrame, metric, worker_index: dict[str, int], per_job: bool = True) -> pd.DataFrame:
+    """Peaks from a backend's ``max_by`` rows (columns worker, index, [job], max) of one ``Metric``."""
+    if groups.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    frame = groups.assign(value=pd.to_numeric(groups["max"]) * metric.scale)
+    if per_job:
+        frame = _explode_jobs(frame)
+    if "index" in frame.columns:
+        frame = frame.assign(device=pd.to_numeric(frame["index"].replace("", None)))
+    else:
+        frame = frame.assign(device=pd.NA)
+    keys = ["worker"] + (["job"] if per_job else []) + ["device"]
+    peak = frame.groupby(keys, dropna=False)["value"].max().rename("peak").reset_index()
+    peak["worker_index"] = peak["worker"].map(worker_index)
+    return _tidy(peak.dropna(subset=["worker_index"]).astype({"worker_index": int}), metric.name, metric.unit)
+
+
+def _number(v):
+    v = float(v)
+    return int(v) if v.is_integer() else v
+
+
+def to_lists(tidy: pd.DataFrame, per_job: bool = True, workers=None) -> list:
+    """The old shapes: a list per worker of ``{job: [peak per GPU]}`` or ``[peak per GPU]``.
+
+    ``workers`` (worker indices) sets the order and includes workers without
+    data (as ``{}`` or ``[]``); by default, the workers in ``tidy``. Always a
+    list, even for one worker. Values are numbers: ints when integral.
+    """
+    if workers is None:
+        workers = sorted(set(tidy["worker_index"]))
+    out = []
+    for w in workers:
+        rows = tidy[tidy["worker_index"] == w].sort_values("device", na_position="first")
+        if per_job:
+            out.append({int(j): [_number(v) for v in g["peak"]] for j, g in rows.groupby("job", sort=True)})
+        else:
+            out.append([_number(v) for v in rows["peak"]])
+    return out

@@ -1,0 +1,279 @@
+"""Ask collected metrics questions: from InfluxDB (InfluxQL or Flux) or from a spool.
+
+>>> from dask_influx_metrics import query                                    # doctest: +SKIP
+>>> db = query.connect("http://127.0.0.1:8086", database="dask_metrics")     # doctest: +SKIP
+>>> db = query.connect("/tmp/dask-influx-metrics")   # a spool: the latest session  # doctest: +SKIP
+>>> db.workers(), db.jobs(), db.dags(job=2)                                  # doctest: +SKIP
+>>> tables = db.worker_tables(job=2, metrics=["mem-util", "compute-util"])  # doctest: +SKIP
+>>> db.peaks("total-mem", per_job=True)        # tidy DataFrame, computed by the server  # doctest: +SKIP
+>>> db.get_peaks("total-mem", workers=[0, 1])  # the old tool's list shapes  # doctest: +SKIP
+
+Workers are numbered by address in natural order (``tcp://10.0.0.9:1`` before
+``tcp://10.0.0.10:1``); ``db.worker_map()`` gives index -> address, and every
+``workers=`` argument takes indices or addresses. Narrow what is read with
+``start``/``stop`` (datetime, ISO string, or epoch seconds) and ``tags``
+(extra tags every point carries, e.g. ``{"run": "nightly"}``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from typing import Callable, Optional
+
+import pandas as pd
+
+from .. import peaks as _peaks, schema, summary as _summary, tables as _tables
+from .base import QueryError
+
+__all__ = ["connect", "Store", "QueryError"]
+_SAMPLE_MEASUREMENTS = (schema.GPU, schema.HOST, schema.WORKER, schema.CUSTOM)
+
+
+def to_ns(when) -> Optional[int]:
+    """datetime, ISO string, pandas Timestamp or epoch seconds -> epoch ns (None stays None).
+
+    >>> to_ns(1.5)
+    1500000000
+    >>> to_ns("1970-01-01T00:00:02Z")
+    2000000000
+    """
+    if when is None:
+        return None
+    if isinstance(when, bool):
+        raise TypeError(f"not a time: {when!r}")
+    if isinstance(when, (int, float)):
+        return int(round(when * 1e9))
+    if isinstance(when, _dt.datetime) and when.tzinfo is None:
+        when = when.astimezone()  # naive = local time
+    try:
+        return int(pd.Timestamp(when).tz_localize("UTC").value if pd.Timestamp(when).tzinfo is None
+                   else pd.Timestamp(when).value)
+    except (ValueError, TypeError):
+        raise ValueError(f"not a time: {when!r} (use a datetime, an ISO string or epoch seconds)") from None
+
+
+def connect(source, database: str = "dask_metrics", *, language: str = "influxql", session=None,
+            tags=None, start=None, stop=None, retention_policy=None, username=None, password=None,
+            token=None, org=None, timeout: float = 30.0) -> "Store":
+    """Open collected metrics: an InfluxDB URL (``http(s)://...``) or a spool folder.
+
+    ``language`` is ``"influxql"`` (InfluxDB 1.x, 2.x through DBRP, 3.x) or
+    ``"flux"`` (2.x, 1.8+; needs ``influxdb-client``; ``database`` is then the
+    bucket, e.g. ``dask_metrics/autogen``). For a spool, ``session`` picks a
+    session folder (default: the latest). Raises :class:`QueryError` naming the
+    URL or folder when it cannot be read.
+
+    >>> connect("/nonexistent")
+    Traceback (most recent call last):
+    ...
+    dask_influx_metrics.query.base.QueryError: spool folder '/nonexistent' does not exist
+    """
+    window = {"tags": tags, "start_ns": to_ns(start), "stop_ns": to_ns(stop)}
+    source = os.fspath(source)
+    if source.startswith(("http://", "https://")):
+        if language == "influxql":
+            from .influxql import InfluxQLBackend
+
+            backend = InfluxQLBackend(source, database, retention_policy, username, password, token,
+                                      timeout, **window)
+        elif language == "flux":
+            from .flux import FluxBackend
+
+            backend = FluxBackend(source, database, org=org, token=token or (
+                f"{username}:{password}" if username else None), timeout=timeout, **window)
+        else:
+            raise ValueError(f"language must be 'influxql' or 'flux', got {language!r}")
+    else:
+        from .spool import SpoolBackend
+
+        backend = SpoolBackend(source, session=session, **window)
+    return Store(backend, origin_ns=window["start_ns"])
+
+
+class Store:
+    """Questions about one set of collected samples (see the module docstring)."""
+
+    def __init__(self, backend, origin_ns: Optional[int] = None):
+        self.backend = backend
+        self._origin_ns = origin_ns
+        self._workers: Optional[list[str]] = None
+        self._fields: Optional[dict] = None
+
+    def __repr__(self) -> str:
+        return f"<Store {self.backend.language} {getattr(self.backend, 'url', getattr(self.backend, 'path', ''))}>"
+
+    # --- what exists -------------------------------------------------------
+    def workers(self) -> list[str]:
+        """Worker addresses in index order (natural sort of the address)."""
+        if self._workers is None:
+            self._workers = sorted(self.backend.tag_values("worker"), key=_tables.natural_key)
+        return list(self._workers)
+
+    def worker_map(self) -> dict[int, str]:
+        """``{index: address}``: the numbering every ``workers=[...]`` and CSV file uses."""
+        return dict(enumerate(self.workers()))
+
+    def jobs(self) -> list[int]:
+        """Job numbers that have samples (job 0, "nothing ran yet", is not a job)."""
+        return sorted({j for tag in self.backend.tag_values("job") for j in _tables.job_numbers(tag) if j > 0})
+
+    def fields(self) -> dict[str, list[str]]:
+        """``{measurement: [fields]}`` present in the data."""
+        if self._fields is None:
+            self._fields = self.backend.fields()
+        return self._fields
+
+    def metrics(self) -> list[str]:
+        """Names of the metrics present (the default columns of :meth:`worker_tables`)."""
+        return [m.name for m in _tables.default_metrics(self.fields())]
+
+    @property
+    def origin_ns(self) -> int:
+        """Collection start (ns): ``start`` if given, else the first sample; ``timestamp`` counts from it."""
+        if self._origin_ns is None:
+            first = self.backend.first_time()
+            if first is None:
+                raise QueryError(f"no samples in {self!r} (check the time range and tags)")
+            self._origin_ns = first
+        return self._origin_ns
+
+    def dags(self, job: Optional[int] = None) -> pd.DataFrame:
+        """One row per DAG: ``dag``, ``job``, ``status``, ``submitted``, ``ended``, ``duration`` (s), ``tasks``, ``label``."""
+        points = self.backend.dag_points()
+        cols = ["dag", "job", "status", "submitted", "ended", "duration", "tasks", "label"]
+        if points.empty:
+            return pd.DataFrame(columns=cols)
+        points = points.assign(time=pd.to_datetime(points["time"], unit="ns", utc=True))
+        submit = points[points["event"] == "submit"].drop_duplicates("dag").set_index("dag")
+        end = points[points["event"] == "end"].drop_duplicates("dag", keep="last").set_index("dag")
+        out = pd.DataFrame({"job": submit["job"].astype(int), "status": end["status"].reindex(submit.index).fillna("running"),
+                            "submitted": submit["time"], "ended": end["time"].reindex(submit.index),
+                            "duration": pd.to_numeric(end["duration"].reindex(submit.index)),
+                            "tasks": pd.to_numeric(submit["tasks"]).astype(int), "label": submit["label"]})
+        out.index = out.index.astype(int)
+        out = out.rename_axis("dag").reset_index().sort_values("dag", kind="stable").reset_index(drop=True)
+        if job is not None:
+            jobs = sorted(out["job"].unique().tolist())
+            if int(job) not in jobs:
+                raise ValueError(f"job {job} has no DAGs; jobs: {jobs}")
+            out = out[out["job"] == int(job)].reset_index(drop=True)
+        return out[cols]
+
+    # --- selections --------------------------------------------------------
+    def _select_workers(self, workers) -> list[tuple[int, str]]:
+        known = self.workers()
+        if not known:
+            raise QueryError(f"no worker samples in {self!r} (check the time range and tags)")
+        if workers is None:
+            return list(enumerate(known))
+        if isinstance(workers, (int, str)):
+            workers = [workers]
+        out = []
+        for w in workers:
+            if isinstance(w, str) and w in known:
+                out.append((known.index(w), w))
+            elif isinstance(w, int) and not isinstance(w, bool) and 0 <= w < len(known):
+                out.append((w, known[w]))
+            else:
+                raise ValueError(f"no worker {w!r}; workers: {dict(enumerate(known))}")
+        return out
+
+    def _check_job(self, job) -> Optional[int]:
+        if job is None:
+            return None
+        jobs = self.jobs()
+        if isinstance(job, bool) or not isinstance(job, int) or job not in jobs:
+            raise ValueError(f"no job {job!r}; jobs: {jobs}")
+        return job
+
+    def _metrics(self, names) -> list[_tables.Metric]:
+        fields = self.fields()
+        if names is None:
+            metrics = _tables.default_metrics(fields)
+        else:
+            metrics = _tables.resolve([names] if isinstance(names, str) else names, fields.get(schema.CUSTOM, ()))
+        absent = [m.name for m in metrics if m.field not in fields.get(m.measurement, ())]
+        if absent:
+            raise ValueError(f"metric(s) {absent} were not collected; present: {self.metrics()}")
+        return metrics
+
+    # --- tables ------------------------------------------------------------
+    def worker_tables(self, job: Optional[int] = None, metrics=None, workers=None,
+                      progress: Optional[Callable[[int, int], None]] = None) -> dict[str, pd.DataFrame]:
+        """``{address: table}`` in index order; see :mod:`dask_influx_metrics.tables` for the columns.
+
+        Only the fields behind ``metrics`` (default: all present) are read,
+        one worker at a time, filtered by ``job`` on the server.
+        ``progress(done, total)`` is called after each worker.
+        """
+        chosen = self._select_workers(workers)
+        job = self._check_job(job)
+        metrics = self._metrics(metrics)
+        fields = self.fields()
+        wanted: dict[str, list[str]] = {}
+        for m in metrics:
+            wanted.setdefault(m.measurement, []).append(m.field)
+        if schema.WORKER in fields:  # running tasks go in every table
+            wanted.setdefault(schema.WORKER, [])
+            wanted[schema.WORKER] += [f for f in ("tasks", "running") if f in fields[schema.WORKER]]
+            if "tasks" in fields[schema.WORKER] and not any(m.name == "tasks" for m in metrics):
+                metrics = metrics + _tables.resolve(["tasks"])
+        origin = self.origin_ns
+        out = {}
+        for done, (i, worker) in enumerate(chosen, 1):
+            frames = {m: self.backend.frame(m, list(dict.fromkeys(fs)), worker, job) for m, fs in wanted.items()}
+            out[worker] = _tables.build(frames, metrics, origin, worker, i)
+            if progress:
+                progress(done, len(chosen))
+        return out
+
+    # --- peaks, summaries, CSV -------------------------------------------
+    def peaks(self, metric: str, per_job: bool = True, workers=None, job: Optional[int] = None,
+              server: bool = True) -> pd.DataFrame:
+        """Tidy peaks of one metric (see :mod:`dask_influx_metrics.peaks`).
+
+        ``server=True`` lets the backend compute ``MAX ... GROUP BY worker,
+        index, job`` (InfluxQL does it on the server); ``False`` computes from
+        the per-worker tables. Both give the same numbers.
+        """
+        resolved = self._metrics([metric])
+        if len(resolved) != 1:
+            raise ValueError(f"metric {metric!r} has several fields; name one: {[x.name for x in resolved]}")
+        m = resolved[0]
+        chosen = self._select_workers(workers)
+        job = self._check_job(job)
+        if not server:
+            tables = self.worker_tables(job=job, metrics=[m.name], workers=[w for _, w in chosen])
+            tidy = _peaks.from_tables(list(tables.values()), m.name, per_job, m.unit)
+        else:
+            by = ("worker",) + (("index",) if m.measurement in (schema.GPU, schema.CUSTOM) else ()) \
+                + (("job",) if per_job else ())
+            groups = self.backend.max_by(m.measurement, m.field, by, [w for _, w in chosen], job)
+            tidy = _peaks.from_groups(groups, m, {w: i for i, w in chosen}, per_job)
+        if job is not None and per_job:
+            tidy = tidy[tidy["job"] == job].reset_index(drop=True)
+        return tidy
+
+    def get_peaks(self, metric: str = "mem-util", workers=None, per_job: bool = True, **kw) -> list:
+        """The old ``get_peaks`` shapes: ``[{job: [peak per GPU]}, ...]`` or ``[[peak per GPU], ...]``."""
+        chosen = self._select_workers(workers)
+        tidy = self.peaks(metric, per_job=per_job, workers=[w for _, w in chosen], **kw)
+        return _peaks.to_lists(tidy, per_job, [i for i, _ in chosen])
+
+    def summary(self, per_job: bool = True, workers=None, job: Optional[int] = None) -> pd.DataFrame:
+        """GPU and host-CPU utilization per worker (and per job): see :mod:`dask_influx_metrics.summary`."""
+        names = [n for n in (_summary.GPU_METRIC, _summary.CPU_METRIC) if n in self.metrics()]
+        if not names:
+            raise ValueError(f"a summary needs compute-util or host-cpu; present: {self.metrics()}")
+        tables = self.worker_tables(job=job, metrics=names, workers=workers)
+        frame = _summary.summarize(list(tables.values()), per_job=per_job)
+        return frame if job is None else frame[frame["job"].isna() | (frame["job"] == job)].reset_index(drop=True)
+
+    def to_csv(self, path, fname: str = "worker", clear_dir: bool = False, metrics=None, workers=None,
+               job: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None) -> list[str]:
+        """One CSV per worker in the old layout (see :mod:`dask_influx_metrics.csvfiles`); returns the paths."""
+        from ..csvfiles import write_tables
+
+        tables = self.worker_tables(job=job, metrics=metrics, workers=workers, progress=progress)
+        return write_tables(list(tables.values()), path, fname=fname, clear_dir=clear_dir)

@@ -1,0 +1,166 @@
+"""InfluxQL over HTTP ``/query``: InfluxDB 1.x, 2.x (through DBRP mappings) and 3.x.
+
+Rows come back as CSV (``Accept: application/csv``, ``epoch=ns``), straight
+into ``pandas.read_csv``; tags are selected as columns so no series headers
+need parsing. Every question is filtered on the server (time range, worker,
+job, extra tags) and asked one worker at a time, so nothing larger than one
+worker's answer is ever held as text.
+
+>>> where_clause({"run": "a'b"}, start_ns=1, stop_ns=None, worker="w", job=2)
+'WHERE time >= 1 AND "run" = \\'a\\\\\\'b\\' AND "worker" = \\'w\\' AND "job" =~ /(^|,)2(,|$)/'
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Optional
+
+import pandas as pd
+import requests
+
+from .. import schema
+from .base import QueryError, TAG_DTYPES, empty_frame
+
+_SAMPLE_MEASUREMENTS = (schema.GPU, schema.HOST, schema.WORKER, schema.CUSTOM)
+
+
+def ident(name: str) -> str:
+    """A double-quoted InfluxQL identifier."""
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def literal(value: str) -> str:
+    """A single-quoted InfluxQL string literal."""
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def where_clause(tags: dict, start_ns: Optional[int], stop_ns: Optional[int],
+                 worker: Optional[str] = None, job: Optional[int] = None) -> str:
+    terms = []
+    if start_ns is not None:
+        terms.append(f"time >= {int(start_ns)}")
+    if stop_ns is not None:
+        terms.append(f"time <= {int(stop_ns)}")
+    terms += [f"{ident(k)} = {literal(v)}" for k, v in sorted(tags.items())]
+    if worker is not None:
+        terms.append(f'"worker" = {literal(worker)}')
+    if job is not None:
+        terms.append(f'"job" =~ /(^|,){int(job)}(,|$)/')
+    return ("WHERE " + " AND ".join(terms)) if terms else ""
+
+
+class InfluxQLBackend:
+    """Reads samples with InfluxQL; see :func:`dask_influx_metrics.query.connect`."""
+
+    language = "influxql"
+
+    def __init__(self, url: str, database: str, retention_policy=None, username=None, password=None,
+                 token=None, timeout: float = 30.0, tags=None, start_ns=None, stop_ns=None):
+        self.url, self.database, self.rp = url.rstrip("/"), database, retention_policy
+        self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
+        self.timeout = timeout
+        self._session = requests.Session()
+        if token:
+            self._session.headers["Authorization"] = f"Token {token}"
+        self._auth = {"u": username, "p": password} if username else {}
+        self._check_database()
+
+    # --- transport ---------------------------------------------------------
+    def _get(self, q: str, csv: bool = True) -> requests.Response:
+        params = {"db": self.database, "q": q, "epoch": "ns", **self._auth}
+        if self.rp:
+            params["rp"] = self.rp
+        headers = {"Accept": "application/csv"} if csv else {}
+        try:
+            r = self._session.get(self.url + "/query", params=params, headers=headers, timeout=self.timeout)
+        except requests.RequestException as e:
+            raise QueryError(f"cannot reach InfluxDB at {self.url}: {e}") from None
+        if r.status_code >= 400:
+            text = r.text.strip().replace("\n", " ")
+            raise QueryError(f"InfluxDB at {self.url} refused {q!r} (HTTP {r.status_code}): {text}")
+        return r
+
+    def _json(self, q: str) -> list[dict]:
+        body = self._get(q, csv=False).json()
+        out = []
+        for result in body.get("results", []):
+            if "error" in result:
+                raise QueryError(f"InfluxDB at {self.url}: {result['error']} in {q!r}")
+            out.extend(result.get("series", []))
+        return out
+
+    def _csv(self, q: str, dtype=None) -> pd.DataFrame:
+        text = self._get(q).content
+        if not text.strip():
+            return pd.DataFrame()
+        if text.startswith(b"error"):
+            raise QueryError(f"InfluxDB at {self.url}: {text.decode(errors='replace').strip()} in {q!r}")
+        frame = pd.read_csv(io.BytesIO(text), dtype=dtype, keep_default_na=False, na_values=[""])
+        return frame.drop(columns=[c for c in ("name", "tags") if c in frame.columns])
+
+    def _check_database(self) -> None:
+        series = self._json("SHOW DATABASES")
+        names = [row[0] for s in series for row in s.get("values", [])]
+        if names and self.database not in names:
+            raise QueryError(f"database {self.database!r} not found at {self.url}; databases: {sorted(names)}")
+
+    def _where(self, **kw) -> str:
+        return where_clause(self.tags, self.start_ns, self.stop_ns, **kw)
+
+    # --- what exists -------------------------------------------------------
+    def fields(self) -> dict[str, list[str]]:
+        """``{measurement: [field keys]}`` for the sample measurements."""
+        out: dict[str, list[str]] = {}
+        for s in self._json("SHOW FIELD KEYS"):
+            if s["name"] in _SAMPLE_MEASUREMENTS:
+                out[s["name"]] = [row[0] for row in s.get("values", [])]
+        return out
+
+    def tag_values(self, key: str) -> list[str]:
+        """Distinct values of tag ``key`` on sample points (within the time range and tags)."""
+        names = ", ".join(ident(m) for m in _SAMPLE_MEASUREMENTS)
+        where = self._where()
+        series = self._json(f"SHOW TAG VALUES FROM {names} WITH KEY = {ident(key)} {where}".strip())
+        return sorted({row[1] for s in series for row in s.get("values", [])})
+
+    def first_time(self) -> Optional[int]:
+        """Time (ns) of the first sample in range, or None when there is none."""
+        times = []
+        for m in _SAMPLE_MEASUREMENTS:
+            frame = self._csv(f"SELECT * FROM {ident(m)} {self._where()} ORDER BY time ASC LIMIT 1")
+            if not frame.empty:
+                times.append(int(frame["time"].iloc[0]))
+        return min(times) if times else None
+
+    # --- samples -----------------------------------------------------------
+    def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
+        """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields."""
+        tag_cols = ["job", "dag"] + (["index"] if measurement in (schema.GPU, schema.CUSTOM) else [])
+        select = ", ".join(ident(c) for c in list(fields) + tag_cols)
+        q = f"SELECT {select} FROM {ident(measurement)} {self._where(worker=worker, job=job)}"
+        frame = self._csv(q, dtype={**TAG_DTYPES, "running": str})
+        if frame.empty:
+            return empty_frame(fields, "index" in tag_cols)
+        if "index" in frame.columns and frame["index"].isna().all():
+            frame = frame.drop(columns="index")
+        return frame
+
+    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None) -> pd.DataFrame:
+        """Server-side ``MAX(field) GROUP BY by``: one row per group, columns ``by`` + ``max``."""
+        rows = []
+        for worker in workers if workers is not None else [None]:
+            group = ", ".join(ident(t) for t in by)
+            q = (f"SELECT max({ident(field)}) FROM {ident(measurement)} "
+                 f"{self._where(worker=worker, job=job)} GROUP BY {group}")
+            for s in self._json(q):
+                tags = s.get("tags", {})
+                for row in s.get("values", []):
+                    if row[1] is not None:
+                        rows.append({**{t: tags.get(t, "") for t in by}, "max": row[1]})
+        return pd.DataFrame(rows, columns=list(by) + ["max"])
+
+    def dag_points(self) -> pd.DataFrame:
+        """The scheduler's ``dag`` points: time, job, dag, status, event, tasks, label, duration."""
+        where = where_clause({k: v for k, v in self.tags.items()}, self.start_ns, self.stop_ns)
+        q = f'SELECT "event", "tasks", "label", "duration", "job", "dag", "status" FROM "dag" {where}'
+        return self._csv(q, dtype={**TAG_DTYPES, "status": str, "event": str, "label": str})

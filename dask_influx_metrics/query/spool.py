@@ -1,0 +1,166 @@
+"""The local spool as a query backend: same questions, same answers as InfluxDB.
+
+A spool root holds one folder per monitoring session
+(``<root>/<session>/<worker>/spool-*.lp``, the scheduler's ``dag`` points
+under ``<root>/<session>/scheduler/``). Point ``connect`` at the root (the
+latest session is read, or the one named by ``session=``) or at one session's
+folder. Each worker's files are parsed only when that worker is asked about,
+then kept.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import pandas as pd
+
+from .. import lineprotocol, schema
+from ..sinks.spool import read_lines, spool_files
+from .base import QueryError, TAG_DTYPES, empty_frame
+from ..tables import in_job
+
+SCHEDULER_DIR = "scheduler"
+
+
+def sessions(root) -> list[str]:
+    """Session folder names under a spool root, oldest first (names sort by start time).
+
+    >>> sessions("/nonexistent")
+    []
+    """
+    root = os.fspath(root)
+    if not os.path.isdir(root):
+        return []
+    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and spool_files(os.path.join(root, d)))
+
+
+def _is_session(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, d, f)) and f.endswith(".lp")
+               for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
+               for f in os.listdir(os.path.join(path, d)))
+
+
+def _long(points: list, measurement: str) -> pd.DataFrame:
+    rows = [{"time": p.time_ns, **p.tags, **p.fields} for p in points if p.measurement == measurement]
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    return frame.astype({k: str for k in TAG_DTYPES if k in frame.columns})
+
+
+class SpoolBackend:
+    """Reads a spool folder; see :func:`dask_influx_metrics.query.connect`."""
+
+    language = "spool"
+
+    def __init__(self, path, session: Optional[str] = None, tags=None, start_ns=None, stop_ns=None):
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise QueryError(f"spool folder {path!r} does not exist")
+        if session is None and _is_session(path):
+            self.path = path
+        else:
+            found = sessions(path)
+            if not found:
+                raise QueryError(f"no spooled samples under {path!r} (expected <session>/<worker>/spool-*.lp)")
+            if session is not None and session not in found:
+                raise QueryError(f"session {session!r} not in {path!r}; sessions: {found}")
+            self.path = os.path.join(path, session or found[-1])
+        self.session = os.path.basename(self.path)
+        self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
+        self._folders: dict[str, str] = {}  # worker address -> folder
+        self._cache: dict[str, dict[str, pd.DataFrame]] = {}
+        for name in sorted(os.listdir(self.path)):
+            folder = os.path.join(self.path, name)
+            if name == SCHEDULER_DIR or not os.path.isdir(folder):
+                continue
+            for line in read_lines(folder):
+                worker = lineprotocol.parse(line).tags.get("worker")
+                if worker:
+                    self._folders[worker] = folder
+                    break
+
+    def _filter(self, frame: pd.DataFrame) -> pd.DataFrame:
+        if frame.empty:
+            return frame
+        keep = pd.Series(True, index=frame.index)
+        if self.start_ns is not None:
+            keep &= frame["time"] >= self.start_ns
+        if self.stop_ns is not None:
+            keep &= frame["time"] <= self.stop_ns
+        for k, v in self.tags.items():
+            keep &= (frame[k] == v) if k in frame.columns else False
+        return frame[keep]
+
+    def _frames(self, folder: str) -> dict[str, pd.DataFrame]:
+        if folder not in self._cache:
+            points = [lineprotocol.parse(line) for line in read_lines(folder)]
+            measurements = {p.measurement for p in points}
+            self._cache[folder] = {m: self._filter(_long(points, m)) for m in measurements}
+        return self._cache[folder]
+
+    def _worker_frames(self):
+        for folder in self._folders.values():
+            yield self._frames(folder)
+
+    # --- what exists -------------------------------------------------------
+    def fields(self) -> dict[str, list[str]]:
+        out: dict[str, set] = {}
+        skip = {"time", *schema.COMMON_TAGS, *schema.DEVICE_TAGS, *self.tags}
+        for frames in self._worker_frames():
+            for m, frame in frames.items():
+                if not frame.empty:
+                    out.setdefault(m, set()).update(c for c in frame.columns if c not in skip)
+        return {m: sorted(f) for m, f in out.items()}
+
+    def tag_values(self, key: str) -> list[str]:
+        values: set = set()
+        for frames in self._worker_frames():
+            for frame in frames.values():
+                if key in frame.columns:
+                    values.update(frame[key].dropna().unique())
+        return sorted(values)
+
+    def first_time(self) -> Optional[int]:
+        times = [int(f["time"].min()) for frames in self._worker_frames() for f in frames.values() if not f.empty]
+        return min(times) if times else None
+
+    # --- samples -----------------------------------------------------------
+    def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
+        device = measurement in (schema.GPU, schema.CUSTOM)
+        folder = self._folders.get(worker)
+        frame = self._frames(folder).get(measurement) if folder else None
+        if frame is None or frame.empty:
+            return empty_frame(fields, device)
+        cols = ["time", "job", "dag"] + (["index"] if device and "index" in frame.columns else [])
+        cols += [f for f in fields if f in frame.columns]
+        frame = frame[cols]
+        present = [f for f in fields if f in frame.columns]
+        frame = frame[frame[present].notna().any(axis=1)] if present else frame.iloc[:0]
+        if job is not None:
+            frame = frame[in_job(frame["job"], job)]
+        return frame.sort_values("time", kind="stable").reset_index(drop=True)
+
+    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None) -> pd.DataFrame:
+        """Client-side ``MAX(field) GROUP BY by`` (the spool has no server)."""
+        parts = []
+        for worker in workers if workers is not None else list(self._folders):
+            frame = self.frame(measurement, [field], worker, job)
+            if field in frame.columns and not frame.empty:
+                parts.append(frame.assign(worker=worker))
+        if not parts:
+            return pd.DataFrame(columns=list(by) + ["max"])
+        frame = pd.concat(parts)
+        for t in by:
+            if t not in frame.columns:
+                frame[t] = ""
+        grouped = frame.groupby(list(by), dropna=False)[field].max()
+        return grouped.rename("max").reset_index()
+
+    def dag_points(self) -> pd.DataFrame:
+        folder = os.path.join(self.path, SCHEDULER_DIR)
+        if not os.path.isdir(folder):
+            return pd.DataFrame()
+        points = [lineprotocol.parse(line) for line in read_lines(folder)]
+        return self._filter(_long(points, schema.DAG))

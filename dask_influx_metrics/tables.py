@@ -1,0 +1,224 @@
+"""Per-worker tables: metric names -> fields, and long samples -> one wide DataFrame.
+
+A **metric** is what a table column holds. Its name is one of:
+
+- a tracking name with one numeric field (``compute-util``, ``mem-util``,
+  ``total-mem``, ``tasks``, ``power``, ``host-cpu``, ...). ``total-mem`` is in
+  **bytes**, as the old dask-metrics tool documented (InfluxDB holds MiB);
+- ``measurement.field`` for any numeric field of the data contract
+  (``host.memory_used``); tracking names with several fields (``host-mem``,
+  ``disk-io``, ``net-io``, ``worker-mem``) expand to those;
+- the name of a custom metric (``custom`` measurement).
+
+A per-worker **table** is a DataFrame indexed by ``time`` (UTC), with columns
+``job`` and ``dag`` (the comma-joined tags), ``timestamp`` (seconds since
+collection start, one clock for all workers), ``tasks`` and ``running`` when
+collected, then one column per metric: ``<metric>[<i>]`` per GPU ``i`` for
+device metrics, ``<metric>`` otherwise. ``table.attrs`` holds ``worker``,
+``worker_index`` and ``units``.
+
+>>> [m.name for m in resolve(["compute-util", "host-mem"])]
+['compute-util', 'host.memory_used', 'host.memory_used_percent']
+>>> resolve(["total-mem"])[0].scale
+1048576.0
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, NamedTuple
+
+import pandas as pd
+
+from . import schema
+
+MIB = float(2**20)
+DEVICE_COLUMN = re.compile(r"^(?P<metric>.+)\[(?P<index>\d+)\]$")
+# Columns every table has, in this order, before the metrics.
+BASE_COLUMNS = ("job", "dag", "timestamp")
+TASK_COLUMNS = ("tasks", "running")
+
+
+class Metric(NamedTuple):
+    name: str
+    measurement: str
+    field: str
+    unit: str
+    scale: float = 1.0  # stored value x scale = table value
+
+
+def _numeric(measurement: str, field: str) -> bool:
+    f = schema.FIELDS.get((measurement, field))
+    return f is not None and f.type is not str
+
+
+def _field_metric(measurement: str, field: str) -> Metric:
+    f = schema.FIELDS[measurement, field]
+    return Metric(f"{measurement}.{field}", measurement, field, f.unit)
+
+
+def _tracking_metrics(name: str) -> list[Metric]:
+    pairs = [p for p in schema.TRACKING[name] if _numeric(*p)]
+    if len(pairs) == 1:
+        (m, f), = pairs
+        if name == "total-mem":
+            return [Metric(name, m, f, "bytes", MIB)]
+        return [Metric(name, m, f, schema.FIELDS[m, f].unit)]
+    return [_field_metric(m, f) for m, f in pairs]
+
+
+def resolve(names: Iterable[str], custom: Iterable[str] = ()) -> list[Metric]:
+    """Metric names -> :class:`Metric` list; unknown names raise, listing the known ones.
+
+    ``custom`` are the custom metric names that exist in the data.
+
+    >>> resolve(["power"])
+    [Metric(name='power', measurement='gpu', field='power_draw', unit='W', scale=1.0)]
+    """
+    custom = list(custom)
+    out: list[Metric] = []
+    unknown = []
+    for name in names:
+        if name in schema.TRACKING:
+            out.extend(_tracking_metrics(name))
+        elif "." in name and _numeric(*name.split(".", 1)) and not name.startswith(schema.DAG + "."):
+            out.append(_field_metric(*name.split(".", 1)))
+        elif name in custom or (name.startswith("custom.") and name[7:] in custom):
+            field = name[7:] if name.startswith("custom.") and name not in custom else name
+            out.append(Metric(field, schema.CUSTOM, field, ""))
+        else:
+            unknown.append(name)
+    if unknown:
+        known = sorted(schema.TRACKING) + sorted(f"{m}.{f}" for m, f in schema.FIELDS
+                                                 if _numeric(m, f) and m != schema.DAG)
+        raise ValueError(f"unknown metric(s) {unknown}; known: {known}"
+                         + (f"; custom metrics in this data: {sorted(custom)}" if custom else ""))
+    seen: dict[str, Metric] = {}
+    for m in out:
+        seen.setdefault(m.name, m)
+    return list(seen.values())
+
+
+def default_metrics(available: dict[str, list[str]]) -> list[Metric]:
+    """Every numeric field present in ``available`` ({measurement: [fields]}), by its best name.
+
+    Static capacities (``memory_total``) are left out; ask for them by name.
+
+    >>> [m.name for m in default_metrics({"gpu": ["utilization_gpu", "memory_total"], "custom": ["x"]})]
+    ['compute-util', 'x']
+    """
+    out = []
+    for name in schema.TRACKING:
+        for m in _tracking_metrics(name):
+            if m.field in available.get(m.measurement, ()):
+                out.append(m)
+    out.extend(Metric(f, schema.CUSTOM, f, "") for f in sorted(available.get(schema.CUSTOM, ())))
+    return out
+
+
+def natural_key(text: str):
+    """Sort key that orders digit runs as numbers: worker 10.0.0.9 before 10.0.0.10.
+
+    >>> sorted(["tcp://h:10", "tcp://h:9"], key=natural_key)
+    ['tcp://h:9', 'tcp://h:10']
+    """
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t]
+
+
+def job_numbers(tag: str) -> list[int]:
+    """``"1,3"`` -> ``[1, 3]``; the empty tag -> ``[]``.
+
+    >>> job_numbers("2,10")
+    [2, 10]
+    """
+    return [int(j) for j in str(tag).split(",") if j.strip().lstrip("-").isdigit()]
+
+
+def in_job(tags: pd.Series, job: int) -> pd.Series:
+    """Boolean mask of rows whose comma-joined ``job`` tag contains ``job``.
+
+    >>> in_job(pd.Series(["1", "1,2", "12"]), 2).tolist()
+    [False, True, False]
+    """
+    return tags.astype(str).str.contains(rf"(?:^|,){int(job)}(?:,|$)", regex=True)
+
+
+def _device_sort(values) -> list:
+    return sorted(values, key=lambda v: (int(v) if str(v).isdigit() else 1 << 30, str(v)))
+
+
+def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int,
+          worker: str = "", worker_index: int = 0) -> pd.DataFrame:
+    """One worker's table from long frames (one per measurement).
+
+    Each long frame has ``time`` (int ns), ``job``, ``dag``, the field columns
+    and, for device points, ``index``. Samples of one instant share a time
+    across measurements (the sampler stamps them together), so they join on it.
+    """
+    parts: list[pd.DataFrame] = []
+    tags: list[pd.DataFrame] = []
+    units: dict[str, str] = {}
+    for measurement, long in frames.items():
+        if long is None or long.empty:
+            continue
+        tags.append(long[["time", "job", "dag"]])
+        wanted = [m for m in metrics if m.measurement == measurement and m.field in long.columns]
+        if measurement == schema.WORKER and "running" in long.columns:
+            parts.append(long.drop_duplicates("time", keep="last").set_index("time")[["running"]])
+        device = "index" in long.columns and long["index"].notna().any()
+        for m in wanted:
+            units[m.name] = m.unit
+            rows = long[long[m.field].notna()] if device else long
+            values = pd.to_numeric(rows[m.field], errors="coerce") * m.scale if m.scale != 1 else rows[m.field]
+            if device and rows["index"].notna().all():
+                wide = (rows.assign(_v=values).drop_duplicates(["time", "index"], keep="last")
+                        .pivot(index="time", columns="index", values="_v"))
+                wide = wide[_device_sort(wide.columns)]
+                wide.columns = [f"{m.name}[{i}]" for i in wide.columns]
+                parts.append(wide)
+            else:
+                parts.append(rows.assign(_v=values).drop_duplicates("time", keep="last")
+                             .set_index("time")[["_v"]].rename(columns={"_v": m.name}))
+    if not tags:
+        table = pd.DataFrame(columns=list(BASE_COLUMNS))
+        table.index = pd.DatetimeIndex([], tz="UTC", name="time")
+    else:
+        base = pd.concat(tags).drop_duplicates("time", keep="last").set_index("time").sort_index()
+        table = base.join(parts, how="left") if parts else base
+        table = table.astype({"job": str, "dag": str})
+        table.insert(2, "timestamp", (table.index.to_numpy(dtype="int64") - int(origin_ns)) / 1e9)
+        table.index = pd.to_datetime(table.index, unit="ns", utc=True).rename("time")
+    order = [c for c in BASE_COLUMNS + TASK_COLUMNS if c in table.columns]
+    table = table[order + [c for c in table.columns if c not in order]]
+    table.attrs = {"worker": worker, "worker_index": worker_index, "units": units}
+    return table
+
+
+def device_columns(table: pd.DataFrame, metric: str) -> list[str]:
+    """The columns of ``metric`` in ``table``: ``[metric]`` or ``metric[0], metric[1], ...``.
+
+    >>> device_columns(pd.DataFrame(columns=["job", "x[0]", "x[1]"]), "x")
+    ['x[0]', 'x[1]']
+    """
+    if metric in table.columns:
+        return [metric]
+    cols = [(int(m["index"]), c) for c in table.columns
+            if (m := DEVICE_COLUMN.match(str(c))) and m["metric"] == metric]
+    return [c for _, c in sorted(cols)]
+
+
+def table_metrics(table: pd.DataFrame) -> list[str]:
+    """Metric names present in ``table``, in column order.
+
+    >>> table_metrics(pd.DataFrame(columns=["job", "dag", "timestamp", "x[0]", "x[1]", "tasks"]))
+    ['x', 'tasks']
+    """
+    out: list[str] = []
+    for c in table.columns:
+        if c in BASE_COLUMNS or c == "running":
+            continue
+        m = DEVICE_COLUMN.match(str(c))
+        name = m["metric"] if m else str(c)
+        if name not in out:
+            out.append(name)
+    return out

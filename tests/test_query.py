@@ -1,0 +1,167 @@
+"""The query module on data from a real monitored LocalCluster: influxd (InfluxQL) and the spool agree."""
+
+import pandas as pd
+import pytest
+
+from dask_influx_metrics import query
+from dask_influx_metrics.query import QueryError
+
+METRICS = ["compute-util", "mem-util", "total-mem", "host-cpu", "tasks"]
+
+
+@pytest.fixture(scope="module")
+def stores(monitored):
+    influx = query.connect(monitored.influxd.url, database="dask_metrics", tags={"run": monitored.run})
+    spool = query.connect(monitored.spool)
+    # one clock for both: the collection start as the spool sees it
+    origin = spool.origin_ns
+    influx = query.connect(monitored.influxd.url, database="dask_metrics", tags={"run": monitored.run},
+                           start=pd.Timestamp(origin, unit="ns", tz="UTC"))
+    return {"influxql": influx, "spool": spool}
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_what_exists(stores, monitored, kind):
+    db = stores[kind]
+    assert db.workers() == monitored.workers
+    assert db.worker_map() == dict(enumerate(monitored.workers))
+    assert db.jobs() == [1, 2]
+    dags = db.dags()
+    assert list(dags["dag"]) == [1, 2] and list(dags["job"]) == [1, 2]
+    assert set(dags["status"]) == {"ok"} and (dags["duration"] > 0).all()
+    assert list(db.dags(job=2)["dag"]) == [2]
+    assert {"compute-util", "mem-util", "total-mem", "tasks", "host-cpu"} <= set(db.metrics())
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_worker_tables(stores, monitored, kind):
+    tables = stores[kind].worker_tables(metrics=METRICS)
+    assert list(tables) == monitored.workers
+    for i, (worker, t) in enumerate(tables.items()):
+        assert t.attrs["worker"] == worker and t.attrs["worker_index"] == i
+        assert isinstance(t.index, pd.DatetimeIndex) and str(t.index.tz) == "UTC"
+        assert t.index.is_monotonic_increasing
+        assert list(t.columns[:5]) == ["job", "dag", "timestamp", "tasks", "running"]
+        for m in ("compute-util", "mem-util", "total-mem"):
+            assert [c for c in t.columns if c.startswith(m + "[")] == [f"{m}[0]", f"{m}[1]"]
+        assert "host-cpu" in t.columns
+        assert (t["timestamp"] >= 0).all()
+        assert t["total-mem[0]"].max() > 0
+        busy = t[t["dag"] != "0"]
+        assert len(busy) and (busy["tasks"] > 0).all()
+        assert set(t["job"]) <= {"0", "1", "2", "1,2"}
+
+
+def test_spool_and_influx_give_the_same_tables(stores):
+    a = stores["influxql"].worker_tables(metrics=METRICS)
+    b = stores["spool"].worker_tables(metrics=METRICS)
+    for worker in a:
+        pd.testing.assert_frame_equal(a[worker], b[worker], check_dtype=False)
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_job_filter(stores, kind):
+    tables = stores[kind].worker_tables(job=2, metrics=["compute-util"])
+    for t in tables.values():
+        assert len(t) and t["job"].str.split(",").apply(lambda js: "2" in js).all()
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+@pytest.mark.parametrize("metric", ["compute-util", "total-mem", "host-cpu", "tasks"])
+@pytest.mark.parametrize("per_job", [True, False])
+def test_peaks_server_side_equal_client_side(stores, kind, metric, per_job):
+    db = stores[kind]
+    server = db.peaks(metric, per_job=per_job, server=True)
+    client = db.peaks(metric, per_job=per_job, server=False)
+    assert len(server)
+    pd.testing.assert_frame_equal(server, client, check_dtype=False)
+
+
+def test_get_peaks_shapes(stores, monitored):
+    db = stores["influxql"]
+    per_job = db.get_peaks("compute-util", per_job=True)
+    assert isinstance(per_job, list) and len(per_job) == len(monitored.workers)
+    for worker in per_job:
+        assert set(worker) <= {1, 2} and worker
+        for peaks in worker.values():
+            assert len(peaks) == 2 and all(isinstance(v, (int, float)) for v in peaks)
+    flat = db.get_peaks("compute-util", per_job=False, workers=[1])
+    assert isinstance(flat, list) and len(flat) == 1 and len(flat[0]) == 2
+    assert flat[0] == [max(job[d] for job in per_job[1].values()) for d in range(2)] or \
+        all(f >= max(job[d] for job in per_job[1].values()) for d, f in enumerate(flat[0]))
+    assert stores["spool"].get_peaks("compute-util", per_job=True) == per_job
+
+
+def test_total_mem_is_bytes(stores):
+    tidy = stores["influxql"].peaks("total-mem", per_job=False)
+    mib = stores["influxql"].peaks("gpu.memory_used", per_job=False)
+    assert list(tidy["peak"]) == [v * 2**20 for v in mib["peak"]]
+    assert set(tidy["unit"]) == {"bytes"} and set(mib["unit"]) == {"MiB"}
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_summary(stores, kind):
+    s = stores[kind].summary()
+    assert set(s["resource"]) == {"gpu", "cpu"}
+    whole = s[s["job"].isna() & (s["resource"] == "gpu")]
+    assert len(whole) == 2 and (whole["devices"] == 2).all()
+    assert ((whole["unused_device_hours"] >= 0) & (whole["unused_device_hours"] <= whole["device_hours"])).all()
+    assert ((s["above_20"] >= s["above_40"]) & (s["above_40"] >= s["above_80"])).all()
+    assert set(s["job"].dropna()) == {1, 2}
+
+
+def test_bad_questions_name_what_exists(stores):
+    db = stores["influxql"]
+    with pytest.raises(ValueError, match=r"no job 7; jobs: \[1, 2\]"):
+        db.worker_tables(job=7)
+    with pytest.raises(ValueError, match="no worker 5; workers: "):
+        db.worker_tables(workers=[5])
+    with pytest.raises(ValueError, match="unknown metric.*'gpu-magic'.*known: "):
+        db.worker_tables(metrics=["gpu-magic"])
+    with pytest.raises(ValueError, match="several fields; name one: .*'host.memory_used'"):
+        db.peaks("host-mem")
+
+
+def test_metric_not_collected(tmp_path):
+    folder = tmp_path / "20260101T000000-000001" / "tcp___127.0.0.1_1"
+    folder.mkdir(parents=True)
+    (folder / "spool-1-000000.lp").write_text(
+        'gpu,host=h,worker=tcp://127.0.0.1:1,job=1,dag=1,index=0 utilization_gpu=50 1000000000\n'
+        'gpu,host=h,worker=tcp://127.0.0.1:1,job=1,dag=1,index=0 utilization_gpu=70 1200000000\n')
+    db = query.connect(tmp_path)
+    assert db.metrics() == ["compute-util"]
+    with pytest.raises(ValueError, match=r"\['power'\] were not collected; present: \['compute-util'\]"):
+        db.worker_tables(metrics=["power"])
+    assert db.get_peaks("compute-util") == [{1: [70]}]
+    t = db.worker_tables()["tcp://127.0.0.1:1"]
+    assert list(t["timestamp"]) == [0.0, 0.2] and list(t["compute-util[0]"]) == [50, 70]
+
+
+def test_unreachable_and_unknown_database(influxd, tmp_path):
+    with pytest.raises(QueryError, match=r"cannot reach InfluxDB at http://127\.0\.0\.1:1"):
+        query.connect("http://127.0.0.1:1", timeout=2)
+    with pytest.raises(QueryError, match=r"database 'nope' not found at .*; databases: \["):
+        query.connect(influxd.url, database="nope")
+    with pytest.raises(QueryError, match="no spooled samples under"):
+        query.connect(tmp_path)
+
+
+def test_csv_round_trip(stores, monitored, tmp_path):
+    from dask_influx_metrics import csvfiles
+
+    db = stores["influxql"]
+    paths = db.to_csv(tmp_path, metrics=METRICS)
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["worker_0.csv", "worker_1.csv"]
+    manifest = pd.read_csv(tmp_path / "workers.csv")
+    assert list(manifest["worker"]) == monitored.workers
+    tables = db.worker_tables(metrics=METRICS)
+    for i, (worker, t) in enumerate(tables.items()):
+        back = csvfiles.read_worker_csv(tmp_path / f"worker_{i}.csv")
+        assert back.attrs["worker"] == worker and back.attrs["worker_index"] == i
+        expected = t.reset_index(drop=True)
+        pd.testing.assert_frame_equal(back[expected.columns], expected, check_dtype=False, check_exact=False)
+    from dask_influx_metrics import peaks
+
+    for per_job in (True, False):
+        from_csv = peaks.to_lists(peaks.from_tables(csvfiles.read_tables(tmp_path), "compute-util", per_job), per_job)
+        assert from_csv == db.get_peaks("compute-util", per_job=per_job)
