@@ -18,6 +18,8 @@ Example
 
 from __future__ import annotations
 
+import os
+
 from distributed.protocol.pickle import dumps
 
 from .config import Settings, overrides_from_kwargs
@@ -154,6 +156,87 @@ class Monitor:
         except ValueError:
             pass
         self.client.run_on_scheduler(_on_scheduler, action="detach")
+
+    # --- analysis (old dask-metrics API) ----------------------------------
+    def query(self, source=None, **kwargs):
+        """A :class:`~dask_influx_metrics.query.Store` over this session's samples.
+
+        By default the spool when this machine can see it (exact, nothing in
+        flight), else the InfluxDB the settings name (``influxdb.url``,
+        ``database``), narrowed to the session's time range and extra tags.
+        ``source`` (a URL or spool folder) and ``kwargs`` go to
+        :func:`~dask_influx_metrics.query.connect` instead.
+
+        >>> monitor.query().jobs()  # doctest: +SKIP
+        [1, 2, 3]
+        """
+        from . import query
+
+        state = self._state()
+        session = state["session"] or state["last_session"]
+        if session is None:
+            raise RuntimeError("no monitoring session has run yet; start() one first")
+        settings = Settings.resolve(state["overrides"])
+        window = {"start": session["start"], "stop": session.get("stop"), "tags": settings.tags or None}
+        if source is not None:
+            return query.connect(source, **{**window, **kwargs})
+        spool = os.path.join(settings.spool_directory, session["id"])
+        if "spool" in settings.sinks and os.path.isdir(spool):
+            return query.connect(spool, **{**window, **kwargs})
+        if {"udp", "http"} & set(settings.sinks):
+            return query.connect(settings.influxdb_url, settings.database, retention_policy=settings.retention_policy,
+                                 username=settings.username, password=settings.password, token=settings.token,
+                                 **{**window, **kwargs})
+        raise RuntimeError(f"session {session['id']} was spooled on the workers under {spool!r}, which this "
+                           "machine cannot see; replay it into InfluxDB or pass source=<copied folder>")
+
+    def get_peaks(self, metric="mem-util", workers=None, per_job=True, **kwargs) -> list:
+        """Peak ``metric`` per worker and GPU: ``[{job: [peak per GPU]}, ...]`` or, with
+        ``per_job=False``, ``[[peak per GPU], ...]``; always a list, in worker index order.
+
+        ``workers`` are worker indices (address order) or addresses. Peaks are
+        computed by InfluxDB where it can (``MAX ... GROUP BY``).
+
+        >>> monitor.get_peaks("compute-util", workers=[0, 1])  # doctest: +SKIP
+        [{1: [97.0, 88.5], 2: [40.0, 12.0]}, {1: [91.0, 90.0]}]
+        """
+        return self.query(**kwargs).get_peaks(metric, workers=workers, per_job=per_job)
+
+    def peak_memory(self, workers=None) -> list:
+        """The first dask-metrics API: peak ``mem-util`` per GPU, ``[[12, 8], [4, 0]]``.
+
+        >>> monitor.peak_memory()  # doctest: +SKIP
+        """
+        return self.get_peaks("mem-util", workers=workers, per_job=False)
+
+    def to_csv(self, path, fname="worker", clear_dir=True, metrics=None, **kwargs) -> list:
+        """One CSV per worker, ``<path>/<fname>_<i>.csv`` (old layout), plus ``workers.csv``.
+
+        ``clear_dir`` removes earlier ``<fname>_*.csv`` files there first
+        (nothing else). Returns the paths written.
+
+        >>> monitor.to_csv("out/")  # doctest: +SKIP
+        """
+        return self.query(**kwargs).to_csv(path, fname=fname, clear_dir=clear_dir, metrics=metrics)
+
+    @staticmethod
+    def peaks_from_csv(path, metric="mem-util", workers=None, per_job=True, fname="worker") -> list:
+        """Peaks from files written by :meth:`to_csv`, in the shapes of :meth:`get_peaks`.
+
+        ``workers=[2]`` reads ``worker_2.csv`` (never ``worker_10.csv``).
+
+        >>> Monitor.peaks_from_csv("out/", "compute-util", workers=[0], per_job=False)  # doctest: +SKIP
+        [[97.0, 88.5]]
+        """
+        from . import csvfiles, peaks
+        from .tables import table_metrics
+
+        tables = csvfiles.read_tables(path, workers=workers, fname=fname)
+        present = {m for t in tables for m in table_metrics(t)}
+        if metric not in present:
+            raise ValueError(f"metric {metric!r} is not in the CSV files under {os.fspath(path)!r}; present: {sorted(present)}")
+        tidy = peaks.from_tables(tables, metric, per_job)
+        return peaks.to_lists(tidy, per_job, [t.attrs["worker_index"] for t in tables])
 
     # --- introspection ---------------------------------------------------
     def jobs(self) -> dict:

@@ -56,7 +56,9 @@ def monitored(influxd, tmp_path_factory):
 
     from distributed import Client, LocalCluster
 
-    from dask_influx_metrics import Monitor
+    from dask_influx_metrics import Monitor, lineprotocol
+    from dask_influx_metrics.sinks.spool import read_lines
+    from dask_influx_metrics.tables import natural_key
 
     run = uuid.uuid4().hex[:10]
     spool = tmp_path_factory.mktemp("spool")
@@ -78,16 +80,20 @@ def monitored(influxd, tmp_path_factory):
             influxd.wait_for(f'SELECT * FROM "host" {where}', 1, timeout=30)
             influxd.wait_for(f"SELECT * FROM \"worker\" {where} AND \"dag\" != '0'", 1, timeout=30)
             influxd.wait_for(f"SELECT * FROM \"dag\" {where} AND \"event\" = 'end'", 2, timeout=30)
-            workers = sorted(client.scheduler_info()["workers"])
+            workers = sorted(client.scheduler_info()["workers"], key=natural_key)
         finally:
             stopped = monitor.stop()
-    # Everything spooled must also have landed over UDP (the last samples trail the stop).
-    from dask_influx_metrics import lineprotocol
-    from dask_influx_metrics.sinks.spool import read_lines
-
-    spooled = [lineprotocol.parse(line) for line in read_lines(spool)]
-    for measurement in ("gpu", "host", "worker", "dag"):
-        n = sum(p.measurement == measurement for p in spooled)
-        influxd.wait_for(f'SELECT * FROM "{measurement}" WHERE "run" = \'{run}\'', n, timeout=30)
+        # Everything spooled must also have landed over UDP (the last samples trail the stop).
+        spooled = [lineprotocol.parse(line) for line in read_lines(spool)]
+        for measurement in ("gpu", "host", "worker", "dag"):
+            n = sum(p.measurement == measurement for p in spooled)
+            influxd.wait_for(f'SELECT * FROM "{measurement}" WHERE "run" = \'{run}\'', n, timeout=30)
+        # What the Monitor's own analysis API answers, while its client is connected.
+        answers = {
+            "peaks_spool": monitor.get_peaks("compute-util"),
+            "peaks_influx": monitor.get_peaks("compute-util", source=influxd.url),
+            "peak_memory": monitor.peak_memory(),
+            "csv": monitor.to_csv(str(tmp_path_factory.mktemp("csv")), metrics=["compute-util", "mem-util"]),
+        }
     return types.SimpleNamespace(influxd=influxd, run=run, spool=str(spool), session=stopped or session,
-                                 workers=workers)
+                                 workers=workers, answers=answers)

@@ -1,0 +1,28 @@
+"""Monitor.get_peaks / peak_memory / to_csv / peaks_from_csv on a real monitored LocalCluster."""
+
+import os
+
+import pytest
+
+from dask_influx_metrics import Monitor, query
+
+
+def test_get_peaks_spool_equals_influxdb(monitored):
+    a = monitored.answers
+    assert a["peaks_spool"] == a["peaks_influx"]
+    assert len(a["peaks_spool"]) == 2 and all(set(w) <= {1, 2} for w in a["peaks_spool"])
+
+
+def test_peak_memory_is_the_first_apis_shape(monitored):
+    peaks = monitored.answers["peak_memory"]
+    assert isinstance(peaks, list) and len(peaks) == 2
+    assert all(isinstance(w, list) and len(w) == 2 and all(isinstance(v, (int, float)) for v in w) for w in peaks)
+
+
+def test_to_csv_then_peaks_from_csv(monitored):
+    paths = monitored.answers["csv"]
+    folder = os.path.dirname(paths[0])
+    assert sorted(os.listdir(folder)) == ["worker_0.csv", "worker_1.csv", "workers.csv"]
+    assert Monitor.peaks_from_csv(folder, "compute-util") == monitored.answers["peaks_spool"]
+    assert Monitor.peaks_from_csv(folder, "compute-util", workers=[1], per_job=False) == \
+        query.connect(monitored.spool).get_peaks("compute-util", workers=[1], per_job=False)
