@@ -10,13 +10,10 @@ read back from disk. Simulated GPUs stand in for NVML when there is no GPU.
 from __future__ import annotations
 
 import argparse
-import collections
 import threading
 
 import requests
 
-from . import lineprotocol
-from .sinks.spool import read_lines
 
 
 def _busy(x, seconds=0.2):
@@ -39,36 +36,58 @@ def _reachable(url: str) -> bool:
         return False
 
 
-def _gpu_rows_from_influx(url, database, run):
-    q = f"SELECT worker, job, \"index\", utilization_gpu, memory_used FROM gpu WHERE run='{run}'"
+def _count_points(url, database, run) -> int:
+    q = f"SELECT count(utilization_gpu) FROM gpu WHERE run='{run}'"
     r = requests.get(f"{url}/query", params={"db": database, "q": q}, timeout=30)
     r.raise_for_status()
     series = r.json()["results"][0].get("series", [])
-    for s in series:
-        for values in s["values"]:
-            yield dict(zip(s["columns"], values))
+    return int(series[0]["values"][0][1]) if series else 0
 
 
-def _gpu_rows_from_spool(directory):
-    for line in read_lines(directory):
-        p = lineprotocol.parse(line)
-        if p.measurement == "gpu":
-            yield {**p.tags, **p.fields}
+def _wait_until_landed(count, timeout=15.0) -> None:
+    """UDP points reach influxd after its batch timeout: wait until the count stops growing."""
+    import time
+
+    deadline, last = time.monotonic() + timeout, -1
+    while time.monotonic() < deadline:
+        n = count()
+        if n and n == last:
+            return
+        last = n
+        threading.Event().wait(1.0)
 
 
-def summarize(rows) -> str:
-    """Per worker and per job: samples, mean GPU utilization, peak GPU memory."""
-    table = collections.defaultdict(lambda: [0, 0.0, 0.0])
-    for r in rows:
-        for job in str(r["job"]).split(","):
-            cell = table[(r["worker"], job)]
-            cell[0] += 1
-            cell[1] += r.get("utilization_gpu") or 0.0
-            cell[2] = max(cell[2], r.get("memory_used") or 0.0)
-    lines = [f"{'worker':<28} {'job':>4} {'samples':>8} {'mean util %':>12} {'peak MiB':>10}"]
-    for (worker, job), (n, util, peak) in sorted(table.items()):
-        lines.append(f"{worker:<28} {job:>4} {n:>8} {util / n:>12.1f} {peak:>10.1f}")
-    return "\n".join(lines)
+def report(db, out_dir) -> str:
+    """Jobs, DAGs, peak GPU memory per job, utilization, then CSVs and plots under ``out_dir``."""
+    import os
+
+    import pandas as pd
+
+    parts = [f"workers: {db.worker_map()}", "", "DAGs:", db.dags().to_string(index=False), ""]
+    peaks = db.peaks("total-mem", per_job=True)
+    table = peaks.assign(peak_MiB=peaks["peak"] / 2**20).pivot_table(
+        index=["worker_index", "job"], columns="device", values="peak_MiB")
+    table.columns = [f"GPU {d} peak MiB" for d in table.columns]
+    parts += ["Peak GPU memory per worker and job (server-side MAX ... GROUP BY):", table.round(1).to_string(), ""]
+    summary = db.summary(per_job=True)
+    cols = ["worker_index", "job", "resource", "samples", "mean", "max", "above_40", "device_hours", "unused_device_hours"]
+    with pd.option_context("display.float_format", "{:.3g}".format):
+        parts += ["Utilization (mean/max %, share of samples above 40%, device-hours):",
+                  summary[cols].to_string(index=False), ""]
+    paths = db.to_csv(os.path.join(out_dir, "csv"))
+    parts.append(f"CSV: {len(paths)} files in {os.path.join(out_dir, 'csv')}")
+    try:
+        from . import visualize as vis
+
+        first, last = db.jobs()[0], db.jobs()[-1]
+        lines = vis.lines(paths[0], first, ["compute-util", "mem-util"], save=os.path.join(out_dir, "lines.png"))
+        boxes = vis.boxes(paths[0], last, ["compute-util", "total-mem"], freq=5, save=os.path.join(out_dir, "boxes.png"))
+        del lines, boxes
+        parts.append(f"plots: {os.path.join(out_dir, 'lines.png')} (job {first}), "
+                     f"{os.path.join(out_dir, 'boxes.png')} (job {last})")
+    except ImportError as e:
+        parts.append(f"plots skipped: {e}")
+    return "\n".join(parts)
 
 
 def main(argv=None) -> int:
@@ -87,6 +106,7 @@ def main(argv=None) -> int:
                     help="start a private influxd on free loopback ports for the demo (needs the influxd binary)")
     ap.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes")
     ap.add_argument("--gpus", type=int, default=2, help="simulated GPUs per worker")
+    ap.add_argument("--out", default="out/demo", help="folder for the CSV files and plots")
     args = ap.parse_args(argv)
 
     server = None
@@ -119,7 +139,8 @@ def _run(args) -> int:
     sink = dict(sink="udp", telegraf_address=args.telegraf_address) if online else dict(sink="spool", spool_directory=args.spool)
     print(f"run {run}: {'UDP -> ' + args.telegraf_address if online else 'InfluxDB not reachable; spooling to disk'}")
     with LocalCluster(n_workers=args.workers, threads_per_worker=2, dashboard_address=None) as cluster, Client(cluster) as client:
-        monitor = Monitor(client, gpu_source="simulated", gpu_count=args.gpus, tags={"run": run}, **sink)
+        monitor = Monitor(client, gpu_source="simulated", gpu_count=args.gpus, tags={"run": run},
+                          influxdb_url=args.influxdb_url, database=args.database, **sink)
         monitor.attach(polling_interval=100, job_type="manual")
         session = monitor.start()
         for job in range(3):
@@ -127,34 +148,16 @@ def _run(args) -> int:
             _workload(client, 8 * (job + 1))
         monitor.stop()
         jobs = monitor.jobs()
-    print(f"session {session['id']}: {len(jobs['jobs'])} jobs, {len(jobs['dags'])} DAGs")
-    for n, dag in sorted(jobs["dags"].items()):
-        print(f"  DAG {n}: job {dag['job']}, {dag['tasks']} tasks, {dag['status']}")
-    if online:
-        rows = _poll_rows(lambda: list(_gpu_rows_from_influx(args.influxdb_url, args.database, run)))
-    else:
-        import os
-
-        from .config import Settings
-
-        spool = Settings.resolve({"spool.directory": args.spool} if args.spool else {}).spool_directory
-        rows = list(_gpu_rows_from_spool(os.path.join(spool, session["id"])))
-    print(summarize(rows))
-    return 0 if rows else 1
-
-
-def _poll_rows(fetch, timeout=10.0):
-    """UDP points reach influxd after its batch timeout: poll briefly."""
-    import time
-
-    deadline, rows = time.monotonic() + timeout, []
-    while time.monotonic() < deadline:
-        rows = fetch()
-        if rows:
-            threading.Event().wait(1.0)  # let the last batch land too
-            return fetch()
-        threading.Event().wait(0.2)
-    return rows
+        print(f"session {session['id']}: {len(jobs['jobs'])} jobs, {len(jobs['dags'])} DAGs")
+        if online:
+            _wait_until_landed(lambda: _count_points(args.influxdb_url, args.database, run))
+            db = monitor.query(source=args.influxdb_url, database=args.database)
+            print(f"reading back with InfluxQL from {args.influxdb_url}")
+        else:
+            db = monitor.query()
+            print(f"reading back from the spool {db.backend.path}")
+    print(report(db, args.out))
+    return 0
 
 
 if __name__ == "__main__":
