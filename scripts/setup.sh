@@ -11,3 +11,16 @@ if ! command -v influxd >/dev/null 2>&1; then
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+# The Flux checker used by tests/test_flux.py: the Flux language server compiled to
+# wasm (npm @influxdata/flux-lsp-node), pinned, into the git-ignored .tools/flux.
+FLUX_LSP_VERSION=0.8.40
+FLUX_LSP_DIR=.tools/flux
+command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || {
+  echo "setup.sh: node and npm are required for the Flux checker (apt-get install nodejs npm)" >&2
+  exit 1
+}
+installed=$(node -p "try { require('./$FLUX_LSP_DIR/node_modules/@influxdata/flux-lsp-node/package.json').version } catch (e) { '' }")
+if [ "$installed" != "$FLUX_LSP_VERSION" ]; then
+  npm install --prefix "$FLUX_LSP_DIR" --no-audit --no-fund --save-exact --loglevel=error \
+    "@influxdata/flux-lsp-node@$FLUX_LSP_VERSION"
+fi

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -95,6 +96,137 @@ def test_kubernetes_telegraf_and_workers_meet_on_host_port():
         env = {e["name"]: e for e in c["env"]}
         assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
         assert env["DASK_INFLUX_METRICS__TELEGRAF__ADDRESS"]["value"] == "$(HOST_IP):8094"
+
+
+# -- the kustomization, rendered by the real kustomize (kubectl's built-in, v5) -------------------
+def _kubectl() -> str:
+    kubectl = shutil.which("kubectl")
+    if not kubectl:
+        message = "kubectl not found: it renders deploy/k8s (kubectl kustomize)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return kubectl
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> tuple[str, list[dict]]:
+    """``kubectl kustomize --load-restrictor LoadRestrictionsNone deploy/k8s``: (file, documents)."""
+    out = subprocess.run([_kubectl(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", K8S],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    path = tmp_path_factory.mktemp("k8s") / "rendered.yaml"
+    path.write_text(out.stdout)
+    return str(path), [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _container_files(docs: list[dict]) -> dict[str, dict[str, str]]:
+    """What each container sees of its ConfigMaps: {container: {path: content}}."""
+    configmaps = {d["metadata"]["name"]: d.get("data", {}) for d in docs if d["kind"] == "ConfigMap"}
+    seen = {}
+    for doc in docs:
+        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+        volumes = {v["name"]: v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v}
+        assert set(volumes.values()) <= set(configmaps), f"{doc['metadata']['name']}: unknown ConfigMap"
+        for c in spec.get("containers", []):
+            files = seen.setdefault(c["name"], {})
+            for m in c.get("volumeMounts", []):
+                if m["name"] not in volumes:
+                    continue
+                data = configmaps[volumes[m["name"]]]
+                if "subPath" in m:
+                    assert m["subPath"] in data, f"{c['name']}: no key {m['subPath']} in {volumes[m['name']]}"
+                    files[m["mountPath"]] = data[m["subPath"]]
+                else:
+                    files.update({f"{m['mountPath']}/{key}": value for key, value in data.items()})
+    return seen
+
+
+def _env(docs: list[dict], container: str) -> dict[str, dict]:
+    for doc in docs:
+        for c in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            if c["name"] == container:
+                return {e["name"]: e for e in c.get("env", [])}
+    raise KeyError(container)
+
+
+def _generated_name(doc: dict) -> str:
+    """A ConfigMap's name without the content hash kustomize appends."""
+    return doc["metadata"]["name"].rsplit("-", 1)[0] if doc["kind"] == "ConfigMap" else doc["metadata"]["name"]
+
+
+def _datasource_uids(node) -> set[str]:
+    """Every ``datasource.uid`` in a dashboard (panels, targets, variables, annotations)."""
+    if isinstance(node, list):
+        return set().union(*map(_datasource_uids, node))
+    if not isinstance(node, dict):
+        return set()
+    ds = node.get("datasource")
+    return ({ds["uid"]} if isinstance(ds, dict) and "uid" in ds else set()).union(*map(_datasource_uids, node.values()))
+
+
+def test_rendered_kustomization_validates_strictly(rendered):
+    path, docs = rendered
+    assert sorted(f"{d['kind']}/{_generated_name(d)}" for d in docs) == [
+        "ConfigMap/grafana-dashboard-provider", "ConfigMap/grafana-dashboards", "ConfigMap/grafana-datasources",
+        "ConfigMap/influxdb-init", "ConfigMap/telegraf-config", "DaemonSet/telegraf", "Deployment/grafana",
+        "Service/grafana", "Service/influxdb", "StatefulSet/influxdb"]
+    assert {d["metadata"].get("namespace") for d in docs} == {"dask-metrics"}
+    out = subprocess.run([_tool("kubernetes-validate"), "--strict", path], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for d in docs:  # ConfigMaps hold at most 1 MiB; `kubectl apply` keeps a copy in a 256 KiB annotation
+        assert len(json.dumps(d)) < 256 * 1024, d["metadata"]["name"]
+
+
+def test_rendered_configmaps_hold_the_repo_files(rendered):
+    _, docs = rendered
+    with open(os.path.join(K8S, "kustomization.yaml")) as f:
+        generators = yaml.safe_load(f)["configMapGenerator"]
+    configmaps = {_generated_name(d): d["data"] for d in docs if d["kind"] == "ConfigMap"}
+    for g in generators:
+        expected = {}
+        for entry in g["files"]:
+            key, _, source = entry.rpartition("=")
+            with open(os.path.join(K8S, source)) as f:
+                expected[key or os.path.basename(source)] = f.read()
+        assert configmaps[g["name"]] == expected, g["name"]
+
+
+def test_rendered_mounts_give_each_container_what_it_reads(rendered):
+    _, docs = rendered
+    files = _container_files(docs)
+    assert "/etc/telegraf/telegraf.conf" in files["telegraf"]
+    # The InfluxDB image runs /docker-entrypoint-initdb.d/*.sh once; the script reads the task file.
+    influx = files["influxdb"]
+    script = influx["/docker-entrypoint-initdb.d/10-dask-metrics.sh"]
+    task_files = re.findall(r"--file (\S+)", script)
+    assert task_files and all(p in influx for p in task_files), (task_files, sorted(influx))
+    grafana = files["grafana"]
+    datasources = [ds for p, text in grafana.items() if p.startswith("/etc/grafana/provisioning/datasources/")
+                   for ds in yaml.safe_load(text)["datasources"]]
+    providers = [p for path, text in grafana.items() if path.startswith("/etc/grafana/provisioning/dashboards/")
+                 for p in yaml.safe_load(text)["providers"]]
+    (provider,) = providers
+    dashboards = {p: json.loads(t) for p, t in grafana.items() if p.startswith(provider["options"]["path"] + "/")}
+    assert dashboards, f"no dashboard under {provider['options']['path']}"
+    home = _env(docs, "grafana")["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]["value"]
+    assert home in dashboards
+    uids = {ds["uid"] for ds in datasources}
+    used = _datasource_uids(list(dashboards.values()))
+    assert used and used <= uids, (used, uids)
+
+
+def test_rendered_config_files_find_their_environment(rendered):
+    """Every ${VAR} a mounted config file expands (comments aside, no default) is set in its container."""
+    _, docs = rendered
+    for container, files in _container_files(docs).items():
+        env = _env(docs, container)
+        for path, text in files.items():
+            live = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+            local = set(re.findall(r"^(\w+)=", live, re.M))  # a shell script's own variables
+            missing = {v for v in re.findall(r"\$\{(\w+)\}", live) if v not in env and v not in local}
+            assert not missing, f"{container}:{path} expands unset {sorted(missing)}"
 
 
 SECRET_KEY = re.compile(r"(token|password|secret)[\w-]*['\"]?\s*[:=]\s*(.*)$", re.I)

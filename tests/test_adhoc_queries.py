@@ -1,0 +1,43 @@
+"""README "Ad hoc queries": every InfluxQL query runs, as written, on data from a monitored cluster.
+
+The ``monitored`` fixture (conftest.py) ran a real ``LocalCluster`` with two workers (simulated
+GPUs) and two manual jobs, one DAG each, into the session influxd's ``dask_metrics`` database.
+Queries run unchanged (their own ``time > now() - 1h`` window) and must return rows; a query that
+groups by ``worker``, ``job`` or ``dag`` must have a row for each of that run's workers, jobs 1
+and 2, DAGs 1 and 2. The Flux twins are checked in test_flux.py (they need InfluxDB 2 to run).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from fluxcheck import ROOT, fenced_blocks
+
+with open(os.path.join(ROOT, "README.md")) as _f:
+    _README = _f.read()
+SECTION = _README.split("\n## Ad hoc queries\n", 1)[-1].split("\n## ", 1)[0]
+QUERIES = fenced_blocks(_README, "influxql")
+
+
+def _grouped_by(query: str) -> set[str]:
+    group = query.rsplit("GROUP BY", 1)[1] if "GROUP BY" in query else ""
+    return set(re.findall(r'"(\w+)"', group))
+
+
+def test_section_has_queries_in_both_languages():
+    assert "\n## Ad hoc queries\n" in _README
+    assert len(fenced_blocks(SECTION, "influxql")) >= 6 and len(fenced_blocks(SECTION, "flux")) >= 6
+    assert all(";" not in q for _, q in QUERIES), "one statement per block"
+
+
+@pytest.mark.parametrize("query", [q for _, q in QUERIES], ids=[f"README.md:{line}" for line, _ in QUERIES])
+def test_influxql_query_returns_rows(monitored, query):
+    rows = monitored.influxd.query(query.strip())
+    assert rows, f"no rows for {query}"
+    assert all(v is not None for row in rows for v in row.values()), rows[:5]
+    expected = {"worker": set(monitored.workers), "job": {"1", "2"}, "dag": {"1", "2"}}
+    for tag in _grouped_by(query) & set(expected):
+        assert expected[tag] <= {row[tag] for row in rows}, (tag, rows)
