@@ -14,7 +14,7 @@ samples count for each job in their tag).
 ...                   "compute-util[0]": [0.0, 50.0, 100.0, 100.0], "host-cpu": [10.0] * 4})
 >>> t.attrs = {"worker": "tcp://a:1", "worker_index": 0}
 >>> s = summarize([t], per_job=False)
->>> s[["resource", "mean", "at_100", "device_hours"]].to_dict("records")[0]
+>>> s[["resource", "mean", "at_100", "device_hours"]].to_dict("records")[1]
 {'resource': 'gpu', 'mean': 62.5, 'at_100': 0.5, 'device_hours': 0.0005555555555555556}
 """
 

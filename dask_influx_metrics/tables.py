@@ -165,20 +165,22 @@ def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int
         wanted = [m for m in metrics if m.measurement == measurement and m.field in long.columns]
         if measurement == schema.WORKER and "running" in long.columns:
             parts.append(long.drop_duplicates("time", keep="last").set_index("time")[["running"]])
-        device = "index" in long.columns and long["index"].notna().any()
+        device = "index" in long.columns and long["index"].notna().all()
         for m in wanted:
             units[m.name] = m.unit
-            rows = long[long[m.field].notna()] if device else long
-            values = pd.to_numeric(rows[m.field], errors="coerce") * m.scale if m.scale != 1 else rows[m.field]
-            if device and rows["index"].notna().all():
-                wide = (rows.assign(_v=values).drop_duplicates(["time", "index"], keep="last")
-                        .pivot(index="time", columns="index", values="_v"))
-                wide = wide[_device_sort(wide.columns)]
-                wide.columns = [f"{m.name}[{i}]" for i in wide.columns]
-                parts.append(wide)
-            else:
-                parts.append(rows.assign(_v=values).drop_duplicates("time", keep="last")
-                             .set_index("time")[["_v"]].rename(columns={"_v": m.name}))
+        if device and wanted:
+            values = long.drop_duplicates(["time", "index"], keep="last")
+            values = values.assign(**{f"_{m.name}": pd.to_numeric(values[m.field], errors="coerce") * m.scale
+                                      for m in wanted})
+            wide = values.pivot(index="time", columns="index", values=[f"_{m.name}" for m in wanted])
+            order = _device_sort(wide.columns.get_level_values(1).unique())
+            wide = wide.reindex(columns=pd.MultiIndex.from_product([[f"_{m.name}" for m in wanted], order]))
+            wide.columns = [f"{name[1:]}[{i}]" for name, i in wide.columns]
+            parts.append(wide.dropna(axis=1, how="all"))
+        elif wanted:
+            values = long.drop_duplicates("time", keep="last").set_index("time")
+            parts.append(pd.DataFrame({m.name: values[m.field] * m.scale if m.scale != 1 else values[m.field]
+                                       for m in wanted}))
     if not tags:
         table = pd.DataFrame(columns=list(BASE_COLUMNS))
         table.index = pd.DatetimeIndex([], tz="UTC", name="time")

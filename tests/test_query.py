@@ -165,3 +165,14 @@ def test_csv_round_trip(stores, monitored, tmp_path):
     for per_job in (True, False):
         from_csv = peaks.to_lists(peaks.from_tables(csvfiles.read_tables(tmp_path), "compute-util", per_job), per_job)
         assert from_csv == db.get_peaks("compute-util", per_job=per_job)
+
+
+def test_paging_never_truncates(stores, monitored):
+    """Pages of 7 rows (a tiny max-row-limit) give the same tables as one big page."""
+    small = query.connect(monitored.influxd.url, tags={"run": monitored.run},
+                          start=pd.Timestamp(stores["spool"].origin_ns, unit="ns", tz="UTC"))
+    small.backend.page_rows = 7
+    a = small.worker_tables(metrics=METRICS)
+    b = stores["influxql"].worker_tables(metrics=METRICS)
+    for worker in b:
+        pd.testing.assert_frame_equal(a[worker], b[worker])

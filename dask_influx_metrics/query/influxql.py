@@ -55,10 +55,11 @@ class InfluxQLBackend:
     language = "influxql"
 
     def __init__(self, url: str, database: str, retention_policy=None, username=None, password=None,
-                 token=None, timeout: float = 30.0, tags=None, start_ns=None, stop_ns=None):
+                 token=None, timeout: float = 30.0, tags=None, start_ns=None, stop_ns=None,
+                 page_rows: int = 10_000):
         self.url, self.database, self.rp = url.rstrip("/"), database, retention_policy
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
-        self.timeout = timeout
+        self.timeout, self.page_rows = timeout, int(page_rows)
         self._session = requests.Session()
         if token:
             self._session.headers["Authorization"] = f"Token {token}"
@@ -134,11 +135,29 @@ class InfluxQLBackend:
 
     # --- samples -----------------------------------------------------------
     def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
-        """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields."""
+        """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields.
+
+        Read in pages of ``page_rows`` rows ordered by time, so a server's
+        ``max-row-limit`` (10,000 on some 1.x installs) never truncates silently.
+        """
         tag_cols = ["job", "dag"] + (["index"] if measurement in (schema.GPU, schema.CUSTOM) else [])
         select = ", ".join(ident(c) for c in list(fields) + tag_cols)
-        q = f"SELECT {select} FROM {ident(measurement)} {self._where(worker=worker, job=job)}"
-        frame = self._csv(q, dtype={**TAG_DTYPES, "running": str})
+        pages, since = [], None
+        while True:
+            where = self._where(worker=worker, job=job)
+            if since is not None:
+                where += f" AND time >= {since}" if where else f"WHERE time >= {since}"
+            q = f"SELECT {select} FROM {ident(measurement)} {where} ORDER BY time ASC LIMIT {self.page_rows}"
+            page = self._csv(q, dtype={**TAG_DTYPES, "running": str})
+            if len(page) < self.page_rows:
+                pages.append(page)
+                break
+            last = int(page["time"].iloc[-1])
+            if int(page["time"].iloc[0]) == last:
+                raise QueryError(f"more than page_rows={self.page_rows} rows share time {last}; raise page_rows")
+            pages.append(page[page["time"] < last])  # the last instant is read again, whole
+            since = last
+        frame = pd.concat(pages, ignore_index=True) if len(pages) > 1 else pages[0]
         if frame.empty:
             return empty_frame(fields, "index" in tag_cols)
         if "index" in frame.columns and frame["index"].isna().all():

@@ -1,0 +1,132 @@
+"""Query: rebuild per-worker tables from influxd, ours vs a naive JSON ``/query`` + pandas.
+
+1,000,000 GPU points (16 workers x 8 GPUs x 7,813 samples at 200 ms, three
+fields each) are written to a fresh influxd over HTTP. Then, alternated:
+
+- **ours**: ``query.connect(url).worker_tables(metrics=[...])`` (CSV responses,
+  one worker at a time, server-side filters, paged);
+- **naive**: one ``SELECT * FROM gpu`` as JSON, ``pandas.DataFrame`` from the
+  values, then per worker the same pivot to one column per metric per GPU.
+
+Both must give the same numbers. Then peaks of ``total-mem`` per worker, GPU
+and job: server-side (InfluxQL ``MAX ... GROUP BY``) vs client-side (from
+the tables), equal by assertion. ``--quick`` writes 100,000 points.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import requests
+
+from benchmarks import common
+
+WORKERS, GPUS, INTERVAL_NS = 16, 8, 200_000_000
+METRICS = ["compute-util", "mem-util", "total-mem"]
+
+
+def _write(server, db: str, samples: int) -> int:
+    t0 = 1_700_000_000_000_000_000
+    n = 0
+    for w in range(WORKERS):
+        worker = f"tcp://10.0.{w // 8}.{w % 8 + 1}:40000"
+        lines = []
+        for s in range(samples):
+            job = 1 + s * 4 // samples
+            t = t0 + s * INTERVAL_NS + w * 1000
+            for g in range(GPUS):
+                lines.append(f"gpu,host=node{w // 8},worker={worker},job={job},dag={job * 2},index={g},"
+                             f"uuid=SIM-{w}-{g},name=Sim utilization_gpu={(s * 7 + g * 13) % 101},"
+                             f"memory_used={1000 + (s * 31 + g) % 40000}.5,"
+                             f"memory_used_percent={(s + g) % 100}.25 {t}")
+            if len(lines) >= 40_000 or s == samples - 1:
+                server.write("\n".join(lines).encode(), db=db)
+                n += len(lines)
+                lines = []
+    return n
+
+
+def _naive(url: str, db: str) -> dict:
+    r = requests.get(url + "/query", params={"db": db, "q": "SELECT * FROM gpu", "epoch": "ns"}, timeout=600)
+    series = r.json()["results"][0]["series"][0]
+    frame = pd.DataFrame(series["values"], columns=series["columns"])
+    out = {}
+    names = {"utilization_gpu": "compute-util", "memory_used_percent": "mem-util", "memory_used": "total-mem"}
+    for worker, rows in frame.groupby("worker", sort=True):
+        wide = rows.pivot(index="time", columns="index", values=list(names))
+        wide.columns = [f"{names[f]}[{i}]" for f, i in wide.columns]
+        for c in [c for c in wide.columns if c.startswith("total-mem")]:
+            wide[c] = wide[c] * 2**20
+        out[worker] = wide
+    return out
+
+
+def _same(ours: dict, naive: dict) -> bool:
+    if sorted(ours) != sorted(naive):
+        return False
+    for worker, table in ours.items():
+        cols = [c for c in table.columns if c in naive[worker].columns]
+        if len(cols) != len(METRICS) * GPUS:
+            return False
+        a = table[cols].reset_index(drop=True).astype(float)
+        b = naive[worker][cols].reset_index(drop=True).astype(float)
+        if not a.equals(b):
+            return False
+    return True
+
+
+def run(quick: bool) -> list[dict]:
+    from dask_influx_metrics import query
+
+    samples = 100_000 // (WORKERS * GPUS) if quick else 1_000_000 // (WORKERS * GPUS) + 1
+    rounds = 1 if quick else 3
+    with common.influxd() as server:
+        db = server.create_database("bench_query")
+        t = time.monotonic()
+        points = _write(server, db, samples)
+        write_s = time.monotonic() - t
+        store = query.connect(server.url, database=db)
+        results = {}
+
+        def ours():
+            t0 = time.monotonic()
+            results["ours"] = query.connect(server.url, database=db).worker_tables(metrics=METRICS)
+            return time.monotonic() - t0
+
+        def naive():
+            t0 = time.monotonic()
+            results["naive"] = _naive(server.url, db)
+            return time.monotonic() - t0
+
+        times = common.alternate({"ours": ours, "naive": naive}, rounds)
+        same = _same(results["ours"], results["naive"])
+        peak_times = common.alternate({
+            "server": lambda: _timed(lambda: results.__setitem__("server", store.peaks("total-mem", server=True))),
+            "client": lambda: _timed(lambda: results.__setitem__("client", store.peaks("total-mem", server=False))),
+        }, rounds)
+        peaks_equal = results["server"].equals(results["client"])
+    ours_s, naive_s = common.median(times["ours"]), common.median(times["naive"])
+    server_s, client_s = common.median(peak_times["server"]), common.median(peak_times["client"])
+    speedup = naive_s / ours_s
+    return [
+        common.row("query", f"rebuild tables, {points:,} points ({WORKERS} workers x {GPUS} GPUs)", ours_s, "s",
+                   baseline=naive_s, target=">= 3x faster than naive", met=speedup >= 3 and same,
+                   notes=f"{speedup:.1f}x faster; same numbers as naive: {same}; writing took {write_s:.0f} s; "
+                         f"median of {rounds}",
+                   details={"ours_s": times["ours"], "naive_s": times["naive"], "points": points}),
+        common.row("query", "peaks total-mem per worker/GPU/job: server-side", server_s, "s",
+                   baseline=client_s, target="== client-side", met=peaks_equal,
+                   notes=f"client-side (tables) {client_s:.2f} s; equal: {peaks_equal}",
+                   details={"server_s": peak_times["server"], "client_s": peak_times["client"]}),
+    ]
+
+
+def _timed(fn) -> float:
+    t0 = time.monotonic()
+    fn()
+    return time.monotonic() - t0
+
+
+if __name__ == "__main__":
+    common.standalone("query", run)
