@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
 import pandas as pd
@@ -93,6 +94,9 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
 
 class Store:
     """Questions about one set of collected samples (see the module docstring)."""
+
+    #: workers fetched at once by :meth:`worker_tables`
+    parallel = 4
 
     def __init__(self, backend, origin_ns: Optional[int] = None):
         self.backend = backend
@@ -220,12 +224,19 @@ class Store:
             if "tasks" in fields[schema.WORKER] and not any(m.name == "tasks" for m in metrics):
                 metrics = metrics + _tables.resolve(["tasks"])
         origin = self.origin_ns
-        out = {}
-        for done, (i, worker) in enumerate(chosen, 1):
+
+        def one(item):
+            i, worker = item
             frames = {m: self.backend.frame(m, list(dict.fromkeys(fs)), worker, job) for m, fs in wanted.items()}
-            out[worker] = _tables.build(frames, metrics, origin, worker, i)
-            if progress:
-                progress(done, len(chosen))
+            return worker, _tables.build(frames, metrics, origin, worker, i)
+
+        out = {}
+        # A few workers in flight: the server builds one answer while we parse another.
+        with ThreadPoolExecutor(max_workers=min(self.parallel, len(chosen))) as pool:
+            for done, (worker, table) in enumerate(pool.map(one, chosen), 1):
+                out[worker] = table
+                if progress:
+                    progress(done, len(chosen))
         return out
 
     # --- peaks, summaries, CSV -------------------------------------------

@@ -1,0 +1,297 @@
+"""Flux over ``/api/v2/query``: InfluxDB 2.x, and 1.8+ with Flux enabled.
+
+On 1.8 the bucket is ``database/retention-policy`` and the token
+``user:password`` (or nothing without auth). Needs ``influxdb-client``
+(``pip install dask-influx-metrics[flux]``). Each question is one Flux script,
+built by a pure ``flux_*_query`` function and filtered on the server (time
+range, worker, job, extra tags); answers come back as annotated CSV, read
+column-wise here so times keep their nanoseconds and tag values stay strings.
+
+>>> string('a"b\\\\c${d}')
+'"a\\\\"b\\\\\\\\c\\\\${d}"'
+>>> print(flux_tag_values_query("db/rp", "job", {"run": "x"}, start_ns=5, stop_ns=None))
+from(bucket: "db/rp")
+    |> range(start: time(v: 5), stop: 1d)
+    |> filter(fn: (r) => (r._measurement == "gpu" or r._measurement == "host" or r._measurement == "worker" or r._measurement == "custom") and r["run"] == "x")
+    |> keep(columns: ["job"])
+    |> group()
+    |> distinct(column: "job")
+<BLANKLINE>
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Optional
+
+import pandas as pd
+
+from .. import schema
+from .base import QueryError, empty_frame
+
+_SAMPLE_MEASUREMENTS = (schema.GPU, schema.HOST, schema.WORKER, schema.CUSTOM)
+_DEVICE_MEASUREMENTS = (schema.GPU, schema.CUSTOM)
+DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration"]
+
+
+# --- Flux text (pure) ----------------------------------------------------------
+_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
+def string(value) -> str:
+    """A Flux string literal: backslash, quote, newline, CR, tab and ``${`` (interpolation) escaped."""
+    return '"' + str(value).translate(_ESCAPES).replace("${", "\\${") + '"'
+
+
+def _array(items) -> str:
+    return "[" + ", ".join(string(i) for i in items) + "]"
+
+
+def _any_of(column: str, values) -> str:
+    terms = [f"{column} == {string(v)}" for v in values]
+    return terms[0] if len(terms) == 1 else "(" + " or ".join(terms) + ")"
+
+
+def predicate(measurements, tags=None, fields=None, workers=None, job: Optional[int] = None) -> str:
+    """The body of ``filter(fn: (r) => ...)``; ``job`` matches inside comma-joined lists ("1,2")."""
+    terms = [_any_of("r._measurement", measurements)]
+    if fields is not None:
+        terms.append(_any_of("r._field", fields))
+    terms += [f"r[{string(k)}] == {string(v)}" for k, v in sorted((tags or {}).items())]
+    if workers is not None:
+        terms.append(_any_of("r.worker", workers))
+    if job is not None:
+        terms.append(f"r.job =~ /(^|,){int(job)}(,|$)/")
+    return " and ".join(terms)
+
+
+def _source(bucket: str, start_ns: Optional[int], stop_ns: Optional[int], where: str) -> str:
+    # Flux's range needs a start and its stop is exclusive (InfluxQL's `time <= stop` is not):
+    # stop + 1 ns. Without a stop: a day past the server's now(), so samples stamped by a
+    # scheduler whose clock runs ahead of the server's still count.
+    start = f"time(v: {int(start_ns or 0)})"
+    stop = "1d" if stop_ns is None else f"time(v: {int(stop_ns) + 1})"
+    return (f"from(bucket: {string(bucket)})\n    |> range(start: {start}, stop: {stop})\n"
+            f"    |> filter(fn: (r) => {where})\n")
+
+
+def _pipe(*steps: str) -> str:
+    return "".join(f"    |> {s}\n" for s in steps)
+
+
+def flux_fields_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
+    """Field keys of each sample measurement, as (measurement, field) rows.
+
+    Each part is ``schema.fieldKeys`` spelled out (keep/group/distinct, which
+    2.x pushes down to one storage tag-values read): older Flux, as in
+    InfluxDB 1.8, has no ``influxdata/influxdb/schema`` package.
+    """
+    parts = [_source(bucket, start_ns, stop_ns, predicate([m], tags))
+             + _pipe('keep(columns: ["_field"])', "group()", 'distinct(column: "_field")',
+                     f"map(fn: (r) => ({{measurement: {string(m)}, field: r._value}}))")
+             for m in _SAMPLE_MEASUREMENTS]
+    return "union(tables: [\n" + ",\n".join(p.rstrip("\n") for p in parts) + ",\n])\n"
+
+
+def flux_tag_values_query(bucket, key, tags=None, start_ns=None, stop_ns=None) -> str:
+    """Distinct values of tag ``key`` on sample points, in column ``_value``."""
+    return (_source(bucket, start_ns, stop_ns, predicate(_SAMPLE_MEASUREMENTS, tags))
+            + _pipe(f"keep(columns: {_array([key])})", "group()", f"distinct(column: {string(key)})"))
+
+
+def flux_first_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
+    """The earliest sample's ``_time``: first point of each series, then the earliest of those."""
+    return (_source(bucket, start_ns, stop_ns, predicate(_SAMPLE_MEASUREMENTS, tags))
+            + _pipe("first()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"])', "limit(n: 1)"))
+
+
+def flux_frame_query(bucket, measurement, fields, worker, job=None, tags=None, start_ns=None, stop_ns=None) -> str:
+    """One worker's samples, one row per (time, series): pivot merges the fields of each series.
+
+    Tables are series (one per tag set, so per device ``index`` and per job/DAG
+    tags); ``pivot`` drops ``_field`` from the group key, so the fields of one
+    series meet in one table and one row per time.
+    """
+    tag_cols = ["job", "dag"] + (["index"] if measurement in _DEVICE_MEASUREMENTS else [])
+    where = predicate([measurement], tags, fields=list(fields), workers=[worker], job=job)
+    return (_source(bucket, start_ns, stop_ns, where)
+            + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
+                    f"keep(columns: {_array(['_time'] + tag_cols + list(fields))})"))
+
+
+def flux_max_query(bucket, measurement, field, by, workers=None, job=None, tags=None, start_ns=None,
+                   stop_ns=None) -> str:
+    """Server-side ``max`` of one field per group of tags ``by``; the maximum is in ``_value``."""
+    where = predicate([measurement], tags, fields=[field], workers=workers, job=job)
+    return (_source(bucket, start_ns, stop_ns, where)
+            + _pipe(f"group(columns: {_array(by)})", "max()", f"keep(columns: {_array(list(by) + ['_value'])})"))
+
+
+def flux_dag_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
+    """The scheduler's ``dag`` points, fields pivoted into columns."""
+    return (_source(bucket, start_ns, stop_ns, predicate([schema.DAG], tags))
+            + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
+                    f"keep(columns: {_array(['_time'] + DAG_COLUMNS[1:])})"))
+
+
+BUCKETS_QUERY = 'buckets()\n    |> keep(columns: ["name"])\n'
+
+
+# --- annotated CSV -> DataFrame -----------------------------------------------
+def _column(values: pd.Series, datatype: str) -> pd.Series:
+    values = values.where(values != "")  # empty cell = null
+    if datatype.startswith("dateTime"):
+        times = pd.to_datetime(values, utc=True, format="ISO8601")
+        return pd.Series(pd.DatetimeIndex(times).asi8, index=values.index) if times.notna().all() else times
+    if datatype in ("double", "long", "unsignedLong"):
+        return pd.to_numeric(values).astype(float) if datatype == "double" else pd.to_numeric(values)
+    if datatype == "boolean":
+        return values.map({"true": True, "false": False})
+    return values  # strings stay object columns, as the InfluxQL backend's read_csv(dtype=str) gives
+
+
+def _table(rows: list, query: str) -> Optional[pd.DataFrame]:
+    annotations = {r[0]: r for r in rows if r and r[0].startswith("#")}
+    body = [r for r in rows if not (r and r[0].startswith("#"))]
+    if not body:
+        return None
+    header, data = body[0], body[1:]
+    if [c for c in header if c] == ["error", "reference"]:  # a failure after the answer began
+        at = header.index("error")
+        message = data[0][at] if data and len(data[0]) > at else "unknown error"
+        raise QueryError(f"InfluxDB failed the Flux query: {message}\n{query}")
+    types = annotations.get("#datatype", [])
+    frame = pd.DataFrame(data, columns=header, dtype=object)
+    out = {c: _column(frame.iloc[:, j], types[j] if j < len(types) else "string")
+           for j, c in enumerate(header) if c not in ("", "result", "table")}
+    return pd.DataFrame(out, index=frame.index)
+
+
+def read_annotated_csv(text: str, query: str = "") -> pd.DataFrame:
+    """All tables of a Flux CSV answer as one frame (tags as str, times as int ns, nulls as NaN).
+
+    Tables with a new schema start after a blank line with their own
+    annotations and header; an ``error,reference`` table raises QueryError.
+    """
+    tables, block = [], []
+    for row in [*csv.reader(io.StringIO(text)), []]:
+        if row:
+            block.append(row)
+        elif block:
+            tables.append(_table(block, query))
+            block = []
+    tables = [t for t in tables if t is not None and not t.empty]
+    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+
+
+# --- the backend ---------------------------------------------------------------
+class FluxBackend:
+    """Reads samples with Flux; see :func:`dask_influx_metrics.query.connect`."""
+
+    language = "flux"
+
+    def __init__(self, url: str, bucket: str, org=None, token=None, timeout: float = 30.0, tags=None,
+                 start_ns=None, stop_ns=None):
+        try:
+            import influxdb_client
+            from influxdb_client.rest import ApiException
+            import urllib3
+        except ImportError:
+            raise ImportError("the Flux backend needs influxdb-client: pip install dask-influx-metrics[flux]") from None
+        self.url, self.bucket, self.org = url.rstrip("/"), bucket, org
+        self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
+        self._client = influxdb_client.InfluxDBClient(url=self.url, token=token, org=org, timeout=int(timeout * 1000))
+        self._api = self._client.query_api()
+        self._dialect = influxdb_client.Dialect(header=True, delimiter=",", comment_prefix="#",
+                                                annotations=["datatype", "group", "default"],
+                                                date_time_format="RFC3339Nano")
+        self._api_error, self._net_errors = ApiException, (urllib3.exceptions.HTTPError, OSError)
+        self._check_bucket()
+
+    def close(self) -> None:
+        self._client.close()
+
+    # --- transport ---------------------------------------------------------
+    def _query(self, query: str) -> pd.DataFrame:
+        try:
+            response = self._api.query_raw(query, org=self.org, dialect=self._dialect)
+            try:
+                text = response.data.decode("utf-8")
+            finally:
+                response.release_conn()
+        except self._api_error as e:
+            message = e.message if getattr(e, "response", None) is not None else e.reason
+            raise QueryError(f"InfluxDB at {self.url} refused the Flux query (HTTP {e.status}): "
+                             f"{message}\n{query}") from None
+        except self._net_errors as e:
+            raise QueryError(f"cannot reach InfluxDB at {self.url}: {e}") from None
+        return read_annotated_csv(text, query)
+
+    def _check_bucket(self) -> None:
+        names = self._query(BUCKETS_QUERY)
+        names = sorted(names["name"].dropna()) if "name" in names else []
+        # on 1.8 buckets are "db/rp" and "db" alone means the default retention policy
+        if names and self.bucket not in names and not any(n.startswith(self.bucket + "/") for n in names):
+            raise QueryError(f"bucket {self.bucket!r} not found at {self.url}; buckets: {names}")
+
+    def _window(self) -> dict:
+        return {"tags": self.tags, "start_ns": self.start_ns, "stop_ns": self.stop_ns}
+
+    # --- what exists -------------------------------------------------------
+    def fields(self) -> dict[str, list[str]]:
+        """``{measurement: [field keys]}`` for the sample measurements (within range and tags)."""
+        data = self._query(flux_fields_query(self.bucket, **self._window()))
+        if data.empty:
+            return {}
+        data = data.dropna()
+        return {m: sorted(set(data.loc[data["measurement"] == m, "field"]))
+                for m in _SAMPLE_MEASUREMENTS if (data["measurement"] == m).any()}
+
+    def tag_values(self, key: str) -> list[str]:
+        """Distinct values of tag ``key`` on sample points (within the time range and tags)."""
+        data = self._query(flux_tag_values_query(self.bucket, key, **self._window()))
+        if data.empty or "_value" not in data:
+            return []
+        return sorted({v for v in data["_value"].dropna() if v != ""})
+
+    def first_time(self) -> Optional[int]:
+        """Time (ns) of the first sample in range, or None when there is none."""
+        data = self._query(flux_first_time_query(self.bucket, **self._window()))
+        return None if data.empty else int(data["_time"].min())
+
+    # --- samples -----------------------------------------------------------
+    def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
+        """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields."""
+        device = measurement in _DEVICE_MEASUREMENTS
+        data = self._query(flux_frame_query(self.bucket, measurement, fields, worker, job, **self._window()))
+        if data.empty:
+            return empty_frame(fields, device)
+        keep_index = device and "index" in data.columns and data["index"].notna().any()
+        cols = ["time", "job", "dag"] + (["index"] if keep_index else []) + list(fields)
+        data = data.rename(columns={"_time": "time"}).reindex(columns=cols)
+        return data.sort_values("time", kind="stable").reset_index(drop=True)
+
+    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None) -> pd.DataFrame:
+        """Server-side ``group(columns: by) |> max()``: one row per group, columns ``by`` + ``max``."""
+        by = list(by)
+        empty = pd.DataFrame(columns=by + ["max"])
+        if workers is not None and not list(workers):
+            return empty
+        query = flux_max_query(self.bucket, measurement, field, by, None if workers is None else list(workers),
+                               job, **self._window())
+        data = self._query(query)
+        if data.empty or "_value" not in data:
+            return empty
+        data = data.rename(columns={"_value": "max"}).dropna(subset=["max"])
+        for t in by:  # a tag some series lack groups as "" (as InfluxQL's GROUP BY does)
+            data[t] = data[t].fillna("").astype(str) if t in data.columns else ""
+        return data[by + ["max"]].sort_values(by, kind="stable").reset_index(drop=True)
+
+    def dag_points(self) -> pd.DataFrame:
+        """The scheduler's ``dag`` points: time, job, dag, status, event, tasks, label, duration."""
+        data = self._query(flux_dag_query(self.bucket, **self._window()))
+        if data.empty:
+            return pd.DataFrame(columns=DAG_COLUMNS)
+        data = data.rename(columns={"_time": "time"})
+        return data.reindex(columns=DAG_COLUMNS).sort_values("time", kind="stable").reset_index(drop=True)
