@@ -84,6 +84,7 @@ class Settings:
     flush_interval: float = 1.0
     gpu_source: str = "auto"
     gpu_count: int = 1
+    isolate: bool = False  # sampler.isolate: sample in a sidecar process (see sidecar.py)
 
     @property
     def fields(self) -> frozenset:
@@ -103,7 +104,7 @@ class Settings:
                  "telegraf.max-datagram", "influxdb.url", "influxdb.database", "influxdb.retention-policy",
                  "influxdb.username", "influxdb.password", "influxdb.token", "influxdb.batch-size",
                  "influxdb.timeout", "spool.directory", "spool.mem-limit", "spool.flush-interval",
-                 "gpu.source", "gpu.count")
+                 "gpu.source", "gpu.count", "sampler.isolate")
         # dask.config.get treats '-' and '_' alike, as environment variables need
         with dask.config.set({f"influx-metrics.{k}": v for k, v in overrides.items()}):
             values = {p: copy.deepcopy(dask.config.get(f"influx-metrics.{p}", default=None)) for p in paths}
@@ -148,6 +149,7 @@ class Settings:
             flush_interval=float(get("spool.flush-interval")),
             gpu_source=source,
             gpu_count=_positive_int(get("gpu.count"), "gpu.count"),
+            isolate=_as_bool(get("sampler.isolate"), "sampler.isolate"),
         )
 
 
@@ -159,6 +161,16 @@ def _positive_int(value, key) -> int:
     if isinstance(value, bool) or number <= 0 or number != value and not str(value).isdigit():
         raise ValueError(f"influx-metrics.{key} must be a positive integer, got {value!r}")
     return number
+
+
+def _as_bool(value, key) -> bool:
+    """``true``/``false`` (also from environment variables, as text); null is false."""
+    text = str(value).strip().lower()
+    if value is None or text in ("false", "0", "no", "off"):
+        return False
+    if text in ("true", "1", "yes", "on"):
+        return True
+    raise ValueError(f"influx-metrics.{key} must be true or false, got {value!r}")
 
 
 # Keyword arguments accepted by Monitor(...) and Monitor.attach(...), and the
@@ -183,6 +195,7 @@ KWARGS = {
     "flush_interval": "spool.flush-interval",
     "gpu_source": "gpu.source",
     "gpu_count": "gpu.count",
+    "isolate": "sampler.isolate",
 }
 
 

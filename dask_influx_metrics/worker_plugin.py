@@ -11,6 +11,13 @@ Telegraf.
 tasks with the job/DAG the scheduler annotated them with; the sampling thread
 does everything else.
 
+With ``sampler.isolate`` (``isolate=True``) a sidecar process samples instead,
+out of the worker's GIL (see :mod:`.sidecar`); the worker publishes its
+registry to it. Custom metrics need the ``worker`` object, so they keep an
+in-process sampler of their own (``custom`` points only, same tags, timestamps
+from their own clock ticks). If the sidecar cannot start or dies, that is
+reported once and the worker samples in-process as without ``isolate``.
+
 Example
 -------
 >>> plugin = MetricsWorkerPlugin({}, b"", {"id": "s1", "start": 0.0})
@@ -20,8 +27,11 @@ Example
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
+
+from tornado.ioloop import PeriodicCallback
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol.pickle import loads
@@ -39,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "influx-metrics"
 EVENT_TOPIC = "influx-metrics"
+SIDECAR_START_TIMEOUT = 30.0  # s for a sidecar to start sampling (it imports this package)
 RUNNING = frozenset({"executing", "long-running"})
 STILL_RUNNING = RUNNING | {"cancelled"}  # a cancelled task's thread runs on
 
@@ -53,24 +64,38 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.worker_payload = worker_payload
         self.session = dict(session)
         self.sampler = None
+        self.sidecar = None  # sampler.isolate: the sidecar process while it samples
+        self.closed = False
 
-    def setup(self, worker) -> None:
+    def setup(self, worker):
         self.worker = worker
-        settings = Settings.resolve(self.overrides)
+        self.settings = settings = Settings.resolve(self.overrides)
         self.registry = TaskRegistry(worker.state.nthreads, managed_bytes=lambda: worker.state.nbytes)
         for ts in list(worker.state.executing) + list(worker.state.long_running):
             self._started(ts.key)
-        custom = loads(self.worker_payload) if self.worker_payload else []
-        activity = CachedActivity(self.registry)
-        self.gpu = self._gpu_source(settings, activity, needed=any(m.per_device for m in custom))
+        self.custom = loads(self.worker_payload) if self.worker_payload else []
+        self.activity = CachedActivity(self.registry)
+        self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
+        self.gpu = self.sink = None
+        if settings.isolate:
+            return self._setup_isolated()  # awaited by Dask: sampling has begun when start() returns
+        self._start_sampler()
+
+    def _start_sampler(self, custom_only: bool = False) -> None:
+        """The in-process sampler: everything, or (beside a sidecar) custom metrics only."""
+        settings, worker, activity = self.settings, self.worker, self.activity
+        per_device = any(m.per_device for m in self.custom)
+        if self.gpu is None and (per_device or not custom_only):
+            self.gpu = self._gpu_source(settings, activity, needed=per_device)
         sources = [s for s in (
-            self.gpu,
-            HostSource(settings.fields),
-            TaskSource(settings.fields, activity),
-            CustomSource(custom, worker, self._devices, report=self._report),
+            None if custom_only else self.gpu,
+            None if custom_only else HostSource(settings.fields),
+            None if custom_only else TaskSource(settings.fields, activity),
+            CustomSource(self.custom, worker, self._devices, report=self._report),
         ) if s is not None]
-        self.sink = make_sink(settings, role=worker.address, session=self.session["id"])
-        base = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
+        if self.sink is None:
+            self.sink = make_sink(settings, role=worker.address, session=self.session["id"])
+        base = self.base_tags
 
         def tags() -> dict:
             snap = activity()
@@ -82,19 +107,24 @@ class MetricsWorkerPlugin(WorkerPlugin):
         )
         self.sampler.start()
 
-    def teardown(self, worker) -> None:
+    def teardown(self, worker):
+        self.closed = True
+        exited = self._stop_sidecar()
         if self.sampler is not None:
             self.sampler.stop()
             self.sink.close()
             if self.gpu is not None:
                 self.gpu.close()
             self.sampler = None
+        return exited
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         if finish in RUNNING and start not in RUNNING:
             self._started(key)
         elif finish not in STILL_RUNNING:
             self.registry.finished(key)
+        if self.sidecar is not None:
+            self._publish()
 
     def _started(self, key) -> None:
         ts = self.worker.state.tasks.get(key)
@@ -103,6 +133,56 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self.registry.started(key, mark["job"], mark["dag"])
         else:  # submitted while no session ran: counted, not attributed
             self.registry.started(key, 0, 0)
+
+    # --- sampler.isolate: the sidecar process (see sidecar.py) ------------------------
+    async def _setup_isolated(self) -> None:
+        from .sidecar import Sidecar  # not at import: `python -m` runs that module in the sidecar
+
+        try:
+            self.sidecar = sidecar = Sidecar(self.settings, self.session["id"], self.worker.address, self.base_tags)
+        except Exception as e:
+            self._report("sidecar", f"cannot start the sampling sidecar ({type(e).__name__}: {e}); sampling in-process")
+        else:
+            # once a second: bytes held and the clock offset also change between transitions; liveness
+            self._ticker = PeriodicCallback(self._tick, 1000)
+            self._publish()  # its first sample already sees the tasks running now
+            if not await asyncio.to_thread(sidecar.wait_ready, SIDECAR_START_TIMEOUT):
+                if self.sidecar is sidecar:  # else teardown took it meanwhile
+                    self.sidecar = None
+                    code = await asyncio.to_thread(sidecar.close)
+                    self._report("sidecar", f"the sampling sidecar did not start (exit code {code}); sampling in-process")
+            elif self.sidecar is sidecar:
+                self._ticker.start()
+        if not self.closed and (self.sidecar is None or self.custom):
+            self._start_sampler(custom_only=self.sidecar is not None)
+
+    def _publish(self) -> None:
+        self.sidecar.publish(self.registry.snapshot(), self.worker.scheduler_delay)
+
+    def _tick(self) -> None:
+        if self.sidecar is None:
+            return
+        code = self.sidecar.poll()
+        if code is None:
+            self._publish()
+            return
+        self._report("sidecar", f"the sampling sidecar (pid {self.sidecar.pid}) exited with code {code}; "
+                                "sampling in-process from now on")
+        self._ticker.stop()
+        self.sidecar.close()  # reaps it
+        self.sidecar = None
+        if self.sampler is not None:  # the custom-only sampler: replaced by a full one
+            self.sampler.stop()
+        self._start_sampler()
+
+    def _stop_sidecar(self):
+        """Close the sidecar's pipe; returns an awaitable for its exit (flushed), waited off the event loop."""
+        if self.sidecar is None:
+            return None
+        self._ticker.stop()
+        sidecar, self.sidecar = self.sidecar, None
+        return asyncio.to_thread(sidecar.close)
+    # --- end of sampler.isolate --------------------------------------------------------
 
     def _gpu_source(self, settings: Settings, activity, needed: bool):
         if not needed and not any(m == "gpu" for m, _ in settings.fields):

@@ -104,17 +104,22 @@ class CachedActivity:
         return self._snap
 
 
+def plain_key(k):
+    """A task key as JSON-ready data: tuples become lists, numbers stay, anything else is ``str``.
+
+    >>> plain_key(("x", 1, b"y"))
+    ['x', 1, "b'y'"]
+    """
+    return [plain_key(p) for p in k] if isinstance(k, tuple) else (k if isinstance(k, (int, float)) else str(k))
+
+
 def key_json(keys) -> str:
     """Task keys as a JSON list; tuple keys become lists, any string survives.
 
     >>> key_json([("a, b", 1), 'say "hi"'])
     '[["a, b", 1], "say \\\\"hi\\\\""]'
     """
-
-    def plain(k):
-        return [plain(p) for p in k] if isinstance(k, tuple) else (k if isinstance(k, (int, float)) else str(k))
-
-    return json.dumps([plain(k) for k in keys], ensure_ascii=False)
+    return json.dumps([plain_key(k) for k in keys], ensure_ascii=False)
 
 
 class TaskSource:
