@@ -137,11 +137,14 @@ class InfluxQLBackend:
         return out
 
     def tag_values(self, key: str) -> list[str]:
-        """Distinct values of tag ``key`` on sample points (within the time range and tags)."""
+        """Distinct values of tag ``key`` on sample points (within the time range and tags).
+
+        Asked as ``count(*) ... GROUP BY key`` over the data itself: exact for the
+        time range, where ``SHOW TAG VALUES`` answers from the series index.
+        """
         names = ", ".join(ident(m) for m in _SAMPLE_MEASUREMENTS)
-        where = self._where()
-        series = self._json(f"SHOW TAG VALUES FROM {names} WITH KEY = {ident(key)} {where}".strip())
-        return sorted({row[1] for s in series for row in s.get("values", [])})
+        series = self._json(f"SELECT count(*) FROM {names} {self._where()} GROUP BY {ident(key)}")
+        return sorted({s.get("tags", {}).get(key) for s in series} - {None, ""})
 
     def first_time(self) -> Optional[int]:
         """Time (ns) of the first sample in range, or None when there is none."""

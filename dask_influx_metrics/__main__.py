@@ -1,0 +1,6 @@
+"""``python -m dask_influx_metrics``: the command line (see :mod:`dask_influx_metrics.cli`)."""
+
+from .cli import main
+
+if __name__ == "__main__":
+    main()

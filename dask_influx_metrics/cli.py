@@ -1,0 +1,373 @@
+"""Command line: ``dask-influx-metrics``, ``python -m dask_influx_metrics``, ``dask influx-metrics``.
+
+All three run :data:`cli`, a click group (Dask's ``dask`` command finds it
+through the ``dask_cli`` entry point group). Every subcommand that reads
+metrics takes the same connection options (see :func:`store_options`) and
+opens a :class:`dask_influx_metrics.query.Store` with them. Errors the data
+cannot avoid (``QueryError``, ``ValueError``, ``OSError``, ``ImportError``)
+print one line, ``error: ...``, on stderr and exit with status 2.
+
+>>> from click.testing import CliRunner
+>>> CliRunner().invoke(cli, ["jobs", "--source", "/nonexistent"]).stderr
+"error: spool folder '/nonexistent' does not exist\\n"
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import tempfile
+
+import click
+
+SOURCE_ENV = "DASK_INFLUX_METRICS_SOURCE"
+
+
+class _Group(click.Group):
+    """A group that turns expected errors into ``error: <message>`` and exit status 2."""
+
+    def invoke(self, ctx):
+        from .query.base import QueryError
+
+        try:
+            return super().invoke(ctx)
+        except (QueryError, ValueError, OSError, ImportError) as e:
+            click.echo("error: " + " ".join(str(e).split("\n")), err=True)
+            raise click.exceptions.Exit(2) from None
+
+
+def _comma(numbers: bool = False):
+    """A callback: ``a,b`` -> ``["a", "b"]`` (digits -> ints when ``numbers``); None stays None."""
+
+    def split(ctx, param, value):
+        items = None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+        if items == []:
+            raise click.BadParameter(f"{value!r} names nothing", ctx, param)
+        return items and [int(v) if numbers and v.isdigit() else v for v in items]
+
+    return split
+
+
+def _time(ctx, param, value):
+    """A callback: epoch seconds (a number) or an ISO time, checked now."""
+    from .query import to_ns
+
+    try:
+        value = float(value) if value is not None else None
+    except ValueError:
+        pass
+    try:
+        to_ns(value)
+    except (ValueError, TypeError) as e:
+        raise click.BadParameter(str(e), ctx, param) from None
+    return value
+
+
+def _tags(ctx, param, values) -> dict:
+    out = {}
+    for item in values:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", ctx, param)
+        out[key] = value
+    return out
+
+
+def default_source() -> str:
+    """Where the default settings put samples: the spool folder when the ``spool`` sink is on, else InfluxDB."""
+    import dask
+
+    from . import config  # noqa: F401  (registers the influx-metrics defaults)
+
+    sinks = dask.config.get("influx-metrics.sink", default="spool")
+    sinks = [sinks] if isinstance(sinks, str) else list(sinks or ["spool"])
+    if "spool" in sinks:
+        return dask.config.get("influx-metrics.spool.directory", default=None) or \
+            os.path.join(tempfile.gettempdir(), "dask-influx-metrics")
+    return dask.config.get("influx-metrics.influxdb.url")
+
+
+_STORE_OPTIONS = [
+    click.option("--source", envvar=SOURCE_ENV, metavar="URL|DIR",
+                 help=f"InfluxDB URL (http[s]://host:8086) or spool folder. Default: ${SOURCE_ENV}, else "
+                      "the configured spool.directory when the 'spool' sink is on, else influxdb.url "
+                      "(Dask config influx-metrics.*)."),
+    click.option("--database", metavar="NAME", help="InfluxDB database (a bucket for Flux, e.g. "
+                 "dask_metrics/autogen). Default: influx-metrics.influxdb.database, i.e. dask_metrics."),
+    click.option("--language", type=click.Choice(["influxql", "flux"]), default="influxql", show_default=True,
+                 help="Query language for a URL source (flux needs influxdb-client)."),
+    click.option("--session", metavar="NAME", help="Spool session folder to read (default: the latest)."),
+    click.option("--tag", "tags", multiple=True, callback=_tags, metavar="KEY=VALUE",
+                 help="Read only points with this tag, e.g. --tag run=nightly (repeatable)."),
+    click.option("--start", callback=_time, metavar="TIME", help="Read samples from this time on: ISO time or epoch seconds."),
+    click.option("--stop", callback=_time, metavar="TIME", help="Read samples before this time: ISO time or epoch seconds."),
+    click.option("--retention-policy", metavar="RP", help="InfluxQL retention policy (default: the database's)."),
+    click.option("--username", help="InfluxDB user (default: influx-metrics.influxdb.username)."),
+    click.option("--password", help="InfluxDB password (default: influx-metrics.influxdb.password)."),
+    click.option("--token", help="InfluxDB 2.x/3.x token (default: influx-metrics.influxdb.token)."),
+    click.option("--org", help="InfluxDB 2.x organization (Flux only)."),
+    click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds per HTTP request."),
+]
+_STORE_KEYS = ("source", "database", "language", "session", "tags", "start", "stop", "retention_policy",
+               "username", "password", "token", "org", "timeout")
+
+
+def _connect(source=None, database=None, username=None, password=None, token=None, retention_policy=None, **kw):
+    import dask
+
+    from . import query
+
+    def conf(key, given):
+        return given if given is not None else dask.config.get(f"influx-metrics.influxdb.{key}", default=None)
+
+    return query.connect(source or default_source(), conf("database", database) or "dask_metrics",
+                         username=conf("username", username), password=conf("password", password),
+                         token=conf("token", token), retention_policy=conf("retention-policy", retention_policy),
+                         **kw)
+
+
+def store_options(f):
+    """Add the connection options; the command gets ``open_store()`` (a callable) as its first argument.
+
+    Put it directly above the ``def`` so these options come last in ``--help``.
+    """
+
+    @functools.wraps(f)
+    def command(**kw):
+        given = {k: kw.pop(k) for k in _STORE_KEYS}
+        return f(functools.partial(_connect, **given), **kw)
+
+    for option in reversed(_STORE_OPTIONS):
+        command = option(command)
+    return command
+
+
+# Options shared by several commands (click makes a fresh Option each time one is applied).
+format_option = click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+                             show_default=True, help="Output: an aligned table, CSV, or JSON.")
+workers_option = click.option("--workers", callback=_comma(numbers=True), metavar="I,J|ADDR",
+                              help="Workers by index (see `workers`) or address, comma separated [default: all].")
+job_option = click.option("--job", type=int, metavar="N", help="Only samples of job N (see `jobs`).")
+metrics_option = click.option("--metrics", callback=_comma(), metavar="A,B",
+                              help="Metric names, comma separated (see `metrics`) [default: all collected].")
+per_job_option = click.option("--per-job/--whole", default=True, show_default=True,
+                              help="One row per job, or one over the whole session.")
+
+
+def _emit(data, fmt: str, column: str = "value") -> None:
+    """Print a DataFrame or a list as a table (``to_string(index=False)``), CSV or JSON."""
+    import pandas as pd
+
+    if not isinstance(data, pd.DataFrame):
+        if fmt == "json":
+            return click.echo(json.dumps(data))
+        if fmt == "table":
+            return click.echo("\n".join(map(str, data)), nl=bool(data))
+        data = pd.DataFrame({column: data})
+    if fmt == "json":
+        click.echo(data.to_json(orient="records", date_format="iso"))
+    elif fmt == "csv":
+        click.echo(data.to_csv(index=False), nl=False)
+    else:
+        click.echo("(no rows)" if data.empty else data.to_string(index=False))
+
+
+@click.group(name="influx-metrics", cls=_Group, epilog=f"Set ${SOURCE_ENV} to skip --source. "
+             "Errors print 'error: ...' on stderr and exit with status 2.")
+@click.version_option(package_name="dask-influx-metrics")
+def cli():
+    """Query the GPU and host metrics a dask-influx-metrics Monitor collected.
+
+    The data is read from InfluxDB (InfluxQL or Flux) or from a local spool
+    folder; every command takes the same --source/--database/--tag/... options.
+
+    \b
+    Example:
+      dask-influx-metrics jobs --source http://influx:8086 --tag run=nightly
+    """
+
+
+@cli.command()
+@format_option
+@store_options
+def workers(open_store, fmt):
+    """Worker index and address.
+
+    The index is the numbering every --workers option and CSV file uses.
+
+    \b
+    Example:
+      dask-influx-metrics workers --source /tmp/dask-influx-metrics
+    """
+    import pandas as pd
+
+    _emit(pd.DataFrame(list(open_store().worker_map().items()), columns=["index", "address"]), fmt)
+
+
+@cli.command()
+@format_option
+@store_options
+def jobs(open_store, fmt):
+    """Job numbers that have samples, one a line.
+
+    \b
+    Example:
+      dask-influx-metrics jobs --source http://127.0.0.1:8086 --database dask_metrics
+    """
+    _emit(open_store().jobs(), fmt, "job")
+
+
+@cli.command()
+@job_option
+@format_option
+@store_options
+def dags(open_store, job, fmt):
+    """DAGs (graph submissions): job, status, times, duration, tasks.
+
+    Columns: dag, job, status, submitted, ended, duration (s), tasks, label.
+
+    \b
+    Example:
+      dask-influx-metrics dags --job 2 --source /tmp/dask-influx-metrics
+    """
+    _emit(open_store().dags(job=job), fmt)
+
+
+@cli.command()
+@format_option
+@store_options
+def metrics(open_store, fmt):
+    """Names of the metrics present in the data, one a line.
+
+    \b
+    Example:
+      dask-influx-metrics metrics --source /tmp/dask-influx-metrics
+    """
+    _emit(open_store().metrics(), fmt, "metric")
+
+
+@cli.command()
+@click.argument("metric")
+@per_job_option
+@workers_option
+@job_option
+@click.option("--client-side", is_flag=True, help="Compute peaks from the samples here, not on the server.")
+@format_option
+@store_options
+def peaks(open_store, metric, per_job, workers, job, client_side, fmt):
+    """Peak of METRIC per worker, GPU (and job).
+
+    table/csv give the tidy frame (worker_index, worker, job, device, metric,
+    peak, unit); json gives the old get_peaks lists: per worker, {job: [peak
+    per GPU]} with --per-job, else [peak per GPU].
+
+    \b
+    Example:
+      dask-influx-metrics peaks compute-util --workers 0,2 --format json --source /tmp/dask-influx-metrics
+    """
+    db, server = open_store(), not client_side
+    if fmt == "json":
+        _emit(db.get_peaks(metric, workers=workers, per_job=per_job, job=job, server=server), fmt)
+    else:
+        _emit(db.peaks(metric, per_job=per_job, workers=workers, job=job, server=server), fmt)
+
+
+@cli.command()
+@per_job_option
+@workers_option
+@job_option
+@format_option
+@store_options
+def summary(open_store, per_job, workers, job, fmt):
+    """GPU and host-CPU utilization per worker (and job).
+
+    Mean and max (%), share of samples above 20/40/80% and at 100%, device
+    hours and unused device hours.
+
+    \b
+    Example:
+      dask-influx-metrics summary --job 1 --format csv --source http://127.0.0.1:8086
+    """
+    _emit(open_store().summary(per_job=per_job, workers=workers, job=job), fmt)
+
+
+@cli.command()
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--fname", default="worker", show_default=True, help="File name prefix: DIR/<fname>_<index>.csv.")
+@click.option("--clear-dir", is_flag=True, help="First delete the <fname>_*.csv files already in DIR (only those).")
+@metrics_option
+@workers_option
+@job_option
+@store_options
+def export(open_store, directory, fname, clear_dir, metrics, workers, job):
+    """Write per-worker CSV files into DIR and print their names.
+
+    One DIR/<fname>_<index>.csv per worker (the old dask-metrics layout)
+    plus workers.csv (index, address, file). Progress goes to stderr.
+
+    \b
+    Example:
+      dask-influx-metrics export out/ --job 2 --metrics compute-util,mem-util --source /tmp/dask-influx-metrics
+    """
+    from .csvfiles import MANIFEST
+
+    db = open_store()
+    total = len(workers or db.workers())
+    with click.progressbar(length=total, label=f"reading worker 0/{total}", file=sys.stderr) as bar:
+
+        def progress(done, total):
+            bar.label = f"reading worker {done}/{total}"  # off a terminal, each new label is a line
+            bar.update(done - bar.pos)
+
+        paths = db.to_csv(directory, fname=fname, clear_dir=clear_dir, metrics=metrics, workers=workers,
+                          job=job, progress=progress)
+    click.echo("\n".join(paths + [os.path.join(directory, MANIFEST)]))
+
+
+@cli.command()
+@click.argument("kind", type=click.Choice(["lines", "boxes"]))
+@click.option("--job", type=int, required=True, metavar="N", help="The job to plot (see `jobs`).")
+@click.option("--worker", metavar="I|ADDR", help="Worker index or address to read from --source [default: 0].")
+@click.option("--csv", "csv_file", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Plot this exported CSV file instead of reading --source.")
+@metrics_option
+@click.option("--freq", type=click.IntRange(min=1), default=15, show_default=True,
+              help="boxes: samples per box.")
+@click.option("--width", type=float, default=20, show_default=True, help="Figure width (inches).")
+@click.option("--height", type=float, default=10, show_default=True, help="Figure height (inches).")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), metavar="FILE",
+              help="Image to write; the format follows the extension (.png, .svg, .pdf).")
+@store_options
+def plot(open_store, kind, job, worker, csv_file, metrics, freq, width, height, out):
+    """Plot one worker's metrics during one job (lines or boxes).
+
+    KIND is lines (a line per GPU) or boxes (box plots of --freq samples).
+    Default metrics: compute-util and mem-util. Needs matplotlib.
+
+    \b
+    Examples:
+      dask-influx-metrics plot lines --job 2 --worker 1 --out job2.png --source /tmp/dask-influx-metrics
+      dask-influx-metrics plot boxes --job 1 --csv out/worker_0.csv --freq 10 --out job1.png
+    """
+    from . import visualize
+
+    if csv_file is not None:
+        if worker is not None:
+            raise click.UsageError("give --worker or --csv, not both")
+        source = csv_file
+    else:
+        db = open_store()
+        worker = 0 if worker is None else int(worker) if worker.isdigit() else worker
+        if metrics is None:  # read only what the plot will show
+            metrics = [m for m in visualize.DEFAULT_METRICS if m in db.metrics()] or None
+        source = next(iter(db.worker_tables(job=job, metrics=metrics, workers=[worker]).values()))
+    draw = visualize.lines if kind == "lines" else functools.partial(visualize.boxes, freq=freq)
+    draw(source, job, metrics, width=width, height=height, save=out)
+    click.echo(out)
+
+
+def main(argv=None):
+    """Console-script entry point (``dask-influx-metrics``)."""
+    return cli.main(args=argv)

@@ -1,0 +1,194 @@
+"""The command line on data from a real monitored LocalCluster (influxd and the spool)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from dask_influx_metrics import query
+from dask_influx_metrics.cli import SOURCE_ENV, cli
+
+BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture(scope="module")
+def sources(monitored):
+    """CLI arguments (and the matching ``query.connect`` kwargs) for each kind of source."""
+    return {
+        "influxql": (["--source", monitored.influxd.url, "--tag", f"run={monitored.run}"],
+                     {"source": monitored.influxd.url, "tags": {"run": monitored.run}}),
+        "spool": (["--source", monitored.spool], {"source": monitored.spool}),
+    }
+
+
+def run(*args, env=None):
+    result = CliRunner().invoke(cli, [str(a) for a in args], env=env)
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result
+
+
+def ok(*args, env=None):
+    result = run(*args, env=env)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_workers_jobs_metrics_dags(sources, monitored, kind):
+    args = sources[kind][0]
+    lines = ok("workers", *args).stdout.splitlines()
+    assert lines[0].split() == ["index", "address"]
+    assert [line.split() for line in lines[1:]] == [[str(i), w] for i, w in enumerate(monitored.workers)]
+    assert ok("jobs", *args).stdout == "1\n2\n"
+    assert json.loads(ok("jobs", "--format", "json", *args).stdout) == [1, 2]
+    assert ok("jobs", "--format", "csv", *args).stdout == "job\n1\n2\n"
+    assert {"compute-util", "mem-util", "host-cpu"} <= set(ok("metrics", *args).stdout.split())
+    dags = json.loads(ok("dags", "--job", 2, "--format", "json", *args).stdout)
+    assert [(d["dag"], d["job"], d["status"]) for d in dags] == [(2, 2, "ok")]
+    table = ok("dags", *args).stdout.splitlines()
+    assert table[0].split()[:3] == ["dag", "job", "status"] and len(table) == 3
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+@pytest.mark.parametrize("extra", [[], ["--whole"], ["--workers", "1", "--job", "2"], ["--client-side"]])
+def test_peaks_json_equals_get_peaks(sources, kind, extra):
+    args, kwargs = sources[kind]
+    got = json.loads(ok("peaks", "compute-util", "--format", "json", *extra, *args).stdout)
+    db = query.connect(**kwargs)
+    per_job = "--whole" not in extra
+    expected = db.get_peaks("compute-util", per_job=per_job, workers=[1] if "--workers" in extra else None,
+                            job=2 if "--job" in extra else None, server="--client-side" not in extra)
+    assert got == json.loads(json.dumps(expected)) and got
+
+
+def test_peaks_table_and_csv(sources):
+    args, kwargs = sources["spool"]
+    tidy = query.connect(**kwargs).peaks("total-mem", per_job=False)
+    table = ok("peaks", "total-mem", "--whole", *args).stdout
+    assert table.splitlines()[0].split() == list(tidy.columns) and len(table.splitlines()) == len(tidy) + 1
+    back = pd.read_csv(pd.io.common.StringIO(ok("peaks", "total-mem", "--whole", "--format", "csv", *args).stdout))
+    assert list(back["peak"]) == list(tidy["peak"]) and list(back["worker"]) == list(tidy["worker"])
+
+
+def test_summary(sources):
+    args, kwargs = sources["influxql"]
+    rows = json.loads(ok("summary", "--job", 1, "--format", "json", *args).stdout)
+    expected = query.connect(**kwargs).summary(job=1)
+    assert len(rows) == len(expected) and {r["resource"] for r in rows} == {"gpu", "cpu"}
+    assert {r["job"] for r in rows} == {None, 1}
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_export(sources, monitored, kind, tmp_path):
+    out = tmp_path / "csv"
+    (out).mkdir()
+    (out / "worker_9.csv").write_text("stale")
+    result = ok("export", out, "--clear-dir", "--metrics", "compute-util,mem-util", "--job", 2, *sources[kind][0])
+    assert result.stdout.splitlines() == [str(out / "worker_0.csv"), str(out / "worker_1.csv"), str(out / "workers.csv")]
+    assert sorted(os.listdir(out)) == ["worker_0.csv", "worker_1.csv", "workers.csv"]
+    assert "reading worker 0/2" in result.stderr and "reading worker 2/2" in result.stderr
+    assert list(pd.read_csv(out / "workers.csv")["worker"]) == monitored.workers
+    frame = pd.read_csv(out / "worker_1.csv", dtype=str)
+    assert {"compute-util", "mem-util"} <= set(frame.columns)
+    assert frame["job"].str.split(",").apply(lambda js: "2" in js).all()
+
+
+def _is_png(path):
+    return path.stat().st_size > 1000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("kind", ["lines", "boxes"])
+def test_plot_from_source(sources, kind, tmp_path):
+    pytest.importorskip("dask_influx_metrics.visualize")
+    pytest.importorskip("matplotlib")
+    out = tmp_path / f"{kind}.png"
+    result = ok("plot", kind, "--job", 1, "--worker", 1, "--freq", 5, "--width", 6, "--height", 4,
+                "--out", out, *sources["influxql"][0])
+    assert result.stdout == f"{out}\n" and _is_png(out)
+
+
+def test_plot_from_csv(sources, tmp_path):
+    pytest.importorskip("dask_influx_metrics.visualize")
+    pytest.importorskip("matplotlib")
+    ok("export", tmp_path, *sources["spool"][0])
+    out = tmp_path / "boxes.png"
+    ok("plot", "boxes", "--job", 2, "--csv", tmp_path / "worker_0.csv", "--metrics", "compute-util",
+       "--width", 6, "--height", 4, "--out", out)
+    assert _is_png(out)
+    result = run("plot", "lines", "--job", 2, "--csv", tmp_path / "worker_0.csv", "--worker", 0, "--out", out)
+    assert result.exit_code == 2 and "give --worker or --csv, not both" in result.stderr
+
+
+@pytest.mark.parametrize("args", [["dags", "--job", 7], ["peaks", "compute-util", "--job", 7],
+                                  ["export", "{tmp}", "--job", 7], ["summary", "--job", 7],
+                                  ["plot", "lines", "--job", 7, "--out", "{tmp}/x.png"]])
+def test_bad_job_lists_jobs(sources, args, tmp_path):
+    if args[0] == "plot":
+        pytest.importorskip("dask_influx_metrics.visualize")
+    args = [str(a).format(tmp=tmp_path) for a in args]
+    result = run(*args, *sources["spool"][0])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "7" in lines[-1] and "[1, 2]" in lines[-1], result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_other_errors_are_one_line(sources, tmp_path):
+    result = run("jobs", "--source", "http://127.0.0.1:1", "--timeout", 2)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: cannot reach InfluxDB at http://127.0.0.1:1")
+    assert len(result.stderr.splitlines()) == 1
+    result = run("jobs", "--source", tmp_path / "missing")
+    assert result.exit_code == 2 and result.stderr == f"error: spool folder '{tmp_path / 'missing'}' does not exist\n"
+    result = run("peaks", "gpu-magic", *sources["spool"][0])
+    assert result.exit_code == 2 and result.stderr.startswith("error: ") and "gpu-magic" in result.stderr
+    result = run("peaks", "compute-util", "--workers", "5", *sources["spool"][0])
+    assert result.exit_code == 2 and result.stderr.startswith("error: no worker 5; workers: ")
+    result = run("jobs", "--tag", "oops", *sources["spool"][0])  # a usage error: click's own message
+    assert result.exit_code == 2 and "'oops' is not KEY=VALUE" in result.stderr
+    result = run("jobs", "--start", "yesterday-ish", *sources["spool"][0])
+    assert result.exit_code == 2 and "not a time" in result.stderr
+
+
+def test_source_from_environment_and_config(monitored):
+    import dask
+
+    session = os.listdir(monitored.spool)[0]
+    assert ok("jobs", "--session", session, "--start", 0, "--stop", "2100-01-01T00:00:00Z",
+              env={SOURCE_ENV: monitored.spool}).stdout == "1\n2\n"
+    result = run("jobs", "--session", "nope", env={SOURCE_ENV: monitored.spool})
+    assert result.exit_code == 2 and result.stderr.startswith("error: ") and "nope" in result.stderr
+    assert ok("jobs", env={SOURCE_ENV: monitored.spool}).stdout == "1\n2\n"
+    with dask.config.set({"influx-metrics.sink": ["udp", "spool"], "influx-metrics.spool.directory": monitored.spool}):
+        assert ok("jobs", env={SOURCE_ENV: None}).stdout == "1\n2\n"
+    with dask.config.set({"influx-metrics.sink": "udp", "influx-metrics.influxdb.url": "http://127.0.0.1:1"}):
+        result = run("jobs", "--timeout", 1, env={SOURCE_ENV: None})
+        assert result.exit_code == 2 and "http://127.0.0.1:1" in result.stderr
+
+
+def test_every_option_has_help():
+    for name, command in cli.commands.items():
+        for param in command.params:
+            if isinstance(param, __import__("click").Option):
+                assert param.help, f"{name} {param.opts}"
+        assert "Example" in command.help, name
+
+
+@pytest.mark.parametrize("argv, usage", [
+    ([os.path.join(BIN, "dask-influx-metrics")], "dask-influx-metrics"),
+    ([sys.executable, "-m", "dask_influx_metrics"], "python -m dask_influx_metrics"),
+    ([os.path.join(BIN, "dask"), "influx-metrics"], "dask influx-metrics"),
+], ids=["console-script", "python-m", "dask-cli"])
+def test_entry_points(argv, usage):
+    if not os.path.exists(argv[0]):
+        pytest.skip(f"{argv[0]} is not installed (pip install -e .)")
+    done = subprocess.run(argv + ["--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"Usage: {usage} [OPTIONS] COMMAND")
+    assert {"workers", "jobs", "dags", "metrics", "peaks", "summary", "export", "plot"} <= {
+        line.split()[0] for line in done.stdout.split("Commands:")[1].splitlines() if line.strip()}
+    assert "Warning" not in done.stderr
