@@ -34,6 +34,23 @@ def fresh_db(influxd) -> str:
     return influxd.create_database("test_" + uuid.uuid4().hex[:12])
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """A real LocalCluster (2 worker processes x 2 threads), one per test module."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster):
+    from distributed import Client
+
+    with Client(cluster) as c:
+        yield c
+
+
 def _slow(x, delay=0.3):
     import threading
 

@@ -43,18 +43,6 @@ def always_broken(worker, handles):
     raise RuntimeError("custom metric exploded")
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as c:
-        yield c
-
-
-@pytest.fixture
-def client(cluster):
-    with Client(cluster) as c:
-        yield c
-
-
 @pytest.fixture
 def run_id():
     return uuid.uuid4().hex[:10]

@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from distributed import Client, LocalCluster
+from distributed import Client
 
 from dask_influx_metrics import Monitor, custom_metric, lineprotocol
 from dask_influx_metrics.config import Settings
@@ -179,18 +179,6 @@ def slow(x, delay=0.3):
 @custom_metric("index-plus-one", per_device=True)
 def index_plus_one(worker, handle):
     return handle.index + 1
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as c:
-        yield c
-
-
-@pytest.fixture
-def client(cluster):
-    with Client(cluster) as c:
-        yield c
 
 
 @pytest.fixture
