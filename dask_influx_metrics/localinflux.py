@@ -73,10 +73,10 @@ bind-address = "127.0.0.1:{rpc_port}"
   enabled = true
   bind-address = "127.0.0.1:{udp_port}"
   database = "{udp_database}"
-  batch-size = 50
-  batch-pending = 100
+  batch-size = 5000
+  batch-pending = 10
   batch-timeout = "50ms"
-  read-buffer = 0
+  read-buffer = 4194304
 """
 
 

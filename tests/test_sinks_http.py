@@ -38,7 +38,7 @@ def dead_url() -> str:
 
 
 def test_batches_reach_influxd(influxd, fresh_db):
-    sink = HttpSink(influxd.url, fresh_db, batch_size=100, flush_interval=0.05)
+    sink = HttpSink(influxd.url, fresh_db, batch_size=100, flush_interval=0.05, max_pending=2000)
     lines = numbered(1000)
     for i in range(0, 1000, 37):
         sink.send(lines[i:i + 37])

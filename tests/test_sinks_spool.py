@@ -114,7 +114,8 @@ def test_replay_into_real_influxd_loses_nothing(tmp_path, influxd, fresh_db):
     spool.send(lines)
     spool.close()
     undelivered = tmp_path / "undelivered"
-    http = HttpSink(influxd.url, fresh_db, batch_size=700, flush_interval=0.01,
+    # a queue of 200 lines, far smaller than the replay: replay must wait for room, never overflow
+    http = HttpSink(influxd.url, fresh_db, batch_size=100, flush_interval=0.01,
                     fallback=SpoolSink(undelivered))
     assert replay(tmp_path / "spool", http, remove=True, batch_size=400) == 3000
     http.close()

@@ -173,6 +173,17 @@ def read_lines(directory) -> Iterator[bytes]:
         yield from _file_lines(path)
 
 
+def _wait_for_room(sink, n: int, timeout: float = 60.0) -> None:
+    """Back-pressure for queueing sinks (``pending``/``max_pending``, e.g. HttpSink): wait
+    until ``n`` more lines fit, so a replay never overflows the queue into the fallback."""
+    limit = getattr(sink, "max_pending", None)
+    if limit is None:
+        return
+    deadline = time.monotonic() + timeout
+    while sink.pending + n > limit and sink.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def replay(directory, sink, remove: bool = False, batch_size: int = 5000) -> int:
     """Send every spooled line under ``directory`` to ``sink``; return how many.
 
@@ -189,14 +200,17 @@ def replay(directory, sink, remove: bool = False, batch_size: int = 5000) -> int
     0
     """
     total = 0
+    batch_size = max(1, min(batch_size, getattr(sink, "max_pending", batch_size)))
     for path in spool_files(directory):
         batch: list[bytes] = []
         for line in _file_lines(path):
             batch.append(line)
             if len(batch) >= batch_size:
+                _wait_for_room(sink, len(batch))
                 sink.send(batch)
                 total, batch = total + len(batch), []
         if batch:
+            _wait_for_room(sink, len(batch))
             sink.send(batch)
             total += len(batch)
         if remove:
