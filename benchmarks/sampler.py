@@ -1,113 +1,149 @@
-"""Sampler cost and schedule accuracy.
+"""Sampler cost: CPU microseconds per sample on the sampling thread.
 
-1. Cost: CPU microseconds per sample on the sampling thread, 8 simulated GPUs,
-   every built-in metric, sent through the UDP sink; split into read, encode,
-   send. Baseline in the same run: the same sample with only the tasks source.
-2. Gaps: a LocalCluster worker sampling at 200 ms while its threads run
-   GIL-holding pure-Python tasks; the gaps between consecutive samples, with
-   every metric and, side by side, without the psutil (host/process) reads.
+8 simulated GPUs, every built-in metric plus tasks, sent through the UDP sink
+(into a bound loopback socket nobody reads: the kernel drops, the sender
+does not notice); split into read, encode, send, with the psutil
+(host/process) reads apart and each psutil call on its own. Baseline in the
+same run: the same sample with only the tasks source. A cProfile of the
+sampling loop (top functions by cumulative time) is printed and kept in the
+JSON ``details``.
 
-Run: ``.venv/bin/python benchmarks/sampler.py`` (about 45 s).
+Run: ``.venv/bin/python -m benchmarks.sampler [--quick]`` (cost only), or
+``.venv/bin/python benchmarks/sampler.py`` (cost, profile and the gap table of
+:mod:`benchmarks.gaps`, as before).
 """
 
 from __future__ import annotations
 
+import cProfile
+import io
+import os
+import pstats
 import socket
-import statistics
+import sys
 import time
 
-from dask_influx_metrics import lineprotocol, schema
-from dask_influx_metrics.sampler import Sampler
-from dask_influx_metrics.sinks.udp import UdpSink
-from dask_influx_metrics.sources.activity import CachedActivity, TaskRegistry, TaskSource
-from dask_influx_metrics.sources.host import HostSource
-from dask_influx_metrics.sources.simulated import SimulatedGpuSource
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-N = 2000
-TAGS = {"host": socket.gethostname(), "worker": "tcp://127.0.0.1:40000", "job": "1", "dag": "3"}
+from benchmarks import common  # noqa: E402
+
+NAME = "sampler"
+TARGET_US = 200.0
 
 
-def _cpu_us(fn, n=N):
-    out = []
-    for _ in range(n):
-        t = time.thread_time_ns()
-        fn()
-        out.append((time.thread_time_ns() - t) / 1000)
-    return statistics.median(out)
+def _udp_sink():
+    from dask_influx_metrics.sinks.udp import UdpSink
 
-
-def cost_table():
-    reg = TaskRegistry(nthreads=8, managed_bytes=lambda: 3 << 30)
-    for i in range(6):
-        reg.started(("task", i), 1, 3)
-    activity = CachedActivity(reg)
-    fields = schema.fields_for(schema.TRACKING)
-    gpu = SimulatedGpuSource(8, fields, activity)
-    sources = [gpu, HostSource(fields), TaskSource(fields, activity)]
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))
-    sink = UdpSink(receiver.getsockname(), max_datagram=1472)
-    full = Sampler(sources, sink, lambda: TAGS, before_sample=activity.refresh)
-    tasks_only = Sampler([TaskSource(fields, activity)], sink, lambda: TAGS, before_sample=activity.refresh)
-    points = full.sample()
-    lines = lineprotocol.encode_many(points)
-    rows = {
-        "read (all sources)": _cpu_us(full.sample),
-        "  of which simulated GPU x8": _cpu_us(gpu.read),
-        "  of which host + process": _cpu_us(sources[1].read),
-        "encode": _cpu_us(lambda: lineprotocol.encode_many(points)),
-        "send (UDP)": _cpu_us(lambda: sink.send(lines)),
-        "total per sample": _cpu_us(full.sample_and_send),
-        "baseline: tasks source only": _cpu_us(tasks_only.sample_and_send),
-    }
-    receiver.close()
-    return rows, len(lines), sum(map(len, lines))
+    return receiver, UdpSink(receiver.getsockname(), max_datagram=1472)
 
 
-def _gil_heavy(seconds):
-    end = time.perf_counter() + seconds
-    x = 0
-    while time.perf_counter() < end:
-        for i in range(10000):
-            x += i * i
-    return x
+def cost_table(n: int = 2000) -> tuple[dict, dict]:
+    """({row: median CPU us}, details) for the full sample and its parts."""
+    from dask_influx_metrics import lineprotocol
+    from dask_influx_metrics.sources.activity import TaskSource
+
+    receiver, sink = _udp_sink()
+    try:
+        full, parts = common.simulated_worker(sink)
+        no_psutil, _ = common.simulated_worker(sink, psutil_reads=False)
+        tasks_only, _ = common.simulated_worker(sink)
+        tasks_only.sources = [s for s in tasks_only.sources if isinstance(s, TaskSource)]
+        points = full.sample()
+        lines = lineprotocol.encode_many(points)
+        host = parts["host"]
+        rows = {
+            "read (all sources)": common.cpu_us(full.sample, n),
+            "  of which simulated GPU x8": common.cpu_us(parts["gpu"].read, n),
+            "  of which host + process (psutil)": common.cpu_us(host.read, n),
+            "encode": common.cpu_us(lambda: lineprotocol.encode_many(points), n),
+            "send (UDP)": common.cpu_us(lambda: sink.send(lines), n),
+            "total per sample": common.cpu_us(full.sample_and_send, n),
+            "total without psutil (GPU + tasks)": common.cpu_us(no_psutil.sample_and_send, n),
+            "baseline: tasks source only": common.cpu_us(tasks_only.sample_and_send, n),
+        }
+        # each psutil group alone (HostSource keeps them in ``_calls``; benchmark-only peek)
+        psutil_calls = {"/".join(key): common.cpu_us(call, n) for key, call in host._calls.items()}
+    finally:
+        receiver.close()
+    return rows, {"lines_per_sample": len(lines), "bytes_per_sample": sum(map(len, lines)),
+                  "psutil_us_by_call": psutil_calls}
 
 
-def gap_table(duration=12.0, tracking=None):
-    from distributed import Client, LocalCluster
-
-    from dask_influx_metrics import Monitor
-
-    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as cluster, Client(cluster) as client:
-        m = Monitor(client, sink="udp", telegraf_address="127.0.0.1:9", gpu_source="simulated", gpu_count=8)
-        m.attach(polling_interval=200, tracking=tracking)
-        m.start()
-        client.gather(client.map(_gil_heavy, [duration / 2] * 4, pure=False))
-        gaps = client.run(lambda dask_worker: list(dask_worker.plugins["influx-metrics"].sampler.gaps))
-        costs = client.run(lambda dask_worker: list(dask_worker.plugins["influx-metrics"].sampler.costs))
-        m.stop()
-    [g] = gaps.values()
-    [c] = costs.values()
-    g = sorted(x * 1000 for x in g)
-    return {"samples": len(g) + 1, "median gap ms": statistics.median(g),
-            "p99 gap ms": g[int(0.99 * (len(g) - 1))], "max gap ms": g[-1],
-            "in-worker CPU us/sample (median)": statistics.median(c) * 1e6}
+def paced_cost(n: int, period: float) -> float:
+    """Median CPU us of ``n`` samples taken ``period`` s apart (caches cold, as in a worker)."""
+    receiver, sink = _udp_sink()
+    try:
+        full, _ = common.simulated_worker(sink)
+        out = []
+        for _ in range(n):
+            time.sleep(period)
+            out.append(common.cpu_us(full.sample_and_send, 1))
+    finally:
+        receiver.close()
+    return common.median(out)
 
 
-def main():
-    rows, nlines, nbytes = cost_table()
-    print(f"Sampler cost, CPU us per sample (median of {N}); {nlines} lines, {nbytes} bytes per sample")
-    for k, v in rows.items():
-        print(f"  {k:<32} {v:8.1f}")
-    print(f"  ratio total / baseline          {rows['total per sample'] / rows['baseline: tasks source only']:8.1f}x")
-    no_host = [t for t in schema.TRACKING if schema.TRACKING[t][0][0] != schema.HOST and t != "worker-cpu"
-               and t != "worker-mem"]
-    runs = {"all metrics": gap_table(), "without psutil (GPU + tasks)": gap_table(tracking=no_host)}
-    print("\nGaps at 200 ms polling, worker threads running GIL-holding Python (2 threads, 12 s)")
-    print(f"  {'':<32} " + " ".join(f"{name:>30}" for name in runs))
-    for k in runs["all metrics"]:
-        print(f"  {k:<32} " + " ".join(f"{r[k]:30.1f}" for r in runs.values()))
+def profile(n: int = 2000, top: int = 22) -> str:
+    """cProfile of ``n`` iterations of the sampling loop body; top functions by cumulative time."""
+    receiver, sink = _udp_sink()
+    try:
+        full, _ = common.simulated_worker(sink)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(n):
+            full.sample_and_send()
+        prof.disable()
+    finally:
+        receiver.close()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.strip_dirs().sort_stats("cumulative").print_stats(top)
+    text = out.getvalue()
+    return text[text.index("   ncalls"):] if "   ncalls" in text else text
+
+
+def run(quick: bool = False) -> list[dict]:
+    n = 300 if quick else 2000
+    costs, details = cost_table(n)
+    n_paced, period = (20, 0.05) if quick else (100, 0.1)
+    paced = paced_cost(n_paced, period)
+    prof = profile(n)
+    print(f"[sampler] cProfile of {n} samples (8 simulated GPUs, every metric, UDP), by cumulative time:")
+    print(prof)
+    details["profile_top_cumulative"] = prof
+    total, base = costs["total per sample"], costs["baseline: tasks source only"]
+    psutil_us = costs["  of which host + process (psutil)"]
+    calls = ", ".join(f"{k} {v:.0f}" for k, v in sorted(details["psutil_us_by_call"].items(), key=lambda kv: -kv[1]))
+    rows = [common.row(
+        NAME, "CPU per sample, total (read+encode+send)", total, "us", baseline=base,
+        target=f"<= {TARGET_US:.0f} us", met=total <= TARGET_US,
+        notes=(f"median of {n}; {details['lines_per_sample']} lines / {details['bytes_per_sample']} B per sample; "
+               f"baseline = tasks source only; psutil reads {psutil_us:.0f} us of it ({calls})"),
+        details=details)]
+    for what, value in costs.items():
+        if what not in ("total per sample", "baseline: tasks source only"):
+            label = what.strip() if not what.startswith("  ") else "- " + what.strip()
+            rows.append(common.row(NAME, label + " [ratio vs total]", value, "us", baseline=total))
+    rows.append(common.row(
+        NAME, f"total per sample, one every {period * 1000:.0f} ms (cold caches)", paced, "us", baseline=total,
+        notes=(f"median of {n_paced}; ratio vs the back-to-back median above: what the sampling thread "
+               "costs in a worker, where other work evicts its caches between samples")))
+    return rows
+
+
+def main() -> None:
+    """The original script: cost table, profile, then the gap table."""
+    from benchmarks import gaps
+
+    rows = run(quick="--quick" in sys.argv) + gaps.run(quick="--quick" in sys.argv)
+    print(common.format_table(rows))
 
 
 if __name__ == "__main__":
-    main()
+    if __package__ in (None, ""):
+        main()
+    else:
+        common.standalone(NAME, run)

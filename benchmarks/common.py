@@ -1,0 +1,361 @@
+"""Helpers shared by the benchmark modules: result rows, the table, statistics,
+alternated runs, a simulated worker's sampler, a UDP drain process and a
+throw-away influxd (always stopped in ``finally``).
+
+Result rows (what every ``run(quick) -> list[dict]`` returns) are built by
+:func:`row`; the keys are documented in ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import multiprocessing
+import os
+import platform
+import socket
+import statistics
+import time
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+ROW_KEYS = ("name", "what", "measured", "unit", "baseline", "ratio", "target", "met", "notes")
+TAGS = {"host": socket.gethostname(), "worker": "tcp://127.0.0.1:40000", "job": "1", "dag": "3"}
+
+
+# -- result rows ---------------------------------------------------------------
+def row(name, what, measured, unit, baseline=None, target=None, met=None, notes="", details=None) -> dict:
+    """One result row; ``ratio`` is measured / baseline when both are numbers."""
+    ratio = None
+    if isinstance(measured, (int, float)) and isinstance(baseline, (int, float)) and baseline:
+        ratio = measured / baseline
+    out = {"name": name, "what": what, "measured": measured, "unit": unit, "baseline": baseline,
+           "ratio": ratio, "target": target, "met": met, "notes": notes}
+    if details is not None:
+        out["details"] = details
+    return out
+
+
+def failed_row(name, error: BaseException) -> dict:
+    return row(name, "benchmark crashed", None, "", met=False, notes=f"{type(error).__name__}: {error}")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:,.1f}" if abs(value) < 1000 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as a fixed-width text table (notes on a line of their own)."""
+    head = ["benchmark", "what", "measured", "unit", "baseline", "ratio", "target", "met?"]
+    body = [[r["name"], r["what"], _fmt(r["measured"]), r["unit"] or "", _fmt(r["baseline"]),
+             "-" if r["ratio"] is None else f"{r['ratio']:.3f}x", r["target"] or "-",
+             "-" if r["met"] is None else _fmt(bool(r["met"]))] for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    out = [line(head), line(["-" * w for w in widths])]
+    for r, cells in zip(rows, body):
+        out.append(line(cells))
+        if r.get("notes"):
+            out.append(" " * (widths[0] + 2) + "  note: " + r["notes"])
+    return "\n".join(out)
+
+
+def environment() -> dict:
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "host": socket.gethostname(),
+            "loadavg": os.getloadavg()}
+
+
+def write_json(path: str, payload: dict) -> str:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=1, default=str)
+    os.replace(tmp, path)
+    return path
+
+
+def standalone(name: str, run) -> None:
+    """``python -m benchmarks.<name> [--quick]``: run one module, print it, write results/<name>.json."""
+    p = argparse.ArgumentParser(prog=f"python -m benchmarks.{name}")
+    p.add_argument("--quick", action="store_true", help="short durations (smoke test)")
+    args = p.parse_args()
+    t0 = time.monotonic()
+    rows = run(args.quick)
+    took = time.monotonic() - t0
+    print(format_table(rows))
+    path = write_json(os.path.join(RESULTS_DIR, f"{name}.json"),
+                      {"quick": args.quick, "env": environment(), "seconds": took, "rows": rows})
+    print(f"\n{name}: {took:.1f} s; wrote {path}")
+
+
+# -- statistics ----------------------------------------------------------------
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def percentile(xs, q: float):
+    """Nearest-rank percentile (``q`` in 0..100) of ``xs``."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, int(math.ceil(q / 100 * len(s))) - 1))] if s else float("nan")
+
+
+def cpu_us(fn, n: int) -> float:
+    """Median thread-CPU microseconds of ``n`` calls of ``fn``."""
+    out = []
+    for _ in range(n):
+        t = time.thread_time_ns()
+        fn()
+        out.append((time.thread_time_ns() - t) / 1000)
+    return median(out)
+
+
+def alternate(variants: dict, rounds: int) -> dict:
+    """Call each ``variants[name]()`` once per round, in rotation; collect what each returns."""
+    out = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            out[name].append(fn())
+    return out
+
+
+def rss_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+# -- a simulated worker --------------------------------------------------------
+def simulated_worker(sink, gpu_count: int = 8, tracking=None, psutil_reads: bool = True):
+    """(sampler, parts) for one worker: simulated GPUs, host/process, tasks; every metric by default.
+
+    ``parts`` names the sources (``gpu``, ``host``, ``tasks``) and the activity cache.
+    """
+    from dask_influx_metrics import schema
+    from dask_influx_metrics.sampler import Sampler
+    from dask_influx_metrics.sources.activity import CachedActivity, TaskRegistry, TaskSource
+    from dask_influx_metrics.sources.host import HostSource
+    from dask_influx_metrics.sources.simulated import SimulatedGpuSource
+
+    reg = TaskRegistry(nthreads=8, managed_bytes=lambda: 3 << 30)
+    for i in range(6):
+        reg.started(("task", i), 1, 3)
+    activity = CachedActivity(reg)
+    fields = schema.fields_for(tracking if tracking is not None else schema.TRACKING)
+    parts = {"activity": activity, "gpu": SimulatedGpuSource(gpu_count, fields, activity),
+             "tasks": TaskSource(fields, activity)}
+    if psutil_reads:
+        parts["host"] = HostSource(fields)
+    sources = [parts[k] for k in ("gpu", "host", "tasks") if k in parts]
+    return Sampler(sources, sink, lambda: TAGS, before_sample=activity.refresh), parts
+
+
+def sample_lines(gpu_count: int = 8) -> list[bytes]:
+    """The encoded lines of one full sample (every metric, ``gpu_count`` GPUs)."""
+    from dask_influx_metrics import lineprotocol
+
+    sampler, _ = simulated_worker(None, gpu_count)
+    return lineprotocol.encode_many(sampler.sample())
+
+
+def first_fields(lines: list[bytes]) -> dict:
+    """{measurement: first field key} of the given lines (for counting points in influxd)."""
+    from dask_influx_metrics import lineprotocol
+
+    out = {}
+    for line in lines:
+        p = lineprotocol.parse(line)
+        out.setdefault(p.measurement, next(iter(p.fields)))
+    return out
+
+
+# -- a monitored Dask worker (functions for client.run) -----------------------------
+def has_isolate() -> bool:
+    """Whether the installed package has ``sampler.isolate`` (the sidecar sampler)."""
+    from dask_influx_metrics import config
+
+    return "isolate" in getattr(config, "KWARGS", {})
+
+
+def in_worker_costs(dask_worker):
+    """The in-process sampler's CPU seconds per sample (None when a sidecar samples, or none runs)."""
+    plugin = dask_worker.plugins.get("influx-metrics")
+    sampler = getattr(plugin, "sampler", None)
+    if sampler is None or getattr(plugin, "sidecar", None) is not None:
+        return None
+    return list(sampler.costs)
+
+
+def worker_cpu_seconds(dask_worker=None) -> float:
+    """CPU seconds (user + system) of this worker process and its live children (a sidecar)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return total
+
+
+# -- UDP ---------------------------------------------------------------------------
+def _drain_main(conn, rcvbuf: int, keep) -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.05)
+    conn.send(sock.getsockname())
+    datagrams = lines = 0
+    times = []
+    buf = bytearray(65536)
+    stop_at = None
+    for _ in range(100_000_000):  # bounded; ends after "stop" plus 0.3 s of quiet
+        try:
+            n = sock.recv_into(buf)
+            datagrams += 1
+            got = [x for x in bytes(buf[:n]).split(b"\n") if x]
+            lines += len(got)
+            if keep:
+                times.extend(int(x.rsplit(b" ", 1)[1]) for x in got if x.startswith(keep[0]) and keep[1] in x)
+            continue
+        except socket.timeout:
+            pass
+        if stop_at is None and conn.poll():
+            conn.recv()
+            stop_at = time.monotonic()
+        if stop_at is not None and time.monotonic() - stop_at > 0.3:
+            break
+    conn.send({"datagrams": datagrams, "lines": lines, "times": times})
+    sock.close()
+
+
+class Drain:
+    """A loopback UDP socket drained (and counted) by a separate process.
+
+    ``with Drain() as d: ...send to d.address...``; then ``d.counts()``.
+    ``keep=(prefix, part)``: also collect the timestamps of the lines that
+    start with ``prefix`` and contain ``part`` (``counts()["times"]``).
+    """
+
+    def __init__(self, rcvbuf: int = 4 << 20, keep: tuple | None = None):
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_drain_main, args=(child, rcvbuf, keep), daemon=True)
+        self._proc.start()
+        if not self._conn.poll(30):
+            raise RuntimeError("UDP drain process did not start")
+        self.address = self._conn.recv()
+        self._stopped = False
+
+    def counts(self) -> dict:
+        """Stop draining (after 0.3 s of quiet) and return {datagrams, lines, times} received."""
+        self._conn.send("stop")
+        self._stopped = True
+        if not self._conn.poll(30):
+            raise RuntimeError("UDP drain process did not answer")
+        return self._conn.recv()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self._stopped:
+            try:
+                self._conn.send("stop")
+            except OSError:
+                pass
+        self._proc.join(5)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+
+
+def udp_drops(port: int) -> int | None:
+    """Kernel drop counter of the local UDP socket bound to ``port`` (/proc/net/udp), or None."""
+    try:
+        with open("/proc/net/udp") as f:
+            next(f)
+            for line in f:
+                parts = line.split()
+                if parts[1].endswith(f":{port:04X}"):
+                    return int(parts[-1])
+    except OSError:
+        pass
+    return None
+
+
+# -- influxd ---------------------------------------------------------------------
+@contextlib.contextmanager
+def influxd(udp_overrides: dict | None = None):
+    """A fresh ``localinflux.start()`` server, stopped in ``finally``.
+
+    ``udp_overrides`` (e.g. ``{"read-buffer": 4194304}``) replaces values of the
+    ``[[udp]]`` listener in the shipped config for this server only.
+    """
+    from dask_influx_metrics import localinflux
+
+    shipped = localinflux._CONFIG
+    config = shipped
+    for key, value in (udp_overrides or {}).items():
+        lines = config.split("\n")
+        hits = [i for i, x in enumerate(lines) if x.strip().startswith(f"{key} =")]
+        if len(hits) != 1:
+            raise ValueError(f"no single {key!r} in localinflux's config")
+        lines[hits[-1]] = f"  {key} = {json.dumps(value)}"
+        config = "\n".join(lines)
+    localinflux._CONFIG = config
+    try:
+        server = localinflux.start()
+    finally:
+        localinflux._CONFIG = shipped
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def udp_listener_config() -> dict:
+    """The shipped ``[[udp]]`` settings of localinflux (as text values)."""
+    from dask_influx_metrics import localinflux
+
+    section = localinflux._CONFIG.split("[[udp]]", 1)[1]
+    return {k.strip(): v.strip().strip('"') for k, _, v in
+            (x.partition("=") for x in section.strip().splitlines()) if v}
+
+
+def count_points(server, db: str, fields: dict) -> dict:
+    """{measurement: points stored} counting one always-present field per measurement."""
+    out = {}
+    for measurement, field in fields.items():
+        rows = server.query(f'SELECT count("{field}") FROM "{measurement}"', db=db)
+        out[measurement] = int(rows[0]["count"]) if rows else 0
+    return out
+
+
+def wait_count(server, db: str, fields: dict, expected: int, timeout: float = 30.0, quiet: float = 2.0) -> int:
+    """Poll the stored total until it reaches ``expected`` or stops growing for ``quiet`` s."""
+    deadline = time.monotonic() + timeout
+    last, since = -1, time.monotonic()
+    while True:
+        try:
+            total = sum(count_points(server, db, fields).values())
+        except RuntimeError:  # database not there yet
+            total = 0
+        now = time.monotonic()
+        if total != last:
+            last, since = total, now
+        if total >= expected or now - since > quiet or now > deadline:
+            return total
+        time.sleep(0.25)

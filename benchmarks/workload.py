@@ -1,0 +1,136 @@
+"""Cost to the Dask workload: wall time of a fixed workload, monitor off vs on.
+
+A LocalCluster of 2 worker processes (1 thread each) runs the same workload
+(many small tasks, then a few dask.array operations) with the monitor off,
+on at 200 ms and on at 50 ms (every metric, 8 simulated GPUs per worker, UDP
+to a loopback socket that a separate process drains and counts), attached but
+not started (the scheduler plugin tags every task, nothing samples: the
+per-task part of the cost), plus on at 200 ms with ``isolate=True`` (sidecar
+sampler) where the package has it, in rotation, ``rounds`` times, on the same cluster. Only the workload is timed;
+attach/start and shutdown (stop + detach) happen outside the timed region.
+Reported: medians per mode and their ratio to "off", the median of the
+per-round ratios, the CPU seconds the worker processes (and their children)
+used, and the samples that arrived. Target: at most 2 % slower at 200 ms.
+
+Run: ``.venv/bin/python -m benchmarks.workload [--quick]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from benchmarks import common
+
+NAME = "workload"
+TARGET = 1.02
+LINES_PER_SAMPLE = 10  # 8 GPUs + host + worker
+
+
+def small_task(i: int) -> int:
+    return sum(range(200)) + i
+
+
+def workload(client, n_small: int, n: int, chunk: int) -> float:
+    """Run the fixed workload once; return its wall time in seconds."""
+    import dask.array as da
+
+    t0 = time.perf_counter()
+    client.gather(client.map(small_task, range(n_small), pure=False))
+    x = da.random.RandomState(0).random_sample((n, n), chunks=(chunk, chunk))
+    x = client.persist(x)
+    (x + x.T).mean().compute()
+    (x @ x[:, :chunk]).sum().compute()
+    x.std(axis=0).sum().compute()
+    del x
+    return time.perf_counter() - t0
+
+
+def _shutdown(monitor, quiet: bool) -> None:
+    """Stop sampling everywhere (flushing sinks) and detach the scheduler plugin.
+
+    ``quiet``: nothing was started, so the (in-process) scheduler's error log for
+    unregistering the absent worker plugin is silenced."""
+    log = logging.getLogger("distributed.core")
+    level = log.level
+    if quiet:
+        log.setLevel(logging.CRITICAL)
+    try:
+        monitor.shutdown()
+    finally:
+        log.setLevel(level)
+
+
+def monitored(client, sizes: tuple, interval_ms=None, start: bool = True, **settings) -> dict:
+    """One timed workload run, with the monitor on at ``interval_ms`` (None = off).
+
+    ``start=False``: attached only (the scheduler plugin tags tasks; no worker samples)."""
+    from dask_influx_metrics import Monitor
+
+    with common.Drain() as rx:
+        m = None
+        if interval_ms is not None:
+            m = Monitor(client, gpu_source="simulated", gpu_count=8, sink="udp",
+                        telegraf_address="%s:%d" % tuple(rx.address))
+            m.attach(polling_interval=interval_ms, **settings)
+            if start:
+                m.start()
+        try:
+            cpu0 = sum(client.run(common.worker_cpu_seconds).values())
+            seconds = workload(client, *sizes)
+            cpu = sum(client.run(common.worker_cpu_seconds).values()) - cpu0
+            costs = [c for w in client.run(common.in_worker_costs).values() for c in (w or [])]
+        finally:
+            if m is not None:
+                _shutdown(m, quiet=not start)
+        lines = rx.counts()["lines"]
+    return {"seconds": seconds, "cpu": cpu, "samples": lines / LINES_PER_SAMPLE,
+            "cost_us": common.median(costs) * 1e6 if costs else None}
+
+
+def _row(mode: str, on: list, off: list, rounds: int, target: bool) -> dict:
+    wall, base = [r["seconds"] for r in on], [r["seconds"] for r in off]
+    med, ratio = common.median(wall), common.median(wall) / common.median(base)
+    paired = common.median([a / b for a, b in zip(wall, base)])
+    cpu_ratio = common.median([r["cpu"] for r in on]) / common.median([r["cpu"] for r in off])
+    rate = common.median([r["samples"] / r["seconds"] / 2 for r in on])  # 2 workers
+    costs = [r["cost_us"] for r in on if r["cost_us"] is not None]
+    cost = (f" at {common.median(costs):.0f} us in-worker CPU each"
+            f" (= {rate * common.median(costs) / 1e4:.2f} % of a core per worker)") if costs else ""
+    return common.row(
+        NAME, f"workload wall time, monitor {mode} vs off", med, "s", baseline=common.median(base),
+        target=f"<= {TARGET:.2f}x" if target else None, met=(ratio <= TARGET) if target else None,
+        notes=(f"median of {rounds} alternated runs; per-round ratio median {paired:.3f}; worker CPU "
+               f"seconds ratio {cpu_ratio:.3f}; {rate:.1f} samples/s per worker arrived{cost}; "
+               f"runs {', '.join(f'{x:.2f}' for x in wall)} s"),
+        details={"runs": on, "paired_ratio_median": paired, "worker_cpu_ratio": cpu_ratio})
+
+
+def run(quick: bool = False) -> list[dict]:
+    from distributed import Client, LocalCluster
+
+    rounds, sizes = (2, (500, 2000, 500)) if quick else (7, (2000, 3000, 750))
+    modes = {"off": {}, "on @200 ms": {"interval_ms": 200}, "on @50 ms": {"interval_ms": 50},
+             "attached only (no sampling)": {"interval_ms": 200, "start": False}}
+    if common.has_isolate():
+        modes["on @200 ms, isolate=True"] = {"interval_ms": 200, "isolate": True}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        monitored(client, sizes, 200)  # warm-up: imports, plugin pickles, BLAS
+        runs = common.alternate({mode: (lambda kw=kw: monitored(client, sizes, **kw)) for mode, kw in modes.items()},
+                                rounds)
+    off = runs.pop("off")
+    rows = [_row(mode, on, off, rounds, target=(mode == "on @200 ms")) for mode, on in runs.items()]
+    wall = [r["seconds"] for r in off]
+    rows.append(common.row(
+        NAME, "noise: spread of the monitor-off runs ((max-min)/median)",
+        (max(wall) - min(wall)) / common.median(wall), "ratio",
+        notes=(f"off runs {', '.join(f'{x:.2f}' for x in wall)} s; workload: {sizes[0]} small tasks, "
+               f"{sizes[1]}^2 float64 array in {sizes[2]}^2 chunks (transpose-add, matmul slab, std); "
+               "2 worker processes x 1 thread"),
+        details={"runs": off}))
+    return rows
+
+
+if __name__ == "__main__":
+    common.standalone(NAME, run)
