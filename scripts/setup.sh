@@ -15,10 +15,11 @@ fi
 # wasm (npm @influxdata/flux-lsp-node), pinned, into the git-ignored .tools/flux.
 FLUX_LSP_VERSION=0.8.40
 FLUX_LSP_DIR=.tools/flux
-command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || {
-  echo "setup.sh: node and npm are required for the Flux checker (apt-get install nodejs npm)" >&2
-  exit 1
-}
+if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
+fi
 installed=$(node -p "try { require('./$FLUX_LSP_DIR/node_modules/@influxdata/flux-lsp-node/package.json').version } catch (e) { '' }")
 if [ "$installed" != "$FLUX_LSP_VERSION" ]; then
   npm install --prefix "$FLUX_LSP_DIR" --no-audit --no-fund --save-exact --loglevel=error \
