@@ -129,3 +129,29 @@ def test_url_params_and_auth():
     sink.close()
     assert session.calls[0][1]["auth"] == ("u", "p")
     assert "Authorization" not in session.calls[0][1]["headers"]
+
+
+def test_a_dead_server_is_tried_once_per_backoff_not_per_batch(tmp_path):
+    """After a failed post, batches go straight to the fallback until the back-off ends."""
+    import requests
+
+    from dask_influx_metrics.sinks.spool import SpoolSink, read_lines
+
+    class Counting(requests.Session):
+        posts = 0
+
+        def post(self, *a, **kw):
+            Counting.posts += 1
+            return super().post(*a, **kw)
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = "http://127.0.0.1:%d" % s.getsockname()[1]
+    fallback = SpoolSink(tmp_path / "fallback")
+    sink = HttpSink(dead, "db", batch_size=10, flush_interval=0.0, fallback=fallback, session=Counting())
+    lines = numbered(200)
+    for i in range(0, 200, 10):
+        sink.send(lines[i:i + 10])
+    sink.close()
+    assert Counting.posts == 1 and sink.points_failed == 200
+    assert sorted(read_lines(tmp_path / "fallback")) == sorted(lines)

@@ -14,7 +14,10 @@ error or 5xx, after a 4xx (bad data or auth; logged with the server's
 message), and when the queue is full. InfluxDB 1.x answers 400 to a
 *partial* write too; the whole batch then goes to the fallback, and
 replaying it later rewrites the accepted points, which InfluxDB treats as an
-idempotent overwrite. Failures are logged once per run of the same failure.
+idempotent overwrite. After a connection error or 5xx the sink backs off
+(1 s, doubling to 30 s): batches go straight to the fallback until the next
+try, so a dead server costs neither a request per batch nor memory.
+Failures are logged once per run of the same failure.
 
 Example (needs a server)::
 
@@ -75,6 +78,9 @@ class HttpSink:
         self._stopping = False
         self._closed = False
         self._failure: Optional[str] = None  # the failure last logged
+        self.max_backoff = 30.0
+        self._backoff = 0.0
+        self._down_until = 0.0
         self._cond = threading.Condition()
         self._stats_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="influx-http-sink", daemon=True)
@@ -120,7 +126,9 @@ class HttpSink:
     def _run(self) -> None:
         while True:
             batch, done = self._next_batch()
-            if batch:
+            if batch and time.monotonic() < self._down_until:
+                self._give_up(batch, f"{self.url} is down; retrying in {self._down_until - time.monotonic():.1f} s")
+            elif batch:
                 try:
                     self._post(batch)
                 except Exception as e:  # never let the thread die with lines in hand
@@ -133,17 +141,27 @@ class HttpSink:
             r = self._session.post(self.url, params=self.params, data=b"\n".join(batch),
                                    headers=self.headers, auth=self.auth, timeout=self.timeout)
         except requests.RequestException as e:
+            self._back_off()
             self._give_up(batch, f"cannot reach {self.url}: {e}")
             return
         if r.status_code < 300:
+            self._backoff = 0.0
             with self._stats_lock:
                 self.points_written += len(batch)
             if self._failure:
                 logger.info("HTTP sink: writing to %s again", self.url)
                 self._failure = None
             return
+        if r.status_code >= 500:
+            self._back_off()
         kind = "rejected (bad data or auth)" if r.status_code < 500 else "server error"
         self._give_up(batch, f"HTTP {r.status_code} {kind} from {self.url}: {r.text.strip()[:500]}")
+
+    def _back_off(self) -> None:
+        """After a failed post, hand batches straight to the fallback for a while
+        (1 s, doubling to ``max_backoff``) instead of building and posting each one."""
+        self._backoff = min(self.max_backoff, max(1.0, self._backoff * 2))
+        self._down_until = time.monotonic() + self._backoff
 
     def _give_up(self, lines: list[bytes], why: str) -> None:
         """Count ``lines`` as not written and hand them to the fallback."""
