@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .tables import device_columns, job_numbers
+from .tables import device_columns, in_job, job_numbers
 
 GPU_METRIC = "compute-util"
 CPU_METRIC = "host-cpu"
@@ -68,9 +68,8 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True) -> pd.DataFrame:
             devices = len(cols)
             rows.append({**who, "job": pd.NA, "resource": resource,
                          **_row(table[cols].to_numpy(dtype=float).ravel(), devices, interval)})
-            split = table["job"].astype(str).str.split(",")
             for job in jobs:
-                mask = split.apply(lambda js, j=str(job): j in js).to_numpy()
+                mask = in_job(table["job"], job).to_numpy()
                 rows.append({**who, "job": job, "resource": resource,
                              **_row(table.loc[mask, cols].to_numpy(dtype=float).ravel(), devices, interval)})
     frame = pd.DataFrame(rows, columns=COLUMNS)

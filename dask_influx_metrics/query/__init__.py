@@ -25,10 +25,9 @@ from typing import Callable, Optional
 import pandas as pd
 
 from .. import peaks as _peaks, schema, summary as _summary, tables as _tables
-from .base import QueryError
+from .base import DEVICE_MEASUREMENTS, QueryError
 
 __all__ = ["connect", "Store", "QueryError"]
-_SAMPLE_MEASUREMENTS = (schema.GPU, schema.HOST, schema.WORKER, schema.CUSTOM)
 
 
 def to_ns(when) -> Optional[int]:
@@ -258,7 +257,7 @@ class Store:
             tables = self.worker_tables(job=job, metrics=[m.name], workers=[w for _, w in chosen])
             tidy = _peaks.from_tables(list(tables.values()), m.name, per_job, m.unit)
         else:
-            by = ("worker",) + (("index",) if m.measurement in (schema.GPU, schema.CUSTOM) else ()) \
+            by = ("worker",) + (("index",) if m.measurement in DEVICE_MEASUREMENTS else ()) \
                 + (("job",) if per_job else ())
             groups = self.backend.max_by(m.measurement, m.field, by, [w for _, w in chosen], job)
             tidy = _peaks.from_groups(groups, m, {w: i for i, w in chosen}, per_job)

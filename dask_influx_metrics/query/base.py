@@ -15,6 +15,12 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .. import schema
+
+# Measurements that hold worker samples, and those whose points carry device tags.
+SAMPLE_MEASUREMENTS = (schema.GPU, schema.HOST, schema.WORKER, schema.CUSTOM)
+DEVICE_MEASUREMENTS = (schema.GPU, schema.CUSTOM)
+
 
 class QueryError(RuntimeError):
     """A question the data cannot answer: unreachable server, unknown database, bad name."""

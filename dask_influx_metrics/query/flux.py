@@ -28,10 +28,8 @@ from typing import Optional
 import pandas as pd
 
 from .. import schema
-from .base import QueryError, empty_frame
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, empty_frame
 
-_SAMPLE_MEASUREMENTS = (schema.GPU, schema.HOST, schema.WORKER, schema.CUSTOM)
-_DEVICE_MEASUREMENTS = (schema.GPU, schema.CUSTOM)
 DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration"]
 
 
@@ -90,19 +88,19 @@ def flux_fields_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
     parts = [_source(bucket, start_ns, stop_ns, predicate([m], tags))
              + _pipe('keep(columns: ["_field"])', "group()", 'distinct(column: "_field")',
                      f"map(fn: (r) => ({{measurement: {string(m)}, field: r._value}}))")
-             for m in _SAMPLE_MEASUREMENTS]
+             for m in SAMPLE_MEASUREMENTS]
     return "union(tables: [\n" + ",\n".join(p.rstrip("\n") for p in parts) + ",\n])\n"
 
 
 def flux_tag_values_query(bucket, key, tags=None, start_ns=None, stop_ns=None) -> str:
     """Distinct values of tag ``key`` on sample points, in column ``_value``."""
-    return (_source(bucket, start_ns, stop_ns, predicate(_SAMPLE_MEASUREMENTS, tags))
+    return (_source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags))
             + _pipe(f"keep(columns: {_array([key])})", "group()", f"distinct(column: {string(key)})"))
 
 
 def flux_first_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
     """The earliest sample's ``_time``: first point of each series, then the earliest of those."""
-    return (_source(bucket, start_ns, stop_ns, predicate(_SAMPLE_MEASUREMENTS, tags))
+    return (_source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags))
             + _pipe("first()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"])', "limit(n: 1)"))
 
 
@@ -113,7 +111,7 @@ def flux_frame_query(bucket, measurement, fields, worker, job=None, tags=None, s
     tags); ``pivot`` drops ``_field`` from the group key, so the fields of one
     series meet in one table and one row per time.
     """
-    tag_cols = ["job", "dag"] + (["index"] if measurement in _DEVICE_MEASUREMENTS else [])
+    tag_cols = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else [])
     where = predicate([measurement], tags, fields=list(fields), workers=[worker], job=job)
     return (_source(bucket, start_ns, stop_ns, where)
             + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
@@ -246,7 +244,7 @@ class FluxBackend:
             return {}
         data = data.dropna()
         return {m: sorted(set(data.loc[data["measurement"] == m, "field"]))
-                for m in _SAMPLE_MEASUREMENTS if (data["measurement"] == m).any()}
+                for m in SAMPLE_MEASUREMENTS if (data["measurement"] == m).any()}
 
     def tag_values(self, key: str) -> list[str]:
         """Distinct values of tag ``key`` on sample points (within the time range and tags)."""
@@ -263,7 +261,7 @@ class FluxBackend:
     # --- samples -----------------------------------------------------------
     def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
         """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields."""
-        device = measurement in _DEVICE_MEASUREMENTS
+        device = measurement in DEVICE_MEASUREMENTS
         data = self._query(flux_frame_query(self.bucket, measurement, fields, worker, job, **self._window()))
         if data.empty:
             return empty_frame(fields, device)

@@ -19,10 +19,8 @@ from typing import Optional
 import pandas as pd
 import requests
 
-from .. import schema
-from .base import QueryError, TAG_DTYPES, empty_frame
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame
 
-_SAMPLE_MEASUREMENTS = (schema.GPU, schema.HOST, schema.WORKER, schema.CUSTOM)
 
 
 def ident(name: str) -> str:
@@ -132,7 +130,7 @@ class InfluxQLBackend:
         """``{measurement: [field keys]}`` for the sample measurements."""
         out: dict[str, list[str]] = {}
         for s in self._json("SHOW FIELD KEYS"):
-            if s["name"] in _SAMPLE_MEASUREMENTS:
+            if s["name"] in SAMPLE_MEASUREMENTS:
                 out[s["name"]] = [row[0] for row in s.get("values", [])]
         return out
 
@@ -142,14 +140,14 @@ class InfluxQLBackend:
         Asked as ``count(*) ... GROUP BY key`` over the data itself: exact for the
         time range, where ``SHOW TAG VALUES`` answers from the series index.
         """
-        names = ", ".join(ident(m) for m in _SAMPLE_MEASUREMENTS)
+        names = ", ".join(ident(m) for m in SAMPLE_MEASUREMENTS)
         series = self._json(f"SELECT count(*) FROM {names} {self._where()} GROUP BY {ident(key)}")
         return sorted({s.get("tags", {}).get(key) for s in series} - {None, ""})
 
     def first_time(self) -> Optional[int]:
         """Time (ns) of the first sample in range, or None when there is none."""
         times = []
-        for m in _SAMPLE_MEASUREMENTS:
+        for m in SAMPLE_MEASUREMENTS:
             frame = self._csv(f"SELECT * FROM {ident(m)} {self._where()} ORDER BY time ASC LIMIT 1")
             if not frame.empty:
                 times.append(int(frame["time"].iloc[0]))
@@ -164,7 +162,7 @@ class InfluxQLBackend:
         field: a response cut short by a server's ``max-row-limit`` is read
         again in time-ordered pages, never returned short.
         """
-        groups = ["job", "dag"] + (["index"] if measurement in (schema.GPU, schema.CUSTOM) else [])
+        groups = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else [])
         where = self._where(worker=worker, job=job)
         select = ", ".join(ident(f) for f in fields)
         frame = self._csv(f"SELECT {select} FROM {ident(measurement)} {where} GROUP BY "

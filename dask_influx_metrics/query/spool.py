@@ -17,7 +17,7 @@ import pandas as pd
 
 from .. import lineprotocol, schema
 from ..sinks.spool import read_lines, spool_files
-from .base import QueryError, TAG_DTYPES, empty_frame
+from .base import DEVICE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame
 from ..tables import in_job
 
 SCHEDULER_DIR = "scheduler"
@@ -128,7 +128,7 @@ class SpoolBackend:
 
     # --- samples -----------------------------------------------------------
     def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
-        device = measurement in (schema.GPU, schema.CUSTOM)
+        device = measurement in DEVICE_MEASUREMENTS
         folder = self._folders.get(worker)
         frame = self._frames(folder).get(measurement) if folder else None
         if frame is None or frame.empty:
