@@ -142,10 +142,10 @@ def simulated_worker(sink, gpu_count: int = 8, tracking=None, psutil_reads: bool
     ``parts`` names the sources (``gpu``, ``host``, ``tasks``) and the activity cache.
     """
     from dask_influx_metrics import schema
-    from dask_influx_metrics.sampler import Sampler
-    from dask_influx_metrics.sources.activity import CachedActivity, TaskRegistry, TaskSource
-    from dask_influx_metrics.sources.host import HostSource
-    from dask_influx_metrics.sources.simulated import SimulatedGpuSource
+    from dask_influx_metrics.worker.sampler import Sampler
+    from dask_influx_metrics.worker.sources.activity import CachedActivity, TaskRegistry, TaskSource
+    from dask_influx_metrics.worker.sources.host import HostSource
+    from dask_influx_metrics.worker.sources.simulated import SimulatedGpuSource
 
     reg = TaskRegistry(nthreads=8, managed_bytes=lambda: 3 << 30)
     for i in range(6):
@@ -304,7 +304,7 @@ def influxd(udp_overrides: dict | None = None):
     ``udp_overrides`` (e.g. ``{"read-buffer": 4194304}``) replaces values of the
     ``[[udp]]`` listener in the shipped config for this server only.
     """
-    from dask_influx_metrics import localinflux
+    from dask_influx_metrics.demo import localinflux
 
     shipped = localinflux._CONFIG
     config = shipped
@@ -328,7 +328,7 @@ def influxd(udp_overrides: dict | None = None):
 
 def udp_listener_config() -> dict:
     """The shipped ``[[udp]]`` settings of localinflux (as text values)."""
-    from dask_influx_metrics import localinflux
+    from dask_influx_metrics.demo import localinflux
 
     section = localinflux._CONFIG.split("[[udp]]", 1)[1]
     return {k.strip(): v.strip().strip('"') for k, _, v in

@@ -33,7 +33,7 @@ def make_samples(n_points: int, tracking=None) -> list:
 
 def ours(samples, address) -> tuple[float, object]:
     from dask_influx_metrics import lineprotocol
-    from dask_influx_metrics.sinks.udp import UdpSink
+    from dask_influx_metrics.worker.sinks.udp import UdpSink
 
     sink = UdpSink(address, max_datagram=1472)
     t0 = time.perf_counter()

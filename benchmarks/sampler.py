@@ -33,7 +33,7 @@ TARGET_US = 200.0
 
 
 def _udp_sink():
-    from dask_influx_metrics.sinks.udp import UdpSink
+    from dask_influx_metrics.worker.sinks.udp import UdpSink
 
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))
@@ -43,7 +43,7 @@ def _udp_sink():
 def cost_table(n: int = 2000) -> tuple[dict, dict]:
     """({row: median CPU us}, details) for the full sample and its parts."""
     from dask_influx_metrics import lineprotocol
-    from dask_influx_metrics.sources.activity import TaskSource
+    from dask_influx_metrics.worker.sources.activity import TaskSource
 
     receiver, sink = _udp_sink()
     try:

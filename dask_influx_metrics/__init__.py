@@ -4,8 +4,8 @@
 """
 
 from . import config as _config  # registers the influx-metrics defaults with dask.config
-from .monitor import Monitor
-from .sources.custom import custom_metric
+from .client.monitor import Monitor
+from .worker.sources.custom import custom_metric
 
 __all__ = ["Monitor", "custom_metric"]
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
-"""``python -m dask_influx_metrics``: the command line (see :mod:`dask_influx_metrics.cli`)."""
+"""``python -m dask_influx_metrics``: the command line (see :mod:`dask_influx_metrics.client.cli`)."""
 
-from .cli import main
+from .client.cli import main
 
 if __name__ == "__main__":
     main()

@@ -84,7 +84,7 @@ class Settings:
     flush_interval: float = 1.0
     gpu_source: str = "auto"
     gpu_count: int = 1
-    isolate: bool = False  # sampler.isolate: sample in a sidecar process (see sidecar.py)
+    isolate: bool = False  # sampler.isolate: sample in a sidecar process (see worker/sidecar.py)
 
     @property
     def fields(self) -> frozenset:

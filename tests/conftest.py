@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from dask_influx_metrics import localinflux as _influxd
+from dask_influx_metrics.demo import localinflux as _influxd
 
 
 @pytest.fixture(scope="session")
@@ -74,8 +74,8 @@ def monitored(influxd, tmp_path_factory):
     from distributed import Client, LocalCluster
 
     from dask_influx_metrics import Monitor, lineprotocol
-    from dask_influx_metrics.sinks.spool import read_lines
-    from dask_influx_metrics.tables import natural_key
+    from dask_influx_metrics.worker.sinks.spool import read_lines
+    from dask_influx_metrics.client.tables import natural_key
 
     run = uuid.uuid4().hex[:10]
     spool = tmp_path_factory.mktemp("spool")

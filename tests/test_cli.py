@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from dask_influx_metrics import query
-from dask_influx_metrics.cli import SOURCE_ENV, cli
+from dask_influx_metrics.client.cli import SOURCE_ENV, cli
 
 BIN = os.path.dirname(sys.executable)
 

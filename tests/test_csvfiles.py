@@ -3,8 +3,9 @@
 import pandas as pd
 import pytest
 
-from dask_influx_metrics import csvfiles, peaks
-from dask_influx_metrics.monitor import Monitor
+from dask_influx_metrics.client import csvfiles
+from dask_influx_metrics.client import peaks
+from dask_influx_metrics.client.monitor import Monitor
 
 OLD = ('job,dag,timestamp,total-mem,mem-util,compute-util\n'
        '0,0,6.27e-05,"30772297728, 30068703232","0, 0","0, 0"\n'

@@ -1,6 +1,6 @@
 import pytest
 
-from dask_influx_metrics.jobs import JobBook
+from dask_influx_metrics.scheduler.jobs import JobBook
 
 
 def test_client_mode_numbers_jobs_per_client_in_submission_order():

@@ -147,7 +147,7 @@ def test_unreachable_and_unknown_database(influxd, tmp_path):
 
 
 def test_csv_round_trip(stores, monitored, tmp_path):
-    from dask_influx_metrics import csvfiles
+    from dask_influx_metrics.client import csvfiles
 
     db = stores["influxql"]
     paths = db.to_csv(tmp_path, metrics=METRICS)
@@ -160,7 +160,7 @@ def test_csv_round_trip(stores, monitored, tmp_path):
         assert back.attrs["worker"] == worker and back.attrs["worker_index"] == i
         expected = t.reset_index(drop=True)
         pd.testing.assert_frame_equal(back[expected.columns], expected, check_dtype=False, check_exact=False)
-    from dask_influx_metrics import peaks
+    from dask_influx_metrics.client import peaks
 
     for per_job in (True, False):
         from_csv = peaks.to_lists(peaks.from_tables(csvfiles.read_tables(tmp_path), "compute-util", per_job), per_job)

@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("influxdb_client")
 
 from dask_influx_metrics import lineprotocol, query  # noqa: E402
-from dask_influx_metrics.query import QueryError, Store, flux as F  # noqa: E402
-from dask_influx_metrics.query.spool import SpoolBackend  # noqa: E402
+from dask_influx_metrics.client.query import QueryError, Store, flux as F  # noqa: E402
+from dask_influx_metrics.client.query.spool import SpoolBackend  # noqa: E402
 from dask_influx_metrics.schema import Point  # noqa: E402
 
 from fake_influx2 import ANSWERS, FakeInflux, HOSTILE, JOBS, T, T0, W, answer, crlf, points  # noqa: E402,F401
@@ -185,7 +185,7 @@ def test_store_on_flux_equals_spool(fake, spool_store):
 
 def test_backend_answers_equal_influxql(fake, fresh_db, influxd):
     """The same points in influxd 1.6.7, asked with InfluxQL: same columns, tag strings, values."""
-    from dask_influx_metrics.query.influxql import InfluxQLBackend
+    from dask_influx_metrics.client.query.influxql import InfluxQLBackend
 
     influxd.write(b"\n".join(lineprotocol.encode_many(points())), db=fresh_db)
     ql, fx = InfluxQLBackend(influxd.url, fresh_db), _connect(fake).backend

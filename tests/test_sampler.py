@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from dask_influx_metrics.sampler import Sampler
+from dask_influx_metrics.worker.sampler import Sampler
 from dask_influx_metrics.schema import Reading
 
 TAGS = {"host": "h", "worker": "w", "job": "1", "dag": "2"}

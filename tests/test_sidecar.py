@@ -15,12 +15,12 @@ from distributed import Client
 
 from dask_influx_metrics import Monitor, custom_metric, lineprotocol
 from dask_influx_metrics.config import Settings
-from dask_influx_metrics.sidecar import (
+from dask_influx_metrics.worker.sidecar import (
     SnapshotBuffer, SnapshotReader, Sidecar, decode_snapshot, encode_snapshot,
 )
-from dask_influx_metrics.sinks.spool import read_lines
-from dask_influx_metrics.sources.activity import Activity, TaskRegistry, key_json
-from dask_influx_metrics.sources.simulated import simulated_uuid
+from dask_influx_metrics.worker.sinks.spool import read_lines
+from dask_influx_metrics.worker.sources.activity import Activity, TaskRegistry, key_json
+from dask_influx_metrics.worker.sources.simulated import simulated_uuid
 
 POLL_MS = 50
 
@@ -97,8 +97,8 @@ def _writer_snapshot(n: int) -> bytes:
 
 WRITER = """
 import sys, time
-from dask_influx_metrics.sidecar import SnapshotBuffer, encode_snapshot
-from dask_influx_metrics.sources.activity import Activity
+from dask_influx_metrics.worker.sidecar import SnapshotBuffer, encode_snapshot
+from dask_influx_metrics.worker.sources.activity import Activity
 buf = SnapshotBuffer(int(sys.argv[1]), int(sys.argv[2]), writable=True)
 for it in range(int(sys.argv[3])):
     n = (it * 37) % 200

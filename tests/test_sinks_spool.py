@@ -9,8 +9,8 @@ import socket
 
 from dask_influx_metrics import lineprotocol as lp
 from dask_influx_metrics.schema import Point
-from dask_influx_metrics.sinks.http import HttpSink
-from dask_influx_metrics.sinks.spool import SpoolSink, read_lines, replay, spool_files
+from dask_influx_metrics.worker.sinks.http import HttpSink
+from dask_influx_metrics.worker.sinks.spool import SpoolSink, read_lines, replay, spool_files
 
 BASE_NS = 1_700_000_000_000_000_000
 NASTY = ["plain", "multi\nline", 'quote " and \\', "a=b, c", "\\", "", "x\r\ny"]
@@ -100,7 +100,7 @@ def test_disk_errors_drop_and_count_without_raising(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     sink = SpoolSink(blocker / "spool", mem_limit=2)
-    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.spool"):
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.worker.sinks.spool"):
         for _ in range(3):
             sink.send([b"m v=1i 1", b"m v=2i 2"])
         sink.close()

@@ -1,6 +1,6 @@
 import json
 
-from dask_influx_metrics.sources.activity import CachedActivity, TaskRegistry, TaskSource, key_json
+from dask_influx_metrics.worker.sources.activity import CachedActivity, TaskRegistry, TaskSource, key_json
 from dask_influx_metrics.schema import fields_for
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from dask_influx_metrics.sources.custom import CustomSource, custom_metric, validate
+from dask_influx_metrics.worker.sources.custom import CustomSource, custom_metric, validate
 
 
 def test_undecorated_function_is_refused_by_name():

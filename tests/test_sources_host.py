@@ -9,8 +9,8 @@ import psutil
 import pytest
 
 from dask_influx_metrics.schema import FIELDS, HOST, WORKER
-from dask_influx_metrics.sources import host as host_mod
-from dask_influx_metrics.sources.host import HostSource
+from dask_influx_metrics.worker.sources import host as host_mod
+from dask_influx_metrics.worker.sources.host import HostSource
 
 ALL = frozenset(k for k in FIELDS if k[0] == HOST) | {(WORKER, "cpu_percent"), (WORKER, "rss")}
 CpuTimes = namedtuple("CpuTimes", "user nice system idle iowait irq softirq steal guest guest_nice")

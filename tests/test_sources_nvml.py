@@ -11,8 +11,8 @@ import pynvml
 import pytest
 
 from dask_influx_metrics.schema import FIELDS, GPU
-from dask_influx_metrics.sources import nvml as nvml_mod
-from dask_influx_metrics.sources.nvml import NvmlSource, nvml_available, parse_visible
+from dask_influx_metrics.worker.sources import nvml as nvml_mod
+from dask_influx_metrics.worker.sources.nvml import NvmlSource, nvml_available, parse_visible
 from fake_nvml import FakeNvml
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
@@ -252,7 +252,7 @@ def test_handles_and_close(fake):
 # -- the real pynvml has every name nvml.py uses ------------------------------------
 
 def nvml_names_used() -> set[str]:
-    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in sources/nvml.py."""
+    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in worker/sources/nvml.py."""
     tree = ast.parse(pathlib.Path(nvml_mod.__file__).read_text())
     names = set()
     for node in ast.walk(tree):

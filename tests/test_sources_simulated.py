@@ -7,8 +7,8 @@ import random
 import pytest
 
 from dask_influx_metrics.schema import FIELDS, GPU
-from dask_influx_metrics.sources.activity import Activity
-from dask_influx_metrics.sources.simulated import NAME, SimulatedGpuSource, SimulatedHandle
+from dask_influx_metrics.worker.sources.activity import Activity
+from dask_influx_metrics.worker.sources.simulated import NAME, SimulatedGpuSource, SimulatedHandle
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
 MIB = 2**20

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from dask_influx_metrics import visualize  # noqa: E402
+from dask_influx_metrics.client import visualize  # noqa: E402
 from dask_influx_metrics.visualize import boxes, lines  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -270,7 +270,7 @@ job,dag,timestamp,compute-util,mem-util
 
 @pytest.fixture
 def old_csv(tmp_path):
-    pytest.importorskip("dask_influx_metrics.csvfiles")
+    pytest.importorskip("dask_influx_metrics.client.csvfiles")
     path = tmp_path / "worker-0.csv"
     path.write_text(OLD_CSV)
     return path

@@ -4,7 +4,7 @@ Inside the worker, every psutil (``/proc``) and NVML (ctypes) call releases the
 GIL and must win it back from the task threads, up to a switch interval (5 ms)
 each time, so samples slip while tasks run pure Python. With ``isolate`` the
 worker plugin starts this module as a child process
-(``python -m dask_influx_metrics.sidecar``, not ``multiprocessing``: Dask worker
+(``python -m dask_influx_metrics.worker.sidecar``, not ``multiprocessing``: Dask worker
 processes are daemonic) that runs the :class:`~.sampler.Sampler` with the GPU
 source, :class:`~.sources.host.HostSource` (reading the *worker's* pid) and the
 task fields, and owns the worker's sink.
@@ -25,7 +25,7 @@ start or dies, reports once and samples in-process instead.
 
 Example
 -------
->>> from dask_influx_metrics.sources.activity import TaskRegistry
+>>> from dask_influx_metrics.worker.sources.activity import TaskRegistry
 >>> reg = TaskRegistry(nthreads=2)
 >>> reg.started(("x", 0), job=1, dag=3)
 >>> buf = SnapshotBuffer.create(4096)
@@ -247,14 +247,14 @@ class Sidecar:
 
 
 def _settings(doc: dict):
-    from .config import Settings
+    from ..config import Settings
 
     return Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
 
 
 def _worker_gpu(settings, activity, pid: int):
     """The GPU source, if any; simulated devices get the worker's UUIDs, not the sidecar's."""
-    from .schema import GPU
+    from ..schema import GPU
     from .sources import make_gpu_source
     from .sources.simulated import SimulatedGpuSource, SimulatedHandle, simulated_uuid
 
@@ -281,7 +281,7 @@ def _until_eof(fd: int, stop: threading.Event) -> None:
 
 
 def main(stdin=None) -> int:
-    """The sidecar process: ``python -m dask_influx_metrics.sidecar`` with its config on stdin."""
+    """The sidecar process: ``python -m dask_influx_metrics.worker.sidecar`` with its config on stdin."""
     import psutil
 
     from .sampler import Sampler

@@ -36,9 +36,9 @@ from tornado.ioloop import PeriodicCallback
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol.pickle import loads
 
-from .config import Settings
+from ..config import Settings
 from .sampler import Sampler
-from .scheduler_plugin import ANNOTATION
+from ..scheduler.plugin import ANNOTATION
 from .sinks import make_sink
 from .sources import make_gpu_source
 from .sources.activity import CachedActivity, TaskRegistry, TaskSource
@@ -134,7 +134,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         else:  # submitted while no session ran: counted, not attributed
             self.registry.started(key, 0, 0)
 
-    # --- sampler.isolate: the sidecar process (see sidecar.py) ------------------------
+    # --- sampler.isolate: the sidecar process (see worker/sidecar.py) ------------------------
     async def _setup_isolated(self) -> None:
         from .sidecar import Sidecar  # not at import: `python -m` runs that module in the sidecar
 

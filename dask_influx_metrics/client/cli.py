@@ -79,7 +79,7 @@ def default_source() -> str:
     """Where the default settings put samples: the spool folder when the ``spool`` sink is on, else InfluxDB."""
     import dask
 
-    from . import config  # noqa: F401  (registers the influx-metrics defaults)
+    from .. import config  # noqa: F401  (registers the influx-metrics defaults)
 
     sinks = dask.config.get("influx-metrics.sink", default="spool")
     sinks = [sinks] if isinstance(sinks, str) else list(sinks or ["spool"])

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from . import schema
+from .. import schema
 from .tables import BASE_COLUMNS, device_columns, table_metrics
 
 MANIFEST = "workers.csv"
@@ -47,7 +47,7 @@ def _num(v) -> str:
 
 
 def to_old_layout(table: pd.DataFrame) -> pd.DataFrame:
-    """A table (see :mod:`~dask_influx_metrics.tables`) as the old CSV columns."""
+    """A table (see :mod:`~dask_influx_metrics.client.tables`) as the old CSV columns."""
     out = pd.DataFrame({c: table[c].to_numpy() for c in BASE_COLUMNS})
     for metric in table_metrics(table):
         cols = device_columns(table, metric)

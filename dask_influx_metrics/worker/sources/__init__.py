@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..schema import Reading
+from ...schema import Reading
 
 
 class Source(Protocol):

@@ -53,7 +53,7 @@ def make_sink(settings, role: str, session: str):
 
     With ``http`` and no ``spool`` sink, lines that cannot be written are
     spooled to ``<spool dir>/undelivered`` so nothing is lost (replay them
-    with :func:`dask_influx_metrics.sinks.spool.replay`).
+    with :func:`dask_influx_metrics.worker.sinks.spool.replay`).
     """
     from .http import HttpSink
     from .spool import SpoolSink

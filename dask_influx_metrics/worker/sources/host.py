@@ -27,7 +27,7 @@ import logging
 
 import psutil
 
-from ..schema import FIELDS, HOST, WORKER, Reading
+from ...schema import FIELDS, HOST, WORKER, Reading
 
 logger = logging.getLogger(__name__)
 

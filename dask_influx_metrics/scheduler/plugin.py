@@ -28,10 +28,10 @@ import time
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from . import lineprotocol, schema
-from .config import Settings
+from .. import lineprotocol, schema
+from ..config import Settings
 from .jobs import JobBook
-from .sinks import make_sink
+from ..worker.sinks import make_sink
 
 logger = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ import threading
 import time
 from typing import Callable
 
-from . import lineprotocol
-from .schema import Point
+from .. import lineprotocol
+from ..schema import Point
 
 logger = logging.getLogger(__name__)
 

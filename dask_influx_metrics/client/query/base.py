@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .. import schema
+from ... import schema
 
 # Measurements that hold worker samples, and those whose points carry device tags.
 SAMPLE_MEASUREMENTS = (schema.GPU, schema.HOST, schema.WORKER, schema.CUSTOM)

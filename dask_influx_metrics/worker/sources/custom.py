@@ -23,7 +23,7 @@ import logging
 import math
 from typing import Callable
 
-from ..schema import CUSTOM, Reading
+from ...schema import CUSTOM, Reading
 
 logger = logging.getLogger(__name__)
 

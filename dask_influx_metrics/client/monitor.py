@@ -22,10 +22,10 @@ import os
 
 from distributed.protocol.pickle import dumps
 
-from .config import Settings, overrides_from_kwargs
-from .scheduler_plugin import NEW_JOB_OP, PLUGIN_NAME as JOBS_PLUGIN, JobPlugin
-from .sources import custom
-from .worker_plugin import PLUGIN_NAME as WORKER_PLUGIN, MetricsWorkerPlugin
+from ..config import Settings, overrides_from_kwargs
+from ..scheduler.plugin import NEW_JOB_OP, PLUGIN_NAME as JOBS_PLUGIN, JobPlugin
+from ..worker.sources import custom
+from ..worker.plugin import PLUGIN_NAME as WORKER_PLUGIN, MetricsWorkerPlugin
 
 
 async def _on_scheduler(dask_scheduler=None, action="state", tracking=None):

@@ -27,7 +27,7 @@ from typing import Optional
 
 import pandas as pd
 
-from .. import schema
+from ... import schema
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, empty_frame
 
 DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration"]

@@ -21,7 +21,7 @@ import json
 import threading
 from typing import Callable, NamedTuple
 
-from ..schema import WORKER, Reading
+from ...schema import WORKER, Reading
 
 
 class Activity(NamedTuple):

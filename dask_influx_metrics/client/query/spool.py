@@ -15,8 +15,8 @@ from typing import Optional
 
 import pandas as pd
 
-from .. import lineprotocol, schema
-from ..sinks.spool import read_lines, spool_files
+from ... import lineprotocol, schema
+from ...worker.sinks.spool import read_lines, spool_files
 from .base import DEVICE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame
 from ..tables import in_job
 

@@ -30,7 +30,7 @@ from typing import Iterable, NamedTuple
 
 import pandas as pd
 
-from . import schema
+from .. import schema
 
 MIB = float(2**20)
 DEVICE_COLUMN = re.compile(r"^(?P<metric>.+)\[(?P<index>\d+)\]$")

@@ -24,7 +24,7 @@ The same seed and the same activity give the same readings.
 
 Example
 -------
->>> from dask_influx_metrics.sources.activity import Activity
+>>> from dask_influx_metrics.worker.sources.activity import Activity
 >>> idle = lambda: Activity(running=(), nthreads=2, managed_bytes=0, last_job=0)
 >>> src = SimulatedGpuSource(1, frozenset({("gpu", "utilization_gpu"), ("gpu", "power_draw")}), idle)
 >>> src.read()[0].fields
@@ -39,7 +39,7 @@ import random
 import socket
 from typing import Callable, NamedTuple
 
-from ..schema import GPU, Reading
+from ...schema import GPU, Reading
 from .activity import Activity
 
 NAME = "Simulated GPU"

@@ -24,7 +24,8 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from .. import peaks as _peaks, schema, summary as _summary, tables as _tables
+from .. import peaks as _peaks, summary as _summary, tables as _tables
+from ... import schema
 from .base import DEVICE_MEASUREMENTS, QueryError
 
 __all__ = ["connect", "Store", "QueryError"]
@@ -67,7 +68,7 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
     >>> connect("/nonexistent")
     Traceback (most recent call last):
     ...
-    dask_influx_metrics.query.base.QueryError: spool folder '/nonexistent' does not exist
+    dask_influx_metrics.client.query.base.QueryError: spool folder '/nonexistent' does not exist
     """
     window = {"tags": tags, "start_ns": to_ns(start), "stop_ns": to_ns(stop)}
     source = os.fspath(source)
@@ -204,7 +205,7 @@ class Store:
     # --- tables ------------------------------------------------------------
     def worker_tables(self, job: Optional[int] = None, metrics=None, workers=None,
                       progress: Optional[Callable[[int, int], None]] = None) -> dict[str, pd.DataFrame]:
-        """``{address: table}`` in index order; see :mod:`dask_influx_metrics.tables` for the columns.
+        """``{address: table}`` in index order; see :mod:`dask_influx_metrics.client.tables` for the columns.
 
         Only the fields behind ``metrics`` (default: all present) are read,
         one worker at a time, filtered by ``job`` on the server.
@@ -241,7 +242,7 @@ class Store:
     # --- peaks, summaries, CSV -------------------------------------------
     def peaks(self, metric: str, per_job: bool = True, workers=None, job: Optional[int] = None,
               server: bool = True) -> pd.DataFrame:
-        """Tidy peaks of one metric (see :mod:`dask_influx_metrics.peaks`).
+        """Tidy peaks of one metric (see :mod:`dask_influx_metrics.client.peaks`).
 
         ``server=True`` lets the backend compute ``MAX ... GROUP BY worker,
         index, job`` (InfluxQL does it on the server); ``False`` computes from
@@ -272,7 +273,7 @@ class Store:
         return _peaks.to_lists(tidy, per_job, [i for i, _ in chosen])
 
     def summary(self, per_job: bool = True, workers=None, job: Optional[int] = None) -> pd.DataFrame:
-        """GPU and host-CPU utilization per worker (and per job): see :mod:`dask_influx_metrics.summary`."""
+        """GPU and host-CPU utilization per worker (and per job): see :mod:`dask_influx_metrics.client.summary`."""
         names = [n for n in (_summary.GPU_METRIC, _summary.CPU_METRIC) if n in self.metrics()]
         if not names:
             raise ValueError(f"a summary needs compute-util or host-cpu; present: {self.metrics()}")
@@ -282,7 +283,7 @@ class Store:
 
     def to_csv(self, path, fname: str = "worker", clear_dir: bool = False, metrics=None, workers=None,
                job: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None) -> list[str]:
-        """One CSV per worker in the old layout (see :mod:`dask_influx_metrics.csvfiles`); returns the paths."""
+        """One CSV per worker in the old layout (see :mod:`dask_influx_metrics.client.csvfiles`); returns the paths."""
         from ..csvfiles import write_tables
 
         tables = self.worker_tables(job=job, metrics=metrics, workers=workers, progress=progress)

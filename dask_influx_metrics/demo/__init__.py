@@ -77,7 +77,7 @@ def report(db, out_dir) -> str:
     paths = db.to_csv(os.path.join(out_dir, "csv"))
     parts.append(f"CSV: {len(paths)} files in {os.path.join(out_dir, 'csv')}")
     try:
-        from . import visualize as vis
+        from ..client import visualize as vis
 
         first, last = db.jobs()[0], db.jobs()[-1]
         lines = vis.lines(paths[0], first, ["compute-util", "mem-util"], save=os.path.join(out_dir, "lines.png"))
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
 
     from distributed import Client, LocalCluster
 
-    from . import Monitor
+    from .. import Monitor
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--influxdb-url", default="http://127.0.0.1:8086", help="InfluxDB to write to and read from")
@@ -132,7 +132,7 @@ def _run(args) -> int:
 
     from distributed import Client, LocalCluster
 
-    from . import Monitor
+    from .. import Monitor
 
     run = uuid.uuid4().hex[:8]
     online = _reachable(args.influxdb_url)

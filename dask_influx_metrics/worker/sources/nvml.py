@@ -45,7 +45,7 @@ import logging
 import os
 import threading
 
-from ..schema import GPU, Reading
+from ...schema import GPU, Reading
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,64 @@
+"""Dask ``--preload`` module: monitor a cluster from boot, with no client code.
+
+::
+
+    dask scheduler --preload dask_influx_metrics.preload
+    dask worker tcp://scheduler:8786            # --preload here is optional
+
+On the **scheduler**, :func:`dask_setup` installs the :class:`JobPlugin`
+(jobs/DAGs, ``dag`` points), starts a monitoring session and registers the
+:class:`MetricsWorkerPlugin` on the scheduler under its stable name, so every
+worker, present or future, samples from the moment it connects. All settings
+come from the ``influx-metrics`` Dask config, i.e. from environment variables
+such as ``DASK_INFLUX_METRICS__SINK=udp``: the scheduler's own environment for
+its ``dag`` points, and each worker's own environment for its samples (its
+Telegraf address, GPU source, tags).
+
+On a **worker** (or nanny) the preload does nothing: the plugin arrives from
+the scheduler. Loading it there is harmless, so one command line can serve both.
+
+A client can still take over later: ``Monitor(client).stop()`` ends the boot
+session, ``attach()``/``start()`` begin a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from distributed import Scheduler
+from distributed.protocol.pickle import dumps
+
+from ..config import Settings
+from .plugin import PLUGIN_NAME as JOBS_PLUGIN, JobPlugin
+from ..worker.plugin import PLUGIN_NAME as WORKER_PLUGIN, MetricsWorkerPlugin
+
+logger = logging.getLogger(__name__)
+
+
+async def dask_setup(server) -> None:
+    """Called by Dask with the scheduler, worker or nanny being started."""
+    if not isinstance(server, Scheduler):
+        logger.info("influx-metrics preload on %s: nothing to do (plugins come from the scheduler)",
+                    type(server).__name__)
+        return
+    await start_monitoring(server)
+
+
+async def start_monitoring(scheduler, overrides: dict | None = None) -> dict:
+    """Install the plugins on ``scheduler`` and start a session; return the session.
+
+    ``overrides`` (config keys below ``influx-metrics``) default to none: the
+    environment decides. Raises ``ValueError`` for invalid settings before
+    installing anything (Dask logs "Failed to start preload" with the reason
+    and the scheduler runs unmonitored).
+    """
+    overrides = dict(overrides or {})
+    Settings.resolve(overrides)  # validate now, on the scheduler
+    plugin = JobPlugin(overrides, worker_payload=b"")
+    # The scheduler calls plugin.start(scheduler) itself right after preloads.
+    scheduler.add_plugin(plugin, name=JOBS_PLUGIN)
+    session = plugin.start_session()
+    payload = dumps(MetricsWorkerPlugin(overrides, b"", session))
+    await scheduler.register_worker_plugin(None, payload, name=WORKER_PLUGIN, idempotent=False)
+    logger.info("influx-metrics: session %s started from preload", session["id"])
+    return session
