@@ -1,11 +1,18 @@
-"""Settings, in one place, through Dask's own config system.
+"""Settings, each declared once (:data:`SETTINGS`), read through Dask's own config system.
 
-Defaults live in ``influx-metrics.yaml`` beside this file and are registered
-under the ``influx-metrics`` key when the package is imported; environment
-variables (``DASK_INFLUX_METRICS__SINK=udp``) and YAML files override them the
-usual Dask way. Per-call overrides travel to workers as a small dict of dotted
-keys, so every worker still resolves what is node-local (the Telegraf address,
-the spool directory) from its own config.
+One table row per setting gives its config key (below ``influx-metrics``),
+the :class:`Settings` attribute, the ``Monitor``/``attach`` keywords, the
+default, the parser that validates it, the unit and a line of doc. Everything
+else is derived from that table: the defaults registered with ``dask.config``
+when the package is imported, the :class:`Settings` fields, :data:`KWARGS`,
+the shipped ``influx-metrics.yaml`` (:func:`defaults_yaml`) and the README
+settings table (:func:`settings_table_markdown`); ``tests/test_config.py``
+checks that the file and the README say what the table says.
+
+Environment variables (``DASK_INFLUX_METRICS__SINK=udp``) and YAML files
+override the defaults the usual Dask way. Per-call overrides travel to
+workers as a small dict of dotted keys, so every worker still resolves what
+is node-local (the Telegraf address, the spool directory) from its own config.
 
 Example
 -------
@@ -17,26 +24,26 @@ Example
 from __future__ import annotations
 
 import copy
+import math
 import os
+import socket
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import field, make_dataclass
+from typing import Any, Callable, NamedTuple
+from urllib.parse import urlsplit
 
 import dask.config
 import yaml
 
 from . import schema
 
-_DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "influx-metrics.yaml")
-with open(_DEFAULTS_FILE) as _f:
-    DEFAULTS = yaml.safe_load(_f)
-dask.config.update_defaults(DEFAULTS)
-
 SINKS = ("udp", "http", "spool")
 GPU_SOURCES = ("auto", "nvml", "simulated", "none")
 JOB_TYPES = ("client", "manual")
+MAX_GPUS = 64  # the most (simulated) devices per worker
 
 
-def parse_address(value, what="influx-metrics.telegraf.address") -> tuple[str, int]:
+def parse_address(value) -> tuple[str, int]:
     """Parse ``host:port`` (``[v6]:port`` for IPv6) into ``(host, port)``.
 
     >>> parse_address("127.0.0.1:8094")
@@ -48,10 +55,11 @@ def parse_address(value, what="influx-metrics.telegraf.address") -> tuple[str, i
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{what}: cannot parse {value!r}; expected host:port, e.g. 127.0.0.1:8094")
+        raise ValueError(f"must be host:port with a port from 1 to 65535, e.g. 127.0.0.1:8094; cannot parse {value!r}")
     return host, int(port)
 
 
+# --- parsers: value as read from dask.config -> Python value, or ValueError("must be ...") ----------
 def _as_list(value) -> list:
     if value is None:
         return []
@@ -60,31 +68,195 @@ def _as_list(value) -> list:
     return list(value)
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Every setting, resolved and validated. Build with :meth:`resolve`."""
+def _number(what: str, minimum: float = 0.0, maximum: float = math.inf, integer: bool = False) -> Callable:
+    """A parser for a finite number > 0 in [minimum, maximum]; numeric text is read as a number."""
+    def parse(value):
+        number = value
+        if isinstance(value, str):
+            try:
+                number = float(value) if not value.strip().isdigit() else int(value)
+            except ValueError:
+                pass
+        if (isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number)
+                or not (number > 0 and minimum <= number <= maximum) or integer and number != int(number)):
+            raise ValueError(f"must be {what}")
+        return int(number) if integer else number
+    return parse
 
-    polling_interval: int
-    tracking: tuple[str, ...]
-    job_type: str
-    sinks: tuple[str, ...]
-    tags: dict = field(default_factory=dict)
-    telegraf_address: tuple[str, int] = ("127.0.0.1", 8094)
-    max_datagram: int = 1472
-    influxdb_url: str = ""
-    database: str = "dask_metrics"
-    retention_policy: str | None = None
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    token: str | None = field(default=None, repr=False)
-    batch_size: int = 5000
-    http_timeout: float = 5.0
-    spool_directory: str = ""
-    mem_limit: int = 1000
-    flush_interval: float = 1.0
-    gpu_source: str = "auto"
-    gpu_count: int = 1
-    isolate: bool = False  # sampler.isolate: sample in a sidecar process (see worker/sidecar.py)
+
+_positive_int = _number("a positive integer", integer=True)
+_positive_seconds = _number("a positive, finite number of seconds")
+
+
+def _seconds(value) -> float:
+    return float(_positive_seconds(value))
+
+
+def _choice(options: tuple) -> Callable:
+    def parse(value):
+        if value not in options:
+            raise ValueError(f"must be one of {options}")
+        return value
+    return parse
+
+
+def _sinks(value) -> tuple:
+    sinks = _as_list(value)
+    if not sinks or set(sinks) - set(SINKS):
+        raise ValueError(f"must name one or more of {SINKS}")
+    return tuple(dict.fromkeys(sinks))
+
+
+def _tracking(value) -> tuple:
+    tracking = _as_list(value) or list(schema.TRACKING)
+    try:
+        schema.fields_for(tracking)
+    except ValueError as e:
+        raise ValueError(f"must name known metrics: {e}") from None
+    return tuple(tracking)
+
+
+def _tags(value) -> dict:
+    reserved = schema.COMMON_TAGS + schema.DEVICE_TAGS
+    if not isinstance(value or {}, dict) or set(value or {}) & set(reserved):
+        raise ValueError(f"must be a mapping that does not redefine {reserved}")
+    return {str(k): str(v) for k, v in (value or {}).items()}
+
+
+def _url(value) -> str:
+    """An ``http(s)://host...`` URL without the trailing slash; null or empty means none."""
+    text = str(value or "").strip().rstrip("/")
+    parts = urlsplit(text)
+    if text and (parts.scheme not in ("http", "https") or not parts.hostname):
+        raise ValueError("must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8086")
+    return text
+
+
+def _text(value) -> str:
+    if value is None or str(value) == "":
+        raise ValueError("must be a non-empty string")
+    return str(value)
+
+
+def _optional_text(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def _directory(value) -> str:
+    return str(value or os.path.join(tempfile.gettempdir(), "dask-influx-metrics"))
+
+
+def _bool(value) -> bool:
+    """``true``/``false`` (also from environment variables, as text); null is false."""
+    text = str(value).strip().lower()
+    if value is None or text in ("false", "0", "no", "off"):
+        return False
+    if text in ("true", "1", "yes", "on"):
+        return True
+    raise ValueError("must be true or false")
+
+
+# --- the table -------------------------------------------------------------------------------------
+class Setting(NamedTuple):
+    """One setting, declared once."""
+
+    key: str                    # below ``influx-metrics``, dotted: "telegraf.address"
+    attr: str                   # the Settings attribute
+    default: Any                # the YAML default (before parsing)
+    parse: Callable             # config value -> Python value; raises ValueError("must be ...")
+    unit: str                   # "ms", "s", "bytes", ... or ""
+    doc: str                    # one line for the YAML comment and the README
+    keywords: tuple = ()        # Monitor/attach keywords; () means (attr,)
+    secret: bool = False        # hidden from repr
+
+    @property
+    def kwargs(self) -> tuple:
+        return self.keywords or (self.attr,)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("polling-interval", "polling_interval", 200, _number("a number of ms >= 1", minimum=1), "ms",
+            "time between samples on each worker"),
+    Setting("tracking", "tracking", None, _tracking, "",
+            "metric names to collect; null = all (see schema.TRACKING)"),
+    Setting("job-type", "job_type", "client", _choice(JOB_TYPES), "",
+            "client: each client connection is a job; manual: only new_job() starts one"),
+    Setting("sink", "sinks", "spool", _sinks, "",
+            "where samples go: udp, http, spool, or a list such as [udp, spool]", keywords=("sink",)),
+    Setting("tags", "tags", {}, _tags, "", "extra tags written on every point, e.g. {cluster: prod-a}"),
+    Setting("telegraf.address", "telegraf_address", "127.0.0.1:8094", parse_address, "",
+            "node-local Telegraf UDP listener (host:port), read on each worker"),
+    Setting("telegraf.max-datagram", "max_datagram", 1472, _positive_int, "bytes",
+            "largest UDP datagram; 1472 fits a 1500-byte MTU unfragmented"),
+    Setting("influxdb.url", "influxdb_url", "http://127.0.0.1:8086", _url, "",
+            "InfluxDB for the http sink and for queries (http:// or https://)"),
+    Setting("influxdb.database", "database", "dask_metrics", _text, "",
+            "1.x database, or the DBRP-mapped database on 2.x"),
+    Setting("influxdb.retention-policy", "retention_policy", None, _optional_text, "",
+            "retention policy; null = the database's default"),
+    Setting("influxdb.username", "username", None, _optional_text, "", "1.x user name"),
+    Setting("influxdb.password", "password", None, _optional_text, "", "1.x password", secret=True),
+    Setting("influxdb.token", "token", None, _optional_text, "",
+            "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')", secret=True),
+    Setting("influxdb.batch-size", "batch_size", 5000, _positive_int, "lines", "size of one HTTP write"),
+    Setting("influxdb.timeout", "http_timeout", 5, _seconds, "s", "time limit per HTTP request"),
+    Setting("spool.directory", "spool_directory", None, _directory, "",
+            "spool root; null = dask-influx-metrics in the temporary directory",
+            keywords=("spool_directory", "dump_loc")),
+    Setting("spool.mem-limit", "mem_limit", 1000, _positive_int, "lines",
+            "held in worker memory before being appended to disk"),
+    Setting("spool.flush-interval", "flush_interval", 1, _seconds, "s",
+            "buffered lines reach disk at least this often"),
+    Setting("gpu.source", "gpu_source", "auto", _choice(GPU_SOURCES), "",
+            "auto (NVML if present, else none), nvml, simulated, none"),
+    Setting("gpu.count", "gpu_count", 1, _number(f"an integer from 1 to {MAX_GPUS}", maximum=MAX_GPUS, integer=True),
+            "", "simulated devices per worker (gpu.source: simulated)"),
+    Setting("sampler.isolate", "isolate", False, _bool, "",
+            "true: sample in a sidecar process per worker, outside the worker's GIL (worker/sidecar.py)"),
+)
+
+_BY_KEY = {s.key: s for s in SETTINGS}
+
+# Keyword arguments accepted by Monitor(...) and Monitor.attach(...), and the
+# config key (below ``influx-metrics``) each one overrides.
+KWARGS = {kw: s.key for s in SETTINGS for kw in s.kwargs}
+
+
+def _nested(pairs) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        *parents, leaf = key.split(".")
+        node = out
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[leaf] = copy.deepcopy(value)
+    return out
+
+
+DEFAULTS = {"influx-metrics": _nested((s.key, s.default) for s in SETTINGS)}
+dask.config.update_defaults(DEFAULTS)
+
+
+def _invalid(key: str, problem, value) -> ValueError:
+    return ValueError(f"influx-metrics.{key} {problem}, got {value!r}")
+
+
+def _parse(setting: Setting, value):
+    try:
+        return setting.parse(value)
+    except ValueError as e:
+        raise _invalid(setting.key, e, value) from None
+
+
+_Fields = make_dataclass("_Fields", [(s.attr, Any, field(repr=not s.secret)) for s in SETTINGS], frozen=True)
+
+
+class Settings(_Fields):
+    """Every setting, resolved and validated; one attribute per :data:`SETTINGS` row.
+
+    Build with :meth:`resolve` (anywhere), :meth:`for_session` (where a
+    session is created) or :meth:`from_dict` (settings resolved elsewhere).
+    """
 
     @property
     def fields(self) -> frozenset:
@@ -93,110 +265,52 @@ class Settings:
 
     @classmethod
     def resolve(cls, overrides: dict | None = None) -> "Settings":
-        """Read ``influx-metrics.*`` from dask.config with ``overrides`` on top.
+        """Read ``influx-metrics.*`` from dask.config with ``overrides`` on top, and validate it.
 
         ``overrides`` maps keys below ``influx-metrics`` (``"sink"``,
-        ``"telegraf.address"``) to values. Raises ``ValueError`` naming the
-        offending key for anything invalid.
+        ``"telegraf.address"``) to values; ``None`` means "not given". Raises
+        ``ValueError`` naming the offending key and value. No network access.
         """
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-        paths = ("polling-interval", "tracking", "job-type", "sink", "tags", "telegraf.address",
-                 "telegraf.max-datagram", "influxdb.url", "influxdb.database", "influxdb.retention-policy",
-                 "influxdb.username", "influxdb.password", "influxdb.token", "influxdb.batch-size",
-                 "influxdb.timeout", "spool.directory", "spool.mem-limit", "spool.flush-interval",
-                 "gpu.source", "gpu.count", "sampler.isolate")
+        unknown = sorted(k for k in overrides if k.replace("_", "-") not in _BY_KEY)
+        if unknown:
+            raise ValueError(f"unknown influx-metrics setting(s) {unknown}; known: {sorted(_BY_KEY)}")
         # dask.config.get treats '-' and '_' alike, as environment variables need
         with dask.config.set({f"influx-metrics.{k}": v for k, v in overrides.items()}):
-            values = {p: copy.deepcopy(dask.config.get(f"influx-metrics.{p}", default=None)) for p in paths}
-        get = values.__getitem__
+            raw = {s.key: copy.deepcopy(dask.config.get(f"influx-metrics.{s.key}", default=None)) for s in SETTINGS}
+        settings = cls(**{s.attr: _parse(s, raw[s.key]) for s in SETTINGS})
+        if "http" in settings.sinks and not settings.influxdb_url:
+            raise _invalid("influxdb.url", "must be set for the http sink", raw["influxdb.url"])
+        return settings
 
-        interval = get("polling-interval")
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
-            raise ValueError(f"influx-metrics.polling-interval must be a positive number of ms, got {interval!r}")
-        tracking = _as_list(get("tracking")) or list(schema.TRACKING)
-        schema.fields_for(tracking)  # raises on unknown names
-        job_type = get("job-type")
-        if job_type not in JOB_TYPES:
-            raise ValueError(f"influx-metrics.job-type must be one of {JOB_TYPES}, got {job_type!r}")
-        sinks = _as_list(get("sink"))
-        bad = [s for s in sinks if s not in SINKS]
-        if not sinks or bad:
-            raise ValueError(f"influx-metrics.sink must name one or more of {SINKS}, got {get('sink')!r}")
-        source = get("gpu.source")
-        if source not in GPU_SOURCES:
-            raise ValueError(f"influx-metrics.gpu.source must be one of {GPU_SOURCES}, got {source!r}")
-        tags = get("tags") or {}
-        if not isinstance(tags, dict) or set(tags) & set(schema.COMMON_TAGS + schema.DEVICE_TAGS):
-            raise ValueError(f"influx-metrics.tags must be a mapping that does not redefine {schema.COMMON_TAGS + schema.DEVICE_TAGS}, got {tags!r}")
-        return cls(
-            polling_interval=interval,
-            tracking=tuple(tracking),
-            job_type=job_type,
-            sinks=tuple(dict.fromkeys(sinks)),
-            tags={str(k): str(v) for k, v in tags.items()},
-            telegraf_address=parse_address(get("telegraf.address")),
-            max_datagram=_positive_int(get("telegraf.max-datagram"), "telegraf.max-datagram"),
-            influxdb_url=str(get("influxdb.url") or "").rstrip("/"),
-            database=str(get("influxdb.database")),
-            retention_policy=get("influxdb.retention-policy"),
-            username=get("influxdb.username"),
-            password=get("influxdb.password"),
-            token=get("influxdb.token"),
-            batch_size=_positive_int(get("influxdb.batch-size"), "influxdb.batch-size"),
-            http_timeout=float(get("influxdb.timeout")),
-            spool_directory=str(get("spool.directory") or os.path.join(tempfile.gettempdir(), "dask-influx-metrics")),
-            mem_limit=_positive_int(get("spool.mem-limit"), "spool.mem-limit"),
-            flush_interval=float(get("spool.flush-interval")),
-            gpu_source=source,
-            gpu_count=_positive_int(get("gpu.count"), "gpu.count"),
-            isolate=_as_bool(get("sampler.isolate"), "sampler.isolate"),
-        )
+    @classmethod
+    def for_session(cls, overrides: dict | None = None) -> "Settings":
+        """:meth:`resolve`, then :meth:`check_telegraf_host`: for where a session is created."""
+        settings = cls.resolve(overrides)
+        settings.check_telegraf_host()
+        return settings
 
+    def check_telegraf_host(self) -> None:
+        """With the udp sink, raise ``ValueError`` unless the Telegraf host resolves here.
 
-def _positive_int(value, key) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if isinstance(value, bool) or number <= 0 or number != value and not str(value).isdigit():
-        raise ValueError(f"influx-metrics.{key} must be a positive integer, got {value!r}")
-    return number
+        A DNS lookup, so it can block: run it once where the session is
+        created, off any event loop, not on every worker start.
+        """
+        if "udp" not in self.sinks:
+            return
+        host, port = self.telegraf_address
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        except (OSError, UnicodeError) as e:  # UnicodeError: a name IDNA cannot encode
+            raise _invalid("telegraf.address", f"names a host that does not resolve ({e})", f"{host}:{port}") from None
 
+    @classmethod
+    def from_dict(cls, doc: dict) -> "Settings":
+        """Rebuild settings resolved elsewhere and sent as ``dataclasses.asdict`` (JSON lists become tuples).
 
-def _as_bool(value, key) -> bool:
-    """``true``/``false`` (also from environment variables, as text); null is false."""
-    text = str(value).strip().lower()
-    if value is None or text in ("false", "0", "no", "off"):
-        return False
-    if text in ("true", "1", "yes", "on"):
-        return True
-    raise ValueError(f"influx-metrics.{key} must be true or false, got {value!r}")
-
-
-# Keyword arguments accepted by Monitor(...) and Monitor.attach(...), and the
-# config key (below ``influx-metrics``) each one overrides.
-KWARGS = {
-    "polling_interval": "polling-interval",
-    "tracking": "tracking",
-    "job_type": "job-type",
-    "sink": "sink",
-    "tags": "tags",
-    "telegraf_address": "telegraf.address",
-    "max_datagram": "telegraf.max-datagram",
-    "influxdb_url": "influxdb.url",
-    "database": "influxdb.database",
-    "retention_policy": "influxdb.retention-policy",
-    "username": "influxdb.username",
-    "password": "influxdb.password",
-    "token": "influxdb.token",
-    "spool_directory": "spool.directory",
-    "dump_loc": "spool.directory",
-    "mem_limit": "spool.mem-limit",
-    "flush_interval": "spool.flush-interval",
-    "gpu_source": "gpu.source",
-    "gpu_count": "gpu.count",
-    "isolate": "sampler.isolate",
-}
+        No validation: they were validated where they were resolved.
+        """
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
 
 
 def overrides_from_kwargs(**kwargs) -> dict:
@@ -217,3 +331,42 @@ def overrides_from_kwargs(**kwargs) -> dict:
         if "spool" not in sinks:
             out["sink"] = sinks + ["spool"]
     return out
+
+
+# --- documents derived from the table ----------------------------------------------------------------
+def _yaml_value(value) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()
+
+
+def _doc(setting: Setting) -> str:
+    return f"{setting.doc} ({setting.unit})" if setting.unit else setting.doc
+
+
+_YAML_HEADER = """\
+# Defaults for dask-influx-metrics. Every key can be set with dask.config,
+# a YAML file in ~/.config/dask/, or an environment variable such as
+# DASK_INFLUX_METRICS__SINK=udp. Monitor(...) and attach(...) override per call.
+# Generated from dask_influx_metrics/config.py (SETTINGS) by config.defaults_yaml(); edit it there.
+"""
+
+
+def defaults_yaml() -> str:
+    """The text of ``influx-metrics.yaml``: every default with its doc as a comment."""
+    lines, section = [_YAML_HEADER + "influx-metrics:"], ""
+    for s in SETTINGS:
+        parent, _, leaf = s.key.rpartition(".")
+        if parent != section:
+            lines.append(f"  {parent}:")
+            section = parent
+        indent = "    " if parent else "  "
+        lines.append(f"{indent}{leaf}: {_yaml_value(s.default)}".ljust(31) + f"# {_doc(s)}")
+    return "\n".join(lines) + "\n"
+
+
+def settings_table_markdown() -> str:
+    """The README "Settings" table: key (keywords), default, unit, meaning."""
+    rows = ["| key (keywords) | default | unit | meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        keywords = ", ".join(f"`{k}`" for k in s.kwargs)
+        rows.append(f"| `{s.key}` ({keywords}) | `{_yaml_value(s.default)}` | {s.unit} | {s.doc} |")
+    return "\n".join(rows) + "\n"

@@ -1,6 +1,13 @@
+import dataclasses
+import json
+import os
+import re
+
 import dask.config
 import pytest
+import yaml
 
+from dask_influx_metrics import config
 from dask_influx_metrics.config import Settings, overrides_from_kwargs, parse_address
 
 
@@ -74,3 +81,102 @@ def test_hyphenated_keys_set_from_environment_variables(monkeypatch):
         for var in ("POLLING_INTERVAL", "SPOOL__MEM_LIMIT", "JOB_TYPE"):
             monkeypatch.delenv(f"DASK_INFLUX_METRICS__{var}")
         dask.config.refresh()
+
+
+# --- one declaration per setting: the YAML file, the README and the keywords come from config.SETTINGS
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REGENERATE = ('regenerate: python -c "from dask_influx_metrics import config; '
+              'print(config.defaults_yaml(), end=\'\')" > dask_influx_metrics/influx-metrics.yaml')
+
+
+def test_shipped_yaml_is_generated_from_the_table():
+    with open(os.path.join(ROOT, "dask_influx_metrics", "influx-metrics.yaml")) as f:
+        text = f.read()
+    assert text == config.defaults_yaml(), REGENERATE
+    assert yaml.safe_load(text) == config.DEFAULTS
+
+
+def test_readme_settings_table_is_generated_from_the_table():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        section = f.read().split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    assert config.settings_table_markdown() in section, "paste config.settings_table_markdown() into README 'Settings'"
+
+
+def test_every_setting_is_an_attribute_a_keyword_and_a_default():
+    s = Settings.resolve()
+    for setting in config.SETTINGS:
+        assert hasattr(s, setting.attr)
+        assert all(config.KWARGS[k] == setting.key for k in setting.kwargs)
+        assert dask.config.get(f"influx-metrics.{setting.key}") == setting.default
+    old_keywords = {"polling_interval", "tracking", "job_type", "sink", "tags", "telegraf_address", "max_datagram",
+                    "influxdb_url", "database", "retention_policy", "username", "password", "token",
+                    "spool_directory", "dump_loc", "mem_limit", "flush_interval", "gpu_source", "gpu_count", "isolate"}
+    assert old_keywords <= set(config.KWARGS)
+    assert {"batch_size", "http_timeout"} <= set(config.KWARGS)  # new: every setting has a keyword
+
+
+def test_secrets_stay_out_of_repr():
+    s = Settings.resolve({"influxdb.password": "hunter2", "influxdb.token": "t0ken"})
+    assert (s.password, s.token) == ("hunter2", "t0ken") and "hunter2" not in repr(s) and "t0ken" not in repr(s)
+
+
+def test_from_dict_rebuilds_what_travelled_as_json():
+    s = Settings.resolve({"sink": ["udp", "spool"], "tags": {"cluster": "a"}, "spool.flush-interval": 0.5})
+    assert Settings.from_dict(json.loads(json.dumps(dataclasses.asdict(s)))) == s
+
+
+def test_numbers_from_text_and_types():
+    s = Settings.resolve({"influxdb.timeout": "2.5", "gpu.count": "3", "spool.flush-interval": 2})
+    assert (s.http_timeout, s.gpu_count, s.flush_interval) == (2.5, 3, 2.0)
+    assert isinstance(s.flush_interval, float) and isinstance(s.gpu_count, int)
+
+
+# Values the code accepted before but could not honour; each error names the key and the value.
+SECONDS = "must be a positive, finite number of seconds, got"
+URL = "influx-metrics.influxdb.url must be an http:// or https:// URL"
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"polling-interval": 0.5}, "influx-metrics.polling-interval must be a number of ms >= 1, got 0.5"),
+    ({"polling-interval": float("inf")}, "influx-metrics.polling-interval must be a number of ms >= 1, got inf"),
+    ({"spool.flush-interval": float("nan")}, f"influx-metrics.spool.flush-interval {SECONDS} nan"),
+    ({"spool.flush-interval": float("inf")}, f"influx-metrics.spool.flush-interval {SECONDS} inf"),
+    ({"spool.flush-interval": 0}, f"influx-metrics.spool.flush-interval {SECONDS} 0"),
+    ({"spool.flush-interval": -1}, f"influx-metrics.spool.flush-interval {SECONDS} -1"),
+    ({"influxdb.timeout": 0}, f"influx-metrics.influxdb.timeout {SECONDS} 0"),
+    ({"influxdb.timeout": -2.5}, f"influx-metrics.influxdb.timeout {SECONDS} -2.5"),
+    ({"influxdb.timeout": "inf"}, f"influx-metrics.influxdb.timeout {SECONDS} 'inf'"),
+    ({"gpu.count": 65}, "influx-metrics.gpu.count must be an integer from 1 to 64, got 65"),
+    ({"gpu.count": 2.5}, "influx-metrics.gpu.count must be an integer from 1 to 64, got 2.5"),
+    ({"influxdb.url": "ftp://db:8086"},
+     f"{URL} with a host, e.g. http://127.0.0.1:8086, got 'ftp://db:8086'"),
+    ({"influxdb.url": "127.0.0.1:8086"}, URL),
+    ({"influxdb.url": "http://"}, URL),
+    ({"influxdb.url": "", "sink": "http"}, "influx-metrics.influxdb.url must be set for the http sink, got ''"),
+    ({"influxdb.database": ""}, "influx-metrics.influxdb.database must be a non-empty string, got ''"),
+    ({"polling_intervall": 5}, "unknown influx-metrics setting(s) ['polling_intervall']"),
+])
+def test_values_that_cannot_be_honoured_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Settings.resolve(overrides)
+
+
+def test_empty_url_is_fine_without_the_http_sink():
+    assert Settings.resolve({"influxdb.url": "", "sink": "udp"}).influxdb_url == ""
+
+
+# A 64-character label is not a valid host name: the lookup fails here, without asking a DNS server.
+UNRESOLVABLE = "x" * 64 + ".invalid:8094"
+
+
+def test_session_refuses_a_telegraf_host_that_does_not_resolve():
+    assert Settings.resolve({"sink": "udp", "telegraf.address": UNRESOLVABLE})  # workers never look it up
+    with pytest.raises(ValueError, match=re.escape(
+            f"influx-metrics.telegraf.address names a host that does not resolve (")) as e:
+        Settings.for_session({"sink": "udp", "telegraf.address": UNRESOLVABLE})
+    assert str(e.value).endswith(f"got {UNRESOLVABLE!r}")
+    assert Settings.for_session({"sink": "udp", "telegraf.address": "localhost:8094"}).sinks == ("udp",)
+
+
+def test_telegraf_host_is_only_looked_up_for_the_udp_sink():
+    assert Settings.for_session({"sink": "spool", "telegraf.address": UNRESOLVABLE}).sinks == ("spool",)

@@ -216,6 +216,7 @@ def test_stop_from_a_second_client_stops_sampling_everywhere(cluster, client, in
     ({"polling_interval": 0}, ValueError, "polling-interval"),
     ({"polling_interval": -1}, ValueError, "polling-interval"),
     ({"telegraf_address": "not-an-address"}, ValueError, "telegraf.address"),
+    ({"sink": "udp", "telegraf_address": "x" * 64 + ".invalid:8094"}, ValueError, "does not resolve"),
     ({"custom_metrics": [slow]}, TypeError, "not decorated"),
     ({"job_type": "sometimes"}, ValueError, "job-type"),
 ])

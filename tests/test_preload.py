@@ -86,3 +86,21 @@ def test_preload_monitors_cluster_from_boot(influxd, tmp_path):
     finally:
         for proc in reversed(procs):
             _stop(proc)
+
+
+def test_preload_refuses_an_unresolvable_telegraf_host_before_installing_anything():
+    import asyncio
+
+    from distributed import Scheduler
+
+    from dask_influx_metrics.scheduler.plugin import PLUGIN_NAME as JOBS_PLUGIN
+    from dask_influx_metrics.scheduler.preload import start_monitoring
+    from dask_influx_metrics.worker.plugin import PLUGIN_NAME as WORKER_PLUGIN
+
+    async def attempt():
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as scheduler:
+            with pytest.raises(ValueError, match="telegraf.address names a host that does not resolve"):
+                await start_monitoring(scheduler, {"sink": "udp", "telegraf.address": "x" * 64 + ".invalid:8094"})
+            return JOBS_PLUGIN in scheduler.plugins or WORKER_PLUGIN in scheduler.worker_plugins
+
+    assert not asyncio.run(attempt())

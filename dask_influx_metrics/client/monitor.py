@@ -76,7 +76,7 @@ class Monitor:
         overrides = {**self._settings, **overrides_from_kwargs(
             tracking=list(tracking) if tracking is not None else None, job_type=job_type,
             polling_interval=polling_interval, mem_limit=mem_limit, dump_loc=dump_loc, **settings)}
-        resolved = Settings.resolve(overrides)  # raises on anything invalid
+        resolved = Settings.for_session(overrides)  # raises on anything invalid
         metrics = custom.validate(custom_metrics)
         clash = {m.name for m in metrics} & {"tasks", "running"}
         if clash:

@@ -23,6 +23,7 @@ session, ``attach()``/``start()`` begin a new one.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from distributed import Scheduler
@@ -53,7 +54,8 @@ async def start_monitoring(scheduler, overrides: dict | None = None) -> dict:
     and the scheduler runs unmonitored).
     """
     overrides = dict(overrides or {})
-    Settings.resolve(overrides)  # validate now, on the scheduler
+    settings = Settings.resolve(overrides)  # validate now, on the scheduler
+    await asyncio.to_thread(settings.check_telegraf_host)  # a DNS lookup: off the event loop
     plugin = JobPlugin(overrides, worker_payload=b"")
     # The scheduler calls plugin.start(scheduler) itself right after preloads.
     scheduler.add_plugin(plugin, name=JOBS_PLUGIN)

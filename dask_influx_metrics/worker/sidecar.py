@@ -246,12 +246,6 @@ class Sidecar:
         return code
 
 
-def _settings(doc: dict):
-    from ..config import Settings
-
-    return Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
-
-
 def _worker_gpu(settings, activity, pid: int):
     """The GPU source, if any; simulated devices get the worker's UUIDs, not the sidecar's."""
     from ..schema import GPU
@@ -284,6 +278,7 @@ def main(stdin=None) -> int:
     """The sidecar process: ``python -m dask_influx_metrics.worker.sidecar`` with its config on stdin."""
     import psutil
 
+    from ..config import Settings
     from .sampler import Sampler
     from .sinks import make_sink
     from .sources.activity import TaskSource
@@ -300,7 +295,7 @@ def main(stdin=None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s - influx-metrics sidecar of {config['worker']}"
                         " - %(levelname)s - %(message)s")
-    settings, pid = _settings(config["settings"]), config["pid"]
+    settings, pid = Settings.from_dict(config["settings"]), config["pid"]
     buffer = SnapshotBuffer(config["fd"], config["size"], writable=False)
     activity = SnapshotReader(buffer)
     gpu = _worker_gpu(settings, activity, pid)
