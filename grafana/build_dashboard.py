@@ -9,7 +9,7 @@ production. Run it after changing the schema and commit the output::
 Queries are InfluxQL against the ``dask-influxql`` datasource (InfluxDB 1.x,
 or 2.x through a DBRP mapping). ``host``/``worker`` filter with
 ``=~ /^$var$/``; ``job``/``dag`` tags of samples are comma-joined lists
-(``"1,2"``), so they filter with ``=~ /(^|,)$var(,|$)/``.
+(``"1,2"``), so they filter with ``=~ /(^|,)$var(,|$)/`` (:mod:`dask_influx_metrics.jobtags`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from dask_influx_metrics import schema  # noqa: E402
+from dask_influx_metrics import jobtags, schema  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboards", "dask-influx-metrics.json")
 INFLUXQL = {"type": "influxdb", "uid": "dask-influxql"}
@@ -27,7 +27,7 @@ UNITS = {"%": "percent", "MiB": "decmbytes", "bytes": "bytes", "W": "watt", "C":
          "MHz": "rothz", "count": "short", "s": "s"}
 
 HOST_WORKER = '"host" =~ /^$host$/ AND "worker" =~ /^$worker$/'
-JOB_DAG = '"job" =~ /(^|,)$job(,|$)/ AND "dag" =~ /(^|,)$dag(,|$)/'
+JOB_DAG = f'"job" =~ {jobtags.influxql_regex("$job")} AND "dag" =~ {jobtags.influxql_regex("$dag")}'
 SAMPLES = f"{HOST_WORKER} AND {JOB_DAG}"
 
 

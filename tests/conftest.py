@@ -112,5 +112,13 @@ def monitored(influxd, tmp_path_factory):
             "peak_memory": monitor.peak_memory(),
             "csv": monitor.to_csv(str(tmp_path_factory.mktemp("csv")), metrics=["compute-util", "mem-util"]),
         }
+        # query()'s Store: one per session and source, reused by get_peaks/peak_memory/to_csv.
+        store = monitor.query()
+        monitor.peak_memory()
+        reused = monitor.query() is store and not store.closed
+        other = monitor.query(source=influxd.url)
+        monitor.shutdown()
+        answers["store"] = {"reused": reused, "other_source_closes_it": store.closed and other is not store,
+                            "shutdown_closes": other.closed}
     return types.SimpleNamespace(influxd=influxd, run=run, spool=str(spool), session=stopped or session,
                                  workers=workers, answers=answers)

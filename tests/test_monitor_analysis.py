@@ -19,6 +19,10 @@ def test_peak_memory_is_the_first_apis_shape(monitored):
     assert all(isinstance(w, list) and len(w) == 2 and all(isinstance(v, (int, float)) for v in w) for w in peaks)
 
 
+def test_query_reuses_one_store_per_session_and_source(monitored):
+    assert monitored.answers["store"] == {"reused": True, "other_source_closes_it": True, "shutdown_closes": True}
+
+
 def test_to_csv_then_peaks_from_csv(monitored):
     paths = monitored.answers["csv"]
     folder = os.path.dirname(paths[0])

@@ -146,6 +146,21 @@ def test_unreachable_and_unknown_database(influxd, tmp_path):
         query.connect(tmp_path)
 
 
+def _open_pools(db) -> int:
+    return sum(len(adapter.poolmanager.pools) for adapter in db.backend._session.adapters.values())
+
+
+def test_store_as_context_manager_closes_its_connections(monitored):
+    with query.connect(monitored.influxd.url, database="dask_metrics", tags={"run": monitored.run}) as db:
+        assert db.jobs() == [1, 2]
+        assert _open_pools(db) == 1 and not db.closed  # the requests.Session holds a connection
+    assert db.closed and _open_pools(db) == 0
+    db.close()  # twice is harmless
+    with query.connect(monitored.spool) as spool:
+        assert spool.jobs() == [1, 2]
+    assert spool.closed
+
+
 def test_csv_round_trip(stores, monitored, tmp_path):
     from dask_influx_metrics.client import csvfiles
 

@@ -210,6 +210,12 @@ def test_backend_answers_equal_influxql(fake, fresh_db, influxd):
     pd.testing.assert_frame_equal(a, b[list(a.columns)].sort_values("time").reset_index(drop=True), check_dtype=False)
 
 
+def test_store_as_context_manager_closes_the_client(fake):
+    with _connect(fake) as db:
+        assert db.jobs() == [1, 2] and db.backend._client.api_client is not None
+    assert db.closed and db.backend._client.api_client is None  # InfluxDBClient.close() ran
+
+
 # --- errors ------------------------------------------------------------------------
 def test_unreachable():
     with pytest.raises(QueryError, match=r"cannot reach InfluxDB at http://127\.0\.0\.1:1\b"):

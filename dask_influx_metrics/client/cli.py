@@ -14,6 +14,7 @@ print one line, ``error: ...``, on stderr and exit with status 2.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -131,13 +132,15 @@ def _connect(source=None, database=None, username=None, password=None, token=Non
 def store_options(f):
     """Add the connection options; the command gets ``open_store()`` (a callable) as its first argument.
 
+    The Store it opens is closed when the command returns (``with query.connect(...) as db:``).
     Put it directly above the ``def`` so these options come last in ``--help``.
     """
 
     @functools.wraps(f)
     def command(**kw):
         given = {k: kw.pop(k) for k in _STORE_KEYS}
-        return f(functools.partial(_connect, **given), **kw)
+        with contextlib.ExitStack() as opened:
+            return f(lambda: opened.enter_context(_connect(**given)), **kw)
 
     for option in reversed(_STORE_OPTIONS):
         command = option(command)

@@ -147,10 +147,11 @@ class Monitor:
         self.client._send_to_scheduler({"op": NEW_JOB_OP, "job": job})
 
     def shutdown(self) -> None:
-        """Stop any running session and remove the monitor from the cluster.
+        """Stop any running session, remove the monitor from the cluster and close :meth:`query`'s Store.
 
         >>> monitor.shutdown()  # doctest: +SKIP
         """
+        self._close_store()
         try:
             self.client.unregister_worker_plugin(WORKER_PLUGIN)
         except ValueError:
@@ -158,6 +159,9 @@ class Monitor:
         self.client.run_on_scheduler(_on_scheduler, action="detach")
 
     # --- analysis (old dask-metrics API) ----------------------------------
+    _store = None  # query()'s Store, reused while _store_key (session, source, options) holds
+    _store_key = None
+
     def query(self, source=None, **kwargs):
         """A :class:`~dask_influx_metrics.query.Store` over this session's samples.
 
@@ -166,6 +170,12 @@ class Monitor:
         ``database``), narrowed to the session's time range and extra tags.
         ``source`` (a URL or spool folder) and ``kwargs`` go to
         :func:`~dask_influx_metrics.query.connect` instead.
+
+        Once the session has stopped, the Store (and its HTTP connections) is
+        kept for the next call with the same ``source`` and ``kwargs``
+        (``get_peaks``, ``peak_memory``, ``to_csv``); while it runs, each call
+        reads afresh. The Monitor owns the Store: a new one closes the old,
+        and :meth:`shutdown` closes the last.
 
         >>> monitor.query().jobs()  # doctest: +SKIP
         [1, 2, 3]
@@ -177,18 +187,31 @@ class Monitor:
         if session is None:
             raise RuntimeError("no monitoring session has run yet; start() one first")
         settings = Settings.resolve(state["overrides"])
-        window = {"start": session["start"], "stop": session.get("stop"), "tags": settings.tags or None}
-        if source is not None:
-            return query.connect(source, **{**window, **kwargs})
+        options = {"start": session["start"], "stop": session.get("stop"), "tags": settings.tags or None}
         spool = os.path.join(settings.spool_directory, session["id"])
-        if "spool" in settings.sinks and os.path.isdir(spool):
-            return query.connect(spool, **{**window, **kwargs})
-        if {"udp", "http"} & set(settings.sinks):
-            return query.connect(settings.influxdb_url, settings.database, retention_policy=settings.retention_policy,
-                                 username=settings.username, password=settings.password, token=settings.token,
-                                 **{**window, **kwargs})
-        raise RuntimeError(f"session {session['id']} was spooled on the workers under {spool!r}, which this "
-                           "machine cannot see; replay it into InfluxDB or pass source=<copied folder>")
+        if source is not None:
+            args = (source,)
+        elif "spool" in settings.sinks and os.path.isdir(spool):
+            args = (spool,)
+        elif {"udp", "http"} & set(settings.sinks):
+            args = (settings.influxdb_url, settings.database)
+            options.update(retention_policy=settings.retention_policy, username=settings.username,
+                           password=settings.password, token=settings.token)
+        else:
+            raise RuntimeError(f"session {session['id']} was spooled on the workers under {spool!r}, which this "
+                               "machine cannot see; replay it into InfluxDB or pass source=<copied folder>")
+        options.update(kwargs)
+        key = (session["id"], args, options)
+        running = state["session"] is not None  # samples still arriving: the Store's caches would go stale
+        if running or self._store is None or self._store.closed or self._store_key != key:
+            self._close_store()
+            self._store, self._store_key = query.connect(*args, **options), key
+        return self._store
+
+    def _close_store(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = self._store_key = None
 
     def get_peaks(self, metric="mem-util", workers=None, per_job=True, **kwargs) -> list:
         """Peak ``metric`` per worker and GPU: ``[{job: [peak per GPU]}, ...]`` or, with

@@ -25,18 +25,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .. import jobtags
 from .tables import device_columns
 
 COLUMNS = ["worker_index", "worker", "job", "device", "metric", "peak", "unit"]
-
-
-def _explode_jobs(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows with ``job="1,2"`` become two rows (job 1 and job 2); job 0 is dropped."""
-    jobs = frame["job"].astype(str).str.split(",")
-    frame = frame.assign(job=jobs).explode("job")
-    frame = frame[frame["job"].str.strip().str.fullmatch(r"\d+")]
-    frame = frame.assign(job=frame["job"].astype(int))
-    return frame[frame["job"] > 0]
 
 
 def _tidy(rows: pd.DataFrame, metric: str, unit: str) -> pd.DataFrame:
@@ -58,7 +50,7 @@ def from_tables(tables: list[pd.DataFrame], metric: str, per_job: bool = True, u
         device = long["column"].str.extract(r"\[(\d+)\]$", expand=False)
         long = long.assign(device=pd.to_numeric(device))
         if per_job:
-            long = _explode_jobs(long)
+            long = jobtags.explode(long)  # "1,2" counts for 1 and 2; job 0 is dropped
         keys = (["job"] if per_job else []) + ["device"]
         peak = long.groupby(keys, dropna=False)["value"].max().rename("peak").reset_index()
         parts.append(peak.assign(worker_index=table.attrs.get("worker_index", 0), worker=table.attrs.get("worker", "")))
@@ -74,7 +66,7 @@ def from_groups(groups: pd.DataFrame, metric, worker_index: dict[str, int], per_
         return pd.DataFrame(columns=COLUMNS)
     frame = groups.assign(value=pd.to_numeric(groups["max"]) * metric.scale)
     if per_job:
-        frame = _explode_jobs(frame)
+        frame = jobtags.explode(frame)
     if "index" in frame.columns:
         frame = frame.assign(device=pd.to_numeric(frame["index"].replace("", None)))
     else:

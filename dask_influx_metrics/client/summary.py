@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .tables import device_columns, in_job, job_numbers
+from .. import jobtags
+from .tables import device_columns
 
 GPU_METRIC = "compute-util"
 CPU_METRIC = "host-cpu"
@@ -60,7 +61,7 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True) -> pd.DataFrame:
     for table in tables:
         interval = interval_seconds(table)
         who = {"worker_index": table.attrs.get("worker_index", 0), "worker": table.attrs.get("worker", "")}
-        jobs = sorted({j for tag in table["job"].unique() for j in job_numbers(tag) if j > 0}) if per_job else []
+        jobs = jobtags.distinct(table["job"].unique()) if per_job else []
         for resource, metric in (("gpu", GPU_METRIC), ("cpu", CPU_METRIC)):
             cols = device_columns(table, metric)
             if not cols:
@@ -69,7 +70,7 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True) -> pd.DataFrame:
             rows.append({**who, "job": pd.NA, "resource": resource,
                          **_row(table[cols].to_numpy(dtype=float).ravel(), devices, interval)})
             for job in jobs:
-                mask = in_job(table["job"], job).to_numpy()
+                mask = jobtags.series_contains(table["job"], job).to_numpy()
                 rows.append({**who, "job": job, "resource": resource,
                              **_row(table.loc[mask, cols].to_numpy(dtype=float).ravel(), devices, interval)})
     frame = pd.DataFrame(rows, columns=COLUMNS)

@@ -125,24 +125,6 @@ def natural_key(text: str):
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t]
 
 
-def job_numbers(tag: str) -> list[int]:
-    """``"1,3"`` -> ``[1, 3]``; the empty tag -> ``[]``.
-
-    >>> job_numbers("2,10")
-    [2, 10]
-    """
-    return [int(j) for j in str(tag).split(",") if j.strip().lstrip("-").isdigit()]
-
-
-def in_job(tags: pd.Series, job: int) -> pd.Series:
-    """Boolean mask of rows whose comma-joined ``job`` tag contains ``job``.
-
-    >>> in_job(pd.Series(["1", "1,2", "12"]), 2).tolist()
-    [False, True, False]
-    """
-    return tags.astype(str).str.contains(rf"(?:^|,){int(job)}(?:,|$)", regex=True)
-
-
 def _device_sort(values) -> list:
     return sorted(values, key=lambda v: (int(v) if str(v).isdigit() else 1 << 30, str(v)))
 

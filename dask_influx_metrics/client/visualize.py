@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import re
 
-from .. import schema
+from .. import jobtags, schema
 
 __all__ = ["lines", "boxes", "unit_of", "DEFAULT_METRICS"]
 
@@ -91,11 +91,6 @@ def _metric_columns(table) -> dict[str, list[tuple[str, str]]]:
     }
 
 
-def _job_key(token: str):
-    token = token.strip()
-    return (0, int(token), "") if token.isdigit() else (1, 0, token)
-
-
 def _select(source, job, metrics):
     """Load ``source`` and return (name, rows of ``job`` sorted by timestamp, panels).
 
@@ -119,12 +114,11 @@ def _select(source, job, metrics):
     if table.empty:
         raise ValueError(f"{name}: the table has no samples")
 
-    memberships = table["job"].astype(str).str.split(",").map(lambda ts: {t.strip() for t in ts})
-    present = sorted(set().union(*memberships), key=_job_key)
-    key = str(job).strip()
-    if key not in present:
-        raise ValueError(f"job {job!r} not in {name}; jobs present: {', '.join(present)}")
-    rows = table[memberships.map(lambda ts: key in ts).to_numpy()]
+    present = jobtags.distinct(table["job"].unique(), zero=True)
+    number = int(str(job).strip()) if str(job).strip().isdecimal() else None  # 2 or "2"
+    if number not in present:
+        raise ValueError(f"job {job!r} not in {name}; jobs present: {', '.join(map(str, present))}")
+    rows = table[jobtags.series_contains(table["job"], number).to_numpy()]
     rows = rows.sort_values("timestamp", kind="stable")
 
     available = _metric_columns(table)
@@ -149,7 +143,7 @@ def _select(source, job, metrics):
     if rows.empty:  # pragma: no cover - a present job always has rows
         raise ValueError(f"{name}: no samples for job {job!r}")
     panels = [(m, unit_of(m, table.attrs), available[m]) for m in metrics]
-    return name, key, rows, panels
+    return name, str(number), rows, panels
 
 
 def _plot(source, job, metrics, width, height, save, draw):

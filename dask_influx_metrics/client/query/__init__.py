@@ -7,6 +7,7 @@
 >>> tables = db.worker_tables(job=2, metrics=["mem-util", "compute-util"])  # doctest: +SKIP
 >>> db.peaks("total-mem", per_job=True)        # tidy DataFrame, computed by the server  # doctest: +SKIP
 >>> db.get_peaks("total-mem", workers=[0, 1])  # the old tool's list shapes  # doctest: +SKIP
+>>> db.close()                                 # or: with query.connect(...) as db:  # doctest: +SKIP
 
 Workers are numbered by address in natural order (``tcp://10.0.0.9:1`` before
 ``tcp://10.0.0.10:1``); ``db.worker_map()`` gives index -> address, and every
@@ -25,8 +26,8 @@ from typing import Callable, Optional
 import pandas as pd
 
 from .. import peaks as _peaks, summary as _summary, tables as _tables
-from ... import schema
-from .base import DEVICE_MEASUREMENTS, QueryError
+from ... import jobtags, schema
+from .base import DEVICE_MEASUREMENTS, Backend, QueryError
 
 __all__ = ["connect", "Store", "QueryError"]
 
@@ -63,7 +64,8 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
     ``"flux"`` (2.x, 1.8+; needs ``influxdb-client``; ``database`` is then the
     bucket, e.g. ``dask_metrics/autogen``). For a spool, ``session`` picks a
     session folder (default: the latest). Raises :class:`QueryError` naming the
-    URL or folder when it cannot be read.
+    URL or folder when it cannot be read. The :class:`Store` holds HTTP
+    connections: ``close()`` it, or use it as ``with connect(...) as db:``.
 
     >>> connect("/nonexistent")
     Traceback (most recent call last):
@@ -93,20 +95,38 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
 
 
 class Store:
-    """Questions about one set of collected samples (see the module docstring)."""
+    """Questions about one set of collected samples (see the module docstring).
+
+    A context manager: leaving ``with`` closes the backend's connections.
+
+    >>> with connect("/tmp/dask-influx-metrics") as db:  # doctest: +SKIP
+    ...     jobs = db.jobs()
+    """
 
     #: workers fetched at once by :meth:`worker_tables`
     parallel = 4
 
-    def __init__(self, backend, origin_ns: Optional[int] = None):
+    def __init__(self, backend: Backend, origin_ns: Optional[int] = None):
         self.backend = backend
         self._origin_ns = origin_ns
         self._workers: Optional[list[str]] = None
         self._fields: Optional[dict] = None
+        self.closed = False
 
     def __repr__(self) -> str:
         return f"<Store {self.backend.language} {getattr(self.backend, 'url', getattr(self.backend, 'path', ''))}>"
 
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close what :func:`connect` opened (HTTP sessions, the Flux client); closing twice is harmless."""
+        if not self.closed:
+            self.closed = True
+            self.backend.close()
     # --- what exists -------------------------------------------------------
     def workers(self) -> list[str]:
         """Worker addresses in index order (natural sort of the address)."""
@@ -120,7 +140,7 @@ class Store:
 
     def jobs(self) -> list[int]:
         """Job numbers that have samples (job 0, "nothing ran yet", is not a job)."""
-        return sorted({j for tag in self.backend.tag_values("job") for j in _tables.job_numbers(tag) if j > 0})
+        return jobtags.distinct(self.backend.tag_values("job"))
 
     def fields(self) -> dict[str, list[str]]:
         """``{measurement: [fields]}`` present in the data."""

@@ -1,17 +1,20 @@
 """What every query backend shares: the error type and the shape of a long frame.
 
-A backend (``influxql.py``, ``flux.py``, ``spool.py``) answers five questions:
-``fields()``, ``tag_values(key)``, ``first_time()``, ``frame(measurement,
-fields, worker, job)`` (long samples: ``time`` in ns, ``job``, ``dag``,
-``index`` for device points, one column per field), ``max_by(measurement,
-field, by, workers, job)`` and ``dag_points()``. Everything else is built on
-those in :mod:`dask_influx_metrics.query`.
+A backend (``influxql.py``, ``flux.py``, ``spool.py``) is a :class:`Backend`:
+it answers ``fields()``, ``tag_values(key)``, ``first_time()``,
+``frame(measurement, fields, worker, job)`` (long samples: ``time`` in ns,
+``job``, ``dag``, ``index`` for device points, one column per field),
+``max_by(measurement, field, by, workers, job)`` and ``dag_points()``, and
+``close()`` releases its connections. Everything else is built on those in
+:mod:`dask_influx_metrics.query`.
 
 >>> list(empty_frame(["utilization_gpu"], device=True).columns)
 ['time', 'job', 'dag', 'index', 'utilization_gpu']
 """
 
 from __future__ import annotations
+
+from typing import Optional, Protocol
 
 import pandas as pd
 
@@ -20,6 +23,20 @@ from ... import schema
 # Measurements that hold worker samples, and those whose points carry device tags.
 SAMPLE_MEASUREMENTS = (schema.GPU, schema.HOST, schema.WORKER, schema.CUSTOM)
 DEVICE_MEASUREMENTS = (schema.GPU, schema.CUSTOM)
+
+
+class Backend(Protocol):
+    """What :class:`~dask_influx_metrics.query.Store` asks of a backend."""
+
+    language: str
+
+    def fields(self) -> dict[str, list[str]]: ...
+    def tag_values(self, key: str) -> list[str]: ...
+    def first_time(self) -> Optional[int]: ...
+    def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame: ...
+    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None) -> pd.DataFrame: ...
+    def dag_points(self) -> pd.DataFrame: ...
+    def close(self) -> None: ...
 
 
 class QueryError(RuntimeError):

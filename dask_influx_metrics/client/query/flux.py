@@ -27,7 +27,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ... import schema
+from ... import jobtags, schema
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, empty_frame
 
 DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration"]
@@ -60,7 +60,7 @@ def predicate(measurements, tags=None, fields=None, workers=None, job: Optional[
     if workers is not None:
         terms.append(_any_of("r.worker", workers))
     if job is not None:
-        terms.append(f"r.job =~ /(^|,){int(job)}(,|$)/")
+        terms.append(f"r.job =~ {jobtags.flux_regex(job)}")
     return " and ".join(terms)
 
 
@@ -205,9 +205,14 @@ class FluxBackend:
                                                 annotations=["datatype", "group", "default"],
                                                 date_time_format="RFC3339Nano")
         self._api_error, self._net_errors = ApiException, (urllib3.exceptions.HTTPError, OSError)
-        self._check_bucket()
+        try:
+            self._check_bucket()
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
+        """Close the ``InfluxDBClient`` and its connections."""
         self._client.close()
 
     # --- transport ---------------------------------------------------------

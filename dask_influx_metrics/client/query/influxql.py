@@ -19,6 +19,7 @@ from typing import Optional
 import pandas as pd
 import requests
 
+from ... import jobtags
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame
 
 
@@ -44,7 +45,7 @@ def where_clause(tags: dict, start_ns: Optional[int], stop_ns: Optional[int],
     if worker is not None:
         terms.append(f'"worker" = {literal(worker)}')
     if job is not None:
-        terms.append(f'"job" =~ /(^|,){int(job)}(,|$)/')
+        terms.append(f'"job" =~ {jobtags.influxql_regex(job)}')
     return ("WHERE " + " AND ".join(terms)) if terms else ""
 
 
@@ -80,7 +81,15 @@ class InfluxQLBackend:
         if token:
             self._session.headers["Authorization"] = f"Token {token}"
         self._auth = {"u": username, "p": password} if username else {}
-        self._check_database()
+        try:
+            self._check_database()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Close the HTTP connections (the ``requests.Session``)."""
+        self._session.close()
 
     # --- transport ---------------------------------------------------------
     def _get(self, q: str, csv: bool = True) -> requests.Response:

@@ -15,10 +15,9 @@ from typing import Optional
 
 import pandas as pd
 
-from ... import lineprotocol, schema
+from ... import jobtags, lineprotocol, schema
 from ...worker.sinks.spool import read_lines, spool_files
 from .base import DEVICE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame
-from ..tables import in_job
 
 SCHEDULER_DIR = "scheduler"
 
@@ -81,6 +80,9 @@ class SpoolBackend:
                     self._folders[worker] = folder
                     break
 
+    def close(self) -> None:
+        """Nothing to release: files are read whole and closed."""
+
     def _filter(self, frame: pd.DataFrame) -> pd.DataFrame:
         if frame.empty:
             return frame
@@ -139,7 +141,7 @@ class SpoolBackend:
         present = [f for f in fields if f in frame.columns]
         frame = frame[frame[present].notna().any(axis=1)] if present else frame.iloc[:0]
         if job is not None:
-            frame = frame[in_job(frame["job"], job)]
+            frame = frame[jobtags.series_contains(frame["job"], job)]
         return frame.sort_values("time", kind="stable").reset_index(drop=True)
 
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None) -> pd.DataFrame:

@@ -21,6 +21,7 @@ import json
 import threading
 from typing import Callable, NamedTuple
 
+from ... import jobtags
 from ...schema import WORKER, Reading
 
 
@@ -41,14 +42,12 @@ class Activity(NamedTuple):
         """Jobs of executing tasks ('1,2'), else the last job run here.
 
         Tasks submitted while no session ran carry job 0 and are left out."""
-        jobs = sorted({job for _, job, _ in self.running if job})
-        return ",".join(map(str, jobs)) if jobs else str(self.last_job)
+        return jobtags.format((job for _, job, _ in self.running), idle=self.last_job)
 
     @property
     def dag_tag(self) -> str:
         """DAGs of executing tasks ('3,5'); '0' when idle."""
-        dags = sorted({dag for _, _, dag in self.running if dag})
-        return ",".join(map(str, dags)) if dags else "0"
+        return jobtags.format(dag for _, _, dag in self.running)
 
 
 class TaskRegistry:

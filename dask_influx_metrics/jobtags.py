@@ -1,0 +1,119 @@
+"""The ``job``/``dag`` tag rule, written once: every writer and reader uses these functions.
+
+A sample's ``job`` and ``dag`` tags list the jobs/DAGs of the tasks executing
+at that instant, ascending and comma-joined (``"2"``, ``"1,2"``). An idle
+sample has ``dag="0"`` and the worker's last job (``"0"`` before its first
+task): number 0 means "none", it is never a job or DAG of its own.
+
+>>> tag = format([2, 1, 2])
+>>> tag, parse(tag), contains(tag, 2), contains(tag, 12)
+('1,2', (1, 2), True, False)
+>>> influxql_regex(2)
+'/(^|,)2(,|$)/'
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+
+_VARIABLE = re.compile(r"\$\w+")
+
+
+def format(numbers, idle: int = 0) -> str:  # noqa: A001 (the codec's verb; the builtin is not used here)
+    """The tag of ``numbers``: ascending, each once, 0 and None left out; ``str(idle)`` when none remain.
+
+    >>> format([3, 1, 3, 0, None])
+    '1,3'
+    >>> format([]), format([], idle=2)
+    ('0', '2')
+    """
+    nums = sorted({n for n in numbers if n})  # a few distinct numbers, however many tasks run
+    return ",".join(str(_number(n)) for n in nums) if nums else str(_number(idle))
+
+
+def parse(tag) -> tuple[int, ...]:
+    """The numbers in a tag, as written (``"0"`` -> ``(0,)``); tokens that are not numbers are skipped.
+
+    >>> parse("2,10"), parse("0"), parse(""), parse(7)
+    ((2, 10), (0,), (), (7,))
+    """
+    return tuple(int(t) for t in str(tag).split(",") if t.strip().isdecimal())
+
+
+def contains(tag, n: int) -> bool:
+    """Whether the tag lists ``n`` (``"1,2"`` contains 2, ``"12"`` does not).
+
+    >>> contains("1,2", 2), contains("12", 2), contains("0", 0)
+    (True, False, True)
+    """
+    return _number(n) in parse(tag)
+
+
+def distinct(tags, zero: bool = False) -> list[int]:
+    """Every number in a collection of tags, ascending; 0 ("none") only with ``zero=True``.
+
+    >>> distinct(["1", "1,2", "0", "3,2"]), distinct(["0", "2"], zero=True)
+    ([1, 2, 3], [0, 2])
+    """
+    return sorted({n for tag in set(tags) for n in parse(tag) if n or zero})
+
+
+def series_contains(tags, n: int):
+    """Boolean mask of a pandas Series of tags: which list ``n`` (vectorised).
+
+    >>> import pandas as pd
+    >>> series_contains(pd.Series(["1", "1,2", "12"]), 2).tolist()
+    [False, True, False]
+    """
+    return tags.astype(str).str.contains(rf"(?:^|,){_number(n)}(?:,|$)", regex=True)
+
+
+def explode(frame, column: str = "job", zero: bool = False):
+    """One row per number in ``frame[column]`` (``"1,2"`` -> a row for 1 and one for 2, as ints).
+
+    Rows whose tag holds no number, and (unless ``zero``) number 0, are dropped.
+
+    >>> import pandas as pd
+    >>> explode(pd.DataFrame({"job": ["1,2", "0", "3"], "x": [5, 6, 7]})).values.tolist()
+    [[1, 5], [2, 5], [3, 7]]
+    """
+    tokens = frame[column].astype(str).str.split(",")
+    out = frame.assign(**{column: tokens}).explode(column)
+    out = out[out[column].str.strip().str.fullmatch(r"\d+")]
+    out = out.assign(**{column: out[column].astype(int)})
+    return out if zero else out[out[column] > 0]
+
+
+def influxql_regex(n) -> str:
+    """The InfluxQL regex literal that matches tags listing ``n``: ``"job" =~ /(^|,)2(,|$)/``.
+
+    ``n`` is a number, or a Grafana template variable such as ``"$job"``.
+
+    >>> influxql_regex(2), influxql_regex("$dag")
+    ('/(^|,)2(,|$)/', '/(^|,)$dag(,|$)/')
+    """
+    token = n if isinstance(n, str) and _VARIABLE.fullmatch(n) else _number(n)
+    return f"/(^|,){token}(,|$)/"
+
+
+def flux_regex(n) -> str:
+    """The Flux regex literal for tags listing ``n`` (Flux writes regexes like InfluxQL): ``r.job =~ /(^|,)2(,|$)/``.
+
+    >>> flux_regex(2)
+    '/(^|,)2(,|$)/'
+    """
+    return influxql_regex(n)
+
+
+def _number(n) -> int:
+    """A job/DAG number: a non-negative integer (numpy integers too), else a ``ValueError`` naming it."""
+    try:
+        if isinstance(n, bool):
+            raise TypeError
+        value = operator.index(n)
+    except TypeError:
+        raise ValueError(f"a job/DAG number is a non-negative integer, got {n!r}") from None
+    if value < 0:
+        raise ValueError(f"a job/DAG number is a non-negative integer, got {n!r}")
+    return value
