@@ -263,13 +263,14 @@ class Monitor:
 
     # --- introspection ---------------------------------------------------
     def jobs(self) -> dict:
-        """Jobs and DAGs of the current (or last) session, from the scheduler.
+        """Jobs and DAGs of the current (or last) session, from the scheduler, and
+        ``shared_gpus``: GPUs that several workers of one host use (``host``, ``uuid``, ``workers``).
 
         >>> monitor.jobs()["dags"][1]["status"]  # doctest: +SKIP
         'ok'
         """
         state = self._state()
-        return {k: state[k] for k in ("job_type", "jobs", "dags", "session", "last_session")}
+        return {k: state[k] for k in ("job_type", "jobs", "dags", "session", "last_session", "shared_gpus")}
 
     def _state(self, required=True) -> dict | None:
         state = self.client.run_on_scheduler(_on_scheduler, action="state")

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "influx-metrics-jobs"
 ANNOTATION = "influx_metrics"
+EVENT_TOPIC = "influx-metrics"  # worker reports: {"worker", "what", "message", ...}
+SHARED_GPU = "shared-gpu"  # a report's "what" when workers of a host use one GPU
 NEW_JOB_OP = "influx-metrics-new-job"
 _submitting_task: contextvars.ContextVar = contextvars.ContextVar("influx_metrics_submitting", default=None)
 
@@ -53,6 +55,7 @@ class JobPlugin(SchedulerPlugin):
         self.last_session: dict | None = None
         self.book = JobBook(self.overrides.get("job-type", "client"))
         self.sink = None
+        self.shared_gpus: dict[tuple, set] = {}  # (host, uuid) -> worker addresses
 
     # --- plugin life cycle -------------------------------------------------
     async def start(self, scheduler) -> None:
@@ -110,6 +113,7 @@ class JobPlugin(SchedulerPlugin):
         return {"overrides": dict(self.overrides), "worker_payload": self.worker_payload,
                 "session": dict(self.session) if self.session else None,
                 "last_session": dict(self.last_session) if self.last_session else None,
+                "shared_gpus": [{"host": h, "uuid": u, "workers": sorted(w)} for (h, u), w in sorted(self.shared_gpus.items())],
                 **self.book.summary()}
 
     # --- Dask hooks ----------------------------------------------------------
@@ -159,3 +163,8 @@ class JobPlugin(SchedulerPlugin):
         tags = {**self._tags, "job": str(dag.job), "dag": str(dag.number), "status": dag.status}
         point = schema.Point(schema.DAG, tags, fields, int(t * 1e9))
         self.sink.send(lineprotocol.encode_many([point]))
+
+    def log_event(self, topic, msg) -> None:
+        """Collect the workers' shared-GPU reports (``Monitor.jobs()["shared_gpus"]``)."""
+        if topic == EVENT_TOPIC and isinstance(msg, dict) and msg.get("what") == SHARED_GPU:
+            self.shared_gpus.setdefault((msg.get("host"), msg.get("uuid")), set()).add(msg.get("worker"))

@@ -38,7 +38,7 @@ from distributed.protocol.pickle import loads
 
 from ..config import Settings
 from .sampler import Sampler
-from ..scheduler.plugin import ANNOTATION
+from ..scheduler.plugin import ANNOTATION, EVENT_TOPIC
 from .sinks import make_sink
 from .sources import make_gpu_source
 from .sources.activity import CachedActivity, TaskRegistry, TaskSource
@@ -48,7 +48,6 @@ from .sources.host import HostSource
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "influx-metrics"
-EVENT_TOPIC = "influx-metrics"
 SIDECAR_START_TIMEOUT = 30.0  # s for a sidecar to start sampling (it imports this package)
 RUNNING = frozenset({"executing", "long-running"})
 STILL_RUNNING = RUNNING | {"cancelled"}  # a cancelled task's thread runs on
