@@ -39,7 +39,7 @@ from . import schema
 
 SINKS = ("udp", "http", "spool")
 GPU_SOURCES = ("auto", "nvml", "simulated", "none")
-GPU_DEVICES = ("auto", "first", "all")  # see worker/sources/nvml_devices.py
+GPU_DEVICES = ("auto", "first", "all")  # see worker/sources/nvml_devices.choose
 JOB_TYPES = ("client", "manual")
 MAX_GPUS = 64  # the most (simulated) devices per worker
 

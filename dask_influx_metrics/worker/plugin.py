@@ -1,4 +1,4 @@
-"""Worker plugin: wires sources -> sampler -> sink on each worker.
+"""Worker plugin: samples each worker (sources -> sampler -> sink, wired by :mod:`.build`).
 
 Registered by :meth:`Monitor.start` with ``Client.register_plugin`` under the
 stable name :data:`PLUGIN_NAME`, so the scheduler also sets it up on workers
@@ -37,13 +37,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol.pickle import loads
 
 from ..config import Settings
-from .sampler import Sampler
 from ..scheduler.plugin import ANNOTATION, EVENT_TOPIC
-from .sinks import make_sink
-from .sources import make_gpu_source
-from .sources.activity import CachedActivity, TaskRegistry, TaskSource
-from .sources.custom import CustomSource
-from .sources.host import HostSource
+from .build import build_sampler
+from .sources.activity import CachedActivity, TaskRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -82,27 +78,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     def _start_sampler(self, custom_only: bool = False) -> None:
         """The in-process sampler: everything, or (beside a sidecar) custom metrics only."""
-        settings, worker, activity = self.settings, self.worker, self.activity
-        per_device = any(m.per_device for m in self.custom)
-        if self.gpu is None and (per_device or not custom_only):
-            self.gpu = self._gpu_source(settings, activity, needed=per_device)
-        sources = [s for s in (
-            None if custom_only else self.gpu,
-            None if custom_only else HostSource(settings.fields),
-            None if custom_only else TaskSource(settings.fields, activity),
-            CustomSource(self.custom, worker, self._devices, report=self._report),
-        ) if s is not None]
-        if self.sink is None:
-            self.sink = make_sink(settings, role=worker.address, session=self.session["id"])
-        base = self.base_tags
-
-        def tags() -> dict:
-            snap = activity()
-            return {**base, "job": snap.job_tag, "dag": snap.dag_tag}
-
-        self.sampler = Sampler(
-            sources, self.sink, tags, interval=settings.polling_interval / 1000.0,
-            before_sample=activity.refresh, clock_offset=lambda: worker.scheduler_delay,
+        self.sampler, (self.gpu, self.sink) = build_sampler(
+            self.settings, self.session["id"], self.worker.address, self.base_tags, self.activity,
+            clock_offset=lambda: self.worker.scheduler_delay, report=self._report,
+            custom=self.custom, worker=self.worker, custom_only=custom_only, gpu=self.gpu, sink=self.sink,
         )
         self.sampler.start()
 
@@ -182,22 +161,6 @@ class MetricsWorkerPlugin(WorkerPlugin):
         sidecar, self.sidecar = self.sidecar, None
         return asyncio.to_thread(sidecar.close)
     # --- end of sampler.isolate --------------------------------------------------------
-
-    def _gpu_source(self, settings: Settings, activity, needed: bool):
-        if not needed and not any(m == "gpu" for m, _ in settings.fields):
-            return None
-        try:
-            return make_gpu_source(settings, activity)
-        except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
-            self._report("gpu-source", f"GPU source {settings.gpu_source!r} unavailable: {e}")
-            return None
-
-    def _devices(self) -> list:
-        """(device tags, handle) pairs for per-device custom metrics."""
-        if self.gpu is None:
-            return []
-        return [({"index": str(i), "uuid": uuid, "name": name}, h)
-                for (i, uuid, name), h in zip(self.gpu.devices, self.gpu.handles)]
 
     def _report(self, what: str, message: str) -> None:
         logger.warning("influx-metrics on %s: %s", self.worker.address, message)

@@ -16,12 +16,13 @@ class Source(Protocol):
         """Return this moment's readings; one bad field never drops the rest."""
 
 
-def make_gpu_source(settings, activity):
+def make_gpu_source(settings, activity, pid: int | None = None):
     """The GPU source that ``influx-metrics.gpu.source`` names, or None.
 
     ``auto`` is NVML when pynvml imports and sees a device, else no GPU
     source; ``simulated`` follows the worker's activity (see
-    :mod:`.simulated`); ``none`` turns GPU sampling off.
+    :mod:`.simulated`, its UUIDs those of worker process ``pid``, default this
+    one); ``none`` turns GPU sampling off.
     """
     choice = settings.gpu_source
     if choice == "none":
@@ -29,7 +30,7 @@ def make_gpu_source(settings, activity):
     if choice == "simulated":
         from .simulated import SimulatedGpuSource
 
-        return SimulatedGpuSource(settings.gpu_count, settings.fields, activity)
+        return SimulatedGpuSource(settings.gpu_count, settings.fields, activity, pid=pid)
     from .nvml import NvmlSource, nvml_available
 
     if choice == "auto" and not nvml_available():
