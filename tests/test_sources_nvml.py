@@ -97,7 +97,7 @@ def test_visible_entries_as_cuda_reads_them(fake, visible, kept, message, caplog
 def test_all_fields_follow_schema(fake):
     readings = by_index(NvmlSource(ALL, visible=None, nvml=fake).read())
     for r in readings.values():
-        assert r.measurement == "gpu" and set(r.tags) == {"index", "uuid", "name"}
+        assert r.measurement == "gpu" and set(r.tags) == {"index", "nvml_index", "uuid", "name"}  # issue 10: nvml_index
         for name, value in r.fields.items():
             assert type(value) is FIELDS[GPU, name].type, name
     busy = readings["0"].fields
@@ -274,6 +274,8 @@ def test_replay_of_a_real_h100_with_two_processes():
         "power_draw": 694.497,
         "temperature_gpu": 60.0,
         "clocks_current_sm": 1200.0,
+        "clocks_event_reasons": 4,  # issue 10: software power cap, as recorded
+        "worker_memory_used": 0.0,  # this test process holds nothing on the recorded GPU
     }
     assert [s["power_draw"] for s in samples] == [694.497, 698.252, 700.78, 693.983, 700.293]
     assert [s["clocks_current_sm"] for s in samples] == [1200.0, 1410.0, 1305.0, 1380.0, 1365.0]

@@ -1,7 +1,11 @@
 """GPU readings from NVML (``import pynvml``, from the ``nvidia-ml-py`` package).
 
-One ``gpu`` reading per visible device, tagged ``index`` (position in
-``CUDA_VISIBLE_DEVICES``, 0 = first visible), ``uuid`` and ``name``. Only the
+One ``gpu`` reading per device the worker uses, tagged ``index`` (position in
+``CUDA_VISIBLE_DEVICES``, 0 = first visible), ``nvml_index`` (the physical GPU),
+``uuid`` and ``name``. Device-wide fields come only from the worker that owns
+the GPU on its host, tagged with the jobs of every worker that uses it
+(:mod:`..gpushare`); per-worker fields (``per_worker`` entries: the memory this
+worker's process tree holds, :mod:`.gpuprocs`) from every worker. Only the
 requested fields are read. :data:`TABLE` holds one entry per NVML call: its
 variants, best first, and how each field it serves follows from the result,
 in the unit of ``schema.FIELDS``. One call per device and sample serves every
@@ -43,7 +47,8 @@ import os
 from typing import Callable, NamedTuple
 
 from ...schema import GPU, Reading
-from .nvml_devices import as_text, import_nvml, init_once, parse_visible, visible_handles
+from .gpuprocs import ProcessTree, host_pid_problem, tree_memory_mib
+from .nvml_devices import as_text, choose, import_nvml, init_once, parse_visible, visible_handles
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +79,15 @@ class Group(NamedTuple):
 
     ``calls``: the variants, best first. ``fields``: field -> its value from the
     result, in the unit of ``schema.FIELDS`` (``None``: no value this time).
-    ``static``: fields read once per device and kept.
+    ``static``: fields read once per device and kept. ``per_worker``: the
+    fields describe this worker, not the device; each converter then also gets
+    the worker's process ids (host PIDs).
     """
 
     calls: tuple[Call, ...]
     fields: dict[str, Callable]
     static: frozenset = frozenset()
+    per_worker: bool = False
 
 
 TABLE: dict[str, Group] = {
@@ -102,6 +110,15 @@ TABLE: dict[str, Group] = {
         {"temperature_gpu": float},  # C
     ),
     "clock": Group((Call("nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",)),), {"clocks_current_sm": float}),  # MHz
+    "clock_events": Group(  # 1-3 us on an H100; the older name before pynvml 12.535
+        (Call("nvmlDeviceGetCurrentClocksEventReasons"), Call("nvmlDeviceGetCurrentClocksThrottleReasons")),
+        {"clocks_event_reasons": int},  # NVML's bitmask, as is
+    ),
+    "processes": Group(  # ~32 us on an H100: pid and usedGpuMemory of each process with a context
+        (Call("nvmlDeviceGetComputeRunningProcesses"),),
+        {"worker_memory_used": tree_memory_mib},  # MiB
+        per_worker=True,
+    ),
 }
 
 
@@ -134,10 +151,12 @@ def _variants(nvml, group: Group) -> list[Callable]:
 class _Device:
     __slots__ = ("index", "handle", "tags", "static", "calls")
 
-    def __init__(self, index, handle, uuid, name, calls):
+    def __init__(self, index, handle, uuid, name, calls, nvml_index=None):
         self.index = index
         self.handle = handle
         self.tags = {"index": str(index), "uuid": uuid, "name": name}
+        if nvml_index is not None:
+            self.tags["nvml_index"] = str(nvml_index)
         self.static: dict = {}  # static fields read so far (memory_total)
         self.calls = calls  # TABLE key -> remaining variants of its NVML call
 
@@ -147,9 +166,15 @@ class NvmlSource:
 
     ``fields`` holds ``(measurement, field)`` pairs (see ``schema.FIELDS``); only
     the ``gpu`` ones are read. ``visible`` defaults to ``CUDA_VISIBLE_DEVICES``;
-    ``nvml`` is the pynvml module (imported when ``None``). A bad
-    ``CUDA_VISIBLE_DEVICES`` entry raises ``ValueError`` naming it; NVML that
-    cannot start raises ``RuntimeError``.
+    ``nvml`` is the pynvml module (imported when ``None``); ``devices`` is
+    ``gpu.devices`` (see :func:`.nvml_devices.choose`). ``pid`` is the worker's
+    process id (default: this process). ``share_dir`` (the session's folder in
+    the host's run directory) turns on one writer per physical GPU among the
+    workers of the host, and ``activity`` (a callable returning the worker's
+    :class:`~.activity.Activity`) is what this worker publishes there;
+    ``report(what, message, **details)`` is told, once, of shared GPUs and of
+    per-worker memory that cannot be known. NVML that cannot start raises
+    ``RuntimeError``.
 
     >>> src = NvmlSource(frozenset({("gpu", "utilization_gpu")}), visible="")  # no GPU visible
     >>> src.devices, src.read()
@@ -159,10 +184,22 @@ class NvmlSource:
     'GPU-9baca7f5-...', 'name': 'NVIDIA A100-SXM4-80GB'}, {'utilization_gpu': 87.0})``.
     """
 
-    def __init__(self, fields: frozenset, visible=_ENV, nvml=None):
+    def __init__(self, fields: frozenset, visible=_ENV, nvml=None, *, devices: str = "all", pid: int | None = None,
+                 share_dir: str | None = None, activity=None, report=None):
         self._nvml = nvml = import_nvml(nvml)
         self._visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is _ENV else visible
-        self._want = want = frozenset(name for m, name in fields if m == GPU)
+        self._mode, self._share_dir, self._activity = devices, share_dir, activity
+        self._report_to = report or (lambda what, message, **details: logger.warning("%s", message))
+        self._tree = ProcessTree(pid)
+        self._share = None
+        self._shared_reported: set[str] = set()
+        self._samples = 0
+        want = frozenset(name for m, name in fields if m == GPU)
+        problem = host_pid_problem() if want & _worker_fields() else None
+        if problem:
+            self._report_to("gpu-process-memory", f"per-worker GPU memory left out: {problem}")
+            want -= _worker_fields()
+        self._want = want
         # per TABLE entry with a wanted field: (key, group, per-sample fields, static fields)
         self._plan = [
             (key, g, [f for f in g.fields if f in want and f not in g.static], [f for f in g.static if f in want])
@@ -195,13 +232,19 @@ class NvmlSource:
                 f"NVML could not start ({e}); is the NVIDIA driver installed and a GPU "
                 "present? Without one, set influx-metrics.gpu.source to 'simulated' or 'none'."
             ) from e
+        handles = choose(handles, self._mode, visible_set=entries is not None)
         variants = {key: _variants(nvml, g) for key, g, _, _ in self._plan}
         for index, handle in enumerate(handles):
             uuid = self._static(nvml.nvmlDeviceGetUUID, handle, f"GPU-unknown-{index}")
             name = self._static(nvml.nvmlDeviceGetName, handle, "unknown")
-            dev = _Device(index, handle, uuid, name, {key: list(v) for key, v in variants.items()})
+            physical = _nvml_index(nvml, handle)
+            dev = _Device(index, handle, uuid, name, {key: list(v) for key, v in variants.items()}, physical)
             self._fields(dev, static_only=True)
             self._devices.append(dev)
+        if self._share_dir and self._devices:
+            from ..gpushare import HostDevices
+
+            self._share = HostDevices(self._share_dir, [d.tags["uuid"] for d in self._devices], pid=self._tree.pid)
 
     def _static(self, fn, handle, default: str) -> str:
         try:
@@ -210,23 +253,27 @@ class NvmlSource:
             logger.warning("NVML %s failed (%s); using %r", fn.__name__, e, default)
             return default
 
-    def _fields(self, dev: _Device, static_only: bool = False) -> dict:
-        """The wanted fields of ``dev`` now; static ones read only until they have a value."""
+    def _fields(self, dev: _Device, static_only: bool = False, per_worker: bool = False) -> dict:
+        """The wanted device-wide (or ``per_worker``) fields of ``dev`` now; static ones read only
+        until they have a value."""
         fields: dict = {}
         for key, group, per_sample, static in self._plan:
+            if group.per_worker != per_worker:
+                continue
             todo = [f for f in static if f not in dev.static] + ([] if static_only else per_sample)
             raw = self._call(dev, key, group) if todo else None
             if raw is None:
                 continue
+            extra = (self._tree.pids(),) if per_worker else ()
             for name in todo:
                 try:
-                    value = group.fields[name](raw)
+                    value = group.fields[name](raw, *extra)
                 except Exception as e:  # a result unlike the documented one, or a bug: this sample only
                     self._report(dev, name, e)
                     continue
                 if value is not None:
                     (dev.static if name in static else fields)[name] = value
-        return {**fields, **dev.static}
+        return fields if per_worker else {**fields, **dev.static}
 
     def _call(self, dev: _Device, key: str, group: Group):
         """The entry's NVML result for ``dev``, or ``None`` (never raises)."""
@@ -267,12 +314,47 @@ class NvmlSource:
                 logger.warning("NVML re-initialisation after fork failed: %s", e)
                 self._devices = []
                 return []
+        own = self._publish()
         readings = []
         for dev in self._devices:
-            fields = self._fields(dev)
-            if fields:
-                readings.append(Reading(GPU, dict(dev.tags), fields))
+            readings.extend(self._device_readings(dev, own))
+        self._samples += 1
         return readings
+
+    def _publish(self) -> tuple[str, str] | None:
+        """Tell the other workers of the host what runs here; return this worker's (job, dag) tags."""
+        if self._share is None or self._activity is None:
+            return None
+        snap = self._activity()
+        self._share.publish({j for _, j, _ in snap.running}, {d for _, _, d in snap.running}, snap.last_job)
+        return snap.job_tag, snap.dag_tag
+
+    def _device_readings(self, dev: _Device, own: tuple[str, str] | None) -> list[Reading]:
+        """This worker's per-worker reading of ``dev``, and the device-wide one if it owns ``dev``."""
+        uuid = dev.tags["uuid"]
+        mine = self._fields(dev, per_worker=True)
+        if self._share is None:
+            fields = {**self._fields(dev), **mine}
+            return [Reading(GPU, dict(dev.tags), fields)] if fields else []
+        if self._samples % 25 == 0 and uuid not in self._shared_reported:
+            self._check_shared(uuid)
+        if not self._share.owns(uuid):
+            return [Reading(GPU, dict(dev.tags), mine)] if mine else []
+        device = self._fields(dev)
+        tags = self._share.tags(uuid)
+        if own is None or tags == own:  # nobody else runs a task on it now: one point
+            fields = {**device, **mine}
+            return [Reading(GPU, dict(dev.tags), fields)] if fields else []
+        readings = [Reading(GPU, {**dev.tags, "job": tags[0], "dag": tags[1]}, device)] if device else []
+        return readings + ([Reading(GPU, dict(dev.tags), mine)] if mine else [])
+
+    def _check_shared(self, uuid: str) -> None:
+        pids = self._share.sharers(uuid)
+        if len(pids) > 1:
+            self._shared_reported.add(uuid)
+            self._report_to("shared-gpu", f"GPU {uuid} is used by {len(pids)} workers of this host (pids "
+                            f"{pids}); its device-wide readings are written once, tagged with all their jobs",
+                            uuid=uuid, pids=pids)
 
     @property
     def handles(self) -> list:
@@ -285,8 +367,23 @@ class NvmlSource:
         return [(d.index, d.tags["uuid"], d.tags["name"]) for d in self._devices]
 
     def close(self) -> None:
-        """Drop the handles; NVML itself stays initialised for the process."""
+        """Drop the handles and leave the host's GPU share; NVML itself stays initialised."""
         self._devices = []
+        if self._share is not None:
+            self._share.close()
+            self._share = None
+
+
+def _nvml_index(nvml, handle) -> int | None:
+    """The physical NVML index; None for a MIG instance (NVML numbers only whole GPUs)."""
+    try:
+        return int(nvml.nvmlDeviceGetIndex(handle))
+    except nvml.NVMLError:
+        return None
+
+
+def _worker_fields() -> frozenset:
+    return frozenset(f for g in TABLE.values() if g.per_worker for f in g.fields)
 
 
 def nvml_available(nvml=None, visible=_ENV) -> bool:
