@@ -1,11 +1,11 @@
 """Worker plugin: wires sources -> sampler -> sink on each worker.
 
-Registered by :meth:`Monitor.start` with ``Client.register_plugin`` under the
-stable name :data:`PLUGIN_NAME`, so the scheduler also sets it up on workers
-that join later or restart; :meth:`Monitor.stop` unregisters it, which tears
-it down everywhere. Settings are resolved on the worker from its own Dask
-config plus the client's explicit overrides, so each node finds its own
-Telegraf.
+Registered on the scheduler by :func:`..scheduler.session.start` (behind both
+``Monitor.start`` and ``--preload``) under the stable name :data:`PLUGIN_NAME`,
+so the scheduler also sets it up on workers that join later or restart;
+:func:`..scheduler.session.stop` unregisters it, which tears it down
+everywhere. Settings are resolved on the worker from its own Dask config plus
+the client's explicit overrides, so each node finds its own Telegraf.
 
 ``transition`` (on the event loop) only updates a small registry of executing
 tasks with the job/DAG the scheduler annotated them with; the sampling thread
@@ -28,14 +28,15 @@ Example
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 
 from tornado.ioloop import PeriodicCallback
 
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.protocol.pickle import loads
 
+from .. import _dask
 from ..config import Settings
 from .sampler import Sampler
 from ..scheduler.plugin import ANNOTATION
@@ -70,10 +71,11 @@ class MetricsWorkerPlugin(WorkerPlugin):
     def setup(self, worker):
         self.worker = worker
         self.settings = settings = Settings.resolve(self.overrides)
-        self.registry = TaskRegistry(worker.state.nthreads, managed_bytes=lambda: worker.state.nbytes)
-        for ts in list(worker.state.executing) + list(worker.state.long_running):
-            self._started(ts.key)
-        self.custom = loads(self.worker_payload) if self.worker_payload else []
+        managed = functools.partial(_dask.worker_managed_bytes, worker)  # read by the sampler thread
+        self.registry = TaskRegistry(_dask.worker_nthreads(worker), managed_bytes=managed)
+        for key in _dask.worker_running_keys(worker):
+            self._started(key)
+        self.custom = _dask.loads(self.worker_payload) if self.worker_payload else []
         self.activity = CachedActivity(self.registry)
         self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
         self.gpu = self.sink = None
@@ -103,7 +105,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
         self.sampler = Sampler(
             sources, self.sink, tags, interval=settings.polling_interval / 1000.0,
-            before_sample=activity.refresh, clock_offset=lambda: worker.scheduler_delay,
+            before_sample=activity.refresh, clock_offset=functools.partial(_dask.worker_clock_offset, worker),
         )
         self.sampler.start()
 
@@ -127,8 +129,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._publish()
 
     def _started(self, key) -> None:
-        ts = self.worker.state.tasks.get(key)
-        mark = (ts.annotations or {}).get(ANNOTATION) if ts is not None else None
+        mark = _dask.worker_task_annotation(self.worker, key, ANNOTATION)
         if mark and mark.get("session") == self.session["id"]:
             self.registry.started(key, mark["job"], mark["dag"])
         else:  # submitted while no session ran: counted, not attributed
@@ -157,7 +158,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._start_sampler(custom_only=self.sidecar is not None)
 
     def _publish(self) -> None:
-        self.sidecar.publish(self.registry.snapshot(), self.worker.scheduler_delay)
+        self.sidecar.publish(self.registry.snapshot(), _dask.worker_clock_offset(self.worker))
 
     def _tick(self) -> None:
         if self.sidecar is None:
