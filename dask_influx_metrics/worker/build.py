@@ -46,7 +46,7 @@ def build_sampler(
     activity,
     *,
     clock_offset: Callable[[], float],
-    report: Callable[[str, str], None],
+    report: Callable[..., None],
     process=None,
     custom: list | None = None,
     worker=None,
@@ -58,7 +58,7 @@ def build_sampler(
 
     ``activity`` is the snapshot reader (``refresh()`` before each sample, then
     ``activity()``); every point gets ``base_tags`` plus its ``job``/``dag``.
-    ``clock_offset()``: seconds to add to timestamps. ``report(what, message)``:
+    ``clock_offset()``: seconds to add to timestamps. ``report(what, message, **details)``:
     how a problem is told (a GPU source that cannot start). ``process``: the
     worker's ``psutil.Process`` when sampling from outside it (the sidecar).
     ``custom``: custom metrics, called as ``fn(worker, ...)``; ``None`` for none.
@@ -70,7 +70,8 @@ def build_sampler(
     per_device = any(m.per_device for m in custom or ())
     if gpu is None and (per_device or not custom_only and any(m == GPU for m, _ in settings.fields)):
         try:
-            gpu = make_gpu_source(settings, activity, pid=None if process is None else process.pid)
+            gpu = make_gpu_source(settings, activity, pid=None if process is None else process.pid,
+                                  session_id=session_id, report=report)
         except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
             report("gpu-source", f"GPU source {settings.gpu_source!r} unavailable: {e}")
     sources = [] if custom_only else [s for s in (gpu, HostSource(settings.fields, process=process),

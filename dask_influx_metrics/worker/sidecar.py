@@ -280,7 +280,7 @@ def main(stdin=None) -> int:
     activity = SnapshotReader(buffer)
     sampler, (gpu, sink) = build_sampler(
         settings, config["session"], config["worker"], config["tags"], activity,
-        clock_offset=lambda: activity().scheduler_delay, report=lambda what, message: logger.warning(message),
+        clock_offset=lambda: activity().scheduler_delay, report=lambda what, message, **details: logger.warning(message),
         process=psutil.Process(pid),
     )
     threading.Thread(target=_until_eof, args=(stdin.fileno(), stop), name="eof", daemon=True).start()
