@@ -78,6 +78,15 @@ TAGS = {
     "status": "dag points: 'running' on submission, then 'ok' or 'erred'",
 }
 
+# The tags each measurement carries, besides the extra ``influx-metrics.tags``.
+MEASUREMENT_TAGS = {
+    GPU: COMMON_TAGS + DEVICE_TAGS,
+    HOST: COMMON_TAGS,
+    WORKER: COMMON_TAGS,
+    CUSTOM: COMMON_TAGS + DEVICE_TAGS,  # device tags on per-device custom metrics only
+    DAG: ("host", "job", "dag", "status"),
+}
+
 _FIELDS = (
     Field(GPU, "utilization_gpu", float, "%", "time a kernel ran over the last sample period (NVML utilization.gpu)"),
     Field(GPU, "utilization_memory", float, "%", "time device memory was read or written (NVML utilization.memory); busy time, not capacity"),
@@ -109,6 +118,24 @@ _FIELDS = (
     Field(DAG, "duration", float, "s", "end points: seconds from submission to end"),
 )
 FIELDS: dict[tuple[str, str], Field] = {(f.measurement, f.name): f for f in _FIELDS}
+
+
+def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
+    """``"measurement.name"`` for every name that is a tag and a field of one measurement.
+
+    InfluxDB 3 refuses such writes (a tag and a field may not share a name in a
+    table), so the contract has none; ``extra_tags`` (the ``tags`` setting) and
+    ``custom_fields`` (custom metric names) must not create one.
+
+    >>> tag_field_collisions()
+    []
+    >>> tag_field_collisions(extra_tags=["tasks"], custom_fields=["host"])
+    ['custom.host', 'dag.tasks', 'worker.tasks']
+    """
+    fields = {m: {n for (mm, n) in FIELDS if mm == m} for m in MEASUREMENT_TAGS}
+    fields[CUSTOM] |= set(custom_fields)
+    return sorted(f"{m}.{name}" for m, tags in MEASUREMENT_TAGS.items()
+                  for name in set(tags) | set(extra_tags) if name in fields[m])
 
 # Custom metrics land in the ``custom`` measurement, one float field per metric
 # name; per-device metrics carry the device tags.

@@ -49,11 +49,11 @@ def test_custom_only_opens_the_gpu_only_for_per_device_metrics(tmp_path):
     whole = custom_metric("whole", per_device=False)(lambda w, hs: 1.0)
     sampler, parts = build(tmp_path, custom=[whole], worker=None, custom_only=True)
     assert parts.gpu is None and [p.measurement for p in sampler.sample()] == ["custom"]
-    per_device = custom_metric("index", per_device=True)(lambda w, h: h.index)
+    per_device = custom_metric("device-number", per_device=True)(lambda w, h: h.index)
     sampler, parts = build(tmp_path, custom=[per_device], worker=None, custom_only=True, sink=parts.sink)
     points = sampler.sample()
     assert parts.gpu is not None and {p.measurement for p in points} == {"custom"}
-    assert sorted((p.tags["index"], p.fields["index"]) for p in points) == [("0", 0.0), ("1", 1.0)]
+    assert sorted((p.tags["index"], p.fields["device-number"]) for p in points) == [("0", 0.0), ("1", 1.0)]
     again, reused = build(tmp_path, gpu=parts.gpu, sink=parts.sink)  # the sidecar died: a full sampler
     assert reused == parts and {p.measurement for p in again.sample()} >= {"gpu", "host"}
     parts.sink.close()

@@ -52,11 +52,16 @@ def where_clause(tags: dict, start_ns: Optional[int], stop_ns: Optional[int],
 def parse_tags(text: str) -> dict:
     """The ``tags`` cell of a grouped CSV answer: ``dag=1,job=1\\,2`` -> ``{"dag": "1", "job": "1,2"}``.
 
-    >>> parse_tags(r"dag=1,index=0,job=1\\,2")
-    {'dag': '1', 'index': '0', 'job': '1,2'}
+    InfluxDB 3 leaves the comma in a value unescaped (``job=1,2``), so a pair
+    starts only where a comma is followed by ``key=``.
+
+    >>> parse_tags(r"dag=1,index=0,job=1\\,2") == parse_tags("dag=1,index=0,job=1,2")
+    True
+    >>> parse_tags("dag=1,2,job=1,2")
+    {'dag': '1,2', 'job': '1,2'}
     """
     out = {}
-    for pair in re.split(r"(?<!\\),", text):
+    for pair in re.split(r"(?<!\\),(?=[^,=]*=)", text):
         key, _, value = pair.partition("=")  # our group keys (job, dag, index) hold no '='
         out[_unescape(key)] = _unescape(value)
     return out
