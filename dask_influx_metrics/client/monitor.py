@@ -194,6 +194,13 @@ class Monitor:
         ``workers`` are worker indices (address order) or addresses. Peaks are
         computed by InfluxDB where it can (``MAX ... GROUP BY``).
 
+        A job's peak counts only the samples at which that job had tasks
+        executing (``dag != "0"``, the job in the ``job`` tag); idle samples
+        count for no job. ``"total-mem"``: device memory in use on that GPU
+        (bytes, every process on it) while the job ran on a worker using it.
+        ``"worker-gpu-mem"``: the GPU memory (bytes) held by the worker's own
+        process tree while the job ran on it. ``per_job=False`` uses every sample.
+
         >>> monitor.get_peaks("compute-util", workers=[0, 1])  # doctest: +SKIP
         [{1: [97.0, 88.5], 2: [40.0, 12.0]}, {1: [91.0, 90.0]}]
         """

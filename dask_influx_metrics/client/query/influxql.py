@@ -35,7 +35,7 @@ def literal(value: str) -> str:
 
 
 def where_clause(tags: dict, start_ns: Optional[int], stop_ns: Optional[int],
-                 worker: Optional[str] = None, job: Optional[int] = None) -> str:
+                 worker: Optional[str] = None, job: Optional[int] = None, busy: bool = False) -> str:
     terms = []
     if start_ns is not None:
         terms.append(f"time >= {int(start_ns)}")
@@ -46,6 +46,8 @@ def where_clause(tags: dict, start_ns: Optional[int], stop_ns: Optional[int],
         terms.append(f'"worker" = {literal(worker)}')
     if job is not None:
         terms.append(f'"job" =~ {jobtags.influxql_regex(job)}')
+    if busy:
+        terms.append(jobtags.INFLUXQL_BUSY)
     return ("WHERE " + " AND ".join(terms)) if terms else ""
 
 
@@ -213,13 +215,16 @@ class InfluxQLBackend:
             since = last
         return pd.concat(pages, ignore_index=True)
 
-    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None) -> pd.DataFrame:
-        """Server-side ``MAX(field) GROUP BY by``: one row per group, columns ``by`` + ``max``."""
+    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame:
+        """Server-side ``MAX(field) GROUP BY by``: one row per group, columns ``by`` + ``max``.
+
+        ``busy`` keeps busy samples only (``dag != '0'``).
+        """
         rows = []
         for worker in workers if workers is not None else [None]:
             group = ", ".join(ident(t) for t in by)
             q = (f"SELECT max({ident(field)}) FROM {ident(measurement)} "
-                 f"{self._where(worker=worker, job=job)} GROUP BY {group}")
+                 f"{self._where(worker=worker, job=job, busy=busy)} GROUP BY {group}")
             for s in self._json(q):
                 tags = s.get("tags", {})
                 for row in s.get("values", []):
