@@ -154,7 +154,9 @@ def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int
         for m in wanted:
             units[m.name] = m.unit
         if device and wanted:
-            values = long.drop_duplicates(["time", "index"], keep="last")
+            # a GPU's owner may write two points of one device at one instant (device-wide fields
+            # tagged with every user's jobs, its own memory with its own): merge their fields
+            values = long.groupby(["time", "index"], sort=False, as_index=False)[[m.field for m in wanted]].last()
             values = values.assign(**{f"_{m.name}": pd.to_numeric(values[m.field], errors="coerce") * m.scale
                                       for m in wanted})
             wide = values.pivot(index="time", columns="index", values=[f"_{m.name}" for m in wanted])
