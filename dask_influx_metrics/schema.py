@@ -74,7 +74,8 @@ TAGS = {
     "index": "device index as the worker sees it (0 = first of CUDA_VISIBLE_DEVICES)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
     "name": "device product name",
-    "status": "dag points: 'running' on submission, then 'ok' or 'erred'",
+    "status": "dag points: 'running' on submission, then 'ok', 'erred' (a task erred) or "
+    "'cancelled' (a task was released or lost before finishing: futures cancelled, client gone, restart)",
 }
 
 _FIELDS = (
