@@ -91,7 +91,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
             None if custom_only else self.gpu,
             None if custom_only else HostSource(settings.fields),
             None if custom_only else TaskSource(settings.fields, activity),
-            CustomSource(self.custom, worker, self._devices, report=self._report),
+            CustomSource(self.custom, worker, self._devices, report=self._report,
+                         timeout=settings.polling_interval / 2000.0),
         ) if s is not None]
         if self.sink is None:
             self.sink = make_sink(settings, role=worker.address, session=self.session["id"])
