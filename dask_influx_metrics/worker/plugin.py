@@ -109,15 +109,24 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.sampler.start()
 
     def teardown(self, worker):
+        """Stop sampling; the awaitable returned (Dask awaits it) joins and flushes in a thread,
+        each wait bounded, so the worker's event loop never waits on a sink or a metric."""
         self.closed = True
-        exited = self._stop_sidecar()
-        if self.sampler is not None:
-            self.sampler.stop()
-            self.sink.close()
-            if self.gpu is not None:
-                self.gpu.close()
-            self.sampler = None
-        return exited
+        sidecar, self.sidecar = self.sidecar, None
+        if sidecar is not None:
+            self._ticker.stop()
+        sampler, self.sampler = self.sampler, None
+        return asyncio.to_thread(self._close, sidecar, sampler, self.sink, self.gpu)
+
+    @staticmethod
+    def _close(sidecar, sampler, sink, gpu) -> None:
+        if sidecar is not None:
+            sidecar.close()  # it flushes its own sink
+        if sampler is not None:
+            sampler.stop()
+            sink.close()
+            if gpu is not None:
+                gpu.close()
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         if finish in RUNNING and start not in RUNNING:
@@ -176,13 +185,6 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self.sampler.stop()
         self._start_sampler()
 
-    def _stop_sidecar(self):
-        """Close the sidecar's pipe; returns an awaitable for its exit (flushed), waited off the event loop."""
-        if self.sidecar is None:
-            return None
-        self._ticker.stop()
-        sidecar, self.sidecar = self.sidecar, None
-        return asyncio.to_thread(sidecar.close)
     # --- end of sampler.isolate --------------------------------------------------------
 
     def _gpu_source(self, settings: Settings, activity, needed: bool):
