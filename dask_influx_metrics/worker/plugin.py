@@ -16,7 +16,8 @@ out of the worker's GIL (see :mod:`.sidecar`); the worker publishes its
 registry to it. Custom metrics need the ``worker`` object, so they keep an
 in-process sampler of their own (``custom`` points only, same tags, timestamps
 from their own clock ticks). If the sidecar cannot start or dies, that is
-reported once and the worker samples in-process as without ``isolate``.
+reported once and the worker samples in-process as without ``isolate``; so
+does a sidecar that produces no sample for 3 polling intervals (hung).
 
 Example
 -------
@@ -172,15 +173,16 @@ class MetricsWorkerPlugin(WorkerPlugin):
     def _tick(self) -> None:
         if self.sidecar is None:
             return
-        code = self.sidecar.poll()
-        if code is None:
+        code, stalled = self.sidecar.poll(), self.sidecar.stalled_for()
+        if code is None and stalled < 3 * self.settings.polling_interval / 1000.0 + 1.0:
             self._publish()
             return
-        self._report("sidecar", f"the sampling sidecar (pid {self.sidecar.pid}) exited with code {code}; "
-                                "sampling in-process from now on")
+        what = f"exited with code {code}" if code is not None else f"produced no sample for {stalled:.1f} s (hung)"
+        self._report("sidecar", f"the sampling sidecar (pid {self.sidecar.pid}) {what}; sampling in-process from now on")
         self._ticker.stop()
-        self.sidecar.close()  # reaps it
-        self.sidecar = None
+        sidecar, self.sidecar = self.sidecar, None
+        sidecar.proc.kill()  # a hung one ignores the pipe and SIGTERM
+        self._reaping = asyncio.ensure_future(asyncio.to_thread(sidecar.close, 0))  # reaps it, off the loop
         if self.sampler is not None:  # the custom-only sampler: replaced by a full one
             self.sampler.stop()
         self._start_sampler()
