@@ -142,3 +142,19 @@ def test_failed_replay_is_kept_in_the_fallback_spool(tmp_path):
     assert replay(tmp_path / "spool", http) == 100
     http.close()
     assert list(read_lines(tmp_path / "again")) == lines and http.points_failed == 100
+
+
+def test_replay_with_remove_keeps_every_file_a_dead_server_did_not_take(tmp_path):
+    lines = nasty_lines(1000)
+    sink = SpoolSink(tmp_path / "spool", mem_limit=250, max_file_bytes=20_000)
+    sink.send(lines)
+    sink.close()
+    files = spool_files(tmp_path / "spool")
+    assert len(files) > 1
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = "http://127.0.0.1:%d" % s.getsockname()[1]
+    http = HttpSink(dead, "db", flush_interval=0.0, fallback=SpoolSink(tmp_path / "again"))
+    assert replay(tmp_path / "spool", http, remove=True) == 1000
+    http.close()
+    assert spool_files(tmp_path / "spool") == files and list(read_lines(tmp_path / "spool")) == lines

@@ -184,14 +184,31 @@ def _wait_for_room(sink, n: int, timeout: float = 60.0) -> None:
         time.sleep(0.01)
 
 
-def replay(directory, sink, remove: bool = False, batch_size: int = 5000) -> int:
+def _failures(sink) -> int:
+    return getattr(sink, "points_failed", 0) + getattr(sink, "points_dropped", 0)
+
+
+def _delivered(sink, failures: int, timeout: float) -> bool:
+    """Whether everything handed to ``sink`` since it counted ``failures`` failures was delivered:
+    a queueing sink (``drain``, e.g. HttpSink) is drained first, a buffering one flushed."""
+    if hasattr(sink, "drain"):
+        if not sink.drain(timeout):
+            return False
+    elif hasattr(sink, "flush"):
+        sink.flush()
+    return _failures(sink) == failures
+
+
+def replay(directory, sink, remove: bool = False, batch_size: int = 5000, timeout: float = 60.0) -> int:
     """Send every spooled line under ``directory`` to ``sink``; return how many.
 
-    With ``remove=True`` each file is deleted once all its lines were handed
-    to ``sink``. Asynchronous sinks (:class:`~.http.HttpSink`) deliver on
-    ``close()``: check their counters before trusting the removal, and give
-    them a fallback outside ``directory``. Replay only directories no live
-    process is still writing to.
+    With ``remove=True`` a file is deleted once all its lines were delivered:
+    the sink (drained, waiting at most ``timeout`` s per file) counted no
+    failure (``points_failed``/``points_dropped``) while taking it. Files it
+    did not take are kept, and named in a warning; their lines also reached
+    the sink's fallback, so replay one or the other (a second write of a point
+    is an idempotent overwrite in InfluxDB). Replay only directories no live
+    process is still writing to, into a sink nothing else uses meanwhile.
 
     >>> class Collect:
     ...     lines = []
@@ -200,8 +217,10 @@ def replay(directory, sink, remove: bool = False, batch_size: int = 5000) -> int
     0
     """
     total = 0
+    kept = []
     batch_size = max(1, min(batch_size, getattr(sink, "max_pending", batch_size)))
     for path in spool_files(directory):
+        failures = _failures(sink)
         batch: list[bytes] = []
         for line in _file_lines(path):
             batch.append(line)
@@ -213,6 +232,10 @@ def replay(directory, sink, remove: bool = False, batch_size: int = 5000) -> int
             _wait_for_room(sink, len(batch))
             sink.send(batch)
             total += len(batch)
-        if remove:
+        if remove and _delivered(sink, failures, timeout):
             os.remove(path)
+        elif remove:
+            kept.append(path)
+    if kept:
+        logger.warning("spool replay: kept %d file(s) not (fully) delivered: %s", len(kept), ", ".join(kept))
     return total
