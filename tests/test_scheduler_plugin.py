@@ -1,5 +1,6 @@
 """The scheduler plugin on a real LocalCluster: DAG status on cancellation, restart, session end."""
 
+import logging
 import threading
 import time
 
@@ -63,3 +64,15 @@ def test_restart_ends_running_dags_cancelled(small_cluster, tmp_path):
         finally:
             monitor.stop()
             monitor.shutdown()
+
+
+def test_shutdown_after_stop_logs_no_error_on_the_scheduler(small_cluster, tmp_path, caplog):
+    with Client(small_cluster) as client:
+        monitor = Monitor(client, spool_directory=str(tmp_path), gpu_source="none")
+        monitor.attach(polling_interval=100, tracking=["tasks"])
+        monitor.start()
+        monitor.stop()
+        with caplog.at_level(logging.ERROR):
+            monitor.shutdown()
+        assert client.run_on_scheduler(lambda dask_scheduler: "influx-metrics-jobs" in dask_scheduler.plugins) is False
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -152,10 +152,9 @@ class Monitor:
         >>> monitor.shutdown()  # doctest: +SKIP
         """
         self._close_store()
-        try:
-            self.client.unregister_worker_plugin(WORKER_PLUGIN)
-        except ValueError:
-            pass
+        state = self._state(required=False)
+        if state and state["session"]:  # unregistering an absent plugin logs an ERROR on the scheduler
+            self.stop()
         self.client.run_on_scheduler(_on_scheduler, action="detach")
 
     # --- analysis (old dask-metrics API) ----------------------------------

@@ -7,8 +7,10 @@
 once it would exceed ``max_file_bytes``. Each flush is one ``write`` of whole
 newline-terminated lines to a file opened with ``O_APPEND``, so a reader
 sees only whole lines plus, at worst, one unterminated last line, which
-:func:`read_lines` ignores. If the disk refuses a write the batch is dropped
-and counted (memory stays bounded), and the next write starts a new file.
+:func:`read_lines` ignores. If the disk refuses a write, the lines that did
+not reach it whole are dropped and counted (memory stays bounded), the
+warning names the file, a partly written file is never appended to again,
+and a file not one byte reached is removed (a full disk leaves no empty files).
 String field values may hold raw newlines, so files are split with
 :func:`~dask_influx_metrics.lineprotocol.split_lines`, never ``bytes.split``.
 
@@ -106,34 +108,59 @@ class SpoolSink:
         try:
             self._append(b"".join(line + b"\n" for line in batch))
         except OSError as e:
-            self.points_dropped += len(batch)
-            self._seq += 1  # never append after a possibly partial write
+            path, written = self._attempt
+            whole = _whole_lines(batch, written)
+            self.points_written += whole
+            self.points_dropped += len(batch) - whole
+            if written:
+                self._seq += 1  # never append after a partial write
             if not self._failing:
-                logger.warning("spool sink: cannot write %s (%s); dropping lines until it works",
-                               self.path, e)
+                logger.warning("spool sink: cannot write %s (%s); dropping lines until it works", path, e)
                 self._failing = True
             return
         self.points_written += len(batch)
         self._failing = False
 
     def _append(self, data: bytes) -> None:
+        """Append ``data``; ``self._attempt`` says (file, bytes written) if it raises. A file this
+        created and could not write a byte to is removed (a full disk leaves no empty files)."""
+        self._attempt = (self.path, 0)
         if self._pid != os.getpid():  # first write, or a forked child: never share a file
             os.makedirs(self.directory, exist_ok=True)
             self._pid = os.getpid()
             self._seq = _next_sequence(self.directory, self._pid)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            path = self.path
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 size = os.fstat(fd).st_size
                 torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
                 if size == 0 or (size + len(data) <= self.max_file_bytes and not torn):
                     view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
+                    self._attempt = (path, 0)
+                    try:
+                        while view:
+                            view = view[os.write(fd, view):]
+                            self._attempt = (path, len(data) - len(view))
+                    except OSError:
+                        if size == 0 and self._attempt[1] == 0:
+                            os.unlink(path)
+                        raise
                     return
             finally:
                 os.close(fd)
             self._seq += 1  # full, or ends in a torn line: next file
+
+
+def _whole_lines(batch: list[bytes], written: int) -> int:
+    """How many of ``batch``'s lines (each written with a newline) lie wholly in the first ``written`` bytes."""
+    count = end = 0
+    for line in batch:
+        end += len(line) + 1
+        if end > written:
+            break
+        count += 1
+    return count
 
 
 def _next_sequence(directory: str, pid: int) -> int:
