@@ -241,7 +241,7 @@ def test_writes_resume_within_5_s_of_the_servers_return():
 
 def test_an_outage_is_reported_once_however_long_it_lasts(caplog):
     fallback = Collect()
-    sink = HttpSink(dead_url(), "db", batch_size=5, flush_interval=0.0, fallback=fallback)
+    sink = HttpSink(dead_url(), "db", batch_size=5, flush_interval=0.0, fallback=fallback, max_pending=10**6)
     sink.max_backoff = 0.2  # many retries in little time
     with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.worker.sinks.http"):
         deadline = time.monotonic() + 2.0
