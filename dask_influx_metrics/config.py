@@ -117,11 +117,50 @@ def _tracking(value) -> tuple:
     return tuple(tracking)
 
 
+MAX_TAG_BYTES = 1024
+# Tag names a user tag may not take: the schema's tags and field names (queries could not tell
+# them apart), InfluxQL's ``time``; names starting with ``_`` are InfluxDB 2's (``_start``, ...).
+RESERVED_TAGS = frozenset(schema.TAGS) | {name for _, name in schema.FIELDS} | {"time"}
+TAGS_ENV = "DASK_INFLUX_METRICS__TAGS"
+
+
+def _tag_text(what: str, text) -> str:
+    """``text`` (a tag key or value) as stored, or ValueError naming ``what`` and the problem."""
+    if text is None or text == "":
+        raise ValueError(f"{what} is empty; InfluxDB drops empty tags")
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError(f"{what} must be a str or a number, not {type(text).__name__}")
+    text = str(text)
+    size = len(text.encode())
+    if size > MAX_TAG_BYTES:
+        raise ValueError(f"{what} has {size} bytes; at most {MAX_TAG_BYTES} are allowed")
+    if text.endswith("\\"):
+        raise ValueError(f"{what} ends in a backslash, which InfluxDB 1.x cannot store")
+    return text
+
+
 def _tags(value) -> dict:
-    reserved = schema.COMMON_TAGS + schema.DEVICE_TAGS
-    if not isinstance(value or {}, dict) or set(value or {}) & set(reserved):
-        raise ValueError(f"must be a mapping that does not redefine {reserved}")
-    return {str(k): str(v) for k, v in (value or {}).items()}
+    """Extra tags: a mapping of non-empty, short, unreserved names to non-empty, short values."""
+    if not isinstance(value or {}, dict):
+        raise ValueError(f"must be a mapping of tag names to values, e.g. {{cluster: prod-a}}")
+    tags = {}
+    for key, val in (value or {}).items():
+        if key == "" or key is None:
+            raise ValueError("has an empty tag key")
+        key = _tag_text(f"tag key {str(key)[:40]!r}", key)
+        if key in RESERVED_TAGS or key.startswith("_"):
+            raise ValueError(f"tag {key!r} is reserved (the schema's tags and fields, 'time', names starting "
+                             f"with '_'); reserved: {sorted(RESERVED_TAGS)}")
+        tags[key] = _tag_text(f"the value of tag {key!r}", val)
+    return tags
+
+
+def _check_tags_env() -> None:
+    """Dask drops a ``DASK_INFLUX_METRICS__TAGS`` that is not a mapping; refuse it instead."""
+    text = os.environ.get(TAGS_ENV)
+    if text is not None and not isinstance(dask.config.interpret_value(text), dict):
+        raise ValueError(f"{TAGS_ENV} must be a Python dict literal such as {{'cluster': 'prod-a'}} (or set one "
+                         f"tag per variable: {TAGS_ENV}__CLUSTER=prod-a); cannot parse {text!r}")
 
 
 def _url(value) -> str:
@@ -242,7 +281,9 @@ dask.config.update_defaults(DEFAULTS)
 
 
 def _invalid(key: str, problem, value) -> ValueError:
-    return ValueError(f"influx-metrics.{key} {problem}, got {value!r}")
+    shown = repr(value)
+    shown = shown if len(shown) <= 200 else shown[:200] + f"... ({len(shown)} characters)"
+    return ValueError(f"influx-metrics.{key} {problem}, got {shown}")
 
 
 def _parse(setting: Setting, value):
@@ -276,6 +317,7 @@ class Settings(_Fields):
         ``ValueError`` naming the offending key and value. No network access.
         """
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+        _check_tags_env()
         unknown = sorted(k for k in overrides if k.replace("_", "-") not in _BY_KEY)
         if unknown:
             raise ValueError(f"unknown influx-metrics setting(s) {unknown}; known: {sorted(_BY_KEY)}")

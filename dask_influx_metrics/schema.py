@@ -75,7 +75,8 @@ TAGS = {
     "nvml_index": "physical device index as NVML numbers it (the same on every worker of the host)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
     "name": "device product name",
-    "status": "dag points: 'running' on submission, then 'ok' or 'erred'",
+    "status": "dag points: 'running' on submission, then 'ok', 'erred' (a task erred) or "
+    "'cancelled' (a task was released or lost before finishing: futures cancelled, client gone, restart)",
 }
 
 # The tags each measurement carries, besides the extra ``influx-metrics.tags``.

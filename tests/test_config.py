@@ -180,3 +180,42 @@ def test_session_refuses_a_telegraf_host_that_does_not_resolve():
 
 def test_telegraf_host_is_only_looked_up_for_the_udp_sink():
     assert Settings.for_session({"sink": "spool", "telegraf.address": UNRESOLVABLE}).sinks == ("spool",)
+
+
+@pytest.mark.parametrize("tags, message", [
+    ({"time": "x"}, "'time'.*reserved"),
+    ({"status": "x"}, "'status'.*reserved"),
+    ({"running": "x"}, "'running'.*reserved"),  # a field name: queries could not tell them apart
+    ({"cpu_percent": "x"}, "'cpu_percent'.*reserved"),
+    ({"_start": "x"}, "'_start'.*reserved"),
+    ({"": "x"}, "empty tag key"),
+    ({"run": ""}, "'run'.*empty"),
+    ({"run": None}, "'run'.*empty"),
+    ({"run": "x" * 1025}, "'run'.*1025 bytes.*1024"),
+    ({"k" * 1025: "x"}, "1025 bytes.*1024"),
+    ({"run": "ends in \\"}, "'run'.*backslash"),
+    ({"run": {"nested": 1}}, "'run'.*str"),
+    (["run"], "mapping"),
+])
+def test_bad_tags_are_refused_naming_the_tag(tags, message):
+    with pytest.raises(ValueError, match=message):
+        Settings.resolve({"tags": tags})
+
+
+def test_good_tags_pass_unchanged():
+    tags = {"run": "nightly 2", "cluster": "prod-a", "n": 3, "note": 'sp ace,com=ma "quo\\te" ünï'}
+    assert Settings.resolve({"tags": tags}).tags == {k: str(v) for k, v in tags.items()}
+
+
+def test_an_unparsable_tags_environment_variable_is_an_error(monkeypatch):
+    monkeypatch.setenv("DASK_INFLUX_METRICS__TAGS", "abc")
+    dask.config.refresh()
+    try:
+        with pytest.raises(ValueError, match="DASK_INFLUX_METRICS__TAGS.*'abc'"):
+            Settings.resolve()
+        monkeypatch.setenv("DASK_INFLUX_METRICS__TAGS", "{'run': 'x'}")
+        dask.config.refresh()
+        assert Settings.resolve().tags == {"run": "x"}
+    finally:
+        monkeypatch.delenv("DASK_INFLUX_METRICS__TAGS")
+        dask.config.refresh()

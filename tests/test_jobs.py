@@ -67,3 +67,20 @@ def test_summary_is_plain_data():
     book.submit("c", ["x"], now=1)
     s = book.summary()
     assert s["dags"][1] == {"job": 1, "client": "c", "submitted": 1, "ended": None, "status": "running", "tasks": 1}
+
+
+def test_tasks_forgotten_before_finishing_mark_the_dag_cancelled_not_ok():
+    book = JobBook()
+    dag = book.submit("c", ["x", "y", "z"], now=1)
+    assert book.task_done("x", erred=False, now=2) is None
+    assert book.task_done("y", cancelled=True, now=3) is None  # released and forgotten, never ran
+    ended = book.task_done("z", cancelled=True, now=4)
+    assert ended is dag and dag.status == "cancelled" and dag.ended == 4
+
+
+def test_an_error_outranks_a_cancellation():
+    book = JobBook()
+    dag = book.submit("c", ["x", "y"], now=1)
+    book.task_done("x", erred=True, now=2)
+    book.task_done("y", cancelled=True, now=3)
+    assert dag.status == "erred"

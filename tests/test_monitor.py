@@ -219,6 +219,7 @@ def test_stop_from_a_second_client_stops_sampling_everywhere(cluster, client, in
     ({"sink": "udp", "telegraf_address": "x" * 64 + ".invalid:8094"}, ValueError, "does not resolve"),
     ({"custom_metrics": [slow]}, TypeError, "not decorated"),
     ({"job_type": "sometimes"}, ValueError, "job-type"),
+    ({"tags": {"run": "x" * 70_000}}, ValueError, "tag 'run'.*70000 bytes"),
 ])
 def test_bad_input_is_refused_at_attach(client, kwargs, error, message):
     with pytest.raises(error, match=message):

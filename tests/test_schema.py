@@ -29,3 +29,8 @@ def test_tracking_names_point_at_declared_fields():
 def test_unknown_tracking_names_are_listed_in_the_error():
     with pytest.raises(ValueError, match="gpu-fun.*known"):
         schema.fields_for(["gpu-fun"])
+
+
+@pytest.mark.parametrize("tag", schema.TAGS)
+def test_every_tag_is_documented(tag):
+    assert f"| `{tag}` | {schema.TAGS[tag]} |" in README

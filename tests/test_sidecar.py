@@ -279,6 +279,31 @@ def test_a_killed_sidecar_falls_back_to_sampling_in_process(client, monitor, tmp
     assert {abs(p.fields["rss"] - psutil.Process(worker_pid).memory_info().rss) < 1 << 28 for p in after} == {True}
 
 
+def test_a_hung_sidecar_is_treated_as_dead_reported_once_and_replaced(client, monitor, tmp_path):
+    monitor.attach(polling_interval=POLL_MS, tracking=["tasks", "worker-mem"])
+    monitor.start()
+    victim, (worker_pid, sidecar_pid) = next(iter(pids(client).items()))
+    since = time.time()
+    os.kill(sidecar_pid, signal.SIGSTOP)  # alive, but samples nothing
+    stopped_at = time.monotonic()
+    try:
+        wait_until(lambda: pids(client)[victim][1] is None, timeout=10, what="fallback")
+        detected = time.monotonic() - stopped_at
+        wait_until(lambda: not psutil.pid_exists(sidecar_pid), timeout=10, what="the hung sidecar killed and reaped")
+    finally:
+        if psutil.pid_exists(sidecar_pid):
+            os.kill(sidecar_pid, signal.SIGKILL)
+    replaced_at = time.time_ns()
+    wait_until(lambda: len([p for p in points(tmp_path, "worker")
+                            if p.tags["worker"] == victim and p.time_ns > replaced_at]) >= 5,
+               what="samples after the replacement")
+    monitor.stop()
+    print(f"hung sidecar detected after {detected:.2f} s (3 intervals = {3 * POLL_MS / 1000:.2f} s)")
+    events = [e for t, e in client.get_events("influx-metrics") if e.get("what") == "sidecar" and t > since]
+    assert [e["worker"] for e in events] == [victim] and "no sample" in events[0]["message"]
+    assert detected < 3 * POLL_MS / 1000 + 2.5  # 3 intervals, checked once a second
+
+
 def test_a_sidecar_that_cannot_start_is_reported_and_the_worker_samples_itself(client, monitor, tmp_path):
     def break_python(dask_worker, path):
         sys.executable, old = path, sys.executable

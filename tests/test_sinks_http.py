@@ -155,3 +155,102 @@ def test_a_dead_server_is_tried_once_per_backoff_not_per_batch(tmp_path):
     sink.close()
     assert Counting.posts == 1 and sink.points_failed == 200
     assert sorted(read_lines(tmp_path / "fallback")) == sorted(lines)
+
+
+class ToggledServer:
+    """An InfluxDB stand-in on a fixed port that answers 204 to every write, and can go away and return."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self._handler, self._threading, self._http = Handler, threading, http.server
+        self.port = None
+        self.up()
+
+    def up(self):
+        server = self._http.ThreadingHTTPServer(("127.0.0.1", self.port or 0), self._handler)
+        self.port = server.server_address[1]
+        self.server = server
+        self._threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def down(self):
+        self.server.shutdown()
+        self.server.server_close()  # connections are refused from now on
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d" % self.port
+
+
+def measure_recovery(outage: float, interval: float = 0.05) -> float:
+    """Seconds from the server's return to the sink's first successful write, worst case: the server
+    comes back just after the first failed probe at least ``outage`` s into the outage. A sampler-like
+    sender sends a line every ``interval`` s. Also a one-off script:
+    ``cd tests && python -c "import test_sinks_http as t; print(t.measure_recovery(60))"``."""
+    import threading
+
+    server = ToggledServer()
+    sink = HttpSink(server.url, "db", fallback=Collect())
+    stop = threading.Event()
+
+    def sender():
+        i = 0
+        while not stop.wait(interval):
+            sink.send(numbered(1, start=i))
+            i += 1
+
+    def wait_until(predicate, timeout, what):
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.002)
+
+    threading.Thread(target=sender, daemon=True).start()
+    try:
+        wait_until(lambda: sink.points_written, 10, "no write before the outage")
+        server.down()
+        time.sleep(outage)
+        probe = sink._down_until
+        wait_until(lambda: sink._down_until != probe, 60, "no probe")  # a probe just failed
+        written = sink.points_written
+        server.up()
+        back = time.monotonic()
+        wait_until(lambda: sink.points_written > written, 60, "no write within 60 s of the server's return")
+        return time.monotonic() - back
+    finally:
+        stop.set()
+        sink.close()
+        server.down()
+
+
+def test_writes_resume_within_5_s_of_the_servers_return():
+    recovery = measure_recovery(outage=4)  # the back-off has reached its cap (1 s, 2 s, then 3 s)
+    print(f"first successful write {recovery:.2f} s after the server returned (worst case)")
+    assert recovery < 5.0
+
+
+def test_an_outage_is_reported_once_however_long_it_lasts(caplog):
+    fallback = Collect()
+    sink = HttpSink(dead_url(), "db", batch_size=5, flush_interval=0.0, fallback=fallback, max_pending=10**6)
+    sink.max_backoff = 0.2  # many retries in little time
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.worker.sinks.http"):
+        deadline = time.monotonic() + 2.0
+        i = 0
+        while time.monotonic() < deadline:
+            sink.send(numbered(5, start=i))
+            i += 5
+            time.sleep(0.01)
+        sink.close()
+    warnings = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "cannot reach" in warnings[0], warnings
+    assert sink.points_failed == i == len(fallback.lines)

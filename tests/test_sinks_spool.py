@@ -142,3 +142,64 @@ def test_failed_replay_is_kept_in_the_fallback_spool(tmp_path):
     assert replay(tmp_path / "spool", http) == 100
     http.close()
     assert list(read_lines(tmp_path / "again")) == lines and http.points_failed == 100
+
+
+def test_replay_with_remove_keeps_every_file_a_dead_server_did_not_take(tmp_path):
+    lines = nasty_lines(1000)
+    sink = SpoolSink(tmp_path / "spool", mem_limit=250, max_file_bytes=20_000)
+    sink.send(lines)
+    sink.close()
+    files = spool_files(tmp_path / "spool")
+    assert len(files) > 1
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = "http://127.0.0.1:%d" % s.getsockname()[1]
+    http = HttpSink(dead, "db", flush_interval=0.0, fallback=SpoolSink(tmp_path / "again"))
+    assert replay(tmp_path / "spool", http, remove=True) == 1000
+    http.close()
+    assert spool_files(tmp_path / "spool") == files and list(read_lines(tmp_path / "spool")) == lines
+
+
+FULL_DISK = """
+import json, logging, os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG, as ENOSPC on a full disk
+from dask_influx_metrics.worker.sinks.spool import SpoolSink
+directory, limit, flushes, per_flush = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+warnings = []
+logging.getLogger("dask_influx_metrics").addHandler(type("H", (logging.Handler,), {"emit": lambda s, r: warnings.append(r.getMessage())})())
+sink = SpoolSink(directory, mem_limit=per_flush)
+os.makedirs(directory)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+for f in range(flushes):
+    sink.send([b"m,n=%03d v=%03di 1700000000000000000" % (f, i) for i in range(per_flush)])  # 38 bytes + newline
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+files = {name: os.path.getsize(os.path.join(directory, name)) for name in sorted(os.listdir(directory))}
+print(json.dumps({"written": sink.points_written, "dropped": sink.points_dropped, "files": files, "warnings": warnings}))
+"""
+
+
+def fill_disk(directory, limit, flushes, per_flush) -> dict:
+    """A SpoolSink whose files may not grow past ``limit`` bytes (RLIMIT_FSIZE, in a child process)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FULL_DISK, str(directory), str(limit), str(flushes), str(per_flush)],
+                         capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(out.stdout)
+
+
+def test_a_full_disk_leaves_no_empty_files_and_the_warning_names_the_file_that_failed(tmp_path):
+    got = fill_disk(tmp_path / "spool", limit=0, flushes=5, per_flush=10)
+    assert (got["written"], got["dropped"]) == (0, 50)
+    assert got["files"] == {}  # not one empty file per failed flush
+    [warning] = got["warnings"]
+    assert "spool-" in warning and "000000.lp" in warning and "File too large" in warning
+
+
+def test_a_partial_write_counts_the_whole_lines_that_reached_the_disk(tmp_path):
+    got = fill_disk(tmp_path / "spool", limit=100, flushes=1, per_flush=10)  # 2 lines and a bit fit
+    assert (got["written"], got["dropped"]) == (2, 8)
+    [(name, size)] = got["files"].items()
+    assert size == 100  # two whole lines, then a torn one that readers ignore and nobody appends to
+    assert list(read_lines(tmp_path / "spool")) == [b"m,n=000 v=%03di 1700000000000000000" % i for i in range(2)]

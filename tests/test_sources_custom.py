@@ -1,5 +1,9 @@
+import threading
+import time
+
 import pytest
 
+from dask_influx_metrics.worker.sampler import Sampler
 from dask_influx_metrics.worker.sources.custom import CustomSource, custom_metric, validate
 
 
@@ -48,3 +52,62 @@ def test_non_numeric_result_counts_as_failure():
     odd = custom_metric("text", per_device=False)(lambda w, hs: "hello")
     assert CustomSource([odd], None, lambda: [], report=lambda n, m: reports.append(n)).read() == []
     assert reports == ["text"]
+
+
+def test_bools_and_numeric_text_are_rejected_and_reported_once():
+    reports = []
+    flag = custom_metric("flag", per_device=False)(lambda w, hs: True)
+    text = custom_metric("text-seven", per_device=False)(lambda w, hs: " 7 ")
+    fine = custom_metric("fine", per_device=False)(lambda w, hs: 7)
+    src = CustomSource([flag, text, fine], None, lambda: [], report=lambda n, m: reports.append((n, m)))
+    try:
+        for _ in range(3):
+            assert [r.fields for r in src.read()] == [{"fine": 7.0}]
+    finally:
+        src.stop()
+    assert sorted(n for n, _ in reports) == ["flag", "text-seven"]
+    assert "bool" in dict(reports)["flag"] and "str" in dict(reports)["text-seven"]
+
+
+def test_a_slow_metric_is_skipped_for_that_sample_reported_once_and_others_keep_their_pace():
+    reports = []
+    release = threading.Event()
+    slow = custom_metric("slow", per_device=False)(lambda w, hs: release.wait(2.0) and 1)
+    fast = custom_metric("fast", per_device=False)(lambda w, hs: 3)
+    src = CustomSource([slow, fast], None, lambda: [], report=lambda n, m: reports.append((n, m)), timeout=0.05)
+    try:
+        started = time.monotonic()
+        got = [src.read() for _ in range(10)]
+        elapsed = time.monotonic() - started
+    finally:
+        release.set()
+        src.stop()
+    assert elapsed < 0.5  # one deadline (50 ms) at most, then the busy metric is skipped without waiting
+    assert all([r.fields for r in readings] == [{"fast": 3.0}] for readings in got)
+    assert [n for n, _ in reports] == ["slow"] and "longer than 0.05 s" in reports[0][1]
+
+
+def test_a_hung_metric_never_blocks_stop_and_leaks_no_thread_per_cycle():
+    hang = threading.Event()
+    hung = custom_metric("hung", per_device=False)(lambda w, hs: hang.wait())
+    worker = object()
+
+    def threads():
+        return sum(t.name == "influx-metrics-custom-hung" for t in threading.enumerate())
+
+    try:
+        for _ in range(5):
+            src = CustomSource([hung], worker, lambda: [], timeout=0.01)
+            sampler = Sampler([src], None, lambda: {}, interval=0.01)
+            sampler.start()
+            threading.Event().wait(0.05)
+            started = time.monotonic()
+            sampler.stop()
+            assert time.monotonic() - started < 0.5 and not sampler.running
+            assert threads() == 1  # the one call still hung, not one per cycle
+    finally:
+        hang.set()
+    deadline = time.monotonic() + 5
+    while threads() and time.monotonic() < deadline:
+        threading.Event().wait(0.01)
+    assert threads() == 0

@@ -7,7 +7,9 @@
   ``new_job()`` after a submission, then 2, ...; ``new_job(job=N)`` sets N.
   Graphs submitted from inside a task belong to that task's job.
 * A DAG ends when every task it brought has reached memory, erred or been
-  forgotten; its status is ``erred`` if any of them erred, else ``ok``.
+  forgotten; its status is ``erred`` if any of them erred, else ``cancelled``
+  if any was forgotten before it finished (futures cancelled or dropped, the
+  client gone, ``client.restart()``), else ``ok``.
 
 Example
 -------
@@ -43,7 +45,7 @@ class Dag:
     ntasks: int
     pending: set = field(default_factory=set, repr=False)
     ended: float | None = None
-    status: str = "running"  # running, ok, erred
+    status: str = "running"  # running, then ok, erred or cancelled
 
 
 class JobBook:
@@ -103,8 +105,9 @@ class JobBook:
         number = self._key_dag.get(key)
         return self.dags.get(number) if number else None
 
-    def task_done(self, key, erred: bool, now: float | None = None) -> Dag | None:
-        """A task reached memory/erred/forgotten; returns its DAG if that ended it."""
+    def task_done(self, key, erred: bool = False, now: float | None = None, cancelled: bool = False) -> Dag | None:
+        """A task reached memory, erred, or was forgotten before finishing (``cancelled``);
+        returns its DAG if that ended it. An error outranks a cancellation."""
         number = self._key_dag.pop(key, None)
         if number is None:
             return None
@@ -112,6 +115,8 @@ class JobBook:
         dag.pending.discard(key)
         if erred:
             dag.status = "erred"
+        elif cancelled and dag.status == "running":
+            dag.status = "cancelled"
         if not dag.pending:
             self._end(dag, now if now is not None else dag.submitted)
             return dag

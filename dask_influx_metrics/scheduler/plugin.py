@@ -125,7 +125,8 @@ class JobPlugin(SchedulerPlugin):
     def transition(self, key, start, finish, *args, **kwargs):
         if self.session is None or finish not in ("memory", "erred", "forgotten"):
             return
-        dag = self.book.task_done(key, erred=finish == "erred", now=time.time())
+        # a pending task forgotten before reaching memory or erred never finished: cancelled
+        dag = self.book.task_done(key, erred=finish == "erred", cancelled=finish == "forgotten", now=time.time())
         if dag is not None:
             self._write_dag(dag, "end")
 

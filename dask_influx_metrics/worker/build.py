@@ -77,7 +77,8 @@ def build_sampler(
     sources = [] if custom_only else [s for s in (gpu, HostSource(settings.fields, process=process),
                                                   TaskSource(settings.fields, activity)) if s is not None]
     if custom is not None:
-        sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report))
+        sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report,
+                                    timeout=settings.polling_interval / 2000.0))  # deadline per sample
     if sink is None:
         sink = make_sink(settings, role=worker_address, session=session_id)
 

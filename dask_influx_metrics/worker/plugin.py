@@ -16,7 +16,8 @@ out of the worker's GIL (see :mod:`.sidecar`); the worker publishes its
 registry to it. Custom metrics need the ``worker`` object, so they keep an
 in-process sampler of their own (``custom`` points only, same tags, timestamps
 from their own clock ticks). If the sidecar cannot start or dies, that is
-reported once and the worker samples in-process as without ``isolate``.
+reported once and the worker samples in-process as without ``isolate``; so
+does a sidecar that produces no sample for 3 polling intervals (hung).
 
 Example
 -------
@@ -88,15 +89,24 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.sampler.start()
 
     def teardown(self, worker):
+        """Stop sampling; the awaitable returned (Dask awaits it) joins and flushes in a thread,
+        each wait bounded, so the worker's event loop never waits on a sink or a metric."""
         self.closed = True
-        exited = self._stop_sidecar()
-        if self.sampler is not None:
-            self.sampler.stop()
-            self.sink.close()
-            if self.gpu is not None:
-                self.gpu.close()
-            self.sampler = None
-        return exited
+        sidecar, self.sidecar = self.sidecar, None
+        if sidecar is not None:
+            self._ticker.stop()
+        sampler, self.sampler = self.sampler, None
+        return asyncio.to_thread(self._close, sidecar, sampler, self.sink, self.gpu)
+
+    @staticmethod
+    def _close(sidecar, sampler, sink, gpu) -> None:
+        if sidecar is not None:
+            sidecar.close()  # it flushes its own sink
+        if sampler is not None:
+            sampler.stop()
+            sink.close()
+            if gpu is not None:
+                gpu.close()
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         if finish in RUNNING and start not in RUNNING:
@@ -141,26 +151,20 @@ class MetricsWorkerPlugin(WorkerPlugin):
     def _tick(self) -> None:
         if self.sidecar is None:
             return
-        code = self.sidecar.poll()
-        if code is None:
+        code, stalled = self.sidecar.poll(), self.sidecar.stalled_for()
+        if code is None and stalled < 3 * self.settings.polling_interval / 1000.0 + 1.0:
             self._publish()
             return
-        self._report("sidecar", f"the sampling sidecar (pid {self.sidecar.pid}) exited with code {code}; "
-                                "sampling in-process from now on")
+        what = f"exited with code {code}" if code is not None else f"produced no sample for {stalled:.1f} s (hung)"
+        self._report("sidecar", f"the sampling sidecar (pid {self.sidecar.pid}) {what}; sampling in-process from now on")
         self._ticker.stop()
-        self.sidecar.close()  # reaps it
-        self.sidecar = None
+        sidecar, self.sidecar = self.sidecar, None
+        sidecar.proc.kill()  # a hung one ignores the pipe and SIGTERM
+        self._reaping = asyncio.ensure_future(asyncio.to_thread(sidecar.close, 0))  # reaps it, off the loop
         if self.sampler is not None:  # the custom-only sampler: replaced by a full one
             self.sampler.stop()
         self._start_sampler()
 
-    def _stop_sidecar(self):
-        """Close the sidecar's pipe; returns an awaitable for its exit (flushed), waited off the event loop."""
-        if self.sidecar is None:
-            return None
-        self._ticker.stop()
-        sidecar, self.sidecar = self.sidecar, None
-        return asyncio.to_thread(sidecar.close)
     # --- end of sampler.isolate --------------------------------------------------------
 
     def _report(self, what: str, message: str, **details) -> None:

@@ -91,10 +91,14 @@ class Sampler:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread after the sample in progress; safe to call twice."""
+        """Stop the thread after the sample in progress, then the threads of sources that have a
+        ``stop()`` (custom metrics); safe to call twice. Closing sources is the owner's job."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        for source in self.sources:
+            if callable(getattr(source, "stop", None)):
+                source.stop()
 
     @property
     def running(self) -> bool:

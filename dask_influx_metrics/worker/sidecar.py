@@ -21,7 +21,11 @@ Lifetime: the sidecar reads its settings as one JSON line on stdin, then
 samples until stdin reaches EOF (the plugin closes it on teardown, or the worker
 died), its parent changes, or SIGTERM; then it flushes its sink and exits. The
 plugin waits for it (bounded, then ``terminate``/``kill``), and if it cannot
-start or dies, reports once and samples in-process instead.
+start or dies, reports once and samples in-process instead. The sidecar
+publishes its sample count four times a second in a second small buffer (the
+heartbeat); one whose count has not moved for 3 polling intervals (plus up to
+1 s, the plugin looks once a second) is hung, e.g. stopped: it is killed and
+treated as dead.
 
 Example
 -------
@@ -59,6 +63,7 @@ from .sources.activity import Activity, plain_key
 logger = logging.getLogger(__name__)
 
 BUFFER_BYTES = 1 << 20
+BEAT_BYTES = 64  # the heartbeat buffer: the sidecar's sample count, as text
 _SEQ = struct.Struct("<Q")  # at offset 0: even = stable, odd = being written
 _BODY = struct.Struct("<II")  # at offset 8: payload length, crc32
 _HEADER = _SEQ.size + _BODY.size
@@ -184,15 +189,18 @@ class Sidecar:
 
     def __init__(self, settings, session: str, address: str, tags: dict, size: int = BUFFER_BYTES):
         self.buffer = SnapshotBuffer.create(size)
+        self.beat = SnapshotBuffer.create(BEAT_BYTES)
         self._last = None
         self._failed = False
+        self._samples, self._moved = None, time.monotonic()
         config = {"settings": dataclasses.asdict(settings), "session": session, "worker": address,
-                  "pid": os.getpid(), "tags": tags, "fd": self.buffer.fd, "size": size}
+                  "pid": os.getpid(), "tags": tags, "fd": self.buffer.fd, "size": size, "beat": self.beat.fd}
         try:  # settings travel on stdin, never argv (credentials); the pipe's EOF ends the sidecar
             self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, pass_fds=(self.buffer.fd,))
+                                         stdout=subprocess.PIPE, pass_fds=(self.buffer.fd, self.beat.fd))
         except BaseException:
             self.buffer.close()
+            self.beat.close()
             raise
         try:
             self.proc.stdin.write(json.dumps(config).encode() + b"\n")
@@ -216,6 +224,13 @@ class Sidecar:
         """The sidecar's exit code, or None while it runs."""
         return self.proc.poll()
 
+    def stalled_for(self) -> float:
+        """Seconds since the sidecar's sample count (its heartbeat) last moved, as seen by calls to this."""
+        samples, now = self.beat.read(), time.monotonic()
+        if samples != self._samples:
+            self._samples, self._moved = samples, now
+        return now - self._moved
+
     def publish(self, activity: Activity, scheduler_delay: float) -> None:
         """Write the snapshot if it changed; never raises (an error is logged once)."""
         if (activity, scheduler_delay) == self._last:
@@ -229,7 +244,9 @@ class Sidecar:
                 logger.warning("influx-metrics: cannot publish the activity snapshot: %r (reported once)", e)
 
     def close(self, timeout: float = 5.0) -> int:
-        """Close the pipe (the sidecar flushes and exits), wait ``timeout`` s, then terminate, then kill."""
+        """Close the pipe (the sidecar flushes and exits), wait ``timeout`` s, then terminate, then kill.
+
+        Blocks up to ``timeout`` + 2 s: call it off the event loop."""
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
                 pipe.close()
@@ -243,6 +260,7 @@ class Sidecar:
             except subprocess.TimeoutExpired:
                 continue
         self.buffer.close()
+        self.beat.close()
         return code
 
 
@@ -287,8 +305,10 @@ def main(stdin=None) -> int:
     sampler.start()
     ready.write(b"ready\n")
     ready.close()
+    beat = SnapshotBuffer(config["beat"], BEAT_BYTES, writable=True)
     while not stop.wait(0.25) and os.getppid() == pid:
-        pass
+        beat.write(b"%d" % sampler.samples)
+    beat.close()
     sampler.stop()
     sink.close()
     if gpu is not None:

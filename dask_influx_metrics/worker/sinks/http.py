@@ -20,9 +20,11 @@ message), and when the queue is full. InfluxDB 1.x answers 400 to a
 *partial* write too; the whole batch then goes to the fallback, and
 replaying it later rewrites the accepted points, which InfluxDB treats as an
 idempotent overwrite. After a connection error or 5xx the sink backs off
-(1 s, doubling to 30 s): batches go straight to the fallback until the next
-try, so a dead server costs neither a request per batch nor memory.
-Failures are logged once per run of the same failure.
+(1 s, then 2 s, then :data:`MAX_BACKOFF` = 3 s between tries): batches go
+straight to the fallback until the next try, so a dead server costs neither a
+request per batch nor memory, and writing resumes at most ~4 s (back-off +
+``flush_interval``) after the server returns. An outage is logged once, as a
+warning, however long it lasts; its end once, as info.
 
 Example (needs a server)::
 
@@ -41,6 +43,8 @@ from typing import Optional
 import requests
 
 logger = logging.getLogger(__name__)
+
+MAX_BACKOFF = 3.0  # s between tries while the server is down; bounds the recovery time
 
 
 def write_url(url: str) -> str:
@@ -82,8 +86,10 @@ class HttpSink:
         self._first_at = 0.0
         self._stopping = False
         self._closed = False
-        self._failure: Optional[str] = None  # the failure last logged
-        self.max_backoff = 30.0
+        self._failure: Optional[str] = None  # the kind of failure last logged
+        self.max_backoff = MAX_BACKOFF
+        self._busy = False  # a batch is being posted
+        self._draining = 0  # drain() callers waiting: post without waiting for a full batch
         self._backoff = 0.0
         self._down_until = 0.0
         self._cond = threading.Condition()
@@ -109,7 +115,8 @@ class HttpSink:
                     self._buffer.extend(lines)
                     self._cond.notify()
             if overflow:
-                self._give_up(list(lines), "queue full" if not self._stopping else "sink closed")
+                why = "queue full" if not self._stopping else "sink closed"
+                self._give_up(list(lines), why, why)
         except Exception:
             logger.exception("HTTP sink: unexpected error in send")
 
@@ -117,7 +124,7 @@ class HttpSink:
         with self._cond:
             while not self._buffer and not self._stopping:
                 self._cond.wait()
-            while not self._stopping and len(self._buffer) < self.batch_size:
+            while not self._stopping and not self._draining and len(self._buffer) < self.batch_size:
                 remaining = self._first_at + self.flush_interval - time.monotonic()
                 if remaining <= 0:
                     break
@@ -126,20 +133,42 @@ class HttpSink:
             del self._buffer[:len(batch)]
             if self._buffer:
                 self._first_at = time.monotonic()
+            self._busy = bool(batch)
             return batch, self._stopping and not self._buffer
 
     def _run(self) -> None:
         while True:
             batch, done = self._next_batch()
-            if batch and time.monotonic() < self._down_until:
-                self._give_up(batch, f"{self.url} is down; retrying in {self._down_until - time.monotonic():.1f} s")
+            if batch and time.monotonic() < self._down_until:  # the same outage: not a new failure
+                self._give_up(batch, f"{self.url} is down; retrying in {self._down_until - time.monotonic():.1f} s",
+                              self._failure)
             elif batch:
                 try:
                     self._post(batch)
                 except Exception as e:  # never let the thread die with lines in hand
-                    self._give_up(batch, f"unexpected error: {e!r}")
+                    self._give_up(batch, f"unexpected error: {e!r}", "unexpected")
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
             if done:
                 return
+
+    def drain(self, timeout: float) -> bool:
+        """Post what is queued now and wait at most ``timeout`` s until it was handled (written or
+        given up); True if it was. ``points_written``/``points_failed`` then say how it went."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._draining += 1
+            self._cond.notify_all()
+            try:
+                while (self._buffer or self._busy) and self._thread.is_alive():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._cond.wait(left)
+                return not self._buffer
+            finally:
+                self._draining -= 1
 
     def _post(self, batch: list[bytes]) -> None:
         try:
@@ -147,7 +176,7 @@ class HttpSink:
                                    headers=self.headers, auth=self.auth, timeout=self.timeout)
         except requests.RequestException as e:
             self._back_off()
-            self._give_up(batch, f"cannot reach {self.url}: {e}")
+            self._give_up(batch, f"cannot reach {self.url}: {e}", "unreachable")
             return
         if r.status_code < 300:
             self._backoff = 0.0
@@ -160,7 +189,7 @@ class HttpSink:
         if r.status_code >= 500:
             self._back_off()
         kind = "rejected (bad data or auth)" if r.status_code < 500 else "server error"
-        self._give_up(batch, f"HTTP {r.status_code} {kind} from {self.url}: {r.text.strip()[:500]}")
+        self._give_up(batch, f"HTTP {r.status_code} {kind} from {self.url}: {r.text.strip()[:500]}", f"HTTP {r.status_code}")
 
     def _back_off(self) -> None:
         """After a failed post, hand batches straight to the fallback for a while
@@ -168,13 +197,13 @@ class HttpSink:
         self._backoff = min(self.max_backoff, max(1.0, self._backoff * 2))
         self._down_until = time.monotonic() + self._backoff
 
-    def _give_up(self, lines: list[bytes], why: str) -> None:
-        """Count ``lines`` as not written and hand them to the fallback."""
+    def _give_up(self, lines: list[bytes], why: str, kind: Optional[str]) -> None:
+        """Count ``lines`` as not written and hand them to the fallback; a new ``kind`` of failure is a warning."""
         where = "handed to the fallback" if self.fallback is not None else "LOST (no fallback)"
         with self._stats_lock:
             self.points_failed += len(lines)
-            new = why.split(":")[0] != (self._failure or "").split(":")[0]
-            self._failure = why
+            new = kind != self._failure
+            self._failure = kind
         (logger.warning if new else logger.debug)("HTTP sink: %s; %d line(s) %s", why, len(lines), where)
         if self.fallback is not None:
             try:
@@ -197,7 +226,7 @@ class HttpSink:
         with self._cond:
             left, self._buffer = self._buffer, []
         if left:
-            self._give_up(left, "close() timed out")
+            self._give_up(left, "close() timed out", "close() timed out")
         if not self._thread.is_alive():
             self._session.close()
         if self.fallback is not None:

@@ -7,8 +7,10 @@
 once it would exceed ``max_file_bytes``. Each flush is one ``write`` of whole
 newline-terminated lines to a file opened with ``O_APPEND``, so a reader
 sees only whole lines plus, at worst, one unterminated last line, which
-:func:`read_lines` ignores. If the disk refuses a write the batch is dropped
-and counted (memory stays bounded), and the next write starts a new file.
+:func:`read_lines` ignores. If the disk refuses a write, the lines that did
+not reach it whole are dropped and counted (memory stays bounded), the
+warning names the file, a partly written file is never appended to again,
+and a file not one byte reached is removed (a full disk leaves no empty files).
 String field values may hold raw newlines, so files are split with
 :func:`~dask_influx_metrics.lineprotocol.split_lines`, never ``bytes.split``.
 
@@ -106,34 +108,59 @@ class SpoolSink:
         try:
             self._append(b"".join(line + b"\n" for line in batch))
         except OSError as e:
-            self.points_dropped += len(batch)
-            self._seq += 1  # never append after a possibly partial write
+            path, written = self._attempt
+            whole = _whole_lines(batch, written)
+            self.points_written += whole
+            self.points_dropped += len(batch) - whole
+            if written:
+                self._seq += 1  # never append after a partial write
             if not self._failing:
-                logger.warning("spool sink: cannot write %s (%s); dropping lines until it works",
-                               self.path, e)
+                logger.warning("spool sink: cannot write %s (%s); dropping lines until it works", path, e)
                 self._failing = True
             return
         self.points_written += len(batch)
         self._failing = False
 
     def _append(self, data: bytes) -> None:
+        """Append ``data``; ``self._attempt`` says (file, bytes written) if it raises. A file this
+        created and could not write a byte to is removed (a full disk leaves no empty files)."""
+        self._attempt = (self.path, 0)
         if self._pid != os.getpid():  # first write, or a forked child: never share a file
             os.makedirs(self.directory, exist_ok=True)
             self._pid = os.getpid()
             self._seq = _next_sequence(self.directory, self._pid)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            path = self.path
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
             try:
                 size = os.fstat(fd).st_size
                 torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"
                 if size == 0 or (size + len(data) <= self.max_file_bytes and not torn):
                     view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
+                    self._attempt = (path, 0)
+                    try:
+                        while view:
+                            view = view[os.write(fd, view):]
+                            self._attempt = (path, len(data) - len(view))
+                    except OSError:
+                        if size == 0 and self._attempt[1] == 0:
+                            os.unlink(path)
+                        raise
                     return
             finally:
                 os.close(fd)
             self._seq += 1  # full, or ends in a torn line: next file
+
+
+def _whole_lines(batch: list[bytes], written: int) -> int:
+    """How many of ``batch``'s lines (each written with a newline) lie wholly in the first ``written`` bytes."""
+    count = end = 0
+    for line in batch:
+        end += len(line) + 1
+        if end > written:
+            break
+        count += 1
+    return count
 
 
 def _next_sequence(directory: str, pid: int) -> int:
@@ -184,14 +211,31 @@ def _wait_for_room(sink, n: int, timeout: float = 60.0) -> None:
         time.sleep(0.01)
 
 
-def replay(directory, sink, remove: bool = False, batch_size: int = 5000) -> int:
+def _failures(sink) -> int:
+    return getattr(sink, "points_failed", 0) + getattr(sink, "points_dropped", 0)
+
+
+def _delivered(sink, failures: int, timeout: float) -> bool:
+    """Whether everything handed to ``sink`` since it counted ``failures`` failures was delivered:
+    a queueing sink (``drain``, e.g. HttpSink) is drained first, a buffering one flushed."""
+    if hasattr(sink, "drain"):
+        if not sink.drain(timeout):
+            return False
+    elif hasattr(sink, "flush"):
+        sink.flush()
+    return _failures(sink) == failures
+
+
+def replay(directory, sink, remove: bool = False, batch_size: int = 5000, timeout: float = 60.0) -> int:
     """Send every spooled line under ``directory`` to ``sink``; return how many.
 
-    With ``remove=True`` each file is deleted once all its lines were handed
-    to ``sink``. Asynchronous sinks (:class:`~.http.HttpSink`) deliver on
-    ``close()``: check their counters before trusting the removal, and give
-    them a fallback outside ``directory``. Replay only directories no live
-    process is still writing to.
+    With ``remove=True`` a file is deleted once all its lines were delivered:
+    the sink (drained, waiting at most ``timeout`` s per file) counted no
+    failure (``points_failed``/``points_dropped``) while taking it. Files it
+    did not take are kept, and named in a warning; their lines also reached
+    the sink's fallback, so replay one or the other (a second write of a point
+    is an idempotent overwrite in InfluxDB). Replay only directories no live
+    process is still writing to, into a sink nothing else uses meanwhile.
 
     >>> class Collect:
     ...     lines = []
@@ -200,8 +244,10 @@ def replay(directory, sink, remove: bool = False, batch_size: int = 5000) -> int
     0
     """
     total = 0
+    kept = []
     batch_size = max(1, min(batch_size, getattr(sink, "max_pending", batch_size)))
     for path in spool_files(directory):
+        failures = _failures(sink)
         batch: list[bytes] = []
         for line in _file_lines(path):
             batch.append(line)
@@ -213,6 +259,10 @@ def replay(directory, sink, remove: bool = False, batch_size: int = 5000) -> int
             _wait_for_room(sink, len(batch))
             sink.send(batch)
             total += len(batch)
-        if remove:
+        if remove and _delivered(sink, failures, timeout):
             os.remove(path)
+        elif remove:
+            kept.append(path)
+    if kept:
+        logger.warning("spool replay: kept %d file(s) not (fully) delivered: %s", len(kept), ", ".join(kept))
     return total

@@ -2,11 +2,14 @@
 
 A per-device metric is called as ``fn(worker, handle)`` once per GPU (the NVML
 handle, or the simulated device); a per-worker metric as ``fn(worker,
-handles)`` once per sample. Each must return a number. Values land in the
-``custom`` measurement, one float field per metric name; per-device ones carry
-the device tags. A metric that raises is reported once (log and the worker's
-``influx-metrics`` event topic, with its name) and skipped; the sampler and the
-worker carry on.
+handles)`` once per sample. Each must return a real number (not a bool, not
+text). Values land in the ``custom`` measurement, one float field per metric
+name; per-device ones carry the device tags. Each metric runs on a thread of
+its own with a deadline per sample (half the polling interval): one that
+raises, returns something else, or overruns is reported once (log and the
+worker's ``influx-metrics`` event topic, with its name) and skipped for that
+sample; the built-in metrics, the sampler and the worker carry on, and a hung
+metric never holds up ``stop()``.
 
 Example
 -------
@@ -21,6 +24,9 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
+import threading
+import time
 from typing import Callable
 
 from ... import schema
@@ -83,39 +89,143 @@ def validate(metrics) -> list[CustomMetric]:
 
 
 class CustomSource:
-    """Runs custom metrics each sample; ``devices()`` gives (tags, handle) pairs."""
+    """Runs custom metrics each sample; ``devices()`` gives (tags, handle) pairs.
 
-    def __init__(self, metrics, worker, devices: Callable[[], list], report: Callable[[str, str], None] | None = None):
+    Each metric runs on a thread of its own (:class:`_Runner`); ``read`` waits
+    for all of them until ``timeout`` s after it posted their calls, so a slow
+    or hung metric costs a sample at most that once and is then skipped, while
+    its call is still running. ``stop()`` never waits for a call in progress.
+    """
+
+    def __init__(self, metrics, worker, devices: Callable[[], list], report: Callable[[str, str], None] | None = None,
+                 timeout: float = 0.1):
         self._metrics = list(metrics)
         self._worker = worker
         self._devices = devices
         self._report = report or (lambda name, msg: None)
-        self._failed: set[str] = set()
+        self.timeout = float(timeout)
+        self._reported: set[tuple] = set()
+        self._runners: dict[str, _Runner] = {}
 
     def read(self) -> list[Reading]:
         if not self._metrics:
             return []
         devices = self._devices()
         handles = [h for _, h in devices]
-        per_tags: dict[tuple, dict] = {}
+        posted = []
         for m in self._metrics:
+            runner = self._runner(m)
             calls = [(tags, h) for tags, h in devices] if m.per_device else [({}, handles)]
-            for tags, arg in calls:
-                value = self._call(m, arg)
+            if runner is not None and runner.post(calls):
+                posted.append(runner)
+        deadline = time.monotonic() + self.timeout
+        per_tags: dict[tuple, dict] = {}
+        for runner in posted:
+            results = runner.result(deadline)
+            if results is None:
+                self._report_once(runner.metric.name, "overran", f"custom metric {runner.metric.name!r} took longer "
+                                  f"than {self.timeout:g} s; skipped while it runs")
+                continue
+            for tags, value in results:
+                value = self._check(runner.metric, value)
                 if value is not None:
-                    per_tags.setdefault(tuple(sorted(tags.items())), {})[m.name] = value
+                    per_tags.setdefault(tuple(sorted(tags.items())), {})[runner.metric.name] = value
         return [Reading(CUSTOM, dict(t), f) for t, f in per_tags.items()]
 
-    def _call(self, metric: CustomMetric, arg):
+    def stop(self) -> None:
+        """Let each metric's thread end; one still in a call ends when the call returns."""
+        for runner in self._runners.values():
+            runner.close()
+        self._runners.clear()
+
+    def _runner(self, metric: CustomMetric):
+        """This metric's runner, or None while one of an earlier source is still in a call."""
+        runner = self._runners.get(metric.name)
+        if runner is None:
+            key = (id(self._worker), metric.name)
+            if key in _Runner.stragglers:
+                self._report_once(metric.name, "overran", f"custom metric {metric.name!r} is still running "
+                                  "from an earlier session; skipped until it returns")
+                return None
+            runner = self._runners[metric.name] = _Runner(metric, self._worker, key)
+        return runner
+
+    def _check(self, metric: CustomMetric, value):
+        """``value`` as a finite float, or None (reported once) for an exception or a non-number."""
         try:
-            value = float(metric.fn(self._worker, arg))
+            if isinstance(value, Exception):
+                raise value
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"returned {type(value).__name__} {value!r}, not a number")
+            value = float(value)
             if not math.isfinite(value):
                 raise ValueError(f"returned {value}")
             return value
         except Exception as e:  # user code: report once, never kill the sampler
-            if metric.name not in self._failed:
-                self._failed.add(metric.name)
-                msg = f"custom metric {metric.name!r} failed: {type(e).__name__}: {e}"
-                logger.warning(msg)
-                self._report(metric.name, msg)
+            self._report_once(metric.name, "failed", f"custom metric {metric.name!r} failed: {type(e).__name__}: {e}")
             return None
+
+    def _report_once(self, name: str, kind: str, message: str) -> None:
+        if (name, kind) not in self._reported:
+            self._reported.add((name, kind))
+            logger.warning(message)
+            self._report(name, message)
+
+
+class _Runner:
+    """One custom metric's thread: runs one sample's calls at a time; ``busy`` until they return."""
+
+    stragglers: set = set()  # (worker id, name) of stopped runners still in a call
+    _lock = threading.Lock()
+
+    def __init__(self, metric: CustomMetric, worker, key: tuple):
+        self.metric, self._worker, self._key = metric, worker, key
+        self._cond = threading.Condition()
+        self._calls = self._results = None
+        self.busy = self._closed = False
+        threading.Thread(target=self._run, name=f"influx-metrics-custom-{metric.name}", daemon=True).start()
+
+    def post(self, calls: list) -> bool:
+        """Start ``calls`` ((tags, arg) pairs) unless the previous ones still run."""
+        with self._cond:
+            if self.busy:
+                return False
+            self.busy, self._calls, self._results = True, calls, None
+            self._cond.notify_all()
+            return True
+
+    def result(self, deadline: float) -> list | None:
+        """[(tags, value or exception)] once done, or None if still running at ``deadline`` (monotonic)."""
+        with self._cond:
+            while self.busy and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            return None if self.busy else self._results
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            if self.busy:
+                with _Runner._lock:
+                    _Runner.stragglers.add(self._key)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._calls is None and not self._closed:
+                    self._cond.wait()
+                if self._calls is None:
+                    return
+                calls, self._calls = self._calls, None
+            results = []
+            for tags, arg in calls:
+                try:
+                    results.append((tags, self.metric.fn(self._worker, arg)))
+                except Exception as e:
+                    results.append((tags, e))
+            with self._cond:
+                self._results, self.busy = results, False
+                self._cond.notify_all()
+                if self._closed:
+                    with _Runner._lock:
+                        _Runner.stragglers.discard(self._key)
