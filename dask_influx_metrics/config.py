@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 import dask.config
 import yaml
 
-from . import schema
+from . import credentials, schema
 
 SINKS = ("udp", "http", "spool")
 GPU_SOURCES = ("auto", "nvml", "simulated", "none")
@@ -257,6 +257,9 @@ class Settings(_Fields):
     Build with :meth:`resolve` (anywhere), :meth:`for_session` (where a
     session is created) or :meth:`from_dict` (settings resolved elsewhere).
     """
+
+    def __repr__(self) -> str:  # secrets are left out; a user:password@ URL shows its password masked
+        return credentials.mask(super().__repr__(), credentials.split_url(str(self.influxdb_url or ""))[2])
 
     @property
     def fields(self) -> frozenset:

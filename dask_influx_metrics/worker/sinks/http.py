@@ -2,8 +2,10 @@
 
 Works with InfluxDB 1.x and, through its v1 compatibility API (a DBRP
 mapping for ``database``/``retention_policy``), InfluxDB 2.x. ``token`` sends
-``Authorization: Token <token>``; otherwise ``username``/``password`` go as
-HTTP basic auth, which both accept.
+``Authorization: Token <token>``; otherwise ``username``/``password`` (or a
+``http://user:password@host`` URL) go as ``Authorization: Basic``, which both
+accept. Credentials travel only in that header; ``url`` and every log line
+show the address without them.
 
 ``send`` only appends to a bounded in-memory queue (``max_pending`` lines,
 default ``2 * batch_size``: about 3 MB at 5000 lines of ~300 bytes) and returns; a thread posts batches of up to
@@ -35,6 +37,8 @@ from typing import Optional
 
 import requests
 
+from ... import credentials
+
 logger = logging.getLogger(__name__)
 
 
@@ -55,6 +59,7 @@ class HttpSink:
                  token: Optional[str] = None, batch_size: int = 5000, timeout: float = 5.0,
                  flush_interval: float = 1.0, fallback=None, max_pending: Optional[int] = None,
                  session: Optional[requests.Session] = None):
+        url, username, password = credentials.take(url, username, password)  # user:password@ out of the URL
         self.url = write_url(url)
         self.params = {"db": database, "precision": "ns"}
         if retention_policy:
@@ -64,7 +69,7 @@ class HttpSink:
         if token:
             self.headers["Authorization"] = f"Token {token}"
         elif username:
-            self.auth = (username, password or "")
+            self.auth = (username, password or "")  # requests sends it as Authorization: Basic
         self.batch_size = max(1, int(batch_size))
         self.timeout = float(timeout)
         self.flush_interval = float(flush_interval)
