@@ -39,6 +39,7 @@ from . import credentials, schema
 
 SINKS = ("udp", "http", "spool")
 GPU_SOURCES = ("auto", "nvml", "simulated", "none")
+GPU_DEVICES = ("auto", "first", "all")  # see worker/sources/nvml_devices.choose
 JOB_TYPES = ("client", "manual")
 MAX_GPUS = 64  # the most (simulated) devices per worker
 
@@ -211,6 +212,9 @@ SETTINGS: tuple[Setting, ...] = (
             "auto (NVML if present, else none), nvml, simulated, none"),
     Setting("gpu.count", "gpu_count", 1, _number(f"an integer from 1 to {MAX_GPUS}", maximum=MAX_GPUS, integer=True),
             "", "simulated devices per worker (gpu.source: simulated)"),
+    Setting("gpu.devices", "gpu_devices", "auto", _choice(GPU_DEVICES), "",
+            "GPUs a worker reports: first (its own under dask-cuda), all visible, or auto (first when "
+            "CUDA_VISIBLE_DEVICES is set, else all)"),
     Setting("sampler.isolate", "isolate", False, _bool, "",
             "true: sample in a sidecar process per worker, outside the worker's GIL (worker/sidecar.py)"),
 )

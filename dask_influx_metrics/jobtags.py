@@ -5,6 +5,11 @@ at that instant, ascending and comma-joined (``"2"``, ``"1,2"``). An idle
 sample has ``dag="0"`` and the worker's last job (``"0"`` before its first
 task): number 0 means "none", it is never a job or DAG of its own.
 
+A sample **counts for job n** only when it is busy (``dag != "0"``) and its
+``job`` tag lists n: idle samples count for no job, whatever job they carry.
+Per-job peaks, summaries and plots all use this rule (:func:`counts_for`;
+:data:`INFLUXQL_BUSY` and :data:`FLUX_BUSY` say the same on the server).
+
 >>> tag = format([2, 1, 2])
 >>> tag, parse(tag), contains(tag, 2), contains(tag, 12)
 ('1,2', (1, 2), True, False)
@@ -67,6 +72,31 @@ def series_contains(tags, n: int):
     [False, True, False]
     """
     return tags.astype(str).str.contains(rf"(?:^|,){_number(n)}(?:,|$)", regex=True)
+
+
+IDLE = "0"  # the dag tag of an idle sample
+INFLUXQL_BUSY = "\"dag\" != '0'"  # InfluxQL condition: busy samples only
+FLUX_BUSY = 'r.dag != "0"'  # the same in Flux
+
+
+def busy(dags):
+    """Boolean mask of a pandas Series of ``dag`` tags: which samples are busy (``dag != "0"``).
+
+    >>> import pandas as pd
+    >>> busy(pd.Series(["0", "3", "1,2"])).tolist()
+    [False, True, True]
+    """
+    return dags.astype(str) != IDLE
+
+
+def counts_for(frame, n: int):
+    """Boolean mask of a frame's rows (``job`` and ``dag`` columns) that count for job ``n``: busy, ``n`` in ``job``.
+
+    >>> import pandas as pd
+    >>> counts_for(pd.DataFrame({"job": ["1", "1", "1,2"], "dag": ["1", "0", "2,3"]}), 1).tolist()
+    [True, False, True]
+    """
+    return busy(frame["dag"]) & series_contains(frame["job"], n)
 
 
 def explode(frame, column: str = "job", zero: bool = False):

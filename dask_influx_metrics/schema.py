@@ -61,7 +61,7 @@ DAG = "dag"
 # Tags on every worker point, in this order.
 COMMON_TAGS = ("host", "worker", "job", "dag")
 # Extra tags on per-device points (gpu, and per-device custom metrics).
-DEVICE_TAGS = ("index", "uuid", "name")
+DEVICE_TAGS = ("index", "nvml_index", "uuid", "name")
 
 TAGS = {
     "host": "hostname of the machine the worker (or scheduler) runs on",
@@ -72,9 +72,19 @@ TAGS = {
     "dag": "DAG number(s) of the tasks executing at sample time, ascending and "
     "comma-joined; '0' when the worker is idle",
     "index": "device index as the worker sees it (0 = first of CUDA_VISIBLE_DEVICES)",
+    "nvml_index": "physical device index as NVML numbers it (the same on every worker of the host)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
     "name": "device product name",
     "status": "dag points: 'running' on submission, then 'ok' or 'erred'",
+}
+
+# The tags each measurement carries, besides the extra ``influx-metrics.tags``.
+MEASUREMENT_TAGS = {
+    GPU: COMMON_TAGS + DEVICE_TAGS,
+    HOST: COMMON_TAGS,
+    WORKER: COMMON_TAGS,
+    CUSTOM: COMMON_TAGS + DEVICE_TAGS,  # device tags on per-device custom metrics only
+    DAG: ("host", "job", "dag", "status"),
 }
 
 _FIELDS = (
@@ -86,6 +96,9 @@ _FIELDS = (
     Field(GPU, "power_draw", float, "W", "board power draw"),
     Field(GPU, "temperature_gpu", float, "C", "GPU core temperature"),
     Field(GPU, "clocks_current_sm", float, "MHz", "current SM clock"),
+    Field(GPU, "worker_memory_used", float, "MiB", "device memory held by the sampling worker's own process tree "
+          "(NVML compute-process list); written by every worker for each device it uses"),
+    Field(GPU, "clocks_event_reasons", int, "bitmask", "NVML clock-event (throttle) reasons active at sample time"),
     Field(HOST, "cpu_percent", float, "%", "whole-host CPU use since the previous sample (all cores = 100)"),
     Field(HOST, "memory_used", int, "bytes", "host memory in use (psutil virtual_memory.used)"),
     Field(HOST, "memory_total", int, "bytes", "host memory capacity"),
@@ -105,6 +118,24 @@ _FIELDS = (
     Field(DAG, "duration", float, "s", "end points: seconds from submission to end"),
 )
 FIELDS: dict[tuple[str, str], Field] = {(f.measurement, f.name): f for f in _FIELDS}
+
+
+def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
+    """``"measurement.name"`` for every name that is a tag and a field of one measurement.
+
+    InfluxDB 3 refuses such writes (a tag and a field may not share a name in a
+    table), so the contract has none; ``extra_tags`` (the ``tags`` setting) and
+    ``custom_fields`` (custom metric names) must not create one.
+
+    >>> tag_field_collisions()
+    []
+    >>> tag_field_collisions(extra_tags=["tasks"], custom_fields=["host"])
+    ['custom.host', 'dag.tasks', 'worker.tasks']
+    """
+    fields = {m: {n for (mm, n) in FIELDS if mm == m} for m in MEASUREMENT_TAGS}
+    fields[CUSTOM] |= set(custom_fields)
+    return sorted(f"{m}.{name}" for m, tags in MEASUREMENT_TAGS.items()
+                  for name in set(tags) | set(extra_tags) if name in fields[m])
 
 # Custom metrics land in the ``custom`` measurement, one float field per metric
 # name; per-device metrics carry the device tags.
@@ -127,6 +158,8 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "net-io": ((HOST, "net_recv_bytes"), (HOST, "net_sent_bytes")),
     "worker-cpu": ((WORKER, "cpu_percent"),),
     "worker-mem": ((WORKER, "rss"), (WORKER, "managed_bytes")),
+    "worker-gpu-mem": ((GPU, "worker_memory_used"),),
+    "throttle": ((GPU, "clocks_event_reasons"),),
 }
 # Fields written whenever their measurement is written at all (static, cheap).
 ALWAYS = frozenset({(GPU, "memory_total"), (HOST, "memory_total")})

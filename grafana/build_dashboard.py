@@ -43,7 +43,7 @@ def unit(f: schema.Field) -> str:
 def variable(name: str, query: str, regex_all: bool = False) -> dict:
     """A multi-value query variable on the InfluxQL datasource."""
     var = {"name": name, "label": name, "type": "query", "datasource": INFLUXQL,
-           "query": query, "definition": query, "refresh": 2, "multi": True, "includeAll": True,
+           "query": query, "refresh": 2, "multi": True, "includeAll": True,
            "sort": 3 if regex_all else 1, "current": {"selected": True, "text": ["All"], "value": ["$__all"]}}
     if regex_all:  # job/dag: match any element of a comma-joined list
         var["allValue"] = ".*"
@@ -128,7 +128,8 @@ def dashboard() -> dict:
         ]},
         "annotations": {"list": [
             {"name": "DAG boundaries", "datasource": INFLUXQL, "enable": True, "iconColor": "rgba(255, 96, 96, 1)",
-             "query": annotation, "textColumn": "event", "tagsColumn": "job,dag"},
+             "target": {"refId": "Anno", "query": annotation, "rawQuery": True, "fromAnnotations": True,
+                        "textColumn": "event", "tagsColumn": "job,dag"}},
         ]},
         "panels": panels(),
     }

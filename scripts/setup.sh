@@ -25,3 +25,15 @@ if [ "$installed" != "$FLUX_LSP_VERSION" ]; then
   npm install --prefix "$FLUX_LSP_DIR" --no-audit --no-fund --save-exact --loglevel=error \
     "@influxdata/flux-lsp-node@$FLUX_LSP_VERSION"
 fi
+
+# The Grafana dashboard check used by tests/test_grafana.py: Grafana's own dashboard
+# types (npm @grafana/schema, generated from its CUE schema) and the TypeScript
+# compiler that checks the generated JSON against them, pinned, into .tools/grafana.
+GRAFANA_SCHEMA_VERSION=13.2.3
+TYPESCRIPT_VERSION=5.9.3
+GRAFANA_DIR=.tools/grafana
+installed=$(node -p "try { require('./$GRAFANA_DIR/node_modules/@grafana/schema/package.json').version + ' ' + require('./$GRAFANA_DIR/node_modules/typescript/package.json').version } catch (e) { '' }")
+if [ "$installed" != "$GRAFANA_SCHEMA_VERSION $TYPESCRIPT_VERSION" ]; then
+  npm install --prefix "$GRAFANA_DIR" --no-audit --no-fund --save-exact --loglevel=error \
+    "@grafana/schema@$GRAFANA_SCHEMA_VERSION" "typescript@$TYPESCRIPT_VERSION"
+fi

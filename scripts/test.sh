@@ -2,7 +2,27 @@
 # Set up everything (scripts/setup.sh) and run the whole test suite.
 # Tests start their own influxd on free loopback ports; under CI=true a
 # missing influxd fails the run instead of skipping.
+# With no arguments it then runs the Dask-facing tests again on the older Dask
+# RAPIDS 26.10 pins (OLD_DASK), in a second venv (.venv-dask$OLD_DASK, git-ignored).
+# Arguments go to the main pytest run, and skip that second run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+OLD_DASK=2026.7.1
+DASK_TESTS=(tests/test_dask_private.py tests/test_jobs.py tests/test_monitor.py tests/test_monitor_analysis.py
+            tests/test_preload.py tests/test_sidecar.py)
+VERSIONS='import sys, dask, distributed
+print(f"Python {sys.version.split()[0]}, dask {dask.__version__}, distributed {distributed.__version__}")'
+
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+.venv/bin/python -c "$VERSIONS"
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+.venv/bin/python -m pytest -q
+
+OLD=".venv-dask$OLD_DASK"
+[ -x "$OLD/bin/python" ] || python3 -m venv "$OLD"
+"$OLD/bin/python" -m pip install -q --disable-pip-version-check -e . pytest nvidia-ml-py \
+  "dask[distributed,array]==$OLD_DASK" "distributed==$OLD_DASK"
+"$OLD/bin/python" -c "$VERSIONS"
+exec "$OLD/bin/python" -m pytest -q "${DASK_TESTS[@]}"

@@ -168,28 +168,22 @@ def answer(flux: str) -> tuple[int, str]:
 
 
 # --- a fake InfluxDB 2.x -----------------------------------------------------------
-class FakeInflux:
-    """``POST /api/v2/query`` on 127.0.0.1, answered by ``self.answer(flux) -> (status, body)``."""
+class LoopbackServer:
+    """An HTTP server on 127.0.0.1 answering every request with ``self.handle(method, path,
+    params, headers, body) -> (status, content type, text)``; ``url``, ``stop()``."""
 
-    def __init__(self):
-        self.requests: list[dict] = []
-        self.answer = answer
+    def serve(self):
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
-                length = int(self.headers.get("Content-Length") or 0)
                 url = urllib.parse.urlsplit(self.path)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                fake.requests.append({"method": self.command, "path": url.path, "headers": dict(self.headers),
-                                      "params": dict(urllib.parse.parse_qsl(url.query)), "body": body})
-                if self.command == "POST" and url.path == "/api/v2/query":
-                    status, text = fake.answer(body.get("query", ""))
-                else:
-                    status, text = 404, json.dumps({"code": "not found", "message": "path not found"})
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status, ctype, text = fake.handle(self.command, url.path, dict(urllib.parse.parse_qsl(url.query)),
+                                                  self.headers, body)
                 data = text.encode()
                 self.send_response(status)
-                self.send_header("Content-Type", "text/csv; charset=utf-8" if status == 200 else "application/json")
+                self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
@@ -209,6 +203,24 @@ class FakeInflux:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
+
+
+class FakeInflux(LoopbackServer):
+    """``POST /api/v2/query`` on 127.0.0.1, answered by ``self.answer(flux) -> (status, body)``."""
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.answer = answer
+        self.serve()
+
+    def handle(self, method, path, params, headers, body):
+        body = json.loads(body or b"{}")
+        self.requests.append({"method": method, "path": path, "headers": dict(headers), "params": params,
+                              "body": body})
+        if method == "POST" and path == "/api/v2/query":
+            status, text = self.answer(body.get("query", ""))
+            return status, "text/csv; charset=utf-8" if status == 200 else "application/json", text
+        return 404, "application/json", json.dumps({"code": "not found", "message": "path not found"})
 
     def queries(self) -> list[str]:
         return [r["body"].get("query") for r in self.requests]

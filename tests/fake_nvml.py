@@ -134,3 +134,19 @@ class FakeNvml:
 
     def nvmlDeviceGetFanSpeed(self, handle):
         return self._value("nvmlDeviceGetFanSpeed", handle, "fan")
+
+    def nvmlDeviceGetIndex(self, handle):
+        self._check_init()
+        if handle.mig is not None:  # NVML has no index for a MIG device handle
+            raise pynvml.NVMLError_InvalidArgument()
+        return self._record(handle).get("index", handle.gpu)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        procs = self._value("nvmlDeviceGetComputeRunningProcesses", handle, "compute_processes")
+        return [SimpleNamespace(**p) for p in procs]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self._value("nvmlDeviceGetCurrentClocksEventReasons", handle, "clocks_event_reasons")
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return self._value("nvmlDeviceGetCurrentClocksThrottleReasons", handle, "clocks_throttle_reasons")

@@ -56,9 +56,108 @@ def test_compose_pins_images_and_mounts_what_exists():
             source = volume.split(":")[0]
             if source.startswith("."):
                 assert os.path.exists(os.path.join(DEPLOY, "compose", source)), f"{name}: {source} missing"
-    assert "8094:8094/udp" in services["telegraf"]["ports"]
+    assert ("127.0.0.1", "8094", 8094, "udp") in _published(_compose()["telegraf"])
     targets = {v.split(":")[1] for v in services["grafana"]["volumes"]}
     assert "/etc/grafana/provisioning" in targets and "/var/lib/grafana/dashboards" in targets
+
+
+def _compose(**env) -> dict:
+    """compose.yaml's services as compose renders them: anchors merged, ``${VAR}``, ``${VAR:-d}``
+    and ``${VAR:?msg}`` filled from .env.example, then ``env``."""
+    with open(os.path.join(DEPLOY, "compose", ".env.example")) as f:
+        values = dict(line.strip().split("=", 1) for line in f if re.match(r"^[A-Z0-9_]+=", line))
+    values.update(env)
+
+    def fill(node):
+        if isinstance(node, dict):
+            return {k: fill(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [fill(v) for v in node]
+        if isinstance(node, str):
+            return re.sub(r"\$\{(\w+)(?::([-?])([^}]*))?\}",
+                          lambda m: values.get(m[1]) or (m[3] if m[2] == "-" else ""), node)
+        return node
+
+    with open(COMPOSE) as f:
+        return fill(yaml.safe_load(f)["services"])
+
+
+def _published(service: dict) -> set[tuple]:
+    """(host_ip, published, target, protocol) of every published port."""
+    return {(p["host_ip"], p["published"], p["target"], p["protocol"]) for p in service.get("ports", [])}
+
+
+def test_compose_publishes_every_port_on_loopback_only():
+    services = _compose()
+    for name, svc in services.items():
+        assert {p[0] for p in _published(svc)} <= {"127.0.0.1"}, name
+        assert all(isinstance(p, dict) for p in svc.get("ports", [])), f"{name}: use the long port syntax"
+    for name in ("telegraf", "telegraf3"):
+        assert _published(services[name]) == {("127.0.0.1", "8094", 8094, "udp")}
+    # opening Telegraf to a cluster network is one setting, and moves nothing else
+    opened = _compose(TELEGRAF_UDP_BIND="10.1.2.3")
+    assert _published(opened["telegraf3"]) == {("10.1.2.3", "8094", 8094, "udp")}
+    assert _published(opened["grafana"]) == _published(services["grafana"])
+
+
+def test_compose_profiles_and_grafana_login():
+    services = _compose()
+    assert {n: s["profiles"] for n, s in services.items()} == {
+        "influxdb": ["influxdb2"], "telegraf": ["influxdb2"], "grafana": ["influxdb2"],
+        "influxdb3": ["influxdb3"], "telegraf3": ["influxdb3"], "grafana3": ["influxdb3"]}
+    with open(COMPOSE) as f:
+        raw = yaml.safe_load(f)["services"]
+    for name in ("grafana", "grafana3"):
+        env = raw[name]["environment"]
+        assert env["GF_SECURITY_ADMIN_PASSWORD"] == "${GRAFANA_ADMIN_PASSWORD:?set in .env}"
+        assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+
+
+def test_influxdb3_profile_files_agree():
+    import tomllib
+
+    services = _compose()
+    with open(os.path.join(DEPLOY, "telegraf", "telegraf-influxdb3.conf"), "rb") as f:
+        conf = tomllib.load(f)
+    with open(os.path.join(DEPLOY, "telegraf", "telegraf.conf"), "rb") as f:
+        assert conf["inputs"] == tomllib.load(f)["inputs"]  # the same UDP listener as for 2.x
+    (out,) = conf["outputs"]["influxdb_v3"]
+    assert (out["urls"], out["token"], out["database"]) == (["${INFLUX_URL}"], "${INFLUX_TOKEN}", "${INFLUX_BUCKET}")
+    assert {"INFLUX_URL", "INFLUX_TOKEN", "INFLUX_BUCKET"} <= set(services["telegraf3"]["environment"])
+    with open(os.path.join(ROOT, "grafana", "provisioning-influxdb3", "datasources", "influxdb3.yaml")) as f:
+        text = f.read()
+    (ds,) = yaml.safe_load(text)["datasources"]
+    assert ds["uid"] == "dask-influxql" and ds["url"] == "${INFLUX_URL}"
+    assert set(re.findall(r"\$\{(\w+)\}", text)) <= set(services["grafana3"]["environment"])
+    assert services["influxdb3"]["environment"]["INFLUX3_TOKEN"] == ""  # required: ${INFLUX3_TOKEN:?...}
+
+
+def _serve(tmp_path, token: str) -> tuple[subprocess.CompletedProcess, str]:
+    """deploy/compose/influxdb3-init/serve.sh with a stand-in ``influxdb3`` that logs its arguments."""
+    (tmp_path / "influxdb3").write_text('#!/bin/sh\necho "$*" >> "$TMPDIR/calls"\n')
+    (tmp_path / "influxdb3").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "TMPDIR": str(tmp_path), "INFLUX3_TOKEN": token,
+           "INFLUX_BUCKET": "dask_metrics", "INFLUX_RETENTION": "7d"}
+    out = subprocess.run(["sh", os.path.join(DEPLOY, "compose", "influxdb3-init", "serve.sh")], env=env,
+                         capture_output=True, text=True, timeout=30)
+    calls = tmp_path / "calls"
+    return out, calls.read_text() if calls.exists() else ""
+
+
+def test_influxdb3_starts_with_the_token_from_env_and_creates_the_database(tmp_path):
+    out, calls = _serve(tmp_path, "apiv3_abc")
+    assert out.returncode == 0, out.stderr
+    token_file = tmp_path / "admin-token.json"
+    assert json.loads(token_file.read_text()) == {"token": "apiv3_abc", "name": "_admin"}
+    assert token_file.stat().st_mode & 0o077 == 0
+    lines = calls.splitlines()  # serve runs in the background: its line may come at any point
+    assert sorted(lines) == sorted([
+        f"serve --node-id dask-metrics --object-store file --data-dir /var/lib/influxdb3/data "
+        f"--admin-token-file {token_file}",
+        "show databases", "create database dask_metrics --retention-period 7d"])
+    assert lines.index("show databases") < lines.index("create database dask_metrics --retention-period 7d")
+    out, _ = _serve(tmp_path, "not-a-v3-token")
+    assert out.returncode == 1 and "must start with apiv3_" in out.stderr
 
 
 def test_kubernetes_manifests_validate_strictly():
@@ -96,6 +195,22 @@ def test_kubernetes_telegraf_and_workers_meet_on_host_port():
         env = {e["name"]: e for e in c["env"]}
         assert env["HOST_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
         assert env["DASK_INFLUX_METRICS__TELEGRAF__ADDRESS"]["value"] == "$(HOST_IP):8094"
+
+
+def test_kubernetes_telegraf_port_admits_dask_pods_only_and_grafana_needs_a_login():
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _k8s_docs()}
+    policy = docs["NetworkPolicy", "telegraf-udp"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == docs["DaemonSet", "telegraf"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    assert rule["ports"] == [{"port": 8094, "protocol": "UDP"}]
+    (source,) = rule["from"]
+    allowed = set(source["podSelector"]["matchExpressions"][0]["values"])
+    labels = {docs["Deployment", n]["spec"]["template"]["metadata"]["labels"]["app"] for n in ("dask-worker", "dask-scheduler")}
+    assert allowed == labels
+    env = {e["name"]: e for e in docs["Deployment", "grafana"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"]["value"] == "false"
+    assert env["GF_SECURITY_ADMIN_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "influxdb-auth"
 
 
 # -- the kustomization, rendered by the real kustomize (kubectl's built-in, v5) -------------------
@@ -170,7 +285,7 @@ def test_rendered_kustomization_validates_strictly(rendered):
     assert sorted(f"{d['kind']}/{_generated_name(d)}" for d in docs) == [
         "ConfigMap/grafana-dashboard-provider", "ConfigMap/grafana-dashboards", "ConfigMap/grafana-datasources",
         "ConfigMap/influxdb-init", "ConfigMap/telegraf-config", "DaemonSet/telegraf", "Deployment/grafana",
-        "Service/grafana", "Service/influxdb", "StatefulSet/influxdb"]
+        "NetworkPolicy/telegraf-udp", "Service/grafana", "Service/influxdb", "StatefulSet/influxdb"]
     assert {d["metadata"].get("namespace") for d in docs} == {"dask-metrics"}
     out = subprocess.run([_tool("kubernetes-validate"), "--strict", path], capture_output=True, text=True,
                          timeout=300)

@@ -41,7 +41,7 @@ def _dashboards() -> dict[str, dict]:
 def _queries(dash: dict) -> list[tuple[str, str]]:
     """(where, InfluxQL) for every panel target, variable and annotation."""
     found = [(f"variable {v['name']}", v["query"]) for v in dash["templating"]["list"]]
-    found += [(f"annotation {a['name']}", a["query"]) for a in dash["annotations"]["list"]]
+    found += [(f"annotation {a['name']}", a["target"]["query"]) for a in dash["annotations"]["list"]]
     for p in dash["panels"]:
         found += [(f"panel {p['id']} {p['title']}/{t['refId']}", t["query"]) for t in p.get("targets", [])]
     return found
@@ -145,3 +145,43 @@ def test_build_script_runs(tmp_path):
     out = subprocess.run([sys.executable, "-c", "import build_dashboard as b; print(len(b.panels()))"],
                          cwd=GRAFANA, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and int(out.stdout) >= 8, out.stderr
+
+
+# -- Grafana's own schema: @grafana/schema types, checked by tsc (scripts/setup.sh installs both) ---
+GRAFANA_TOOLS = os.path.join(ROOT, ".tools", "grafana", "node_modules")
+
+
+def _schema_check(dashboard: dict, tmp_path) -> subprocess.CompletedProcess:
+    """``tsc`` on grafana/schema_check.ts.in with ``dashboard`` pasted in."""
+    tsc = os.path.join(GRAFANA_TOOLS, "typescript", "bin", "tsc")
+    if not (os.path.exists(tsc) and os.path.isdir(os.path.join(GRAFANA_TOOLS, "@grafana", "schema"))):
+        message = "@grafana/schema + typescript not installed in .tools/grafana (run scripts/setup.sh)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    with open(os.path.join(GRAFANA, "schema_check.ts.in")) as f:
+        source = f.read().replace("DASHBOARD_JSON", json.dumps(dashboard, indent=1))
+    (tmp_path / "dashboard.ts").write_text(source)
+    options = {"strict": True, "noEmit": True, "module": "esnext", "moduleResolution": "bundler",
+               "target": "es2022", "skipLibCheck": True, "types": [],
+               "paths": {"@grafana/schema": [os.path.join(GRAFANA_TOOLS, "@grafana", "schema")]}}
+    (tmp_path / "tsconfig.json").write_text(json.dumps({"compilerOptions": options, "files": ["dashboard.ts"]}))
+    return subprocess.run(["node", tsc, "-p", str(tmp_path)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", list(_dashboards()))
+def test_dashboard_passes_grafanas_own_schema(name, tmp_path):
+    out = _schema_check(_dashboards()[name], tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_grafana_schema_check_catches_wrong_types_and_unknown_fields(tmp_path):
+    dash = json.loads(json.dumps(_dashboards()["dask-influx-metrics.json"]))
+    dash["panels"][0]["gridPos"]["h"] = "8"
+    dash["panels"][0]["targets"][0]["rawquery"] = True
+    dash["templating"]["list"][0]["definition"] = "SHOW TAG VALUES"
+    out = _schema_check(dash, tmp_path)
+    assert out.returncode != 0
+    assert "'string' is not assignable to type 'number'" in out.stdout
+    assert "'\"rawquery\"' does not exist in type 'InfluxQLQuery'" in out.stdout
+    assert "'\"definition\"' does not exist in type 'VariableModel'" in out.stdout

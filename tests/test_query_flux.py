@@ -72,6 +72,8 @@ def _all_queries() -> dict[str, str]:
         for by, workers, job in ((["worker", "index", "job"], [W, 'w"2\\'], 3), (["worker"], None, None),
                                  (["worker", "index"], [W], None)):
             out[f"max-{len(by)}-{job}-{name}"] = F.flux_max_query("b", "gpu", "memory_used", by, workers, job, **kw)
+        out[f"max-busy-{name}"] = F.flux_max_query("b", "gpu", "memory_used", ["worker", "index", "job"], [W], 2,
+                                                   busy=True, **kw)
     out["buckets"] = F.BUCKETS_QUERY
     return out
 

@@ -69,20 +69,27 @@ def test_visible_defaults_to_environment(fake, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "visible, message",
+    "visible, kept, message",
     [
-        ("0,foo", "'foo' is neither a device index nor a UUID"),
-        ("7", "'7': no GPU with that index"),
-        ("GPU-deadbeef", "'GPU-deadbeef' matches no device"),
-        ("GPU-", "'GPU-' is ambiguous"),
-        ("0,0", "'0' names a device twice"),
-        (f"0,{UUID0}", f"'{UUID0}' names a device twice"),
+        ("0,foo", 1, "'foo' is neither a GPU index nor a UUID"),
+        ("1,7,0", 1, "'7' no GPU with that index"),
+        ("GPU-deadbeef", 0, "'GPU-deadbeef' matches no GPU"),
+        ("2,GPU-", 1, "'GPU-' is ambiguous"),
+        ("0,0,1", 2, None),  # a repeat counts once
+        (f"0,{UUID0}", 1, None),
+        ("1,-1,0", 1, None),  # -1 ends the list, as in CUDA (parse_visible stops there)
     ],
 )
-def test_bad_visible_entry(fake, visible, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        NvmlSource(ALL, visible=visible, nvml=fake)
-    assert not nvml_available(nvml=fake, visible=visible)
+def test_visible_entries_as_cuda_reads_them(fake, visible, kept, message, caplog):
+    """Issue 10: CUDA stops at the first entry it cannot use and keeps the devices before it."""
+    source = NvmlSource(ALL, visible=visible, nvml=fake)
+    assert len(source.devices) == kept
+    assert nvml_available(nvml=fake, visible=visible) == bool(kept)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if message:
+        assert any(message in w and "like CUDA, using only the" in w for w in warnings), warnings
+    else:
+        assert not warnings
 
 
 # -- values ----------------------------------------------------------------------
@@ -90,7 +97,7 @@ def test_bad_visible_entry(fake, visible, message):
 def test_all_fields_follow_schema(fake):
     readings = by_index(NvmlSource(ALL, visible=None, nvml=fake).read())
     for r in readings.values():
-        assert r.measurement == "gpu" and set(r.tags) == {"index", "uuid", "name"}
+        assert r.measurement == "gpu" and set(r.tags) == {"index", "nvml_index", "uuid", "name"}  # issue 10: nvml_index
         for name, value in r.fields.items():
             assert type(value) is FIELDS[GPU, name].type, name
     busy = readings["0"].fields
@@ -194,8 +201,84 @@ def test_every_field_failing_drops_only_that_device(fake):
     src = NvmlSource(ALL, visible="0,1", nvml=fake)
     for key in ("utilization", "memory_v2", "power_mw", "temperature_v", "clock_sm"):
         fake.devices[0][key] = {"error": "GpuIsLost"}
-    src._devices[0].memory_total = None
+    src._devices[0].static.clear()  # memory_total read at open: forget it
     assert [r.tags["index"] for r in src.read()] == ["1"]
+
+
+def test_result_missing_an_attribute_is_reported_once_and_read_again(fake, caplog):
+    fake.devices[0]["utilization"] = [{"gpu": 50}, {"gpu": 60}, {"gpu": 70, "memory": 20}]
+    src = NvmlSource(ALL, visible="0", nvml=fake)
+    first, second, third = (src.read()[0].fields for _ in range(3))
+    assert first["utilization_gpu"] == 50.0 and "utilization_memory" not in first  # only that field
+    assert first["power_draw"] == 312.456 and "utilization_memory" not in second
+    assert third["utilization_gpu"] == 70.0 and third["utilization_memory"] == 20.0  # not switched off
+    assert fake.calls_to("nvmlDeviceGetUtilizationRates") == 3
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "utilization_memory" in warnings[0].getMessage()
+    assert "AttributeError" in warnings[0].getMessage() and warnings[0].exc_info  # with its traceback
+
+
+def test_bug_in_a_conversion_is_reported_and_never_switches_the_field_off(fake, monkeypatch, caplog):
+    monkeypatch.setitem(nvml_mod.TABLE["power"].fields, "power_draw", lambda mw: mw.watts)  # a typo
+    src = NvmlSource(ALL, visible="0", nvml=fake)
+    for _ in range(3):
+        fields = src.read()[0].fields
+        assert "power_draw" not in fields and fields["temperature_gpu"] == 61.0
+    assert fake.calls_to("nvmlDeviceGetPowerUsage") == 3
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "power_draw" in warnings[0] and "AttributeError" in warnings[0]
+    monkeypatch.undo()  # the fix
+    assert src.read()[0].fields["power_draw"] == 312.456
+
+
+def test_type_error_from_a_call_is_reported_not_taken_for_unsupported(fake, monkeypatch, caplog):
+    real, broken = fake.nvmlDeviceGetClockInfo, [True]
+
+    def clock(handle, type):
+        return real(handle) if broken else real(handle, type)  # TypeError while broken
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetClockInfo", clock, raising=False)
+    src = NvmlSource(ALL, visible="0", nvml=fake)
+    for _ in range(2):
+        assert "clocks_current_sm" not in src.read()[0].fields
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "clocks_current_sm" in warnings[0] and "TypeError" in warnings[0]
+    broken.clear()  # the fix
+    assert src.read()[0].fields["clocks_current_sm"] == 1410.0
+
+
+def test_pynvml_without_a_function_or_constant_uses_the_next_variant(fake, monkeypatch, caplog):
+    monkeypatch.setattr(fake, "nvmlDeviceGetTemperatureV", None, raising=False)  # as in pynvml < 12
+    monkeypatch.setattr(fake, "nvmlMemory_v2", None, raising=False)  # as in pynvml < 11.510
+    fields = NvmlSource(ALL, visible="0", nvml=fake).read()[0].fields
+    assert fields["temperature_gpu"] == 61.0 and fields["memory_used"] == 25258950656 / MIB  # v1
+    assert fake.calls_to("nvmlDeviceGetTemperatureV") == fake.calls_to("nvmlDeviceGetMemoryInfo_v2") == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_table_covers_exactly_the_schema_gpu_fields():
+    in_table = [f for group in nvml_mod.TABLE.values() for f in group.fields]
+    assert sorted(in_table) == sorted(name for _, name in ALL)  # each once
+
+
+def test_replay_of_a_real_h100_with_two_processes():
+    src = NvmlSource(ALL, visible=None, nvml=FakeNvml("nvml_h100_shared.json"))
+    assert src.devices == [(0, "GPU-da1f6fd4-9109-0cfa-82af-30bfade809cb", "NVIDIA H100 80GB HBM3")]
+    samples = [src.read()[0].fields for _ in range(5)]
+    assert samples[0] == {
+        "utilization_gpu": 99.0,
+        "utilization_memory": 30.0,
+        "memory_used": 17502.4375,  # v2: 480 MiB reserved not counted
+        "memory_total": 81559.0,
+        "memory_used_percent": 100 * 18352635904 / 85520809984,
+        "power_draw": 694.497,
+        "temperature_gpu": 60.0,
+        "clocks_current_sm": 1200.0,
+        "clocks_event_reasons": 4,  # issue 10: software power cap, as recorded
+        "worker_memory_used": 0.0,  # this test process holds nothing on the recorded GPU
+    }
+    assert [s["power_draw"] for s in samples] == [694.497, 698.252, 700.78, 693.983, 700.293]
+    assert [s["clocks_current_sm"] for s in samples] == [1200.0, 1410.0, 1305.0, 1380.0, 1365.0]
 
 
 def test_names_as_bytes_from_old_pynvml():
@@ -252,8 +335,15 @@ def test_handles_and_close(fake):
 # -- the real pynvml has every name nvml.py uses ------------------------------------
 
 def nvml_names_used() -> set[str]:
-    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in worker/sources/nvml.py."""
-    tree = ast.parse(pathlib.Path(nvml_mod.__file__).read_text())
+    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in worker/sources/nvml*.py,
+    and every name the calls in ``nvml.TABLE`` need."""
+    names = {n for group in nvml_mod.TABLE.values() for call in group.calls for n in call.names()}
+    for path in pathlib.Path(nvml_mod.__file__).parent.glob("nvml*.py"):
+        names |= names_in(ast.parse(path.read_text()))
+    return names
+
+
+def names_in(tree) -> set[str]:
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "nvml":
@@ -261,6 +351,7 @@ def nvml_names_used() -> set[str]:
         if (
             isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
             and isinstance(node.args[0], ast.Name) and node.args[0].id == "nvml"
+            and isinstance(node.args[1], ast.Constant)  # a variable name: its values are in TABLE
         ):
             names.add(node.args[1].value)
     return names

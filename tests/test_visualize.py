@@ -56,7 +56,12 @@ def table() -> pd.DataFrame:
 
 
 def job_rows(table, job):
-    return table[table["job"].str.split(",").map(lambda jobs: str(job) in jobs)]
+    """The samples that count for ``job``: busy (dag != "0") with the job in the tag (issue 10)."""
+    return table[table["job"].str.split(",").map(lambda jobs: str(job) in jobs) & (table["dag"] != "0")]
+
+
+GIB = 2**30
+IN_GIB = {"total-mem", "host.memory_used"}  # byte metrics are drawn in GiB (issue 10)
 
 
 def assert_png(path):
@@ -111,14 +116,15 @@ def test_lines_x_is_the_selected_jobs_timestamps(table, job):
         assert len(ax.lines) == len(columns)
         for line, column in zip(ax.lines, columns):
             np.testing.assert_array_equal(line.get_xdata(), rows["timestamp"].to_numpy())
-            np.testing.assert_array_equal(line.get_ydata(), rows[column].to_numpy(dtype=float))
+            np.testing.assert_array_equal(line.get_ydata(), rows[column].to_numpy(dtype=float)
+                                          / (GIB if metric in IN_GIB else 1))
 
 
 def test_job_two_starts_later_and_shared_row_is_in_both_jobs(table):
     shared = table.loc[table["job"] == "1,2", "timestamp"].item()
     x1 = lines(table, 1, ["compute-util"]).axes[0].lines[0].get_xdata()
     x2 = lines(table, 2, ["compute-util"]).axes[0].lines[0].get_xdata()
-    assert len(x1) == 21 and len(x2) == 20
+    assert len(x1) == 21 and len(x2) == 18  # job 2's 2 idle samples (dag "0") are not job 2's
     assert shared == x1[-1] == x2[0]
     assert x2[0] > 10  # job 2's x is not the start of the table (old tool's bug)
 
@@ -134,14 +140,14 @@ def test_titles_units_and_labels(table):
     metrics = ["total-mem", "compute-util", "host-cpu", "tasks", "host.memory_used", "my-metric"]
     fig = lines(table, 2, metrics, width=8, height=12)
     assert [ax.get_title() for ax in fig.axes] == [
-        "total-mem (bytes)",
+        "total-mem (GiB)",
         "compute-util (%)",
         "host-cpu (%)",
         "tasks (count)",
-        "host.memory_used (bytes)",
+        "host.memory_used (GiB)",
         "my-metric (widgets)",  # unit from df.attrs
     ]
-    assert [ax.get_ylabel() for ax in fig.axes] == ["bytes", "%", "%", "count", "bytes", "widgets"]
+    assert [ax.get_ylabel() for ax in fig.axes] == ["GiB", "%", "%", "count", "GiB", "widgets"]
     assert fig.axes[-1].get_xlabel() == "seconds since start"
     assert fig.get_suptitle() == f"{WORKER} - job 2"
     assert tuple(fig.get_size_inches()) == (8, 12)
@@ -187,7 +193,7 @@ def test_boxes_writes_png_with_titles(table, tmp_path):
     path = tmp_path / "boxes.png"
     fig = boxes(table, 2, ["mem-util", "total-mem"], freq=5, save=str(path))
     assert_png(path)
-    assert [ax.get_title() for ax in fig.axes] == ["mem-util (%)", "total-mem (bytes)"]
+    assert [ax.get_title() for ax in fig.axes] == ["mem-util (%)", "total-mem (GiB)"]
     assert fig.axes[-1].get_xlabel() == "seconds since start"
     assert fig.get_suptitle() == f"{WORKER} - job 2"
     # first box starts at the shared "1,2" row
@@ -199,7 +205,7 @@ def test_boxes_writes_png_with_titles(table, tmp_path):
 
 @pytest.mark.parametrize("plot", [lines, boxes])
 def test_unknown_job_lists_jobs_present(table, plot):
-    with pytest.raises(ValueError, match=r"job 7 not in .*jobs present: 0, 1, 2"):
+    with pytest.raises(ValueError, match=r"job 7 not in .*jobs present: 1, 2$"):  # job 0 is only idle samples
         plot(table, 7, ["compute-util"])
 
 
@@ -295,3 +301,48 @@ def test_boxes_from_old_csv(old_csv):
     assert len(stats) == 2
     np.testing.assert_allclose(stats[0], np.percentile([10, 90, 12, 88], [25, 50, 75]))
     assert tick_labels(fig.axes[0]) == ["0.0", "1.0"]
+
+
+# --- a job's own time only (issue 10) ------------------------------------------
+
+
+def shared_gpu_table(tmp_path):
+    """Worker 0 of the H100 scenario (tests/shared_gpu.py), read back from a spool."""
+    import shared_gpu
+
+    from dask_influx_metrics import query
+
+    with query.connect(shared_gpu.write_spool(tmp_path)) as db:
+        return db.worker_tables(metrics=["compute-util", "total-mem", "worker-gpu-mem"])[shared_gpu.W[0]]
+
+
+def spans(ax):
+    """(start, end) of the shaded busy intervals of ``ax``."""
+    return [(round(p.get_x(), 6), round(p.get_x() + p.get_width(), 6)) for p in ax.patches]
+
+
+def test_a_jobs_plot_leaves_out_its_workers_idle_time(tmp_path):
+    table = shared_gpu_table(tmp_path)
+    fig = lines(table, 1, ["compute-util", "total-mem", "worker-gpu-mem"], save=tmp_path / "job1.png")
+    assert_png(tmp_path / "job1.png")
+    util, total, own = fig.axes
+    # job 1's six busy samples, not the idle ones (job "1", dag "0") that show job 2's 100 % and 21 GiB
+    np.testing.assert_allclose(util.lines[0].get_xdata(), np.arange(6) * 0.5)
+    assert max(util.lines[0].get_ydata()) == 70
+    assert [ax.get_title() for ax in (total, own)] == ["total-mem (GiB)", "worker-gpu-mem (GiB)"]
+    assert max(total.lines[0].get_ydata()) == 5 and max(own.lines[0].get_ydata()) == 5
+    assert spans(util) == [(-0.25, 2.75)]
+
+
+def test_busy_intervals_are_shaded_and_lines_break_between_them(table):
+    table = table.assign(dag=["0"] * 3 + ["1"] * 5 + ["0"] * 4 + ["1"] * 11 + ["1,2"] + ["2"] * 17 + ["0"] * 2,
+                         job=["0"] * 3 + ["1"] * 20 + ["1,2"] + ["2"] * 19)
+    fig = lines(table, 1, ["compute-util"])
+    ax = fig.axes[0]
+    t = table["timestamp"].to_numpy()
+    half = np.median(np.diff(t)) / 2
+    assert spans(ax) == [(round(t[3] - half, 6), round(t[7] + half, 6)),
+                         (round(t[12] - half, 6), round(t[23] + half, 6))]
+    x = ax.lines[0].get_xdata()
+    assert len(x) == 5 + 1 + 12 and np.isnan(x[5]) and np.isnan(ax.lines[0].get_ydata()[5])
+    assert not boxes(table, 1, ["compute-util"], freq=5).axes[0].patches  # boxes: samples of the job, no shading

@@ -20,29 +20,21 @@ from __future__ import annotations
 
 import os
 
-from distributed.protocol.pickle import dumps
-
+from .. import _dask
 from ..config import Settings, overrides_from_kwargs
+from ..scheduler import session as scheduler_session
 from ..scheduler.plugin import NEW_JOB_OP, PLUGIN_NAME as JOBS_PLUGIN, JobPlugin
 from ..worker.sources import custom
-from ..worker.plugin import PLUGIN_NAME as WORKER_PLUGIN, MetricsWorkerPlugin
 
 
-async def _on_scheduler(dask_scheduler=None, action="state", tracking=None):
-    """Runs on the scheduler (via ``run_on_scheduler``): read or drive the session."""
+async def _on_scheduler(dask_scheduler=None, action="state"):
+    """Runs on the scheduler (via ``run_on_scheduler``): read the state, or detach."""
     plugin = dask_scheduler.plugins.get(JOBS_PLUGIN)
     if plugin is None:
         return None
     if action == "detach":
         await plugin.close()
         dask_scheduler.remove_plugin(name=JOBS_PLUGIN)
-        return plugin.state()
-    if action == "start":
-        if tracking is not None:
-            plugin.overrides["tracking"] = list(tracking)
-        return plugin.start_session()
-    if action == "stop":
-        return plugin.stop_session()
     return plugin.state()
 
 
@@ -84,7 +76,7 @@ class Monitor:
         state = self._state(required=False)
         if state and state["session"]:
             raise RuntimeError(f"monitoring session {state['session']['id']} is running; stop() it before attach()")
-        payload = dumps(metrics) if metrics else b""
+        payload = _dask.dumps(metrics) if metrics else b""
         if state:
             self.client.run_on_scheduler(_on_scheduler, action="detach")
         self.client.register_plugin(JobPlugin(overrides, payload), name=JOBS_PLUGIN)
@@ -101,15 +93,8 @@ class Monitor:
         state = self._state()
         if tracking is not None:
             Settings.resolve({**state["overrides"], "tracking": list(tracking)})  # raises on bad names
-        session = self.client.run_on_scheduler(_on_scheduler, action="start", tracking=tracking)
-        overrides = {**state["overrides"], **({"tracking": list(tracking)} if tracking is not None else {})}
-        try:
-            self.client.register_plugin(
-                MetricsWorkerPlugin(overrides, state["worker_payload"], session), name=WORKER_PLUGIN)
-        except Exception:
-            self.client.run_on_scheduler(_on_scheduler, action="stop")
-            raise
-        return session
+        # the same start path as --preload; a worker's setup error stops the session and lands here
+        return self.client.run_on_scheduler(scheduler_session.start, tracking=tracking)
 
     def stop(self, force=False) -> dict:
         """Stop sampling on all workers (flushing their sinks) and end the session.
@@ -120,15 +105,7 @@ class Monitor:
         >>> Monitor(other_client).stop()  # doctest: +SKIP
         """
         self._state()
-        try:
-            self.client.unregister_worker_plugin(WORKER_PLUGIN)
-            had_workers = True
-        except ValueError:  # not registered: nothing was sampling
-            had_workers = False
-        session = self.client.run_on_scheduler(_on_scheduler, action="stop")
-        if session is None and not had_workers:
-            raise RuntimeError(f"no monitoring session is running on {self.client.scheduler.address}")
-        return session
+        return self.client.run_on_scheduler(scheduler_session.stop)
 
     def new_job(self, job=None) -> None:
         """Manual job mode: graphs submitted after this call belong to a new job.
@@ -144,7 +121,7 @@ class Monitor:
             raise ValueError("new_job() needs attach(job_type='manual'); this monitor counts one job per client")
         if job is not None and (isinstance(job, bool) or not isinstance(job, int) or job < 1):
             raise ValueError(f"job must be a positive integer, got {job!r}")
-        self.client._send_to_scheduler({"op": NEW_JOB_OP, "job": job})
+        _dask.send_on_client_stream(self.client, {"op": NEW_JOB_OP, "job": job})
 
     def shutdown(self) -> None:
         """Stop any running session, remove the monitor from the cluster and close :meth:`query`'s Store.
@@ -152,10 +129,7 @@ class Monitor:
         >>> monitor.shutdown()  # doctest: +SKIP
         """
         self._close_store()
-        try:
-            self.client.unregister_worker_plugin(WORKER_PLUGIN)
-        except ValueError:
-            pass
+        self.client.run_on_scheduler(scheduler_session.stop, missing_ok=True)
         self.client.run_on_scheduler(_on_scheduler, action="detach")
 
     # --- analysis (old dask-metrics API) ----------------------------------
@@ -225,6 +199,13 @@ class Monitor:
         ``workers`` are worker indices (address order) or addresses. Peaks are
         computed by InfluxDB where it can (``MAX ... GROUP BY``).
 
+        A job's peak counts only the samples at which that job had tasks
+        executing (``dag != "0"``, the job in the ``job`` tag); idle samples
+        count for no job. ``"total-mem"``: device memory in use on that GPU
+        (bytes, every process on it) while the job ran on a worker using it.
+        ``"worker-gpu-mem"``: the GPU memory (bytes) held by the worker's own
+        process tree while the job ran on it. ``per_job=False`` uses every sample.
+
         >>> monitor.get_peaks("compute-util", workers=[0, 1])  # doctest: +SKIP
         [{1: [97.0, 88.5], 2: [40.0, 12.0]}, {1: [91.0, 90.0]}]
         """
@@ -269,13 +250,14 @@ class Monitor:
 
     # --- introspection ---------------------------------------------------
     def jobs(self) -> dict:
-        """Jobs and DAGs of the current (or last) session, from the scheduler.
+        """Jobs and DAGs of the current (or last) session, from the scheduler, and
+        ``shared_gpus``: GPUs that several workers of one host use (``host``, ``uuid``, ``workers``).
 
         >>> monitor.jobs()["dags"][1]["status"]  # doctest: +SKIP
         'ok'
         """
         state = self._state()
-        return {k: state[k] for k in ("job_type", "jobs", "dags", "session", "last_session")}
+        return {k: state[k] for k in ("job_type", "jobs", "dags", "session", "last_session", "shared_gpus")}
 
     def _state(self, required=True) -> dict | None:
         state = self.client.run_on_scheduler(_on_scheduler, action="state")

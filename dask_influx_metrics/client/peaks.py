@@ -1,24 +1,27 @@
 """Peaks per worker, per GPU and per job: a tidy DataFrame, and the old tool's list shapes.
 
-A sample belongs to every job in its ``job`` tag (``"1,2"`` counts for 1 and
-2; idle samples count for the last job the worker ran). Job ``0`` (nothing ran
-yet) is never a job of its own. Because a maximum of maxima is the maximum,
-the server can group by the raw ``job`` tag and the client splits the lists:
-server-side and client-side peaks are equal by construction, and tested so.
+Per-job peaks count a sample for job J only when it is busy (``dag != "0"``)
+and J is in its ``job`` tag (``"1,2"`` counts for 1 and 2): idle samples count
+for no job, so a job is never charged what a device showed while its worker
+waited (another worker's job on a shared GPU, memory left behind). Job ``0``
+is never a job. Whole-session peaks (``per_job=False``) use every sample.
+Because a maximum of maxima is the maximum, the server can group busy samples
+by the raw ``job`` tag and the client splits the lists: server-side and
+client-side peaks are equal by construction, and tested so.
 
 The tidy form has one row per (worker, job, device): ``worker_index``,
 ``worker``, ``job`` (``<NA>`` for whole-session peaks), ``device`` (GPU index,
 ``<NA>`` for host/worker metrics), ``metric``, ``peak``, ``unit``.
 
 >>> import pandas as pd
->>> t = pd.DataFrame({"job": ["1", "1,2", "2"], "dag": ["1", "1,2", "2"], "timestamp": [0, 1, 2],
-...                   "x[0]": [5.0, 7.0, 1.0], "x[1]": [2.0, 3.0, 9.0]})
+>>> t = pd.DataFrame({"job": ["1", "1,2", "2", "2"], "dag": ["1", "1,2", "2", "0"], "timestamp": [0, 1, 2, 3],
+...                   "x[0]": [5.0, 7.0, 1.0, 8.0], "x[1]": [2.0, 3.0, 9.0, 10.0]})
 >>> t.attrs = {"worker": "tcp://a:1", "worker_index": 0}
 >>> tidy = from_tables([t], "x", per_job=True)
->>> to_lists(tidy, per_job=True)
+>>> to_lists(tidy, per_job=True)   # the idle last row counts for no job
 [{1: [7, 3], 2: [7, 9]}]
 >>> to_lists(from_tables([t], "x", per_job=False), per_job=False)
-[[7, 9]]
+[[8, 10]]
 """
 
 from __future__ import annotations
@@ -46,10 +49,11 @@ def from_tables(tables: list[pd.DataFrame], metric: str, per_job: bool = True, u
         cols = device_columns(table, metric)
         if not cols:
             continue
+        rows = table[jobtags.busy(table["dag"])] if per_job else table  # idle samples count for no job
         # the maximum per raw job tag first, in C over the wide table (a maximum of maxima is the
         # maximum); only those few rows are melted and their tags split
-        keys = table["job"].to_numpy() if per_job else pd.Series("", index=table.index).to_numpy()
-        wide = table[cols].groupby(keys, sort=False).max().rename_axis("job").reset_index()
+        keys = rows["job"].to_numpy() if per_job else pd.Series("", index=rows.index).to_numpy()
+        wide = rows[cols].groupby(keys, sort=False).max().rename_axis("job").reset_index()
         long = wide.melt(id_vars="job", var_name="column", value_name="value").dropna(subset=["value"])
         device = long["column"].str.extract(r"\[(\d+)\]$", expand=False)
         long = long.assign(device=pd.to_numeric(device))
@@ -65,7 +69,10 @@ def from_tables(tables: list[pd.DataFrame], metric: str, per_job: bool = True, u
 
 
 def from_groups(groups: pd.DataFrame, metric, worker_index: dict[str, int], per_job: bool = True) -> pd.DataFrame:
-    """Peaks from a backend's ``max_by`` rows (columns worker, index, [job], max) of one ``Metric``."""
+    """Peaks from a backend's ``max_by`` rows (columns worker, index, [job], max) of one ``Metric``.
+
+    For ``per_job`` the rows must be of busy samples only (``max_by(..., busy=True)``).
+    """
     if groups.empty:
         return pd.DataFrame(columns=COLUMNS)
     frame = groups.assign(value=pd.to_numeric(groups["max"]) * metric.scale)

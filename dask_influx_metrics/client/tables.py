@@ -3,8 +3,9 @@
 A **metric** is what a table column holds. Its name is one of:
 
 - a tracking name with one numeric field (``compute-util``, ``mem-util``,
-  ``total-mem``, ``tasks``, ``power``, ``host-cpu``, ...). ``total-mem`` is in
-  **bytes**, as the old dask-metrics tool documented (InfluxDB holds MiB);
+  ``total-mem``, ``tasks``, ``power``, ``host-cpu``, ...). ``total-mem`` and
+  ``worker-gpu-mem`` are in **bytes**, as the old dask-metrics tool documented
+  (InfluxDB holds MiB);
 - ``measurement.field`` for any numeric field of the data contract
   (``host.memory_used``); tracking names with several fields (``host-mem``,
   ``disk-io``, ``net-io``, ``worker-mem``) expand to those;
@@ -33,6 +34,8 @@ import pandas as pd
 from .. import schema
 
 MIB = float(2**20)
+# Tracking names whose table values are bytes (the stored field is MiB).
+BYTES_METRICS = ("total-mem", "worker-gpu-mem")
 DEVICE_COLUMN = re.compile(r"^(?P<metric>.+)\[(?P<index>\d+)\]$")
 # Columns every table has, in this order, before the metrics.
 BASE_COLUMNS = ("job", "dag", "timestamp")
@@ -61,7 +64,7 @@ def _tracking_metrics(name: str) -> list[Metric]:
     pairs = [p for p in schema.TRACKING[name] if _numeric(*p)]
     if len(pairs) == 1:
         (m, f), = pairs
-        if name == "total-mem":
+        if name in BYTES_METRICS:
             return [Metric(name, m, f, "bytes", MIB)]
         return [Metric(name, m, f, schema.FIELDS[m, f].unit)]
     return [_field_metric(m, f) for m, f in pairs]
@@ -175,7 +178,10 @@ def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int
         # each metric is laid out by the rows that hold it.
         device = [m for m in wanted if _per_device(long, m.field)]
         if device:
-            values = long.dropna(subset=["index"]).drop_duplicates(["time", "index"], keep="last")
+            # a GPU's owner may write two points of one device at one instant (device-wide fields
+            # tagged with every user's jobs, its own memory with its own): merge their fields
+            values = long.dropna(subset=["index"]).groupby(["time", "index"], sort=False, as_index=False)[
+                [m.field for m in device]].last()
             values = values.assign(**{f"_{m.name}": pd.to_numeric(values[m.field], errors="coerce") * m.scale
                                       for m in device})
             wide = values.pivot(index="time", columns="index", values=[f"_{m.name}" for m in device])

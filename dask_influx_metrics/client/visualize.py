@@ -7,16 +7,21 @@ dask-metrics layout, and return a :class:`matplotlib.figure.Figure`. They use
 no pyplot state, so they work headless and leak no figures; pass ``save=`` to
 write the figure (the format follows the file extension).
 
+A job's plot shows the samples that count for it: busy (``dag != "0"``) with
+the job in the ``job`` tag; samples in which the worker was idle, which carry
+its last job, are left out. Byte and MiB quantities (``total-mem``,
+``worker-gpu-mem``, ``gpu.memory_used``, ...) are drawn in GiB.
+
 matplotlib is optional: ``pip install dask-influx-metrics[plot]``.
 
 Example
 -------
 >>> import pandas as pd
->>> table = pd.DataFrame({"job": ["1", "1,2", "2"], "dag": ["1", "1,2", "2"],
-...                       "timestamp": [0.0, 0.5, 1.0],
-...                       "compute-util[0]": [10.0, 50.0, 90.0]})
+>>> table = pd.DataFrame({"job": ["1", "1,2", "2", "2"], "dag": ["1", "1,2", "2", "0"],
+...                       "timestamp": [0.0, 0.5, 1.0, 1.5],
+...                       "compute-util[0]": [10.0, 50.0, 90.0, 0.0]})
 >>> fig = lines(table, 2, ["compute-util"])
->>> fig.axes[0].lines[0].get_xdata().tolist()
+>>> fig.axes[0].lines[0].get_xdata().tolist()   # the idle last sample is not job 2's
 [0.5, 1.0]
 >>> fig.axes[0].get_title()
 'compute-util (%)'
@@ -28,6 +33,8 @@ import os
 import re
 
 from .. import jobtags, schema
+from .summary import interval_seconds
+from .tables import BYTES_METRICS
 
 __all__ = ["lines", "boxes", "unit_of", "DEFAULT_METRICS"]
 
@@ -36,7 +43,10 @@ XLABEL = "seconds since start"
 # Columns of the table that are not metrics.
 _NOT_METRICS = frozenset({"job", "dag", "timestamp", "running"})
 # Tracking names whose table unit is not the unit of their single schema field.
-_UNIT_OVERRIDES = {"total-mem": "bytes", "tasks": "count"}
+_UNIT_OVERRIDES = {**{m: "bytes" for m in BYTES_METRICS}, "tasks": "count"}
+# Units drawn in GiB instead, and the divisor that gets there.
+_GIB = {"bytes": float(2**30), "MiB": float(2**10)}
+BUSY_SHADE = {"color": "tab:green", "alpha": 0.12, "linewidth": 0}
 _DEVICE_COLUMN = re.compile(r"^(?P<metric>.+)\[(?P<index>\d+)\]$")
 
 
@@ -92,9 +102,12 @@ def _metric_columns(table) -> dict[str, list[tuple[str, str]]]:
 
 
 def _select(source, job, metrics):
-    """Load ``source`` and return (name, rows of ``job`` sorted by timestamp, panels).
+    """Load ``source`` and return (name, job, rows, runs, step, panels).
 
-    ``panels`` is a list of ``(metric, unit, [(label, column), ...])``.
+    ``rows`` are the samples that count for ``job``, by timestamp; ``runs``
+    numbers each row's busy interval (consecutive samples of the job in the
+    whole table); ``step`` is the sampling interval (s). ``panels`` is a list
+    of ``(metric, unit, divisor, [(label, column), ...])``.
     """
     import pandas as pd
 
@@ -108,18 +121,20 @@ def _select(source, job, metrics):
         name = table.attrs.get("worker") or "worker"
     else:
         raise TypeError(f"source must be a CSV path or a DataFrame, not {type(source).__name__}")
-    for column in ("job", "timestamp"):
+    for column in ("job", "dag", "timestamp"):
         if column not in table.columns:
             raise ValueError(f"{name}: the table has no {column!r} column")
     if table.empty:
         raise ValueError(f"{name}: the table has no samples")
 
-    present = jobtags.distinct(table["job"].unique(), zero=True)
+    table = table.sort_values("timestamp", kind="stable")
+    present = jobtags.distinct(table.loc[jobtags.busy(table["dag"]), "job"].unique())
     number = int(str(job).strip()) if str(job).strip().isdecimal() else None  # 2 or "2"
     if number not in present:
         raise ValueError(f"job {job!r} not in {name}; jobs present: {', '.join(map(str, present))}")
-    rows = table[jobtags.series_contains(table["job"], number).to_numpy()]
-    rows = rows.sort_values("timestamp", kind="stable")
+    mask = jobtags.counts_for(table, number)
+    runs = (mask != mask.shift()).cumsum()[mask].to_numpy()
+    rows = table[mask.to_numpy()]
 
     available = _metric_columns(table)
     if metrics is None:
@@ -142,24 +157,27 @@ def _select(source, job, metrics):
         )
     if rows.empty:  # pragma: no cover - a present job always has rows
         raise ValueError(f"{name}: no samples for job {job!r}")
-    panels = [(m, unit_of(m, table.attrs), available[m]) for m in metrics]
-    return name, str(number), rows, panels
+    panels = []
+    for m in metrics:
+        unit = unit_of(m, table.attrs)
+        panels.append((m, "GiB" if unit in _GIB else unit, _GIB.get(unit, 1.0), available[m]))
+    return name, str(number), rows, runs, interval_seconds(table), panels
 
 
 def _plot(source, job, metrics, width, height, save, draw):
-    """Shared frame: one subplot per metric, ``draw(ax, x, values, labels)`` fills one."""
+    """Shared frame: one subplot per metric, ``draw(ax, x, values, labels, runs, step)`` fills one."""
     import numpy as np
     import pandas as pd
 
-    name, key, rows, panels = _select(source, job, metrics)
+    name, key, rows, runs, step, panels = _select(source, job, metrics)
     x = pd.to_numeric(rows["timestamp"], errors="coerce").to_numpy(dtype=float)
     fig = _figure_class()(figsize=(width, height), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, (metric, unit, columns) in zip(axes, panels):
+    for ax, (metric, unit, divisor, columns) in zip(axes, panels):
         values = np.column_stack(
             [pd.to_numeric(rows[col], errors="coerce").to_numpy(dtype=float) for _, col in columns]
-        )
-        draw(ax, x, values, [label for label, _ in columns])
+        ) / divisor
+        draw(ax, x, values, [label for label, _ in columns], runs, step)
         ax.set_title(f"{metric} ({unit})" if unit else metric)
         ax.set_ylabel(unit or metric)
         ax.grid(True, alpha=0.3)
@@ -174,10 +192,13 @@ def lines(source, job, metrics=None, width=20, height=10, save=None):
     """Line chart of a worker's metrics during one job: one subplot per metric.
 
     ``source`` is a per-worker table or the path of an old-layout CSV file;
-    ``job`` a job number (a sample belongs to every job in its ``job`` list);
-    ``metrics`` metric names (default: those of ``compute-util`` and
-    ``mem-util`` that the table has). Each GPU is one line ("GPU 0", ...); x is
-    the job's own ``timestamp`` values (seconds since collection start).
+    ``job`` a job number (a busy sample belongs to every job in its ``job``
+    list; idle samples to none); ``metrics`` metric names (default: those of
+    ``compute-util`` and ``mem-util`` that the table has). Each GPU is one line
+    ("GPU 0", ...); x is the job's own ``timestamp`` values (seconds since
+    collection start). The job's busy intervals are shaded (each sample
+    +- half a sampling interval) and lines break between them, so no line
+    crosses time in which the job ran nothing on this worker.
     ``width``/``height`` are in inches; ``save`` is a file name to write.
     Returns the :class:`~matplotlib.figure.Figure`. Raises ``ValueError`` for a
     job or metric not in the table.
@@ -185,7 +206,13 @@ def lines(source, job, metrics=None, width=20, height=10, save=None):
     >>> fig = lines("worker-0.csv", 2, ["compute-util", "power"], save="job2.png")  # doctest: +SKIP
     """
 
-    def draw(ax, x, values, labels):
+    def draw(ax, x, values, labels, runs, step):
+        import numpy as np
+
+        for run in np.unique(runs):
+            ax.axvspan(x[runs == run].min() - step / 2, x[runs == run].max() + step / 2, **BUSY_SHADE)
+        cut = np.flatnonzero(np.diff(runs)) + 1  # a NaN between busy intervals breaks the lines
+        x, values = np.insert(x, cut, np.nan), np.insert(values, cut, np.nan, axis=0)
         for k, label in enumerate(labels):
             ax.plot(x, values[:, k], label=label)
         if labels[0].startswith("GPU "):
@@ -198,7 +225,7 @@ def boxes(source, job, metrics=None, freq=15, width=20, height=10, save=None):
     """Box plots of a worker's metrics during one job: one subplot per metric.
 
     Each box pools the values of all GPUs over ``freq`` consecutive samples
-    of the job (the last box may hold fewer); its tick label is the
+    that count for the job (the last box may hold fewer); its tick label is the
     timestamp of its first sample, in seconds since start, to 0.1 s. Other
     arguments and errors as for :func:`lines`; ``freq < 1`` raises
     ``ValueError``.
@@ -208,7 +235,7 @@ def boxes(source, job, metrics=None, freq=15, width=20, height=10, save=None):
     if not isinstance(freq, int) or isinstance(freq, bool) or freq < 1:
         raise ValueError(f"freq must be a positive integer (samples per box), not {freq!r}")
 
-    def draw(ax, x, values, labels):
+    def draw(ax, x, values, labels, runs, step):
         import numpy as np
 
         starts = range(0, len(x), freq)

@@ -8,9 +8,10 @@ exactly which job and DAG the tasks it runs belong to, however many clients
 submit at once. Nothing is broadcast.
 
 Two messages travel on the client's own batched stream, in order with its
-graph submissions: ``update-graph`` (wrapped here to learn the submitting task
-of graphs submitted from inside tasks, which Dask does not pass to plugins)
-and :data:`NEW_JOB_OP` (manual ``new_job()``).
+graph submissions: ``update-graph`` (wrapped to learn the submitting task of
+graphs submitted from inside tasks, which Dask does not pass to plugins) and
+:data:`NEW_JOB_OP` (manual ``new_job()``); the Dask internals for both are in
+:mod:`dask_influx_metrics._dask`.
 
 Example
 -------
@@ -21,14 +22,13 @@ Example
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import socket
 import time
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from .. import lineprotocol, schema
+from .. import _dask, lineprotocol, schema
 from ..config import Settings
 from .jobs import JobBook
 from ..worker.sinks import make_sink
@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "influx-metrics-jobs"
 ANNOTATION = "influx_metrics"
+EVENT_TOPIC = "influx-metrics"  # worker reports: {"worker", "what", "message", ...}
+SHARED_GPU = "shared-gpu"  # a report's "what" when workers of a host use one GPU
 NEW_JOB_OP = "influx-metrics-new-job"
-_submitting_task: contextvars.ContextVar = contextvars.ContextVar("influx_metrics_submitting", default=None)
 
 
 class JobPlugin(SchedulerPlugin):
@@ -53,32 +54,17 @@ class JobPlugin(SchedulerPlugin):
         self.last_session: dict | None = None
         self.book = JobBook(self.overrides.get("job-type", "client"))
         self.sink = None
+        self.shared_gpus: dict[tuple, set] = {}  # (host, uuid) -> worker addresses
 
     # --- plugin life cycle -------------------------------------------------
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
-        current = scheduler.stream_handlers.get("update-graph")
-        original = getattr(current, "_influx_metrics_original", current)  # never wrap a wrapper
-        self._wrapper = None
-        if original is not None:
-
-            async def update_graph(**msg):
-                token = _submitting_task.set(msg.get("submitting_task"))
-                try:
-                    return await original(**msg)
-                finally:
-                    _submitting_task.reset(token)
-
-            update_graph._influx_metrics_original = original
-            scheduler.stream_handlers["update-graph"] = self._wrapper = update_graph
-        scheduler.stream_handlers[NEW_JOB_OP] = self._handle_new_job
+        self._wrapper = _dask.wrap_update_graph(scheduler)
+        _dask.add_stream_handler(scheduler, NEW_JOB_OP, self._handle_new_job)
 
     async def close(self) -> None:
-        handlers = self.scheduler.stream_handlers
-        if self._wrapper is not None and handlers.get("update-graph") is self._wrapper:
-            handlers["update-graph"] = self._wrapper._influx_metrics_original
-        if getattr(handlers.get(NEW_JOB_OP), "__self__", None) is self:
-            handlers.pop(NEW_JOB_OP)
+        _dask.unwrap_update_graph(self.scheduler, self._wrapper)
+        _dask.remove_stream_handler(self.scheduler, NEW_JOB_OP, self._handle_new_job)
         self.stop_session()
 
     # --- session -----------------------------------------------------------
@@ -110,6 +96,7 @@ class JobPlugin(SchedulerPlugin):
         return {"overrides": dict(self.overrides), "worker_payload": self.worker_payload,
                 "session": dict(self.session) if self.session else None,
                 "last_session": dict(self.last_session) if self.last_session else None,
+                "shared_gpus": [{"host": h, "uuid": u, "workers": sorted(w)} for (h, u), w in sorted(self.shared_gpus.items())],
                 **self.book.summary()}
 
     # --- Dask hooks ----------------------------------------------------------
@@ -117,7 +104,7 @@ class JobPlugin(SchedulerPlugin):
         if self.session is None:
             return
         sid = self.session["id"]
-        parent = _submitting_task.get()
+        parent = _dask.parent_task_key()
         parent_job = None
         if parent is not None and parent in scheduler.tasks:
             mark = (scheduler.tasks[parent].annotations or {}).get(ANNOTATION) or {}
@@ -159,3 +146,8 @@ class JobPlugin(SchedulerPlugin):
         tags = {**self._tags, "job": str(dag.job), "dag": str(dag.number), "status": dag.status}
         point = schema.Point(schema.DAG, tags, fields, int(t * 1e9))
         self.sink.send(lineprotocol.encode_many([point]))
+
+    def log_event(self, topic, msg) -> None:
+        """Collect the workers' shared-GPU reports (``Monitor.jobs()["shared_gpus"]``)."""
+        if topic == EVENT_TOPIC and isinstance(msg, dict) and msg.get("what") == SHARED_GPU:
+            self.shared_gpus.setdefault((msg.get("host"), msg.get("uuid")), set()).add(msg.get("worker"))

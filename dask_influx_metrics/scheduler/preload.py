@@ -6,12 +6,13 @@
     dask worker tcp://scheduler:8786            # --preload here is optional
 
 On the **scheduler**, :func:`dask_setup` installs the :class:`JobPlugin`
-(jobs/DAGs, ``dag`` points), starts a monitoring session and registers the
-:class:`MetricsWorkerPlugin` on the scheduler under its stable name, so every
-worker, present or future, samples from the moment it connects. All settings
-come from the ``influx-metrics`` Dask config, i.e. from environment variables
-such as ``DASK_INFLUX_METRICS__SINK=udp``: the scheduler's own environment for
-its ``dag`` points, and each worker's own environment for its samples (its
+(jobs/DAGs, ``dag`` points) and starts a session the way ``Monitor.start()``
+does (:func:`.session.start`): the :class:`MetricsWorkerPlugin` is registered
+on the scheduler under its stable name, so every worker, present or future,
+samples from the moment it connects. All settings come from the
+``influx-metrics`` Dask config, i.e. from environment variables such as
+``DASK_INFLUX_METRICS__SINK=udp``: the scheduler's own environment for its
+``dag`` points, and each worker's own environment for its samples (its
 Telegraf address, GPU source, tags).
 
 On a **worker** (or nanny) the preload does nothing: the plugin arrives from
@@ -27,11 +28,10 @@ import asyncio
 import logging
 
 from distributed import Scheduler
-from distributed.protocol.pickle import dumps
 
 from ..config import Settings
+from . import session as _session
 from .plugin import PLUGIN_NAME as JOBS_PLUGIN, JobPlugin
-from ..worker.plugin import PLUGIN_NAME as WORKER_PLUGIN, MetricsWorkerPlugin
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +56,8 @@ async def start_monitoring(scheduler, overrides: dict | None = None) -> dict:
     overrides = dict(overrides or {})
     settings = Settings.resolve(overrides)  # validate now, on the scheduler
     await asyncio.to_thread(settings.check_telegraf_host)  # a DNS lookup: off the event loop
-    plugin = JobPlugin(overrides, worker_payload=b"")
-    # The scheduler calls plugin.start(scheduler) itself right after preloads.
-    scheduler.add_plugin(plugin, name=JOBS_PLUGIN)
-    session = plugin.start_session()
-    payload = dumps(MetricsWorkerPlugin(overrides, b"", session))
-    await scheduler.register_worker_plugin(None, payload, name=WORKER_PLUGIN, idempotent=False)
+    # The scheduler calls the plugin's start(scheduler) itself right after preloads.
+    scheduler.add_plugin(JobPlugin(overrides, worker_payload=b""), name=JOBS_PLUGIN)
+    session = await _session.start(scheduler)
     logger.info("influx-metrics: session %s started from preload", session["id"])
     return session

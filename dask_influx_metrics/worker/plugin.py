@@ -1,11 +1,11 @@
-"""Worker plugin: wires sources -> sampler -> sink on each worker.
+"""Worker plugin: samples each worker (sources -> sampler -> sink, wired by :mod:`.build`).
 
-Registered by :meth:`Monitor.start` with ``Client.register_plugin`` under the
-stable name :data:`PLUGIN_NAME`, so the scheduler also sets it up on workers
-that join later or restart; :meth:`Monitor.stop` unregisters it, which tears
-it down everywhere. Settings are resolved on the worker from its own Dask
-config plus the client's explicit overrides, so each node finds its own
-Telegraf.
+Registered on the scheduler by :func:`..scheduler.session.start` (behind both
+``Monitor.start`` and ``--preload``) under the stable name :data:`PLUGIN_NAME`,
+so the scheduler also sets it up on workers that join later or restart;
+:func:`..scheduler.session.stop` unregisters it, which tears it down
+everywhere. Settings are resolved on the worker from its own Dask config plus
+the client's explicit overrides, so each node finds its own Telegraf.
 
 ``transition`` (on the event loop) only updates a small registry of executing
 tasks with the job/DAG the scheduler annotated them with; the sampling thread
@@ -28,27 +28,23 @@ Example
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 
 from tornado.ioloop import PeriodicCallback
 
 from distributed.diagnostics.plugin import WorkerPlugin
-from distributed.protocol.pickle import loads
 
+from .. import _dask
 from ..config import Settings
-from .sampler import Sampler
-from ..scheduler.plugin import ANNOTATION
-from .sinks import make_sink
-from .sources import make_gpu_source
-from .sources.activity import CachedActivity, TaskRegistry, TaskSource
-from .sources.custom import CustomSource
-from .sources.host import HostSource
+from ..scheduler.plugin import ANNOTATION, EVENT_TOPIC
+from .build import build_sampler
+from .sources.activity import CachedActivity, TaskRegistry
 
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "influx-metrics"
-EVENT_TOPIC = "influx-metrics"
 SIDECAR_START_TIMEOUT = 30.0  # s for a sidecar to start sampling (it imports this package)
 RUNNING = frozenset({"executing", "long-running"})
 STILL_RUNNING = RUNNING | {"cancelled"}  # a cancelled task's thread runs on
@@ -70,10 +66,11 @@ class MetricsWorkerPlugin(WorkerPlugin):
     def setup(self, worker):
         self.worker = worker
         self.settings = settings = Settings.resolve(self.overrides)
-        self.registry = TaskRegistry(worker.state.nthreads, managed_bytes=lambda: worker.state.nbytes)
-        for ts in list(worker.state.executing) + list(worker.state.long_running):
-            self._started(ts.key)
-        self.custom = loads(self.worker_payload) if self.worker_payload else []
+        managed = functools.partial(_dask.worker_managed_bytes, worker)  # read by the sampler thread
+        self.registry = TaskRegistry(_dask.worker_nthreads(worker), managed_bytes=managed)
+        for key in _dask.worker_running_keys(worker):
+            self._started(key)
+        self.custom = _dask.loads(self.worker_payload) if self.worker_payload else []
         self.activity = CachedActivity(self.registry)
         self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
         self.gpu = self.sink = None
@@ -83,27 +80,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     def _start_sampler(self, custom_only: bool = False) -> None:
         """The in-process sampler: everything, or (beside a sidecar) custom metrics only."""
-        settings, worker, activity = self.settings, self.worker, self.activity
-        per_device = any(m.per_device for m in self.custom)
-        if self.gpu is None and (per_device or not custom_only):
-            self.gpu = self._gpu_source(settings, activity, needed=per_device)
-        sources = [s for s in (
-            None if custom_only else self.gpu,
-            None if custom_only else HostSource(settings.fields),
-            None if custom_only else TaskSource(settings.fields, activity),
-            CustomSource(self.custom, worker, self._devices, report=self._report),
-        ) if s is not None]
-        if self.sink is None:
-            self.sink = make_sink(settings, role=worker.address, session=self.session["id"])
-        base = self.base_tags
-
-        def tags() -> dict:
-            snap = activity()
-            return {**base, "job": snap.job_tag, "dag": snap.dag_tag}
-
-        self.sampler = Sampler(
-            sources, self.sink, tags, interval=settings.polling_interval / 1000.0,
-            before_sample=activity.refresh, clock_offset=lambda: worker.scheduler_delay,
+        self.sampler, (self.gpu, self.sink) = build_sampler(
+            self.settings, self.session["id"], self.worker.address, self.base_tags, self.activity,
+            clock_offset=functools.partial(_dask.worker_clock_offset, self.worker), report=self._report,
+            custom=self.custom, worker=self.worker, custom_only=custom_only, gpu=self.gpu, sink=self.sink,
         )
         self.sampler.start()
 
@@ -127,8 +107,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._publish()
 
     def _started(self, key) -> None:
-        ts = self.worker.state.tasks.get(key)
-        mark = (ts.annotations or {}).get(ANNOTATION) if ts is not None else None
+        mark = _dask.worker_task_annotation(self.worker, key, ANNOTATION)
         if mark and mark.get("session") == self.session["id"]:
             self.registry.started(key, mark["job"], mark["dag"])
         else:  # submitted while no session ran: counted, not attributed
@@ -157,7 +136,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._start_sampler(custom_only=self.sidecar is not None)
 
     def _publish(self) -> None:
-        self.sidecar.publish(self.registry.snapshot(), self.worker.scheduler_delay)
+        self.sidecar.publish(self.registry.snapshot(), _dask.worker_clock_offset(self.worker))
 
     def _tick(self) -> None:
         if self.sidecar is None:
@@ -184,25 +163,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
         return asyncio.to_thread(sidecar.close)
     # --- end of sampler.isolate --------------------------------------------------------
 
-    def _gpu_source(self, settings: Settings, activity, needed: bool):
-        if not needed and not any(m == "gpu" for m, _ in settings.fields):
-            return None
-        try:
-            return make_gpu_source(settings, activity)
-        except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
-            self._report("gpu-source", f"GPU source {settings.gpu_source!r} unavailable: {e}")
-            return None
-
-    def _devices(self) -> list:
-        """(device tags, handle) pairs for per-device custom metrics."""
-        if self.gpu is None:
-            return []
-        return [({"index": str(i), "uuid": uuid, "name": name}, h)
-                for (i, uuid, name), h in zip(self.gpu.devices, self.gpu.handles)]
-
-    def _report(self, what: str, message: str) -> None:
+    def _report(self, what: str, message: str, **details) -> None:
         logger.warning("influx-metrics on %s: %s", self.worker.address, message)
+        event = {**details, "worker": self.worker.address, "host": self.base_tags["host"], "what": what, "message": message}
         try:
-            self.worker.log_event(EVENT_TOPIC, {"worker": self.worker.address, "what": what, "message": message})
+            self.worker.log_event(EVENT_TOPIC, event)
         except Exception:  # the event is a courtesy; the log line above is the record
             pass

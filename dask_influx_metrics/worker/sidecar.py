@@ -246,23 +246,6 @@ class Sidecar:
         return code
 
 
-def _worker_gpu(settings, activity, pid: int):
-    """The GPU source, if any; simulated devices get the worker's UUIDs, not the sidecar's."""
-    from ..schema import GPU
-    from .sources import make_gpu_source
-    from .sources.simulated import SimulatedGpuSource, SimulatedHandle, simulated_uuid
-
-    if not any(m == GPU for m, _ in settings.fields):
-        return None
-    try:
-        gpu = make_gpu_source(settings, activity)
-    except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
-        logger.warning("GPU source %r unavailable: %s", settings.gpu_source, e)
-        return None
-    if isinstance(gpu, SimulatedGpuSource):  # the UUID is per (host, worker pid, index)
-        gpu._handles = [SimulatedHandle(h.index, simulated_uuid(h.index, pid=pid)) for h in gpu._handles]
-        gpu._tags = [{**t, "uuid": h.uuid} for t, h in zip(gpu._tags, gpu._handles)]
-    return gpu
 
 
 def _until_eof(fd: int, stop: threading.Event) -> None:
@@ -279,10 +262,7 @@ def main(stdin=None) -> int:
     import psutil
 
     from ..config import Settings
-    from .sampler import Sampler
-    from .sinks import make_sink
-    from .sources.activity import TaskSource
-    from .sources.host import HostSource
+    from .build import build_sampler
 
     stdin = stdin or sys.stdin.buffer
     ready = os.fdopen(os.dup(1), "wb")  # "ready" goes to the worker; any other output to stderr
@@ -298,17 +278,11 @@ def main(stdin=None) -> int:
     settings, pid = Settings.from_dict(config["settings"]), config["pid"]
     buffer = SnapshotBuffer(config["fd"], config["size"], writable=False)
     activity = SnapshotReader(buffer)
-    gpu = _worker_gpu(settings, activity, pid)
-    sources = [s for s in (gpu, HostSource(settings.fields, process=psutil.Process(pid)),
-                           TaskSource(settings.fields, activity)) if s is not None]
-    sink = make_sink(settings, role=config["worker"], session=config["session"])
-
-    def tags() -> dict:
-        snap = activity()
-        return {**config["tags"], "job": snap.job_tag, "dag": snap.dag_tag}
-
-    sampler = Sampler(sources, sink, tags, interval=settings.polling_interval / 1000.0,
-                      before_sample=activity.refresh, clock_offset=lambda: activity().scheduler_delay)
+    sampler, (gpu, sink) = build_sampler(
+        settings, config["session"], config["worker"], config["tags"], activity,
+        clock_offset=lambda: activity().scheduler_delay, report=lambda what, message, **details: logger.warning(message),
+        process=psutil.Process(pid),
+    )
     threading.Thread(target=_until_eof, args=(stdin.fileno(), stop), name="eof", daemon=True).start()
     sampler.start()
     ready.write(b"ready\n")

@@ -323,8 +323,9 @@ class Store:
         """Tidy peaks of one metric (see :mod:`dask_influx_metrics.client.peaks`).
 
         ``server=True`` lets the backend compute ``MAX ... GROUP BY worker,
-        index, job`` (InfluxQL does it on the server); ``False`` computes from
-        the per-worker tables. Both give the same numbers.
+        index, job`` (InfluxQL does it on the server; per job over busy
+        samples only, ``dag != '0'``); ``False`` computes from the per-worker
+        tables. Both give the same numbers.
         """
         resolved = self._metrics([metric])
         if len(resolved) != 1:
@@ -338,22 +339,31 @@ class Store:
         else:
             by = ("worker",) + (("index",) if m.measurement in DEVICE_MEASUREMENTS else ()) \
                 + (("job",) if per_job else ())
-            groups = self.backend.max_by(m.measurement, m.field, by, [w for _, w in chosen], job)
+            groups = self.backend.max_by(m.measurement, m.field, by, [w for _, w in chosen], job, busy=per_job)
             tidy = _peaks.from_groups(groups, m, {w: i for i, w in chosen}, per_job)
         if job is not None and per_job:
             tidy = tidy[tidy["job"] == job].reset_index(drop=True)
         return tidy
 
     def get_peaks(self, metric: str = "mem-util", workers=None, per_job: bool = True, **kw) -> list:
-        """The old ``get_peaks`` shapes: ``[{job: [peak per GPU]}, ...]`` or ``[[peak per GPU], ...]``."""
+        """The old ``get_peaks`` shapes: ``[{job: [peak per GPU]}, ...]`` or ``[[peak per GPU], ...]``.
+
+        Per job, a peak is the largest value among the samples at which that
+        job had tasks executing (``dag != "0"`` and the job in the ``job``
+        tag); idle samples count for no job. ``"total-mem"``: device memory in
+        use (bytes) on that GPU while the job ran: the whole device, every
+        process on it. ``"worker-gpu-mem"``: the GPU memory (bytes) held by the
+        worker's own process tree while the job ran on it. ``per_job=False``:
+        the peak over every sample, idle ones included.
+        """
         chosen = self._select_workers(workers)
         tidy = self.peaks(metric, per_job=per_job, workers=[w for _, w in chosen], **kw)
         return _peaks.to_lists(tidy, per_job, [i for i, _ in chosen])
 
     def summary(self, per_job: bool = True, workers=None, job: Optional[int] = None) -> pd.DataFrame:
         """GPU and host-CPU utilization per worker (and per job): see :mod:`dask_influx_metrics.client.summary`."""
-        names = [n for n in (_summary.GPU_METRIC, _summary.CPU_METRIC) if n in self.metrics()]
-        if not names:
+        names = [n for n in (_summary.GPU_METRIC, _summary.CPU_METRIC, *_summary.MEMORY_METRICS) if n in self.metrics()]
+        if not {_summary.GPU_METRIC, _summary.CPU_METRIC} & set(names):
             raise ValueError(f"a summary needs compute-util or host-cpu; present: {self.metrics()}")
         tables = self.worker_tables(job=job, metrics=names, workers=workers)
         frame = _summary.summarize(list(tables.values()), per_job=per_job)

@@ -4,11 +4,12 @@ A backend (``influxql.py``, ``flux.py``, ``spool.py``) is a :class:`Backend`:
 it answers ``fields()``, ``tag_values(key)``, ``first_time()``, ``last_time()``,
 ``frame(measurement, fields, worker, job)`` (long samples: ``time`` in ns,
 ``job``, ``dag``, ``index`` for device points, one column per field),
-``max_by(measurement, field, by, workers, job)`` and ``dag_points()``, all
-within its time range (``start_ns``, ``stop_ns``) and ``tags``;
-``describe()`` names what it reads, ``notes`` lists what its answers should
-be read with (skipped lines, undelivered samples), ``widened()`` is the same
-source without range and tags, and ``close()`` releases its connections. Everything else is built on those in
+``max_by(measurement, field, by, workers, job, busy)`` (``busy``: samples
+with ``dag != "0"`` only) and ``dag_points()``, all within its time range
+(``start_ns``, ``stop_ns``) and ``tags``; ``describe()`` names what it reads,
+``notes`` lists what its answers should be read with (skipped lines,
+undelivered samples), ``widened()`` is the same source without range and
+tags, and ``close()`` releases its connections. Everything else is built on those in
 :mod:`dask_influx_metrics.query`.
 
 >>> list(empty_frame(["utilization_gpu"], device=True).columns)
@@ -45,7 +46,7 @@ class Backend(Protocol):
     def first_time(self) -> Optional[int]: ...
     def last_time(self) -> Optional[int]: ...
     def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame: ...
-    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None) -> pd.DataFrame: ...
+    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame: ...
     def dag_points(self) -> pd.DataFrame: ...
     def close(self) -> None: ...
 

@@ -52,8 +52,11 @@ def _any_of(column: str, values) -> str:
     return terms[0] if len(terms) == 1 else "(" + " or ".join(terms) + ")"
 
 
-def predicate(measurements, tags=None, fields=None, workers=None, job: Optional[int] = None) -> str:
-    """The body of ``filter(fn: (r) => ...)``; ``job`` matches inside comma-joined lists ("1,2")."""
+def predicate(measurements, tags=None, fields=None, workers=None, job: Optional[int] = None, busy: bool = False) -> str:
+    """The body of ``filter(fn: (r) => ...)``; ``job`` matches inside comma-joined lists ("1,2").
+
+    ``busy`` keeps busy samples only (``r.dag != "0"``).
+    """
     terms = [_any_of("r._measurement", measurements)]
     if fields is not None:
         terms.append(_any_of("r._field", fields))
@@ -62,6 +65,8 @@ def predicate(measurements, tags=None, fields=None, workers=None, job: Optional[
         terms.append(_any_of("r.worker", workers))
     if job is not None:
         terms.append(f"r.job =~ {jobtags.flux_regex(job)}")
+    if busy:
+        terms.append(jobtags.FLUX_BUSY)
     return " and ".join(terms)
 
 
@@ -127,9 +132,9 @@ def flux_frame_query(bucket, measurement, fields, worker, job=None, tags=None, s
 
 
 def flux_max_query(bucket, measurement, field, by, workers=None, job=None, tags=None, start_ns=None,
-                   stop_ns=None) -> str:
-    """Server-side ``max`` of one field per group of tags ``by``; the maximum is in ``_value``."""
-    where = predicate([measurement], tags, fields=[field], workers=workers, job=job)
+                   stop_ns=None, busy=False) -> str:
+    """Server-side ``max`` of one field per group of tags ``by`` (of busy samples with ``busy``), in ``_value``."""
+    where = predicate([measurement], tags, fields=[field], workers=workers, job=job, busy=busy)
     return (_source(bucket, start_ns, stop_ns, where)
             + _pipe(f"group(columns: {_array(by)})", "max()", f"keep(columns: {_array(list(by) + ['_value'])})"))
 
@@ -306,14 +311,17 @@ class FluxBackend:
         data = data.rename(columns={"_time": "time"}).reindex(columns=cols)
         return data.sort_values("time", kind="stable").reset_index(drop=True)
 
-    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None) -> pd.DataFrame:
-        """Server-side ``group(columns: by) |> max()``: one row per group, columns ``by`` + ``max``."""
+    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame:
+        """Server-side ``group(columns: by) |> max()``: one row per group, columns ``by`` + ``max``.
+
+        ``busy`` keeps busy samples only (``dag != "0"``).
+        """
         by = list(by)
         empty = pd.DataFrame(columns=by + ["max"])
         if workers is not None and not list(workers):
             return empty
         query = flux_max_query(self.bucket, measurement, field, by, None if workers is None else list(workers),
-                               job, **self._window())
+                               job, **self._window(), busy=busy)
         data = self._query(query)
         if data.empty or "_value" not in data:
             return empty

@@ -43,7 +43,7 @@ def literal(value: str) -> str:
 
 
 def where_clause(tags: dict, start_ns: Optional[int], stop_ns: Optional[int],
-                 worker: Optional[str] = None, job: Optional[int] = None) -> str:
+                 worker: Optional[str] = None, job: Optional[int] = None, busy: bool = False) -> str:
     terms = []
     if start_ns is not None:
         terms.append(f"time >= {int(start_ns)}")
@@ -54,17 +54,24 @@ def where_clause(tags: dict, start_ns: Optional[int], stop_ns: Optional[int],
         terms.append(f'"worker" = {literal(worker)}')
     if job is not None:
         terms.append(f'"job" =~ {jobtags.influxql_regex(job)}')
+    if busy:
+        terms.append(jobtags.INFLUXQL_BUSY)
     return ("WHERE " + " AND ".join(terms)) if terms else ""
 
 
 def parse_tags(text: str) -> dict:
     """The ``tags`` cell of a grouped CSV answer: ``dag=1,job=1\\,2`` -> ``{"dag": "1", "job": "1,2"}``.
 
-    >>> parse_tags(r"dag=1,index=0,job=1\\,2")
-    {'dag': '1', 'index': '0', 'job': '1,2'}
+    InfluxDB 3 leaves the comma in a value unescaped (``job=1,2``), so a pair
+    starts only where a comma is followed by ``key=``.
+
+    >>> parse_tags(r"dag=1,index=0,job=1\\,2") == parse_tags("dag=1,index=0,job=1,2")
+    True
+    >>> parse_tags("dag=1,2,job=1,2")
+    {'dag': '1,2', 'job': '1,2'}
     """
     out = {}
-    for pair in re.split(r"(?<!\\),", text):
+    for pair in re.split(r"(?<!\\),(?=[^,=]*=)", text):
         key, _, value = pair.partition("=")  # our group keys (job, dag, index) hold no '='
         out[_unescape(key)] = _unescape(value)
     return out
@@ -279,13 +286,16 @@ class InfluxQLBackend:
             since = last
         return pd.concat(pages, ignore_index=True)
 
-    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None) -> pd.DataFrame:
-        """Server-side ``MAX(field) GROUP BY by``: one row per group, columns ``by`` + ``max``."""
+    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame:
+        """Server-side ``MAX(field) GROUP BY by``: one row per group, columns ``by`` + ``max``.
+
+        ``busy`` keeps busy samples only (``dag != '0'``).
+        """
         rows = []
         for worker in workers if workers is not None else [None]:
             group = ", ".join(ident(t) for t in by)
             q = (f"SELECT max({ident(field)}) FROM {ident(measurement)} "
-                 f"{self._where(worker=worker, job=job)} GROUP BY {group}")
+                 f"{self._where(worker=worker, job=job, busy=busy)} GROUP BY {group}")
             for s in self._json(q):
                 tags = s.get("tags", {})
                 for row in s.get("values", []):

@@ -233,11 +233,13 @@ class SpoolBackend:
             frame = frame[jobtags.series_contains(frame["job"], job)]
         return frame.sort_values("time", kind="stable").reset_index(drop=True)
 
-    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None) -> pd.DataFrame:
-        """Client-side ``MAX(field) GROUP BY by`` (the spool has no server)."""
+    def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame:
+        """Client-side ``MAX(field) GROUP BY by`` (the spool has no server); ``busy``: ``dag != "0"`` only."""
         parts = []
         for worker in workers if workers is not None else list(self._folders):
             frame = self.frame(measurement, [field], worker, job)
+            if busy:
+                frame = frame[jobtags.busy(frame["dag"])]
             if field in frame.columns and not frame.empty:
                 parts.append(frame.assign(worker=worker))
         if not parts:

@@ -1,11 +1,16 @@
 """HTTP sink: POST line protocol to ``{url}/write`` from a background thread.
 
-Works with InfluxDB 1.x and, through its v1 compatibility API (a DBRP
-mapping for ``database``/``retention_policy``), InfluxDB 2.x. ``token`` sends
-``Authorization: Token <token>``; otherwise ``username``/``password`` (or a
-``http://user:password@host`` URL) go as ``Authorization: Basic``, which both
-accept. Credentials travel only in that header; ``url`` and every log line
-show the address without them.
+One endpoint for every version: InfluxDB 1.x; 2.x through its v1
+compatibility API (a DBRP mapping for ``database``/``retention_policy``); and
+3.x, which serves ``/write`` natively (``retention_policy``, unless
+``autogen``, names a database ``<database>/<rp>`` there). ``precision=ns`` is
+valid on all three. ``token`` sends ``Authorization: Token <token>``, which
+2.x and 3.x accept on ``/write`` (and 1.8 as ``user:password``); otherwise
+``username``/``password`` (or a ``http://user:password@host`` URL) go as HTTP
+basic auth (3.x reads the password as its token). Credentials travel only in
+that header; ``url`` and every log line show the address without them.
+InfluxDB 3 answers 400 to lines that put a tag and a field of the same name in
+one table; those go to the fallback like any refused batch.
 
 ``send`` only appends to a bounded in-memory queue (``max_pending`` lines,
 default ``2 * batch_size``: about 3 MB at 5000 lines of ~300 bytes) and returns; a thread posts batches of up to

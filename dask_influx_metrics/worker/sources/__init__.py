@@ -6,6 +6,7 @@ passed to custom metrics) and ``close()``.
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 from ...schema import Reading
@@ -16,12 +17,16 @@ class Source(Protocol):
         """Return this moment's readings; one bad field never drops the rest."""
 
 
-def make_gpu_source(settings, activity):
+def make_gpu_source(settings, activity, pid: int | None = None, session_id: str | None = None, report=None):
     """The GPU source that ``influx-metrics.gpu.source`` names, or None.
 
     ``auto`` is NVML when pynvml imports and sees a device, else no GPU
     source; ``simulated`` follows the worker's activity (see
-    :mod:`.simulated`); ``none`` turns GPU sampling off.
+    :mod:`.simulated`, its UUIDs those of worker process ``pid``, default this
+    one); ``none`` turns GPU sampling off. NVML reports the GPUs the worker uses
+    (``gpu.devices``); with ``session_id``, the workers of a host write each GPU's
+    device-wide readings once (:mod:`..gpushare`). ``report(what, message,
+    **details)`` is told once of what cannot be done.
     """
     choice = settings.gpu_source
     if choice == "none":
@@ -29,9 +34,29 @@ def make_gpu_source(settings, activity):
     if choice == "simulated":
         from .simulated import SimulatedGpuSource
 
-        return SimulatedGpuSource(settings.gpu_count, settings.fields, activity)
+        return SimulatedGpuSource(settings.gpu_count, settings.fields, activity, pid=pid)
     from .nvml import NvmlSource, nvml_available
 
     if choice == "auto" and not nvml_available():
         return None
-    return NvmlSource(settings.fields)
+    report = report or (lambda what, message, **details: None)
+    source = NvmlSource(settings.fields, devices=settings.gpu_devices, pid=pid, activity=activity, report=report,
+                        share_dir=_share_dir(session_id, report))
+    if not source.devices:
+        report("gpu-source", "gpu.source is 'nvml' but no GPU is visible to this worker "
+               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); no GPU points are written")
+    return source
+
+
+def _share_dir(session_id, report) -> str | None:
+    """The session's folder in this user's host run directory (one writer per physical GPU), or None."""
+    if not session_id:
+        return None
+    from ..gpushare import run_directory
+
+    try:
+        return os.path.join(run_directory(), session_id)
+    except OSError as e:
+        report("gpu-share", f"GPUs shared by workers of this host cannot be coordinated ({e}); "
+               "each worker writes the device-wide readings of the GPUs it uses")
+        return None

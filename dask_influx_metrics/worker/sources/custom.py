@@ -23,6 +23,7 @@ import logging
 import math
 from typing import Callable
 
+from ... import schema
 from ...schema import CUSTOM, Reading
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ def custom_metric(name: str, per_device: bool = True):
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"custom_metric name must be a non-empty string, got {name!r}")
+    if schema.tag_field_collisions(custom_fields=[name]):
+        raise ValueError(f"custom_metric name {name!r} is a tag name of the custom measurement "
+                         f"{schema.MEASUREMENT_TAGS[schema.CUSTOM]}; InfluxDB 3 refuses a field named like a tag")
 
     def mark(fn):
         if not callable(fn):

@@ -75,7 +75,8 @@ class SimulatedGpuSource:
     """``count`` simulated devices whose readings follow ``activity()``.
 
     ``fields`` holds ``(measurement, field)`` pairs; only the requested ``gpu``
-    fields are computed and returned.
+    fields are computed and returned. ``pid``: the worker process the UUIDs
+    belong to (default this one; a sidecar passes its worker's).
     """
 
     def __init__(
@@ -85,6 +86,7 @@ class SimulatedGpuSource:
         activity: Callable[[], Activity],
         memory_total_mib: float = 81920.0,
         seed: int = 0,
+        pid: int | None = None,
     ):
         if count < 0:
             raise ValueError(f"simulated GPU count must be >= 0, got {count}")
@@ -94,7 +96,7 @@ class SimulatedGpuSource:
         self._rng = random.Random(seed)
         self._offset = [self._rng.uniform(0, JITTER / 2) for _ in range(count)]
         self._temp = [COOL_C] * count
-        self._handles = [SimulatedHandle(i, simulated_uuid(i)) for i in range(count)]
+        self._handles = [SimulatedHandle(i, simulated_uuid(i, pid=pid)) for i in range(count)]
         self._tags = [{"index": str(i), "uuid": h.uuid, "name": NAME} for i, h in enumerate(self._handles)]
 
     def read(self) -> list[Reading]:

@@ -1,0 +1,174 @@
+"""Every private or undocumented Dask API this package touches: one small function each.
+
+No other module may use these Dask internals; ``tests/test_dask_private.py``
+exercises each function against the installed Dask and fails with "distributed
+X changed <what>: <what breaks>" when a release moves one, and it checks that
+no other module reaches for them. ``pyproject.toml`` bounds ``dask`` and
+``distributed`` above by the newest release those tests passed on.
+
+Checked against distributed 2026.8.0 and 2026.7.1 (the release RAPIDS 26.10
+pins); ``scripts/test.sh`` runs the Dask-facing tests on both.
+
+Public Dask API, used directly elsewhere and not wrapped here: the
+``SchedulerPlugin``/``WorkerPlugin`` hooks; ``Client.register_plugin`` and
+``run_on_scheduler``; ``Scheduler.add_plugin``, ``remove_plugin``, ``plugins``
+and ``address``; ``Scheduler.tasks`` and the scheduler's ``TaskState.annotations``
+(documented scheduler state); ``Worker.address`` and ``Worker.log_event``.
+
+Example
+-------
+>>> loads(dumps(lambda x: x + 1))(1)
+2
+"""
+
+from __future__ import annotations
+
+import contextvars
+
+from distributed.protocol import pickle as _pickle
+
+# --- scheduler: the client's graph stream ------------------------------------
+# Scheduler.stream_handlers["update-graph"] receives the client's raw message;
+# its "submitting_task" field (the key of the task that submitted the graph, from
+# inside a worker_client) is not passed to SchedulerPlugin.update_graph. Without it,
+# graphs submitted from inside tasks start a job of their own instead of joining
+# their parent's job. Checked: distributed 2026.8.0, 2026.7.1.
+_submitting = contextvars.ContextVar("influx_metrics_submitting_task", default=None)
+_ORIGINAL = "_influx_metrics_original"
+
+
+def wrap_update_graph(scheduler):
+    """Make :func:`parent_task_key` answer inside ``update_graph`` hooks; returns the wrapper (or None)."""
+    current = scheduler.stream_handlers.get("update-graph")
+    original = getattr(current, _ORIGINAL, current)  # never wrap a wrapper
+    if original is None:
+        return None
+
+    async def update_graph(**msg):
+        token = _submitting.set(msg.get("submitting_task"))
+        try:
+            return await original(**msg)
+        finally:
+            _submitting.reset(token)
+
+    setattr(update_graph, _ORIGINAL, original)
+    scheduler.stream_handlers["update-graph"] = update_graph
+    return update_graph
+
+
+def unwrap_update_graph(scheduler, wrapper) -> None:
+    """Undo :func:`wrap_update_graph` if ``wrapper`` is still the installed handler."""
+    if wrapper is not None and scheduler.stream_handlers.get("update-graph") is wrapper:
+        scheduler.stream_handlers["update-graph"] = getattr(wrapper, _ORIGINAL)
+
+
+def parent_task_key():
+    """The key of the task that submitted the graph being handled, or None (client code)."""
+    return _submitting.get()
+
+
+# Scheduler.stream_handlers (op -> handler of the client's batched stream) and
+# Client._send_to_scheduler (puts a message on that stream). Together they carry
+# Monitor.new_job() in order with the client's graph submissions; without them
+# new_job() fails, or (sent any other way) can overtake a graph still in the
+# stream and put it in the wrong job. Checked: distributed 2026.8.0, 2026.7.1.
+def add_stream_handler(scheduler, op: str, handler) -> None:
+    """Handle messages ``{"op": op, ...}`` from clients' batched streams with ``handler(client=..., **msg)``."""
+    scheduler.stream_handlers[op] = handler
+
+
+def remove_stream_handler(scheduler, op: str, handler) -> None:
+    """Remove the handler of ``op`` if it is still ``handler`` (a bound method compares equal to itself)."""
+    if scheduler.stream_handlers.get(op) == handler:
+        scheduler.stream_handlers.pop(op)
+
+
+def send_on_client_stream(client, msg: dict) -> None:
+    """Send ``msg`` on ``client``'s batched stream, ordered with its graph submissions."""
+    client._send_to_scheduler(msg)
+
+
+# --- scheduler: worker plugins -------------------------------------------------
+# Scheduler.register_worker_plugin(comm, plugin_bytes, name, idempotent) and
+# Scheduler.unregister_worker_plugin(comm, name) are the comm handlers behind
+# Client.register_plugin / unregister_worker_plugin; called directly they are the
+# only way to add or remove a worker plugin from the scheduler itself (--preload,
+# and the one start/stop path in scheduler/session.py). Without them no worker
+# samples anything, or sampling never stops. A worker's failure comes back as an
+# error reply (status "error", exception_text), not as an exception.
+# Checked: distributed 2026.8.0, 2026.7.1.
+async def add_worker_plugin(scheduler, plugin, name: str) -> None:
+    """Set ``plugin`` up on every worker now and on every worker that joins later.
+
+    A worker's setup error is raised as ``RuntimeError`` naming the worker and the error.
+    """
+    replies = await scheduler.register_worker_plugin(None, dumps(plugin), name=name, idempotent=False)
+    _raise_worker_error(replies, f"could not set up worker plugin {name!r}")
+
+
+async def remove_worker_plugin(scheduler, name: str) -> bool:
+    """Tear plugin ``name`` down on every worker; False if it was not registered.
+
+    A worker's teardown error is raised as ``RuntimeError`` naming the worker and the error.
+    """
+    if name not in scheduler.worker_plugins:
+        return False
+    _raise_worker_error(await scheduler.unregister_worker_plugin(None, name), f"could not tear down worker plugin {name!r}")
+    return True
+
+
+def _raise_worker_error(replies: dict, what: str) -> None:
+    failed = {addr: reply.get("exception_text") for addr, reply in replies.items() if reply.get("status") == "error"}
+    if failed:
+        raise RuntimeError(f"{what} on {len(failed)} worker(s): "
+                           + "; ".join(f"{addr}: {text}" for addr, text in sorted(failed.items())))
+
+
+# --- pickling --------------------------------------------------------------------
+# distributed.protocol.pickle: pickle with a cloudpickle fallback, the format
+# Worker.plugin_add loads. Without it custom metrics defined in a notebook or as
+# closures cannot travel to the workers, and worker plugins registered from the
+# scheduler would not load there. Checked: distributed 2026.8.0, 2026.7.1.
+def dumps(obj) -> bytes:
+    return _pickle.dumps(obj)
+
+
+def loads(data: bytes):
+    return _pickle.loads(data)
+
+
+# --- worker: its state machine ------------------------------------------------------
+# Worker.state (a WorkerState: nthreads, nbytes, executing, long_running, tasks)
+# is Dask's internal worker state machine. Without it the worker plugin cannot
+# size its task registry, count managed bytes, see the tasks already running
+# when sampling starts, or read the job/DAG annotation of a task, so samples
+# lose their job and dag tags. Checked: distributed 2026.8.0, 2026.7.1.
+def worker_nthreads(worker) -> int:
+    return worker.state.nthreads
+
+
+def worker_managed_bytes(worker) -> int:
+    """Bytes of task results the worker holds (read from any thread)."""
+    return worker.state.nbytes
+
+
+def worker_running_keys(worker) -> list:
+    """Keys of the tasks executing now, including long-running (seceded) ones."""
+    return [ts.key for ts in list(worker.state.executing) + list(worker.state.long_running)]
+
+
+def worker_task_annotation(worker, key, name: str):
+    """Annotation ``name`` of task ``key`` on this worker (None if unknown).
+
+    The scheduler's ``TaskState.annotations`` as they stood when it sent the task:
+    what ``SchedulerPlugin.update_graph`` wrote there arrives with the task.
+    """
+    ts = worker.state.tasks.get(key)
+    return (ts.annotations or {}).get(name) if ts is not None else None
+
+
+# Worker.scheduler_delay: scheduler clock minus this worker's, refreshed each
+# heartbeat; what Dask adds to its own worker timestamps. Undocumented. Without it
+# the workers' samples are not aligned on one clock. Checked: distributed 2026.8.0, 2026.7.1.
+def worker_clock_offset(worker) -> float:
+    return worker.scheduler_delay

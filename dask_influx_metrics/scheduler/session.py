@@ -1,0 +1,56 @@
+"""The one way a monitoring session starts and stops, on the scheduler.
+
+``Monitor.start()`` / ``Monitor.stop()`` run :func:`start` / :func:`stop` here
+through ``client.run_on_scheduler``; the ``--preload`` module calls :func:`start`
+directly once it has installed the :class:`JobPlugin`. So a session begins the
+same way whoever asks: the job plugin starts counting from job/DAG 1, then the
+:class:`MetricsWorkerPlugin` is registered on the scheduler under its stable
+name, which sets it up on every worker, present or future.
+
+Example
+-------
+>>> client.run_on_scheduler(start, tracking=["mem-util"])  # doctest: +SKIP
+{'id': '20261121T100000-000001', 'start': 1795255200.0, 'job_type': 'client'}
+"""
+
+from __future__ import annotations
+
+from .. import _dask
+from .plugin import PLUGIN_NAME as JOBS_PLUGIN
+from ..worker.plugin import PLUGIN_NAME as WORKER_PLUGIN, MetricsWorkerPlugin
+
+
+async def start(dask_scheduler, tracking=None) -> dict:
+    """Start the session and sampling on every worker; returns the session (``id``, ``start``).
+
+    ``tracking`` replaces the tracked metrics given at attach (validated by the
+    caller). If a worker cannot set the plugin up, the session is stopped and
+    that worker's error raised.
+    """
+    plugin = dask_scheduler.plugins.get(JOBS_PLUGIN)
+    if plugin is None:
+        raise RuntimeError(f"no monitor is attached to {dask_scheduler.address}; call attach() first")
+    if tracking is not None:
+        plugin.overrides["tracking"] = list(tracking)
+    session = plugin.start_session()
+    try:
+        worker_plugin = MetricsWorkerPlugin(plugin.overrides, plugin.worker_payload, session)
+        await _dask.add_worker_plugin(dask_scheduler, worker_plugin, WORKER_PLUGIN)
+    except Exception:
+        plugin.stop_session()
+        raise
+    return session
+
+
+async def stop(dask_scheduler, missing_ok: bool = False) -> dict | None:
+    """Tear sampling down on every worker (flushing their sinks), then end the session.
+
+    Returns the ended session (None if the workers sampled with no session on
+    record). Raises ``RuntimeError`` when nothing was running, unless ``missing_ok``.
+    """
+    had_workers = await _dask.remove_worker_plugin(dask_scheduler, WORKER_PLUGIN)
+    plugin = dask_scheduler.plugins.get(JOBS_PLUGIN)
+    session = plugin.stop_session() if plugin is not None else None
+    if session is None and not had_workers and not missing_ok:
+        raise RuntimeError(f"no monitoring session is running on {dask_scheduler.address}")
+    return session

@@ -1,0 +1,97 @@
+"""One function wires a sampler (sources, sink, common tags) for the worker plugin and the sidecar.
+
+In the worker (:mod:`.plugin`): GPU, host, task and custom sources, or custom
+metrics only when a sidecar samples the rest. In the sidecar (:mod:`.sidecar`):
+GPU, host (of the worker's ``process``) and task sources; no custom metrics,
+they need the worker object.
+
+Example
+-------
+>>> from dask_influx_metrics.config import Settings
+>>> from dask_influx_metrics.worker.sources.activity import CachedActivity, TaskRegistry
+>>> activity = CachedActivity(TaskRegistry(nthreads=2))
+>>> settings = Settings.resolve({"sink": "udp", "gpu.source": "none"})
+>>> sampler, parts = build_sampler(settings, "s1", "tcp://w:1", {"host": "h", "worker": "tcp://w:1"},
+...                                activity, clock_offset=lambda: 0.0, report=print)
+>>> sampler._tags()
+{'host': 'h', 'worker': 'tcp://w:1', 'job': '0', 'dag': '0'}
+>>> parts.sink.close()
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from ..schema import GPU
+from .sampler import Sampler
+from .sinks import make_sink
+from .sources import make_gpu_source
+from .sources.activity import TaskSource
+from .sources.custom import CustomSource
+from .sources.host import HostSource
+
+
+class Parts(NamedTuple):
+    """What the sampler's owner closes after ``sampler.stop()``, or hands to the next sampler."""
+
+    gpu: object | None  # the GPU source, also the device handles of per-device custom metrics
+    sink: object
+
+
+def build_sampler(
+    settings,
+    session_id: str,
+    worker_address: str,
+    base_tags: dict,
+    activity,
+    *,
+    clock_offset: Callable[[], float],
+    report: Callable[..., None],
+    process=None,
+    custom: list | None = None,
+    worker=None,
+    custom_only: bool = False,
+    gpu=None,
+    sink=None,
+) -> tuple[Sampler, Parts]:
+    """A sampler, not yet started, and the parts it holds.
+
+    ``activity`` is the snapshot reader (``refresh()`` before each sample, then
+    ``activity()``); every point gets ``base_tags`` plus its ``job``/``dag``.
+    ``clock_offset()``: seconds to add to timestamps. ``report(what, message, **details)``:
+    how a problem is told (a GPU source that cannot start). ``process``: the
+    worker's ``psutil.Process`` when sampling from outside it (the sidecar).
+    ``custom``: custom metrics, called as ``fn(worker, ...)``; ``None`` for none.
+    ``custom_only``: custom metrics only (beside a sidecar); the GPU source is
+    still opened when a per-device metric needs its handles. ``gpu`` and
+    ``sink``: reuse these instead of making new ones (``gpu=None``: make one if
+    needed).
+    """
+    per_device = any(m.per_device for m in custom or ())
+    if gpu is None and (per_device or not custom_only and any(m == GPU for m, _ in settings.fields)):
+        try:
+            gpu = make_gpu_source(settings, activity, pid=None if process is None else process.pid,
+                                  session_id=session_id, report=report)
+        except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
+            report("gpu-source", f"GPU source {settings.gpu_source!r} unavailable: {e}")
+    sources = [] if custom_only else [s for s in (gpu, HostSource(settings.fields, process=process),
+                                                  TaskSource(settings.fields, activity)) if s is not None]
+    if custom is not None:
+        sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report))
+    if sink is None:
+        sink = make_sink(settings, role=worker_address, session=session_id)
+
+    def tags() -> dict:
+        snap = activity()
+        return {**base_tags, "job": snap.job_tag, "dag": snap.dag_tag}
+
+    sampler = Sampler(sources, sink, tags, interval=settings.polling_interval / 1000.0,
+                      before_sample=activity.refresh, clock_offset=clock_offset)
+    return sampler, Parts(gpu, sink)
+
+
+def device_handles(gpu) -> list:
+    """``(device tags, handle)`` per device of a GPU source, for per-device custom metrics."""
+    if gpu is None:
+        return []
+    return [({"index": str(i), "uuid": uuid, "name": name}, h) for (i, uuid, name), h in zip(gpu.devices, gpu.handles)]

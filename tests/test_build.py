@@ -1,0 +1,82 @@
+"""build_sampler: the one wiring of sources, sink and tags for the worker plugin and the sidecar."""
+
+import os
+
+import psutil
+
+from dask_influx_metrics import custom_metric
+from dask_influx_metrics.config import Settings
+from dask_influx_metrics.worker.build import build_sampler
+from dask_influx_metrics.worker.sinks.spool import read_lines
+from dask_influx_metrics.worker.sources.activity import CachedActivity, TaskRegistry
+from dask_influx_metrics.worker.sources.simulated import simulated_uuid
+
+BASE = {"host": "h", "worker": "tcp://w:1"}
+
+
+def build(tmp_path, gpu_source="simulated", reports=None, **kwargs):
+    settings = Settings.resolve({"sink": "spool", "spool.directory": str(tmp_path), "gpu.source": gpu_source,
+                                 "gpu.count": 2, "tracking": ["compute-util", "host-cpu", "worker-mem", "tasks"]})
+    registry = TaskRegistry(nthreads=2)
+    registry.started("x", job=3, dag=7)
+    report = (lambda what, message: reports.append((what, message))) if reports is not None else print
+    return build_sampler(settings, "s1", "tcp://w:1", BASE, CachedActivity(registry),
+                         clock_offset=lambda: 0.0, report=report, **kwargs)
+
+
+def by_measurement(points):
+    out = {}
+    for p in points:
+        out.setdefault(p.measurement, []).append(p)
+    return out
+
+
+def test_every_source_tagged_with_the_snapshot(tmp_path):
+    sampler, parts = build(tmp_path, custom=[custom_metric("one", per_device=False)(lambda w, hs: len(hs))],
+                           worker="the worker")
+    points = by_measurement(sampler.sample())
+    assert sorted(points) == ["custom", "gpu", "host", "worker"]
+    assert all(p.tags.items() >= {**BASE, "job": "3", "dag": "7"}.items() for ps in points.values() for p in ps)
+    assert [p.tags["uuid"] for p in points["gpu"]] == [simulated_uuid(0), simulated_uuid(1)]
+    assert points["custom"][0].fields == {"one": 2.0}  # the GPU source's handles
+    assert points["worker"][0].fields["running"]
+    sampler.sample_and_send()
+    parts.sink.close()
+    assert any(line.startswith(b"gpu,") for line in read_lines(str(tmp_path)))
+
+
+def test_custom_only_opens_the_gpu_only_for_per_device_metrics(tmp_path):
+    whole = custom_metric("whole", per_device=False)(lambda w, hs: 1.0)
+    sampler, parts = build(tmp_path, custom=[whole], worker=None, custom_only=True)
+    assert parts.gpu is None and [p.measurement for p in sampler.sample()] == ["custom"]
+    per_device = custom_metric("device-number", per_device=True)(lambda w, h: h.index)
+    sampler, parts = build(tmp_path, custom=[per_device], worker=None, custom_only=True, sink=parts.sink)
+    points = sampler.sample()
+    assert parts.gpu is not None and {p.measurement for p in points} == {"custom"}
+    assert sorted((p.tags["index"], p.fields["device-number"]) for p in points) == [("0", 0.0), ("1", 1.0)]
+    again, reused = build(tmp_path, gpu=parts.gpu, sink=parts.sink)  # the sidecar died: a full sampler
+    assert reused == parts and {p.measurement for p in again.sample()} >= {"gpu", "host"}
+    parts.sink.close()
+
+
+def test_sidecar_samples_the_worker_process(tmp_path):
+    worker = psutil.Process(os.getppid())
+    sampler, parts = build(tmp_path, process=worker)
+    points = by_measurement(sampler.sample())
+    assert "custom" not in points
+    assert [p.tags["uuid"] for p in points["gpu"]] == [simulated_uuid(0, pid=worker.pid), simulated_uuid(1, pid=worker.pid)]
+    rss = points["worker"][0].fields["rss"]
+    assert abs(rss - worker.memory_info().rss) < abs(rss - psutil.Process().memory_info().rss)  # not ours
+    parts.sink.close()
+
+
+def test_gpu_source_that_cannot_start_is_reported_and_the_rest_samples(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "bogus")
+    reports = []
+    sampler, parts = build(tmp_path, gpu_source="nvml", reports=reports)
+    assert parts.gpu is None
+    [(what, message)] = reports
+    assert what == "gpu-source" and message.startswith("GPU source 'nvml' unavailable: ")
+    assert "'bogus' is neither" in message or "NVML could not start" in message  # with a GPU / without
+    assert {p.measurement for p in sampler.sample()} == {"host", "worker"}
+    parts.sink.close()

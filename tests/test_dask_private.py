@@ -1,0 +1,224 @@
+"""Each private Dask API in :mod:`dask_influx_metrics._dask`, exercised against the installed Dask.
+
+One test per touch point, on the real LocalCluster of ``conftest.py``. A failure reads
+"distributed X changed <what>: <what breaks>", so a Dask upgrade that moves an
+internal names the feature it breaks. ``scripts/test.sh`` runs this file on
+every Dask release ``pyproject.toml`` allows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+import tokenize
+
+import distributed
+import pytest
+from distributed import get_worker, secede, worker_client
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+
+from dask_influx_metrics import _dask
+
+PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dask_influx_metrics")
+PRIVATE = re.compile(r"_send_to_scheduler|stream_handlers|protocol(\.|import)pickle|register_worker_plugin|submitting_task"
+                     r"|worker_plugins|worker\.(state|scheduler_delay)\b")
+RECORDER = "test-dask-private-recorder"
+OP = "test-dask-private-op"
+MARK = "test-dask-private-mark"
+
+
+@contextlib.contextmanager
+def dask_contract(what: str, breaks: str):
+    """Turn any failure inside into "distributed X changed <what>: <what breaks>"."""
+    try:
+        yield
+    except Exception as e:  # AssertionError included
+        pytest.fail(f"distributed {distributed.__version__} changed {what}: {breaks} ({type(e).__name__}: {e})")
+
+
+def poll(fn, deadline_s: float = 10.0):
+    """``fn()`` until it is truthy or the deadline passes; returns the last value."""
+    deadline = time.monotonic() + deadline_s
+    while not (value := fn()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return value
+
+
+class Recorder(SchedulerPlugin):
+    """Records graph submissions (with their submitting task) and OP messages, in arrival order."""
+
+    def __init__(self):
+        self.events = []
+
+    def update_graph(self, scheduler, *, keys, tasks, **kwargs):
+        self.events.append(("graph", _dask.parent_task_key(), sorted(map(str, keys))))
+        for key in tasks:  # the job plugin's way of tagging tasks
+            ts = scheduler.tasks[key]
+            ts.annotations = {**(ts.annotations or {}), MARK: {"graph": len(self.events)}}
+
+    def handle(self, client=None, **msg):
+        self.events.append(("op", client, msg.get("value")))
+
+
+async def _install(dask_scheduler=None):
+    recorder = Recorder()
+    recorder.wrapper = _dask.wrap_update_graph(dask_scheduler)
+    _dask.add_stream_handler(dask_scheduler, OP, recorder.handle)
+    dask_scheduler.add_plugin(recorder, name=RECORDER)
+
+
+async def _uninstall(dask_scheduler=None) -> dict | None:
+    recorder = dask_scheduler.plugins.get(RECORDER)
+    if recorder is None:
+        return None
+    _dask.unwrap_update_graph(dask_scheduler, recorder.wrapper)
+    _dask.remove_stream_handler(dask_scheduler, OP, recorder.handle)
+    dask_scheduler.remove_plugin(name=RECORDER)
+    return {"restored": dask_scheduler.stream_handlers["update-graph"] == dask_scheduler.update_graph,
+            "op_removed": OP not in dask_scheduler.stream_handlers}
+
+
+def _events(dask_scheduler=None) -> list:
+    return list(dask_scheduler.plugins[RECORDER].events)
+
+
+def wait_events(client, n: int) -> list:
+    """The recorder's events once there are ``n`` (or what there is after 10 s)."""
+    deadline = time.monotonic() + 10.0
+    while len(events := client.run_on_scheduler(_events)) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return events
+
+
+@pytest.fixture
+def recorder(client):
+    """Installs a :class:`Recorder`; yields the uninstall step (which reports what it restored)."""
+    client.run_on_scheduler(_install)
+    yield lambda: client.run_on_scheduler(_uninstall)
+    client.run_on_scheduler(_uninstall)
+
+
+def spawn_child():
+    with worker_client() as c:
+        return c.submit(lambda: 1, key="child-of-parent").result()
+
+
+def test_update_graph_handler_carries_the_submitting_task(client, recorder):
+    with dask_contract("the 'update-graph' stream handler or its 'submitting_task' field",
+                       "graphs submitted from inside tasks no longer join their parent's job"):
+        assert client.submit(spawn_child, key="parent").result() == 1
+        events = wait_events(client, 2)
+        assert ("graph", None, ["parent"]) in events, events
+        assert ("graph", "parent", ["child-of-parent"]) in events, events
+        assert recorder()["restored"], "unwrap_update_graph left the wrapper installed"
+
+
+def test_client_stream_messages_reach_a_stream_handler_in_order_with_graphs(client, recorder):
+    with dask_contract("Client._send_to_scheduler or Scheduler.stream_handlers",
+                       "Monitor.new_job() fails, or is not ordered with the client's graph submissions"):
+        client.submit(lambda: 1, key="before")
+        _dask.send_on_client_stream(client, {"op": OP, "value": 7})
+        client.submit(lambda: 2, key="after")
+        events = wait_events(client, 3)
+        assert events == [("graph", None, ["before"]), ("op", client.id, 7), ("graph", None, ["after"])], events
+        assert recorder()["op_removed"], "remove_stream_handler left the handler"
+
+
+class Flag(WorkerPlugin):
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+
+    def setup(self, worker):
+        if self.fail:
+            raise RuntimeError("setup fails on purpose")
+        worker.influx_test_flag = "set up"
+
+    def teardown(self, worker):
+        worker.influx_test_flag = "torn down"
+
+
+async def _add_flag(dask_scheduler=None, fail=False):
+    await _dask.add_worker_plugin(dask_scheduler, Flag(fail), "influx-test-flag")
+
+
+async def _remove_flag(dask_scheduler=None) -> bool:
+    return await _dask.remove_worker_plugin(dask_scheduler, "influx-test-flag")
+
+
+def _flags(client) -> set:
+    return set(client.run(lambda dask_worker: getattr(dask_worker, "influx_test_flag", None)).values())
+
+
+def test_worker_plugins_are_added_and_removed_from_the_scheduler(client):
+    with dask_contract("Scheduler.register_worker_plugin/unregister_worker_plugin (or their replies)",
+                       "--preload and Monitor.start() cannot start sampling on the workers, or stop() cannot end it"):
+        client.run_on_scheduler(_add_flag)
+        assert _flags(client) == {"set up"}, "not set up on every worker"
+        assert client.run_on_scheduler(_remove_flag) is True
+        assert _flags(client) == {"torn down"}, "not torn down on every worker"
+        assert client.run_on_scheduler(_remove_flag) is False, "removing an absent plugin should say so"
+        with pytest.raises(RuntimeError, match=r"set up .* on \d+ worker.*setup fails on purpose"):
+            client.run_on_scheduler(_add_flag, fail=True)
+        client.run_on_scheduler(_remove_flag)
+
+
+def test_pickle_carries_closures():
+    offset = 41
+    with dask_contract("distributed.protocol.pickle", "custom metrics defined as closures cannot reach the workers"):
+        assert _dask.loads(_dask.dumps(lambda x: x + offset))(1) == 42
+
+
+def _worker_view() -> dict:
+    worker = get_worker()
+    key = worker.get_current_task()
+    return {"nthreads": _dask.worker_nthreads(worker), "bytes": _dask.worker_managed_bytes(worker),
+            "running": key in _dask.worker_running_keys(worker), "offset": _dask.worker_clock_offset(worker),
+            "mark": _dask.worker_task_annotation(worker, key, MARK)}
+
+
+def _seceded_view() -> bool:
+    secede()  # now long-running: its thread left the pool
+    worker = get_worker()
+    key = worker.get_current_task()
+    return bool(poll(lambda: key in _dask.worker_running_keys(worker) and
+                     key in {ts.key for ts in worker.state.long_running}, 5))
+
+
+def test_worker_state_reads(client, recorder):
+    with dask_contract("Worker.state (nthreads, nbytes, executing, long_running, tasks[key].annotations) "
+                       "or Worker.scheduler_delay",
+                       "worker samples lose their job/dag tags, managed_bytes or clock alignment"):
+        worker = sorted(client.scheduler_info()["workers"])[0]
+        held = client.submit(lambda: b"x" * 200_000, key="held", workers=[worker])
+        held.result()  # stays in the worker's memory while `held` lives
+        view = client.submit(_worker_view, key="view", workers=[worker]).result()
+        assert view["nthreads"] == 2, view
+        assert view["bytes"] >= 200_000, view
+        assert view["running"], view
+        assert isinstance(view["offset"], float | int), view
+        assert isinstance(view["mark"], dict) and view["mark"]["graph"] >= 1, view
+        assert client.submit(_seceded_view, key="seceded").result(), "a seceded task is not among the running keys"
+
+
+def code_lines(path) -> dict:
+    """{(line number, line): its names and operators joined, without strings and comments}."""
+    lines: dict = {}
+    with open(path, "rb") as f:
+        for token in tokenize.tokenize(f.readline):
+            if token.type in (tokenize.NAME, tokenize.OP):
+                where = (token.start[0], token.line.strip())
+                lines[where] = lines.get(where, "") + token.string
+    return lines
+
+
+def test_no_private_dask_api_outside_the_dask_module():
+    found = []
+    for folder, _, files in os.walk(PKG):
+        for name in files:
+            path = os.path.join(folder, name)
+            if name.endswith(".py") and path != os.path.join(PKG, "_dask.py"):
+                found += [f"{os.path.relpath(path, PKG)}:{n}: {line}"
+                          for (n, line), code in code_lines(path).items() if PRIVATE.search(code)]
+    assert not found, "private Dask APIs belong in dask_influx_metrics/_dask.py only:\n" + "\n".join(found)

@@ -1,0 +1,73 @@
+"""Utilization summaries: a job's rows cover its own busy samples; "held but idle" device-hours (issue 10)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import shared_gpu as S
+from dask_influx_metrics.client import summary
+
+HOUR_PER_SAMPLE = S.STEP / 1e9 / 3600
+
+
+@pytest.fixture(scope="module")
+def stores(influxd, tmp_path_factory):
+    with S.stores(influxd, tmp_path_factory.mktemp("shared-gpu"), "shared_gpu_summary") as both:
+        yield both
+
+
+def _gpu(frame, worker, job):
+    rows = frame[(frame["worker_index"] == worker) & (frame["resource"] == "gpu")
+                 & (frame["job"].isna() if job is None else frame["job"] == job)]
+    assert len(rows) == 1
+    return rows.iloc[0]
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_job_rows_hold_the_jobs_busy_samples_only(stores, kind):
+    s = stores[kind].summary()
+    util = [u for u, *_ in S.SAMPLES]
+    job1 = _gpu(s, 0, 1)  # job 1 is never charged job 2's 100 % samples
+    assert (job1["samples"], job1["mean"], job1["max"]) == (6, pytest.approx(np.mean(util[:6])), 70)
+    assert job1["held_idle_device_hours"] == 0
+    job3 = _gpu(s, 0, 3)  # a sleep holding 4.5 GiB: all of it held but idle
+    assert (job3["samples"], job3["mean"]) == (4, 0)
+    assert job3["held_idle_device_hours"] == pytest.approx(4 * HOUR_PER_SAMPLE)
+    job2 = _gpu(s, 1, 2)
+    assert (job2["samples"], job2["mean"], job2["held_idle_device_hours"]) == (8, 100, 0)
+    jobs = s.dropna(subset=["job"])
+    assert set(zip(jobs["worker_index"], jobs["job"])) == {(0, 1), (0, 3), (1, 2)}
+    # the whole session counts every sample, idle ones too: worker 1 held 16.5 GiB while idle in phase C
+    whole = _gpu(s, 1, None)
+    assert whole["samples"] == len(S.SAMPLES) and whole["mean"] == pytest.approx(np.mean(util))
+    assert whole["held_idle_device_hours"] == pytest.approx(4 * HOUR_PER_SAMPLE)
+
+
+def test_spool_and_influx_summaries_are_equal(stores):
+    pd.testing.assert_frame_equal(stores["influxql"].summary(), stores["spool"].summary(), check_dtype=False)
+
+
+def _table(**columns):
+    n = len(next(iter(columns.values())))
+    t = pd.DataFrame({"job": ["1"] * n, "dag": ["1"] * n, "timestamp": np.arange(n) * 0.5, **columns})
+    t.attrs = {"worker": "tcp://a:1", "worker_index": 0}
+    return t
+
+
+def test_held_but_idle_uses_the_workers_own_memory_then_the_devices():
+    t = _table(**{"compute-util[0]": [0.0, 0.0, 0.0, 50.0, 0.0],
+                  "worker-gpu-mem[0]": [0.0, 2e9, np.nan, 2e9, np.nan],   # missing in two samples
+                  "total-mem[0]": [3e9, 3e9, 3e9, 3e9, 0.0],
+                  "compute-util[1]": [0.0] * 5, "total-mem[1]": [1e9] * 5})  # GPU 1: device memory only
+    held = summary.held_memory(t, ["compute-util[0]", "compute-util[1]"])
+    assert held[:, 0].tolist() == [0, 1, 1, 1, 0] and held[:, 1].tolist() == [1] * 5
+    (whole,) = summary.summarize([t], per_job=False).itertuples()
+    # GPU 0: samples 1 and 2 (held, util 0); GPU 1: all 5
+    assert whole.held_idle_device_hours == pytest.approx(7 * HOUR_PER_SAMPLE)
+    assert whole.held_idle_device_hours <= whole.device_hours
+
+
+def test_held_but_idle_is_nan_without_memory_metrics():
+    s = summary.summarize([_table(**{"compute-util[0]": [0.0, 0.0], "host-cpu": [1.0, 2.0]})])
+    assert s["held_idle_device_hours"].isna().all()
+    assert summary.held_memory(_table(**{"compute-util[0]": [0.0]}), ["compute-util[0]"]) is None
