@@ -298,16 +298,18 @@ def udp_drops(port: int) -> int | None:
 
 # -- influxd ---------------------------------------------------------------------
 @contextlib.contextmanager
-def influxd(udp_overrides: dict | None = None):
+def influxd(udp_overrides: dict | None = None, data_settings: dict | None = None):
     """A fresh ``localinflux.start()`` server, stopped in ``finally``.
 
     ``udp_overrides`` (e.g. ``{"read-buffer": 4194304}``) replaces values of the
-    ``[[udp]]`` listener in the shipped config for this server only.
+    ``[[udp]]`` listener in the shipped config for this server only;
+    ``data_settings`` (e.g. ``{"cache-snapshot-write-cold-duration": "1s"}``) are added to ``[data]``.
     """
     from dask_influx_metrics.demo import localinflux
 
     shipped = localinflux._CONFIG
-    config = shipped
+    config = shipped.replace("[data]\n", "[data]\n" + "".join(
+        f"  {key} = {json.dumps(value)}\n" for key, value in (data_settings or {}).items()), 1)
     for key, value in (udp_overrides or {}).items():
         lines = config.split("\n")
         hits = [i for i, x in enumerate(lines) if x.strip().startswith(f"{key} =")]

@@ -11,10 +11,21 @@ fields each) are written to a fresh influxd over HTTP. Then, alternated:
 Both must give the same numbers. Then peaks of ``total-mem`` per worker, GPU
 and job: server-side (InfluxQL ``MAX ... GROUP BY``) vs client-side (from
 the tables), equal by assertion. ``--quick`` writes 100,000 points.
+
+**20 sessions**: one database holds 20 sessions a day apart (4 workers x 4
+GPUs each, GPU and host points), a second only the newest of them, on an
+influxd that snapshots its write cache after 1 s: the sessions are on disk
+(TSM files), as weeks-old sessions are, not in the write cache of a server that
+has just taken them all. Asking for the newest session (its time range, as
+``Monitor.query()`` does: workers, jobs, metrics, per-worker tables,
+server-side peaks) is timed on both, alternated; the answers must be equal and
+the many-session database cost at most 1.2x.
 """
 
 from __future__ import annotations
 
+import glob
+import os
 import time
 
 import pandas as pd
@@ -45,6 +56,75 @@ def _write(server, db: str, samples: int) -> int:
                 n += len(lines)
                 lines = []
     return n
+
+
+SESSIONS, SESSION_WORKERS, SESSION_GPUS, DAY_NS = 20, 4, 4, 86_400 * 10**9
+
+
+def _write_session(server, db: str, k: int, samples: int) -> tuple[int, int]:
+    """Session ``k`` (a day after session k-1) into ``db``; returns its (start, stop) in ns."""
+    t0 = 1_700_000_000_000_000_000 + k * DAY_NS
+    lines = []
+    for w in range(SESSION_WORKERS):
+        worker = f"tcp://10.1.0.{w + 1}:40000"
+        for s in range(samples):
+            job = 1 + s * 3 // samples
+            t = t0 + s * INTERVAL_NS + w * 1000
+            tags = f"host=node{w},worker={worker},job={job},dag={job}"
+            lines += [f"gpu,{tags},index={g} utilization_gpu={(s * 7 + g * 13 + k) % 101},"
+                      f"memory_used={1000 + (s * 31 + g) % 40000}.5 {t}" for g in range(SESSION_GPUS)]
+            lines.append(f"host,{tags} cpu_percent={(s * 3 + w) % 100}.5 {t}")
+    for i in range(0, len(lines), 40_000):
+        server.write("\n".join(lines[i:i + 40_000]).encode(), db=db)
+    return t0, t0 + samples * INTERVAL_NS + SESSION_WORKERS * 1000
+
+
+def _wait_on_disk(server, dbs, timeout: float = 60.0) -> float:
+    """Wait (bounded) until every WAL segment of ``dbs`` is empty: all written points are in TSM files."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        wal = [p for db in dbs for p in glob.glob(os.path.join(server.root, "wal", db, "*", "*", "*.wal"))]
+        if wal and all(os.path.getsize(p) == 0 for p in wal):
+            return time.monotonic() - t0
+        time.sleep(0.2)
+    raise TimeoutError(f"influxd did not snapshot {dbs} within {timeout} s")
+
+
+def _analysis(url: str, db: str, start: int, stop: int):
+    from dask_influx_metrics import query
+
+    with query.connect(url, database=db, start=start / 1e9, stop=stop / 1e9) as store:
+        tables = store.worker_tables(metrics=["compute-util", "total-mem", "host-cpu"])
+        return (store.workers(), store.jobs(), store.metrics(), store.peaks("compute-util"),
+                {w: t.shape for w, t in tables.items()})
+
+
+def _sessions_row(quick: bool) -> dict:
+    with common.influxd(data_settings={"cache-snapshot-write-cold-duration": "1s"}) as server:
+        return _sessions(server, quick)
+
+
+def _sessions(server, quick: bool) -> dict:
+    samples = 150 if quick else 2_500
+    rounds = 3 if quick else 7
+    many, alone = server.create_database("bench_sessions"), server.create_database("bench_newest")
+    for k in range(SESSIONS):
+        start, stop = _write_session(server, many, k, samples)
+    _write_session(server, alone, SESSIONS - 1, samples)
+    waited = _wait_on_disk(server, [many, alone])
+    got: dict = {}
+    times = common.alternate({name: (lambda name=name, db=db: _timed(
+        lambda: got.__setitem__(name, _analysis(server.url, db, start, stop))))
+        for name, db in (("many", many), ("alone", alone))}, rounds)
+    same = repr(got["many"]) == repr(got["alone"])
+    a, b = common.median(times["many"]), common.median(times["alone"])
+    points = SESSIONS * SESSION_WORKERS * samples * (SESSION_GPUS + 1)
+    return common.row("query", f"newest of {SESSIONS} sessions ({points:,} points in the database) vs a "
+                      "database holding only it", a, "s", baseline=b, target="<= 1.2x", met=a <= 1.2 * b and same,
+                      notes=f"workers, jobs, metrics, tables, server-side peaks of the session's time range; "
+                            f"same answers: {same}; on disk (TSM) after {waited:.1f} s; median of {rounds} "
+                            "alternated runs",
+                      details={"many_s": times["many"], "alone_s": times["alone"]})
 
 
 def _naive(url: str, db: str) -> dict:
@@ -119,6 +199,7 @@ def run(quick: bool) -> list[dict]:
                    baseline=client_s, target="== client-side", met=peaks_equal,
                    notes=f"client-side (tables) {client_s:.2f} s; equal: {peaks_equal}",
                    details={"server_s": peak_times["server"], "client_s": peak_times["client"]}),
+        _sessions_row(quick),
     ]
 
 

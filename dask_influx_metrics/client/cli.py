@@ -5,7 +5,10 @@ through the ``dask_cli`` entry point group). Every subcommand that reads
 metrics takes the same connection options (see :func:`store_options`) and
 opens a :class:`dask_influx_metrics.query.Store` with them. Errors the data
 cannot avoid (``QueryError``, ``ValueError``, ``OSError``, ``ImportError``)
-print one line, ``error: ...``, on stderr and exit with status 2.
+print one line, ``error: ...``, on stderr and exit with status 2; so does a
+listing that finds nothing in the asked range and tags. The Store's notes
+(corrupt spool lines skipped, undelivered samples read) go to stderr as
+``note: ...`` lines.
 
 >>> from click.testing import CliRunner
 >>> CliRunner().invoke(cli, ["jobs", "--source", "/nonexistent"]).stderr
@@ -138,9 +141,13 @@ def store_options(f):
 
     @functools.wraps(f)
     def command(**kw):
-        given = {k: kw.pop(k) for k in _STORE_KEYS}
+        given, stores = {k: kw.pop(k) for k in _STORE_KEYS}, []
         with contextlib.ExitStack() as opened:
-            return f(lambda: opened.enter_context(_connect(**given)), **kw)
+            try:
+                return f(lambda: stores.append(opened.enter_context(_connect(**given))) or stores[-1], **kw)
+            finally:  # what the answers should be read with: skipped lines, undelivered samples
+                for note in (n for db in stores for n in db.notes):
+                    click.echo(f"note: {note}", err=True)
 
     for option in reversed(_STORE_OPTIONS):
         command = option(command)
@@ -157,6 +164,15 @@ metrics_option = click.option("--metrics", callback=_comma(), metavar="A,B",
                               help="Metric names, comma separated (see `metrics`) [default: all collected].")
 per_job_option = click.option("--per-job/--whole", default=True, show_default=True,
                               help="One row per job, or one over the whole session.")
+
+
+def _found(db, answer, what: str):
+    """``answer``, or an error saying what was not found where (instead of printing nothing)."""
+    if len(answer) == 0:
+        from .query.base import QueryError
+
+        raise QueryError(db.not_found(what))
+    return answer
 
 
 def _emit(data, fmt: str, column: str = "value") -> None:
@@ -206,7 +222,8 @@ def workers(open_store, fmt):
     """
     import pandas as pd
 
-    _emit(pd.DataFrame(list(open_store().worker_map().items()), columns=["index", "address"]), fmt)
+    db = open_store()
+    _emit(pd.DataFrame(list(_found(db, db.worker_map(), "worker samples").items()), columns=["index", "address"]), fmt)
 
 
 @cli.command()
@@ -219,7 +236,8 @@ def jobs(open_store, fmt):
     Example:
       dask-influx-metrics jobs --source http://127.0.0.1:8086 --database dask_metrics
     """
-    _emit(open_store().jobs(), fmt, "job")
+    db = open_store()
+    _emit(_found(db, db.jobs(), "jobs"), fmt, "job")
 
 
 @cli.command()
@@ -235,7 +253,8 @@ def dags(open_store, job, fmt):
     Example:
       dask-influx-metrics dags --job 2 --source /tmp/dask-influx-metrics
     """
-    _emit(open_store().dags(job=job), fmt)
+    db = open_store()
+    _emit(_found(db, db.dags(job=job), "DAGs"), fmt)
 
 
 @cli.command()
@@ -248,7 +267,8 @@ def metrics(open_store, fmt):
     Example:
       dask-influx-metrics metrics --source /tmp/dask-influx-metrics
     """
-    _emit(open_store().metrics(), fmt, "metric")
+    db = open_store()
+    _emit(_found(db, db.metrics(), "metrics"), fmt, "metric")
 
 
 @cli.command()

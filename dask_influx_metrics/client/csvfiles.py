@@ -23,6 +23,7 @@ address -> file.
 from __future__ import annotations
 
 import glob
+import io
 import math
 import os
 import re
@@ -111,35 +112,52 @@ def _floats(path, column: str, cells: pd.Series) -> np.ndarray:
     return values.reshape(len(cells), int(widths.iloc[0]))
 
 
+def _fast_floats(cells: pd.Series) -> Optional[np.ndarray]:
+    """Cells of comma-separated numbers as a (rows, values) array, parsed in C; None when any
+    cell is malformed (then :func:`_floats` finds and names it)."""
+    if cells.str.len().eq(0).any():
+        return None  # an empty cell: a blank line to loadtxt
+    try:
+        values = np.loadtxt(io.StringIO("\n".join(cells)), delimiter=",", ndmin=2, dtype=float)
+    except ValueError:
+        return None
+    return values if len(values) == len(cells) else None
+
+
 def _gpu_metric(name: str) -> bool:
     """A metric that is per GPU even when a worker has one GPU (no comma in its cells)."""
     pairs = schema.TRACKING.get(name) or ((name.split(".", 1)[0], ""),)
     return all(m == schema.GPU for m, _ in pairs)
 
 
-def read_worker_csv(path) -> pd.DataFrame:
+def read_worker_csv(path, metrics=None) -> pd.DataFrame:
     """One worker's CSV (old layout, or ours) -> a table with ``<metric>[<i>]`` columns.
 
-    Raises ``ValueError`` naming the file and line of the first malformed row.
+    ``metrics`` (names) reads only those columns besides ``job, dag,
+    timestamp``; default: every column. Raises ``ValueError`` naming the file
+    and line of the first malformed row.
     """
     path = os.fspath(path)
     try:
-        raw = pd.read_csv(path, dtype=str, keep_default_na=False)
+        head = pd.read_csv(path, dtype=str, keep_default_na=False, nrows=1)
+        wanted = None if metrics is None else set(BASE_COLUMNS) | set(metrics)
+        raw = pd.read_csv(path, dtype=str, keep_default_na=False,
+                          usecols=None if wanted is None else [c for c in head.columns if c in wanted])
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a readable CSV file: {e}") from None
     except pd.errors.EmptyDataError:
         raise ValueError(f"{path}: empty file, expected a header with {list(BASE_COLUMNS)}") from None
     missing = [c for c in BASE_COLUMNS if c not in raw.columns]
     if missing:
-        raise ValueError(f"{path}, line 1: missing column(s) {missing}; found {list(raw.columns)}")
+        raise ValueError(f"{path}, line 1: missing column(s) {missing}; found {list(head.columns)}")
     table = pd.DataFrame({"job": raw["job"], "dag": raw["dag"]})
-    table["timestamp"] = _floats(path, "timestamp", raw["timestamp"])[:, 0] if len(raw) else []
+    table["timestamp"] = _parse(path, "timestamp", raw["timestamp"])[:, 0] if len(raw) else []
     for column in raw.columns:
         if column in BASE_COLUMNS or column in EXTRA_COLUMNS:
             continue
         cells = raw[column]
-        values = _floats(path, column, cells) if len(raw) else np.empty((0, 1))
-        if values.shape[1] == 1 and not cells.str.contains(",").any() and not _gpu_metric(column):
+        values = _parse(path, column, cells) if len(raw) else np.empty((0, 1))
+        if values.shape[1] == 1 and not _gpu_metric(column) and not cells.str.contains(",").any():
             table[column] = values[:, 0]
         else:
             for i in range(values.shape[1]):
@@ -149,10 +167,21 @@ def read_worker_csv(path) -> pd.DataFrame:
     if "tasks" in table.columns:
         table["tasks"] = table["tasks"].astype("Int64")
     number = re.search(r"_(\d+)\.csv$", os.path.basename(path))
-    worker = raw["worker"].iloc[0] if "worker" in raw.columns and len(raw) else ""
+    worker = head["worker"].iloc[0] if "worker" in head.columns and len(head) else ""
     table.attrs = {"worker": worker or os.path.basename(path),
                    "worker_index": int(number.group(1)) if number else 0, "units": {}}
     return table
+
+
+def _parse(path, column: str, cells: pd.Series) -> np.ndarray:
+    values = _fast_floats(cells)
+    return values if values is not None else _floats(path, column, cells)
+
+
+def file_metrics(path) -> list[str]:
+    """The metric columns a CSV file's header names (read from its first line only)."""
+    columns = pd.read_csv(os.fspath(path), dtype=str, nrows=0).columns
+    return [c for c in columns if c not in BASE_COLUMNS and c not in EXTRA_COLUMNS]
 
 
 def csv_files(directory, fname: str = "worker") -> dict[int, str]:
@@ -171,10 +200,11 @@ def csv_files(directory, fname: str = "worker") -> dict[int, str]:
     return dict(sorted(found.items()))
 
 
-def read_tables(directory, workers=None, fname: str = "worker") -> list[pd.DataFrame]:
+def read_tables(directory, workers=None, fname: str = "worker", metrics=None) -> list[pd.DataFrame]:
     """Tables of ``workers`` (indices; default all) from a directory written by :func:`write_tables`.
 
-    ``workers=[2]`` reads ``worker_2.csv``, never ``worker_10.csv``.
+    ``workers=[2]`` reads ``worker_2.csv``, never ``worker_10.csv``; ``metrics``
+    reads only those columns (see :func:`read_worker_csv`).
     """
     files = csv_files(directory, fname)
     if not files:
@@ -183,4 +213,4 @@ def read_tables(directory, workers=None, fname: str = "worker") -> list[pd.DataF
     missing = [w for w in wanted if w not in files]
     if missing:
         raise ValueError(f"worker(s) {missing} not in {os.fspath(directory)!r}; present: {list(files)}")
-    return [read_worker_csv(files[w]) for w in wanted]
+    return [read_worker_csv(files[w], metrics) for w in wanted]

@@ -143,7 +143,10 @@ class Monitor:
         flight), else the InfluxDB the settings name (``influxdb.url``,
         ``database``), narrowed to the session's time range and extra tags.
         ``source`` (a URL or spool folder) and ``kwargs`` go to
-        :func:`~dask_influx_metrics.query.connect` instead.
+        :func:`~dask_influx_metrics.query.connect` instead. Once the session
+        has stopped, samples the HTTP sink could not deliver (under the spool's
+        ``undelivered/``, when this machine sees it) are written into InfluxDB
+        first; ``query().notes`` says how many.
 
         Once the session has stopped, the Store (and its HTTP connections) is
         kept for the next call with the same ``source`` and ``kwargs``
@@ -171,6 +174,8 @@ class Monitor:
             args = (settings.influxdb_url, settings.database)
             options.update(retention_policy=settings.retention_policy, username=settings.username,
                            password=settings.password, token=settings.token)
+            if state["session"] is None and os.path.isdir(spool):  # an HTTP outage's samples, once stopped
+                options["undelivered"] = spool
         else:
             raise RuntimeError(f"session {session['id']} was spooled on the workers under {spool!r}, which this "
                                "machine cannot see; replay it into InfluxDB or pass source=<copied folder>")
@@ -235,9 +240,10 @@ class Monitor:
         from . import csvfiles, peaks
         from .tables import table_metrics
 
-        tables = csvfiles.read_tables(path, workers=workers, fname=fname)
-        present = {m for t in tables for m in table_metrics(t)}
-        if metric not in present:
+        tables = csvfiles.read_tables(path, workers=workers, fname=fname, metrics=[metric])
+        if not any(metric in table_metrics(t) for t in tables):
+            files = csvfiles.csv_files(path, fname)
+            present = {m for w in (files if workers is None else workers) for m in csvfiles.file_metrics(files[w])}
             raise ValueError(f"metric {metric!r} is not in the CSV files under {os.fspath(path)!r}; present: {sorted(present)}")
         tidy = peaks.from_tables(tables, metric, per_job)
         return peaks.to_lists(tidy, per_job, [t.attrs["worker_index"] for t in tables])

@@ -50,7 +50,11 @@ def from_tables(tables: list[pd.DataFrame], metric: str, per_job: bool = True, u
         if not cols:
             continue
         rows = table[jobtags.busy(table["dag"])] if per_job else table  # idle samples count for no job
-        long = rows[["job"] + cols].melt(id_vars="job", var_name="column", value_name="value").dropna(subset=["value"])
+        # the maximum per raw job tag first, in C over the wide table (a maximum of maxima is the
+        # maximum); only those few rows are melted and their tags split
+        keys = rows["job"].to_numpy() if per_job else pd.Series("", index=rows.index).to_numpy()
+        wide = rows[cols].groupby(keys, sort=False).max().rename_axis("job").reset_index()
+        long = wide.melt(id_vars="job", var_name="column", value_name="value").dropna(subset=["value"])
         device = long["column"].str.extract(r"\[(\d+)\]$", expand=False)
         long = long.assign(device=pd.to_numeric(device))
         if per_job:

@@ -70,6 +70,28 @@ def _tracking_metrics(name: str) -> list[Metric]:
     return [_field_metric(m, f) for m, f in pairs]
 
 
+def _named(name: str, custom: list) -> list[Metric] | None:
+    """The metrics one name stands for, or None when it names nothing."""
+    if name in schema.TRACKING:
+        return _tracking_metrics(name)
+    if "." in name and _numeric(*name.split(".", 1)) and not name.startswith(schema.DAG + "."):
+        return [_field_metric(*name.split(".", 1))]
+    if name in custom or (name.startswith("custom.") and name[7:] in custom):
+        field = name[7:] if name.startswith("custom.") and name not in custom else name
+        return [Metric(field, schema.CUSTOM, field, "")]
+    return None
+
+
+def unknown(names: Iterable[str], custom: Iterable[str] = ()) -> list[str]:
+    """The names that are no tracking name, ``measurement.field`` or custom metric in ``custom``.
+
+    >>> unknown(["power", "gpu-magic", "x"], custom=["x"])
+    ['gpu-magic']
+    """
+    custom = list(custom)
+    return [n for n in names if _named(n, custom) is None]
+
+
 def resolve(names: Iterable[str], custom: Iterable[str] = ()) -> list[Metric]:
     """Metric names -> :class:`Metric` list; unknown names raise, listing the known ones.
 
@@ -78,23 +100,15 @@ def resolve(names: Iterable[str], custom: Iterable[str] = ()) -> list[Metric]:
     >>> resolve(["power"])
     [Metric(name='power', measurement='gpu', field='power_draw', unit='W', scale=1.0)]
     """
-    custom = list(custom)
+    names, custom = list(names), list(custom)
     out: list[Metric] = []
-    unknown = []
     for name in names:
-        if name in schema.TRACKING:
-            out.extend(_tracking_metrics(name))
-        elif "." in name and _numeric(*name.split(".", 1)) and not name.startswith(schema.DAG + "."):
-            out.append(_field_metric(*name.split(".", 1)))
-        elif name in custom or (name.startswith("custom.") and name[7:] in custom):
-            field = name[7:] if name.startswith("custom.") and name not in custom else name
-            out.append(Metric(field, schema.CUSTOM, field, ""))
-        else:
-            unknown.append(name)
-    if unknown:
+        out.extend(_named(name, custom) or [])
+    missing = unknown(names, custom)
+    if missing:
         known = sorted(schema.TRACKING) + sorted(f"{m}.{f}" for m, f in schema.FIELDS
                                                  if _numeric(m, f) and m != schema.DAG)
-        raise ValueError(f"unknown metric(s) {unknown}; known: {known}"
+        raise ValueError(f"unknown metric(s) {missing}; known: {known}"
                          + (f"; custom metrics in this data: {sorted(custom)}" if custom else ""))
     seen: dict[str, Metric] = {}
     for m in out:
@@ -132,6 +146,14 @@ def _device_sort(values) -> list:
     return sorted(values, key=lambda v: (int(v) if str(v).isdigit() else 1 << 30, str(v)))
 
 
+def _per_device(long: pd.DataFrame, field: str) -> bool:
+    """Whether the rows holding ``field`` are device rows (each has an ``index``)."""
+    if "index" not in long.columns:
+        return False
+    held = long[field].notna()
+    return bool(long.loc[held if held.any() else slice(None), "index"].notna().all())
+
+
 def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int,
           worker: str = "", worker_index: int = 0) -> pd.DataFrame:
     """One worker's table from long frames (one per measurement).
@@ -150,24 +172,29 @@ def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int
         wanted = [m for m in metrics if m.measurement == measurement and m.field in long.columns]
         if measurement == schema.WORKER and "running" in long.columns:
             parts.append(long.drop_duplicates("time", keep="last").set_index("time")[["running"]])
-        device = "index" in long.columns and long["index"].notna().all()
         for m in wanted:
             units[m.name] = m.unit
-        if device and wanted:
+        # A custom measurement mixes per-device fields (rows with an index) and per-worker ones:
+        # each metric is laid out by the rows that hold it.
+        device = [m for m in wanted if _per_device(long, m.field)]
+        if device:
             # a GPU's owner may write two points of one device at one instant (device-wide fields
             # tagged with every user's jobs, its own memory with its own): merge their fields
-            values = long.groupby(["time", "index"], sort=False, as_index=False)[[m.field for m in wanted]].last()
+            values = long.dropna(subset=["index"]).groupby(["time", "index"], sort=False, as_index=False)[
+                [m.field for m in device]].last()
             values = values.assign(**{f"_{m.name}": pd.to_numeric(values[m.field], errors="coerce") * m.scale
-                                      for m in wanted})
-            wide = values.pivot(index="time", columns="index", values=[f"_{m.name}" for m in wanted])
+                                      for m in device})
+            wide = values.pivot(index="time", columns="index", values=[f"_{m.name}" for m in device])
             order = _device_sort(wide.columns.get_level_values(1).unique())
-            wide = wide.reindex(columns=pd.MultiIndex.from_product([[f"_{m.name}" for m in wanted], order]))
+            wide = wide.reindex(columns=pd.MultiIndex.from_product([[f"_{m.name}" for m in device], order]))
             wide.columns = [f"{name[1:]}[{i}]" for name, i in wide.columns]
             parts.append(wide.dropna(axis=1, how="all"))
-        elif wanted:
-            values = long.drop_duplicates("time", keep="last").set_index("time")
+        plain = [m for m in wanted if m not in device]
+        if plain:
+            values = long.dropna(subset=[m.field for m in plain], how="all")
+            values = values.drop_duplicates("time", keep="last").set_index("time")
             parts.append(pd.DataFrame({m.name: values[m.field] * m.scale if m.scale != 1 else values[m.field]
-                                       for m in wanted}))
+                                       for m in plain}))
     if not tags:
         table = pd.DataFrame(columns=list(BASE_COLUMNS))
         table.index = pd.DatetimeIndex([], tz="UTC", name="time")

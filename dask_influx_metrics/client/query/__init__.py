@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
 
@@ -55,31 +56,45 @@ def to_ns(when) -> Optional[int]:
         raise ValueError(f"not a time: {when!r} (use a datetime, an ISO string or epoch seconds)") from None
 
 
+_HOST_PORT = re.compile(r"^[\w.-]+:\d+(/.*)?$|^[a-zA-Z][\w+.-]*://")
+
+
 def connect(source, database: str = "dask_metrics", *, language: str = "influxql", session=None,
             tags=None, start=None, stop=None, retention_policy=None, username=None, password=None,
-            token=None, org=None, timeout: float = 30.0) -> "Store":
+            token=None, org=None, timeout: float = 30.0, undelivered=None) -> "Store":
     """Open collected metrics: an InfluxDB URL (``http(s)://...``) or a spool folder.
 
     ``language`` is ``"influxql"`` (InfluxDB 1.x, 2.x through DBRP, 3.x) or
     ``"flux"`` (2.x, 1.8+; needs ``influxdb-client``; ``database`` is then the
     bucket, e.g. ``dask_metrics/autogen``). For a spool, ``session`` picks a
-    session folder (default: the latest). Raises :class:`QueryError` naming the
-    URL or folder when it cannot be read. The :class:`Store` holds HTTP
-    connections: ``close()`` it, or use it as ``with connect(...) as db:``.
+    session folder (default: the latest). Credentials (``username``/``password``,
+    ``token``, or ``http://user:password@host``) travel only in the
+    ``Authorization`` header; URLs shown anywhere carry none. ``undelivered``
+    (InfluxQL): a spool folder whose ``undelivered/`` samples (an HTTP sink's
+    outage) are written into the database first and then deleted; ``notes``
+    says how many. Raises :class:`QueryError` naming the URL or folder when it
+    cannot be read. The :class:`Store` holds HTTP connections: ``close()`` it,
+    or use it as ``with connect(...) as db:``.
 
     >>> connect("/nonexistent")
     Traceback (most recent call last):
     ...
     dask_influx_metrics.client.query.base.QueryError: spool folder '/nonexistent' does not exist
+    >>> connect("127.0.0.1:8086")
+    Traceback (most recent call last):
+    ...
+    dask_influx_metrics.client.query.base.QueryError: spool folder '127.0.0.1:8086' does not exist; for InfluxDB write the URL with its scheme: 'http://127.0.0.1:8086'
     """
     window = {"tags": tags, "start_ns": to_ns(start), "stop_ns": to_ns(stop)}
     source = os.fspath(source)
+    if undelivered is not None and not (source.startswith(("http://", "https://")) and language == "influxql"):
+        raise ValueError("undelivered= writes samples into InfluxDB: it needs an http(s):// source and InfluxQL")
     if source.startswith(("http://", "https://")):
         if language == "influxql":
             from .influxql import InfluxQLBackend
 
             backend = InfluxQLBackend(source, database, retention_policy, username, password, token,
-                                      timeout, **window)
+                                      timeout, **window, undelivered=undelivered)
         elif language == "flux":
             from .flux import FluxBackend
 
@@ -87,11 +102,24 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
                 f"{username}:{password}" if username else None), timeout=timeout, **window)
         else:
             raise ValueError(f"language must be 'influxql' or 'flux', got {language!r}")
+    elif not os.path.exists(source) and _HOST_PORT.match(source):
+        scheme = re.match(r"^([a-zA-Z][\w+.-]*)://", source)
+        hint = f"'http://{source}'" if scheme is None else f"http:// or https://, not {scheme.group(1)}://"
+        raise QueryError(f"spool folder {source!r} does not exist; for InfluxDB write the URL with its scheme: {hint}")
     else:
         from .spool import SpoolBackend
 
         backend = SpoolBackend(source, session=session, **window)
     return Store(backend, origin_ns=window["start_ns"])
+
+
+def _iso(ns: int) -> str:
+    """Epoch ns as an ISO time in UTC.
+
+    >>> _iso(1_500_000_000)
+    '1970-01-01T00:00:01.500000Z'
+    """
+    return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat().replace("+00:00", "Z")
 
 
 class Store:
@@ -114,7 +142,32 @@ class Store:
         self.closed = False
 
     def __repr__(self) -> str:
-        return f"<Store {self.backend.language} {getattr(self.backend, 'url', getattr(self.backend, 'path', ''))}>"
+        return f"<Store {self.backend.language} {self.backend.describe()}>"
+
+    @property
+    def notes(self) -> list[str]:
+        """One line per thing to read the answers with: corrupt spool lines skipped (file:line),
+        samples taken from ``undelivered/`` (an HTTP outage). Empty when there is nothing to say."""
+        return list(self.backend.notes)
+
+    def scope(self) -> str:
+        """Where this Store looks, in words: the source, the time range and the tags."""
+        b = self.backend
+        when = ", ".join(f"{word} {_iso(ns)}" for word, ns in (("from", b.start_ns), ("to", b.stop_ns)) if ns is not None)
+        return (f"in {b.describe()}" + (f" {when}" if when else ", at any time")
+                + (f", tags {dict(sorted(b.tags.items()))}" if b.tags else ""))
+
+    def not_found(self, what: str = "samples") -> str:
+        """One line: ``what`` was not found in :meth:`scope`, and what the source holds outside it."""
+        wide = self.backend.widened()
+        first, last = wide.first_time(), wide.last_time()
+        if first is None:
+            there = "the source holds no samples at all"
+        else:
+            there = f"the source holds samples from {_iso(first)} to {_iso(last)}"
+            for key in sorted(self.backend.tags):
+                there += f", {key} in {wide.tag_values(key)}"
+        return f"no {what} {self.scope()}; {there}"
 
     def __enter__(self) -> "Store":
         return self
@@ -149,7 +202,7 @@ class Store:
         return self._fields
 
     def metrics(self) -> list[str]:
-        """Names of the metrics present (the default columns of :meth:`worker_tables`)."""
+        """Names of the metrics present in the time range and tags (the default columns of :meth:`worker_tables`)."""
         return [m.name for m in _tables.default_metrics(self.fields())]
 
     @property
@@ -158,7 +211,7 @@ class Store:
         if self._origin_ns is None:
             first = self.backend.first_time()
             if first is None:
-                raise QueryError(f"no samples in {self!r} (check the time range and tags)")
+                raise QueryError(self.not_found())
             self._origin_ns = first
         return self._origin_ns
 
@@ -180,7 +233,7 @@ class Store:
         if job is not None:
             jobs = sorted(out["job"].unique().tolist())
             if int(job) not in jobs:
-                raise ValueError(f"job {job} has no DAGs; jobs: {jobs}")
+                raise ValueError(f"job {job} has no DAGs; jobs: {jobs} ({self.scope()})")
             out = out[out["job"] == int(job)].reset_index(drop=True)
         return out[cols]
 
@@ -188,7 +241,7 @@ class Store:
     def _select_workers(self, workers) -> list[tuple[int, str]]:
         known = self.workers()
         if not known:
-            raise QueryError(f"no worker samples in {self!r} (check the time range and tags)")
+            raise QueryError(self.not_found("worker samples"))
         if workers is None:
             return list(enumerate(known))
         if isinstance(workers, (int, str)):
@@ -200,7 +253,7 @@ class Store:
             elif isinstance(w, int) and not isinstance(w, bool) and 0 <= w < len(known):
                 out.append((w, known[w]))
             else:
-                raise ValueError(f"no worker {w!r}; workers: {dict(enumerate(known))}")
+                raise ValueError(f"no worker {w!r}; workers: {dict(enumerate(known))} ({self.scope()})")
         return out
 
     def _check_job(self, job) -> Optional[int]:
@@ -208,7 +261,7 @@ class Store:
             return None
         jobs = self.jobs()
         if isinstance(job, bool) or not isinstance(job, int) or job not in jobs:
-            raise ValueError(f"no job {job!r}; jobs: {jobs}")
+            raise ValueError(f"no job {job!r}; jobs: {jobs} ({self.scope()})")
         return job
 
     def _metrics(self, names) -> list[_tables.Metric]:
@@ -216,10 +269,15 @@ class Store:
         if names is None:
             metrics = _tables.default_metrics(fields)
         else:
-            metrics = _tables.resolve([names] if isinstance(names, str) else names, fields.get(schema.CUSTOM, ()))
+            names = [names] if isinstance(names, str) else list(names)
+            unknown = _tables.unknown(names, fields.get(schema.CUSTOM, ()))
+            if unknown:
+                raise ValueError(f"unknown metric(s) {unknown}; present {self.scope()}: {self.metrics()} (known: "
+                                 "tracking names, measurement.field, custom metrics; see `metrics`)")
+            metrics = _tables.resolve(names, fields.get(schema.CUSTOM, ()))
         absent = [m.name for m in metrics if m.field not in fields.get(m.measurement, ())]
         if absent:
-            raise ValueError(f"metric(s) {absent} were not collected; present: {self.metrics()}")
+            raise ValueError(f"metric(s) {absent} were not collected; present: {self.metrics()} ({self.scope()})")
         return metrics
 
     # --- tables ------------------------------------------------------------

@@ -1,12 +1,15 @@
 """What every query backend shares: the error type and the shape of a long frame.
 
 A backend (``influxql.py``, ``flux.py``, ``spool.py``) is a :class:`Backend`:
-it answers ``fields()``, ``tag_values(key)``, ``first_time()``,
+it answers ``fields()``, ``tag_values(key)``, ``first_time()``, ``last_time()``,
 ``frame(measurement, fields, worker, job)`` (long samples: ``time`` in ns,
 ``job``, ``dag``, ``index`` for device points, one column per field),
 ``max_by(measurement, field, by, workers, job, busy)`` (``busy``: samples
-with ``dag != "0"`` only) and ``dag_points()``, and ``close()`` releases its
-connections. Everything else is built on those in
+with ``dag != "0"`` only) and ``dag_points()``, all within its time range
+(``start_ns``, ``stop_ns``) and ``tags``; ``describe()`` names what it reads,
+``notes`` lists what its answers should be read with (skipped lines,
+undelivered samples), ``widened()`` is the same source without range and
+tags, and ``close()`` releases its connections. Everything else is built on those in
 :mod:`dask_influx_metrics.query`.
 
 >>> list(empty_frame(["utilization_gpu"], device=True).columns)
@@ -15,6 +18,7 @@ connections. Everything else is built on those in
 
 from __future__ import annotations
 
+import copy
 from typing import Optional, Protocol
 
 import pandas as pd
@@ -30,10 +34,17 @@ class Backend(Protocol):
     """What :class:`~dask_influx_metrics.query.Store` asks of a backend."""
 
     language: str
+    tags: dict
+    start_ns: Optional[int]
+    stop_ns: Optional[int]
+    notes: list[str]
 
+    def describe(self) -> str: ...
+    def widened(self) -> "Backend": ...
     def fields(self) -> dict[str, list[str]]: ...
     def tag_values(self, key: str) -> list[str]: ...
     def first_time(self) -> Optional[int]: ...
+    def last_time(self) -> Optional[int]: ...
     def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame: ...
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame: ...
     def dag_points(self) -> pd.DataFrame: ...
@@ -50,3 +61,13 @@ TAG_DTYPES = {"job": str, "dag": str, "index": str, "worker": str, "host": str, 
 
 def empty_frame(fields, device: bool) -> pd.DataFrame:
     return pd.DataFrame(columns=["time", "job", "dag"] + (["index"] if device else []) + list(fields))
+
+
+def widened(backend, **fresh):
+    """A shallow copy of ``backend`` (sharing its connections) without time range and tags;
+    ``fresh`` replaces attributes that hold answers for the range (caches)."""
+    wide = copy.copy(backend)
+    wide.tags, wide.start_ns, wide.stop_ns = {}, None, None
+    for name, value in fresh.items():
+        setattr(wide, name, value)
+    return wide

@@ -28,7 +28,8 @@ from typing import Optional
 import pandas as pd
 
 from ... import jobtags, schema
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, empty_frame
+from ... import credentials
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, empty_frame, widened
 
 DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration"]
 
@@ -109,6 +110,13 @@ def flux_first_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str
             + _pipe("first()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"])', "limit(n: 1)"))
 
 
+def flux_last_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
+    """The latest sample's ``_time`` (as :func:`flux_first_time_query`, from the other end)."""
+    return (_source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags))
+            + _pipe("last()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"], desc: true)',
+                    "limit(n: 1)"))
+
+
 def flux_frame_query(bucket, measurement, fields, worker, job=None, tags=None, start_ns=None, stop_ns=None) -> str:
     """One worker's samples, one row per (time, series): pivot merges the fields of each series.
 
@@ -146,7 +154,8 @@ def _column(values: pd.Series, datatype: str) -> pd.Series:
     values = values.where(values != "")  # empty cell = null
     if datatype.startswith("dateTime"):
         times = pd.to_datetime(values, utc=True, format="ISO8601")
-        return pd.Series(pd.DatetimeIndex(times).asi8, index=values.index) if times.notna().all() else times
+        # RFC3339Nano drops trailing zeros: without a sub-microsecond digit pandas picks a coarser unit
+        return pd.Series(pd.DatetimeIndex(times).as_unit("ns").asi8, index=values.index) if times.notna().all() else times
     if datatype in ("double", "long", "unsignedLong"):
         return pd.to_numeric(values).astype(float) if datatype == "double" else pd.to_numeric(values)
     if datatype == "boolean":
@@ -202,8 +211,12 @@ class FluxBackend:
             import urllib3
         except ImportError:
             raise ImportError("the Flux backend needs influxdb-client: pip install dask-influx-metrics[flux]") from None
+        url, username, password = credentials.take(url)  # user:password@ goes into the token, never the URL
+        if token is None and username:
+            token = f"{username}:{password or ''}"
         self.url, self.bucket, self.org = url.rstrip("/"), bucket, org
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
+        self.notes: list[str] = []
         self._client = influxdb_client.InfluxDBClient(url=self.url, token=token, org=org, timeout=int(timeout * 1000))
         self._api = self._client.query_api()
         self._dialect = influxdb_client.Dialect(header=True, delimiter=",", comment_prefix="#",
@@ -220,6 +233,13 @@ class FluxBackend:
         """Close the ``InfluxDBClient`` and its connections."""
         self._client.close()
 
+    def describe(self) -> str:
+        return f"bucket {self.bucket!r} at {self.url}"
+
+    def widened(self):
+        """The same source without time range or tags (to say what it holds)."""
+        return widened(self)
+
     # --- transport ---------------------------------------------------------
     def _query(self, query: str) -> pd.DataFrame:
         try:
@@ -230,6 +250,12 @@ class FluxBackend:
                 response.release_conn()
         except self._api_error as e:
             message = e.message if getattr(e, "response", None) is not None else e.reason
+            if isinstance(message, bytes):
+                message = message.decode(errors="replace").strip()
+            if e.status == 404 and str(message).startswith("404 page not found"):
+                raise QueryError(f"InfluxDB at {self.url} does not answer Flux (/api/v2/query: 404 page not found): "
+                                 "InfluxDB 1.x answers Flux from 1.8 on, with flux-enabled = true in its [http] "
+                                 "section; or ask with InfluxQL (language='influxql', --language influxql)") from None
             raise QueryError(f"InfluxDB at {self.url} refused the Flux query (HTTP {e.status}): "
                              f"{message}\n{query}") from None
         except self._net_errors as e:
@@ -267,6 +293,11 @@ class FluxBackend:
         """Time (ns) of the first sample in range, or None when there is none."""
         data = self._query(flux_first_time_query(self.bucket, **self._window()))
         return None if data.empty else int(data["_time"].min())
+
+    def last_time(self) -> Optional[int]:
+        """Time (ns) of the last sample in range, or None when there is none."""
+        data = self._query(flux_last_time_query(self.bucket, **self._window()))
+        return None if data.empty else int(data["_time"].max())
 
     # --- samples -----------------------------------------------------------
     def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:

@@ -13,6 +13,8 @@ worker's answer is ever held as text.
 from __future__ import annotations
 
 import io
+import logging
+import os
 import re
 from typing import Optional
 
@@ -20,8 +22,14 @@ import pandas as pd
 import requests
 
 from ... import jobtags
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame
+from ... import credentials
+from ...worker.sinks.spool import replay
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
 
+
+logger = logging.getLogger(__name__)
+UNDELIVERED_DIR = "undelivered"
+INVENTORY_TAGS = ("worker", "job")  # what the first question groups by: workers, jobs, and (with them) fields
 
 
 def ident(name: str) -> str:
@@ -80,16 +88,19 @@ class InfluxQLBackend:
 
     def __init__(self, url: str, database: str, retention_policy=None, username=None, password=None,
                  token=None, timeout: float = 30.0, tags=None, start_ns=None, stop_ns=None,
-                 page_rows: int = 10_000):
+                 page_rows: int = 10_000, undelivered=None):
+        url, username, password = credentials.take(url, username, password)  # user:password@: into the header
         self.url, self.database, self.rp = url.rstrip("/"), database, retention_policy
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
         self.timeout, self.page_rows = timeout, int(page_rows)
         self._session = requests.Session()
-        if token:
-            self._session.headers["Authorization"] = f"Token {token}"
-        self._auth = {"u": username, "p": password} if username else {}
+        self._session.headers.update(credentials.auth_header(username, password, token))
+        self.notes: list[str] = []
+        self._inventory: Optional[list[dict]] = None
         try:
             self._check_database()
+            if undelivered is not None:
+                self.write_undelivered(undelivered)
         except BaseException:
             self.close()
             raise
@@ -98,9 +109,16 @@ class InfluxQLBackend:
         """Close the HTTP connections (the ``requests.Session``)."""
         self._session.close()
 
+    def describe(self) -> str:
+        return f"database {self.database!r}" + (f" (retention policy {self.rp!r})" if self.rp else "") + f" at {self.url}"
+
+    def widened(self):
+        """The same source without time range or tags (to say what it holds)."""
+        return widened(self, _inventory=None)
+
     # --- transport ---------------------------------------------------------
     def _get(self, q: str, csv: bool = True) -> requests.Response:
-        params = {"db": self.database, "q": q, "epoch": "ns", **self._auth}
+        params = {"db": self.database, "q": q, "epoch": "ns"}
         if self.rp:
             params["rp"] = self.rp
         headers = {"Accept": "application/csv"} if csv else {}
@@ -138,36 +156,86 @@ class InfluxQLBackend:
         if names and self.database not in names:
             raise QueryError(f"database {self.database!r} not found at {self.url}; databases: {sorted(names)}")
 
+    def write_undelivered(self, folder) -> int:
+        """Write the samples under each ``undelivered/`` folder below ``folder`` (an HTTP sink's
+        fallback during an outage) into the database, deleting each file once written; returns how many.
+
+        Call it only when no sink writes there any more (the session has stopped).
+        """
+        total = 0
+        for root, _, _ in os.walk(os.fspath(folder)):
+            if os.path.basename(root) == UNDELIVERED_DIR:
+                total += replay(root, self, remove=True)
+        if total:
+            self.notes.append(f"{total} undelivered sample(s) from {UNDELIVERED_DIR}/ under {os.fspath(folder)} "
+                              f"were written into {self.describe()} first")
+            logger.info("%s", self.notes[-1])
+        return total
+
+    def send(self, lines: list[bytes]) -> None:
+        """``POST /write`` (what :func:`~dask_influx_metrics.worker.sinks.spool.replay` calls); raises when refused."""
+        params = {"db": self.database, "precision": "ns", **({"rp": self.rp} if self.rp else {})}
+        try:
+            r = self._session.post(self.url + "/write", params=params, data=b"\n".join(lines), timeout=self.timeout)
+        except requests.RequestException as e:
+            raise QueryError(f"cannot reach InfluxDB at {self.url}: {e}") from None
+        if r.status_code == 400 and "partial write" in r.text:  # the good lines were written
+            self.notes.append(f"InfluxDB at {self.url} refused part of the undelivered samples: {r.text.strip()}")
+        elif r.status_code >= 300:
+            raise QueryError(f"InfluxDB at {self.url} refused undelivered samples (HTTP {r.status_code}): "
+                             f"{r.text.strip()}")
+
     def _where(self, **kw) -> str:
         return where_clause(self.tags, self.start_ns, self.stop_ns, **kw)
 
     # --- what exists -------------------------------------------------------
     def fields(self) -> dict[str, list[str]]:
-        """``{measurement: [field keys]}`` for the sample measurements."""
-        out: dict[str, list[str]] = {}
-        for s in self._json("SHOW FIELD KEYS"):
-            if s["name"] in SAMPLE_MEASUREMENTS:
-                out[s["name"]] = [row[0] for row in s.get("values", [])]
-        return out
+        """``{measurement: [field keys]}`` of the sample measurements, as far as they hold values
+        within the time range and tags (``SHOW FIELD KEYS`` would answer for the whole database,
+        every session ever written)."""
+        out: dict[str, set] = {}
+        for s in self._firsts():
+            out.setdefault(s["name"], set()).update(
+                c[len("first_"):] for c, v in zip(s["columns"], s["values"][0]) if c.startswith("first_") and v is not None)
+        return {m: sorted(f) for m, f in out.items() if f}
 
     def tag_values(self, key: str) -> list[str]:
         """Distinct values of tag ``key`` on sample points (within the time range and tags).
 
-        Asked as ``count(*) ... GROUP BY key`` over the data itself: exact for the
-        time range, where ``SHOW TAG VALUES`` answers from the series index.
+        Asked of the data itself, exact for the time range (``SHOW TAG VALUES``
+        answers from the series index, for all time).
         """
-        names = ", ".join(ident(m) for m in SAMPLE_MEASUREMENTS)
-        series = self._json(f"SELECT count(*) FROM {names} {self._where()} GROUP BY {ident(key)}")
+        series = self._firsts() if key in INVENTORY_TAGS else self._firsts((key,))
         return sorted({s.get("tags", {}).get(key) for s in series} - {None, ""})
+
+    def _firsts(self, keys: tuple = INVENTORY_TAGS) -> list[dict]:
+        """``first(*)`` of each sample measurement per value of tags ``keys``: the series that hold a
+        value in range. ``first`` reads one point per series where ``count`` would read them all; the
+        answer for workers and jobs (fields come with it) is asked once and kept."""
+        if keys == INVENTORY_TAGS and self._inventory is not None:
+            return self._inventory
+        names = ", ".join(ident(m) for m in SAMPLE_MEASUREMENTS)
+        series = self._json(f"SELECT first(*) FROM {names} {self._where()} GROUP BY {', '.join(map(ident, keys))}")
+        series = [s for s in series if s.get("values") and any(v is not None for v in s["values"][0][1:])]
+        if keys == INVENTORY_TAGS:
+            self._inventory = series
+        return series
 
     def first_time(self) -> Optional[int]:
         """Time (ns) of the first sample in range, or None when there is none."""
+        return self._edge("ASC")
+
+    def last_time(self) -> Optional[int]:
+        """Time (ns) of the last sample in range, or None when there is none."""
+        return self._edge("DESC")
+
+    def _edge(self, order: str) -> Optional[int]:
         times = []
         for m in SAMPLE_MEASUREMENTS:
-            frame = self._csv(f"SELECT * FROM {ident(m)} {self._where()} ORDER BY time ASC LIMIT 1")
+            frame = self._csv(f"SELECT * FROM {ident(m)} {self._where()} ORDER BY time {order} LIMIT 1")
             if not frame.empty:
                 times.append(int(frame["time"].iloc[0]))
-        return min(times) if times else None
+        return (min if order == "ASC" else max)(times) if times else None
 
     # --- samples -----------------------------------------------------------
     def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
@@ -191,10 +259,13 @@ class InfluxQLBackend:
         frame = frame.drop(columns="tags").sort_values("time", kind="stable").reset_index(drop=True)
         counts = self._csv(f"SELECT {', '.join(f'count({ident(f)})' for f in fields)} FROM {ident(measurement)} {where}")
         got = [int(frame[f].notna().sum()) if f in frame.columns else 0 for f in fields]
-        if not counts.empty and [int(counts.iloc[0, i + 1]) for i in range(len(fields))] != got:
+        # a field without values in the range counts as an empty cell (NaN), i.e. 0
+        if not counts.empty and pd.to_numeric(counts.iloc[0, 1:1 + len(fields)]).fillna(0).astype(int).tolist() != got:
             frame = self._paged(measurement, fields, groups, where)
-        if "index" in frame.columns and frame["index"].isna().all():
-            frame = frame.drop(columns="index")
+        if "index" in frame.columns:  # per-worker custom metrics have no index: null, not ""
+            frame["index"] = frame["index"].replace("", None)
+            if frame["index"].isna().all():
+                frame, groups = frame.drop(columns="index"), [g for g in groups if g != "index"]
         return frame[["time"] + groups + [f for f in fields if f in frame.columns]]
 
     def _paged(self, measurement: str, fields: list[str], groups: list[str], where: str) -> pd.DataFrame:

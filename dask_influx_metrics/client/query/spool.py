@@ -6,20 +6,30 @@ under ``<root>/<session>/scheduler/``). Point ``connect`` at the root (the
 latest session is read, or the one named by ``session=``) or at one session's
 folder. Each worker's files are parsed only when that worker is asked about,
 then kept.
+
+A line that does not parse is skipped, counted and named (``file:line``) in
+:attr:`SpoolBackend.notes` and a log warning; an unterminated last line (a
+write torn by a crash) is ignored silently. Samples an HTTP sink could not
+deliver (``<worker>/undelivered/``) are read with the rest and counted.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Optional
+from typing import Iterator, Optional
 
 import pandas as pd
 
 from ... import jobtags, lineprotocol, schema
+from ...lineprotocol import split_lines
 from ...worker.sinks.spool import read_lines, spool_files
-from .base import DEVICE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame
+from .base import DEVICE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
+
+logger = logging.getLogger(__name__)
 
 SCHEDULER_DIR = "scheduler"
+UNDELIVERED_DIR = "undelivered"
 
 
 def sessions(root) -> list[str]:
@@ -38,6 +48,59 @@ def _is_session(path: str) -> bool:
     return any(os.path.isfile(os.path.join(path, d, f)) and f.endswith(".lp")
                for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
                for f in os.listdir(os.path.join(path, d)))
+
+
+def _records(path: str) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of each complete line of one spool file; a torn last line is left out.
+
+    A record that runs on over several lines (an unclosed quote) and does not
+    parse is tried line by line, so one bad quote cannot swallow the rest.
+    """
+    with open(path, "rb") as f:
+        data = f.read()
+    records, rest = split_lines(data)
+    if b"\n" in rest:  # an open quote ran on to the end: complete lines, then the unterminated one
+        records.append(rest.rsplit(b"\n", 1)[0])
+    pos = newlines = 0  # newlines before pos
+    for record in records:
+        start = data.find(record, pos)
+        newlines += data.count(b"\n", pos, start)
+        if b"\n" in record and not _parses(record):
+            yield from ((newlines + 1 + k, part) for k, part in enumerate(record.split(b"\n")) if part.strip())
+        else:
+            yield newlines + 1, record
+        newlines += record.count(b"\n")
+        pos = start + len(record)
+
+
+def _parses(line: bytes) -> bool:
+    try:
+        lineprotocol.parse(line)
+    except ValueError:
+        return False
+    return True
+
+
+def read_points(folder: str) -> tuple[list, list[str], int]:
+    """Points of every spool file under ``folder``; the lines skipped as ``"file:line: why"``;
+    how many points came from an ``undelivered/`` folder."""
+    points, skipped, undelivered = [], [], 0
+    for path in spool_files(folder):
+        outage = UNDELIVERED_DIR in os.path.relpath(path, folder).split(os.sep)
+        for line, record in _records(path):
+            try:
+                points.append(lineprotocol.parse(record))
+            except ValueError as e:
+                skipped.append(f"{path}:{line}: {e}")
+                continue
+            undelivered += outage
+    if skipped:
+        logger.warning("spool: skipped %d corrupt line(s) under %s: %s", len(skipped), folder, _first(skipped))
+    return points, skipped, undelivered
+
+
+def _first(items: list[str], n: int = 3) -> str:
+    return "; ".join(items[:n]) + (f"; ... {len(items) - n} more" if len(items) > n else "")
 
 
 def _long(points: list, measurement: str) -> pd.DataFrame:
@@ -70,18 +133,40 @@ class SpoolBackend:
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
         self._folders: dict[str, str] = {}  # worker address -> folder
         self._cache: dict[str, dict[str, pd.DataFrame]] = {}
+        self.skipped: dict[str, list[str]] = {}  # folder -> "file:line: why" of each corrupt line
+        self.undelivered: dict[str, int] = {}  # folder -> points read from its undelivered/
         for name in sorted(os.listdir(self.path)):
             folder = os.path.join(self.path, name)
             if name == SCHEDULER_DIR or not os.path.isdir(folder):
                 continue
-            for line in read_lines(folder):
-                worker = lineprotocol.parse(line).tags.get("worker")
+            for line in read_lines(folder):  # the first line that names its worker
+                try:
+                    worker = lineprotocol.parse(line).tags.get("worker")
+                except ValueError:
+                    continue  # counted and reported when the folder is read
                 if worker:
                     self._folders[worker] = folder
                     break
 
     def close(self) -> None:
         """Nothing to release: files are read whole and closed."""
+
+    def describe(self) -> str:
+        return f"spool session {self.session!r} ({self.path})"
+
+    def widened(self) -> "SpoolBackend":
+        """The same session without time range or tags (to say what it holds)."""
+        return widened(self, _cache={}, skipped={}, undelivered={})
+
+    @property
+    def notes(self) -> list[str]:
+        """One line per thing the answers should be read with: corrupt lines skipped, undelivered samples read."""
+        skipped = [s for lines in self.skipped.values() for s in lines]
+        out = [f"skipped {len(skipped)} corrupt spool line(s): {_first(skipped)}"] if skipped else []
+        undelivered = sum(self.undelivered.values())
+        if undelivered:
+            out.append(f"{undelivered} sample(s) came from {UNDELIVERED_DIR}/ (not delivered over HTTP at the time)")
+        return out
 
     def _filter(self, frame: pd.DataFrame) -> pd.DataFrame:
         if frame.empty:
@@ -97,7 +182,7 @@ class SpoolBackend:
 
     def _frames(self, folder: str) -> dict[str, pd.DataFrame]:
         if folder not in self._cache:
-            points = [lineprotocol.parse(line) for line in read_lines(folder)]
+            points, self.skipped[folder], self.undelivered[folder] = read_points(folder)
             measurements = {p.measurement for p in points}
             self._cache[folder] = {m: self._filter(_long(points, m)) for m in measurements}
         return self._cache[folder]
@@ -127,6 +212,10 @@ class SpoolBackend:
     def first_time(self) -> Optional[int]:
         times = [int(f["time"].min()) for frames in self._worker_frames() for f in frames.values() if not f.empty]
         return min(times) if times else None
+
+    def last_time(self) -> Optional[int]:
+        times = [int(f["time"].max()) for frames in self._worker_frames() for f in frames.values() if not f.empty]
+        return max(times) if times else None
 
     # --- samples -----------------------------------------------------------
     def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
@@ -166,5 +255,5 @@ class SpoolBackend:
         folder = os.path.join(self.path, SCHEDULER_DIR)
         if not os.path.isdir(folder):
             return pd.DataFrame()
-        points = [lineprotocol.parse(line) for line in read_lines(folder)]
+        points, self.skipped[folder], _ = read_points(folder)
         return self._filter(_long(points, schema.DAG))

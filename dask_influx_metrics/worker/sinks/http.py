@@ -6,9 +6,11 @@ compatibility API (a DBRP mapping for ``database``/``retention_policy``); and
 ``autogen``, names a database ``<database>/<rp>`` there). ``precision=ns`` is
 valid on all three. ``token`` sends ``Authorization: Token <token>``, which
 2.x and 3.x accept on ``/write`` (and 1.8 as ``user:password``); otherwise
-``username``/``password`` go as HTTP basic auth (3.x reads the password as
-its token). InfluxDB 3 answers 400 to lines that put a tag and a field of the
-same name in one table; those go to the fallback like any refused batch.
+``username``/``password`` (or a ``http://user:password@host`` URL) go as HTTP
+basic auth (3.x reads the password as its token). Credentials travel only in
+that header; ``url`` and every log line show the address without them.
+InfluxDB 3 answers 400 to lines that put a tag and a field of the same name in
+one table; those go to the fallback like any refused batch.
 
 ``send`` only appends to a bounded in-memory queue (``max_pending`` lines,
 default ``2 * batch_size``: about 3 MB at 5000 lines of ~300 bytes) and returns; a thread posts batches of up to
@@ -42,6 +44,8 @@ from typing import Optional
 
 import requests
 
+from ... import credentials
+
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF = 3.0  # s between tries while the server is down; bounds the recovery time
@@ -64,6 +68,7 @@ class HttpSink:
                  token: Optional[str] = None, batch_size: int = 5000, timeout: float = 5.0,
                  flush_interval: float = 1.0, fallback=None, max_pending: Optional[int] = None,
                  session: Optional[requests.Session] = None):
+        url, username, password = credentials.take(url, username, password)  # user:password@ out of the URL
         self.url = write_url(url)
         self.params = {"db": database, "precision": "ns"}
         if retention_policy:
@@ -73,7 +78,7 @@ class HttpSink:
         if token:
             self.headers["Authorization"] = f"Token {token}"
         elif username:
-            self.auth = (username, password or "")
+            self.auth = (username, password or "")  # requests sends it as Authorization: Basic
         self.batch_size = max(1, int(batch_size))
         self.timeout = float(timeout)
         self.flush_interval = float(flush_interval)

@@ -48,11 +48,12 @@ from typing import Callable, NamedTuple
 
 from ...schema import GPU, Reading
 from .gpuprocs import ProcessTree, host_pid_problem, tree_memory_mib
-from .nvml_devices import as_text, choose, import_nvml, init_once, parse_visible, visible_handles
+from .nvml_devices import (  # noqa: F401  (nvml_available: also imported from here)
+    ENV as _ENV, as_text, choose, import_nvml, init_once, nvml_available, parse_visible, visible_handles,
+)
 
 logger = logging.getLogger(__name__)
 
-_ENV = object()  # default for ``visible``: read CUDA_VISIBLE_DEVICES
 
 
 def _mib(nbytes) -> float:
@@ -384,30 +385,3 @@ def _nvml_index(nvml, handle) -> int | None:
 
 def _worker_fields() -> frozenset:
     return frozenset(f for g in TABLE.values() if g.per_worker for f in g.fields)
-
-
-def nvml_available(nvml=None, visible=_ENV) -> bool:
-    """True when pynvml imports, NVML starts and at least one device is visible.
-
-    Never raises: the ``auto`` GPU source falls back to none when this is False.
-
-    >>> nvml_available(visible="")
-    False
-    """
-    try:
-        nvml = import_nvml(nvml)
-    except ImportError:
-        return False
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is _ENV else visible
-    try:
-        entries = parse_visible(visible)
-        if entries == []:
-            return False
-        init_once(nvml)
-        return bool(visible_handles(nvml, entries))
-    except ValueError as e:
-        logger.warning("NVML GPU metrics off: %s", e)
-        return False
-    except Exception as e:  # NVMLError: no library, no driver, ...
-        logger.info("NVML GPU metrics off: %s: %s", type(e).__name__, e)
-        return False

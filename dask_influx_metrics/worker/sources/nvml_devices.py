@@ -27,6 +27,7 @@ import threading
 
 logger = logging.getLogger(__name__)
 
+ENV = object()  # default for ``visible``: read CUDA_VISIBLE_DEVICES
 DEVICE_CHOICES = ("auto", "first", "all")
 
 _init_lock = threading.Lock()
@@ -162,3 +163,30 @@ def _uuid_table(nvml, physical) -> list:
             except nvml.NVMLError:  # a lost GPU cannot be named, so cannot be chosen
                 continue
     return table
+
+
+def nvml_available(nvml=None, visible=ENV) -> bool:
+    """True when pynvml imports, NVML starts and at least one device is visible.
+
+    Never raises: the ``auto`` GPU source falls back to none when this is False.
+
+    >>> nvml_available(visible="")
+    False
+    """
+    try:
+        nvml = import_nvml(nvml)
+    except ImportError:
+        return False
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is ENV else visible
+    try:
+        entries = parse_visible(visible)
+        if entries == []:
+            return False
+        init_once(nvml)
+        return bool(visible_handles(nvml, entries))
+    except ValueError as e:
+        logger.warning("NVML GPU metrics off: %s", e)
+        return False
+    except Exception as e:  # NVMLError: no library, no driver, ...
+        logger.info("NVML GPU metrics off: %s: %s", type(e).__name__, e)
+        return False

@@ -1,0 +1,178 @@
+"""The parsers behind :data:`.config.SETTINGS`: a value as read from dask.config -> its Python value.
+
+Each raises ``ValueError`` saying what the value must be; :mod:`.config` adds the
+setting's key and the value to the message.
+
+>>> parse_address("127.0.0.1:8094")
+('127.0.0.1', 8094)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from typing import Callable
+from urllib.parse import urlsplit
+
+import dask.config
+
+from . import credentials, schema
+
+SINKS = ("udp", "http", "spool")
+GPU_SOURCES = ("auto", "nvml", "simulated", "none")
+GPU_DEVICES = ("auto", "first", "all")  # see worker/sources/nvml_devices.choose
+JOB_TYPES = ("client", "manual")
+MAX_GPUS = 64  # the most (simulated) devices per worker
+
+
+def parse_address(value) -> tuple[str, int]:
+    """Parse ``host:port`` (``[v6]:port`` for IPv6) into ``(host, port)``.
+
+    >>> parse_address("127.0.0.1:8094")
+    ('127.0.0.1', 8094)
+    """
+    text = str(value).strip()
+    if text.startswith("udp://"):
+        text = text[len("udp://"):]
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be host:port with a port from 1 to 65535, e.g. 127.0.0.1:8094; cannot parse {value!r}")
+    return host, int(port)
+
+
+# --- parsers: value as read from dask.config -> Python value, or ValueError("must be ...") ----------
+def _as_list(value) -> list:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return list(value)
+
+
+def _number(what: str, minimum: float = 0.0, maximum: float = math.inf, integer: bool = False) -> Callable:
+    """A parser for a finite number > 0 in [minimum, maximum]; numeric text is read as a number."""
+    def parse(value):
+        number = value
+        if isinstance(value, str):
+            try:
+                number = float(value) if not value.strip().isdigit() else int(value)
+            except ValueError:
+                pass
+        if (isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number)
+                or not (number > 0 and minimum <= number <= maximum) or integer and number != int(number)):
+            raise ValueError(f"must be {what}")
+        return int(number) if integer else number
+    return parse
+
+
+_positive_int = _number("a positive integer", integer=True)
+_positive_seconds = _number("a positive, finite number of seconds")
+
+
+def _seconds(value) -> float:
+    return float(_positive_seconds(value))
+
+
+def _choice(options: tuple) -> Callable:
+    def parse(value):
+        if value not in options:
+            raise ValueError(f"must be one of {options}")
+        return value
+    return parse
+
+
+def _sinks(value) -> tuple:
+    sinks = _as_list(value)
+    if not sinks or set(sinks) - set(SINKS):
+        raise ValueError(f"must name one or more of {SINKS}")
+    return tuple(dict.fromkeys(sinks))
+
+
+def _tracking(value) -> tuple:
+    tracking = _as_list(value) or list(schema.TRACKING)
+    try:
+        schema.fields_for(tracking)
+    except ValueError as e:
+        raise ValueError(f"must name known metrics: {e}") from None
+    return tuple(tracking)
+
+
+MAX_TAG_BYTES = 1024
+# Tag names a user tag may not take: the schema's tags and field names (queries could not tell
+# them apart), InfluxQL's ``time``; names starting with ``_`` are InfluxDB 2's (``_start``, ...).
+RESERVED_TAGS = frozenset(schema.TAGS) | {name for _, name in schema.FIELDS} | {"time"}
+TAGS_ENV = "DASK_INFLUX_METRICS__TAGS"
+
+
+def _tag_text(what: str, text) -> str:
+    """``text`` (a tag key or value) as stored, or ValueError naming ``what`` and the problem."""
+    if text is None or text == "":
+        raise ValueError(f"{what} is empty; InfluxDB drops empty tags")
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ValueError(f"{what} must be a str or a number, not {type(text).__name__}")
+    text = str(text)
+    size = len(text.encode())
+    if size > MAX_TAG_BYTES:
+        raise ValueError(f"{what} has {size} bytes; at most {MAX_TAG_BYTES} are allowed")
+    if text.endswith("\\"):
+        raise ValueError(f"{what} ends in a backslash, which InfluxDB 1.x cannot store")
+    return text
+
+
+def _tags(value) -> dict:
+    """Extra tags: a mapping of non-empty, short, unreserved names to non-empty, short values."""
+    if not isinstance(value or {}, dict):
+        raise ValueError(f"must be a mapping of tag names to values, e.g. {{cluster: prod-a}}")
+    tags = {}
+    for key, val in (value or {}).items():
+        if key == "" or key is None:
+            raise ValueError("has an empty tag key")
+        key = _tag_text(f"tag key {str(key)[:40]!r}", key)
+        if key in RESERVED_TAGS or key.startswith("_"):
+            raise ValueError(f"tag {key!r} is reserved (the schema's tags and fields, 'time', names starting "
+                             f"with '_'); reserved: {sorted(RESERVED_TAGS)}")
+        tags[key] = _tag_text(f"the value of tag {key!r}", val)
+    return tags
+
+
+def _check_tags_env() -> None:
+    """Dask drops a ``DASK_INFLUX_METRICS__TAGS`` that is not a mapping; refuse it instead."""
+    text = os.environ.get(TAGS_ENV)
+    if text is not None and not isinstance(dask.config.interpret_value(text), dict):
+        raise ValueError(f"{TAGS_ENV} must be a Python dict literal such as {{'cluster': 'prod-a'}} (or set one "
+                         f"tag per variable: {TAGS_ENV}__CLUSTER=prod-a); cannot parse {text!r}")
+
+
+def _url(value) -> str:
+    """An ``http(s)://host...`` URL without the trailing slash; null or empty means none."""
+    text = str(value or "").strip().rstrip("/")
+    parts = urlsplit(text)
+    if text and (parts.scheme not in ("http", "https") or not parts.hostname):
+        raise ValueError("must be an http:// or https:// URL with a host, e.g. http://127.0.0.1:8086")
+    return text
+
+
+def _text(value) -> str:
+    if value is None or str(value) == "":
+        raise ValueError("must be a non-empty string")
+    return str(value)
+
+
+def _optional_text(value) -> str | None:
+    return None if value is None else str(value)
+
+
+def _directory(value) -> str:
+    return str(value or os.path.join(tempfile.gettempdir(), "dask-influx-metrics"))
+
+
+def _bool(value) -> bool:
+    """``true``/``false`` (also from environment variables, as text); null is false."""
+    text = str(value).strip().lower()
+    if value is None or text in ("false", "0", "no", "off"):
+        return False
+    if text in ("true", "1", "yes", "on"):
+        return True
+    raise ValueError("must be true or false")

@@ -1,0 +1,101 @@
+"""The spool reader on damaged files, and the samples an HTTP outage left in ``undelivered/``."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from dask_influx_metrics import lineprotocol, query
+from dask_influx_metrics.schema import Point
+from dask_influx_metrics.worker.sinks.http import HttpSink
+from dask_influx_metrics.worker.sinks.spool import SpoolSink, spool_files
+
+W = "tcp://10.0.0.1:1"
+T0 = 1_714_564_800_000_000_000
+
+
+def _lines(n: int, start: int = 0) -> list[bytes]:
+    tags = {"host": "h", "worker": W, "job": "1", "dag": "1", "index": "0"}
+    return lineprotocol.encode_many(Point("gpu", tags, {"utilization_gpu": float(k)}, T0 + k * 10**8)
+                                    for k in range(start, start + n))
+
+
+def _session(root, lines: list[bytes], torn: bytes = b"") -> str:
+    folder = root / "20240501T120000-000001" / "tcp___10.0.0.1_1"
+    folder.mkdir(parents=True)
+    path = folder / "spool-1-000000.lp"
+    path.write_bytes(b"\n".join(lines) + b"\n" + torn)
+    return str(path)
+
+
+def test_a_corrupt_line_is_skipped_counted_and_named(tmp_path, caplog):
+    good = _lines(6)
+    lines = good[:2] + [b"gpu,host=h utilization_gpu=oops 1", b"\xff\xfe garbage"] + good[2:4] + [b""] + good[4:]
+    path = _session(tmp_path, lines, torn=b"gpu,host=h,worker=" + W.encode() + b" utilization_gpu=9")
+    with caplog.at_level(logging.WARNING), query.connect(tmp_path) as db:
+        table = db.worker_tables()[W]
+        assert list(table["compute-util[0]"]) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # the torn last line: silently left
+        notes = db.notes
+    assert len(notes) == 1 and notes[0].startswith("skipped 2 corrupt spool line(s): ")
+    assert f"{path}:3: " in notes[0] and f"{path}:4: " in notes[0]  # file:line, blank lines counted
+    assert any(f"{path}:3" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+
+def test_an_unclosed_quote_does_not_swallow_the_lines_after_it(tmp_path):
+    good = _lines(4)
+    path = _session(tmp_path, good[:1] + [b'gpu,host=h s="never closed 5'] + good[1:])
+    with query.connect(tmp_path) as db:
+        assert list(db.worker_tables()[W]["compute-util[0]"]) == [0.0, 1.0, 2.0, 3.0]
+        assert f"{path}:2: " in db.notes[0]
+
+
+def test_cli_prints_the_notes(tmp_path):
+    from click.testing import CliRunner
+
+    from dask_influx_metrics.client.cli import cli
+
+    path = _session(tmp_path, _lines(2) + [b"not line protocol"])
+    result = CliRunner().invoke(cli, ["peaks", "compute-util", "--whole", "--source", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert f"note: skipped 1 corrupt spool line(s): {path}:3: " in result.stderr
+
+
+def _outage(influxd, db: str, session) -> int:
+    """Samples 0-9 delivered; 10-29 sent while the server was unreachable: they land in undelivered/."""
+    influxd.write(b"\n".join(_lines(10)), db=db)
+    undelivered = session / "tcp-10.0.0.1-1" / "undelivered"
+    sink = HttpSink("http://127.0.0.1:1", db, timeout=1, flush_interval=0.05, fallback=SpoolSink(undelivered))
+    sink.send(_lines(20, start=10))
+    sink.close()
+    assert sink.points_failed == 20
+    return len(spool_files(undelivered))
+
+
+def test_undelivered_samples_are_written_first_and_counted(influxd, fresh_db, tmp_path):
+    session = tmp_path / "20240501T120000-000001"
+    assert _outage(influxd, fresh_db, session) >= 1
+    with query.connect(influxd.url, fresh_db) as db:
+        assert db.get_peaks("compute-util", per_job=False) == [[9]]  # the outage is missing
+    with query.connect(influxd.url, fresh_db, undelivered=session) as db:
+        assert len(db.worker_tables()[W]) == 30
+        assert db.get_peaks("compute-util", per_job=False) == [[29]]
+        assert db.notes == [f"20 undelivered sample(s) from undelivered/ under {session} were written into "
+                            f"database '{fresh_db}' at {influxd.url} first"]
+    assert spool_files(session) == []  # written: removed, never replayed twice
+    with query.connect(influxd.url, fresh_db, undelivered=session) as db:
+        assert db.notes == [] and len(db.worker_tables()[W]) == 30
+
+
+def test_the_spool_reader_counts_undelivered_samples(influxd, fresh_db, tmp_path):
+    session = tmp_path / "20240501T120000-000001"
+    _outage(influxd, fresh_db, session)
+    with query.connect(tmp_path) as db:
+        assert len(db.worker_tables()[W]) == 20
+        assert db.notes == ["20 sample(s) came from undelivered/ (not delivered over HTTP at the time)"]
+
+
+def test_undelivered_needs_influxql(tmp_path):
+    with pytest.raises(ValueError, match="undelivered= writes samples into InfluxDB"):
+        query.connect(tmp_path, undelivered=os.fspath(tmp_path))
