@@ -73,3 +73,20 @@ def test_tables_without_busy_samples_have_no_job_peaks():
     t.attrs = {"worker": "tcp://a:1", "worker_index": 0}
     assert peaks.to_lists(peaks.from_tables([t], "x", per_job=True), True, workers=[0]) == [{}]
     assert peaks.to_lists(peaks.from_tables([t], "x", per_job=False), False) == [[9]]
+
+
+def test_gpus_marks_a_gpu_two_workers_used(influxd, tmp_path):
+    """Issue 10: shared GPUs are visible from the data (``Store.gpus()``, CLI ``workers --gpus``)."""
+    from click.testing import CliRunner
+
+    from dask_influx_metrics.client.cli import cli
+
+    with S.stores(influxd, tmp_path, "gpus_shared") as stores:
+        for name, db in stores.items():
+            gpus = db.gpus()
+            assert gpus[["worker_index", "uuid", "shared"]].values.tolist() == [
+                [0, S.DEVICE["uuid"], True], [1, S.DEVICE["uuid"], True]], name
+    out = CliRunner().invoke(cli, ["workers", "--gpus", "--format", "csv", "--source", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert out.output.splitlines()[0] == "host,worker_index,worker,uuid,shared"
+    assert out.output.count(",True") == 2

@@ -210,19 +210,24 @@ def cli():
 
 @cli.command()
 @format_option
+@click.option("--gpus", is_flag=True, help="One row per worker and physical GPU it used (host, uuid), "
+              "with shared=True where several workers of a host used that GPU.")
 @store_options
-def workers(open_store, fmt):
-    """Worker index and address.
+def workers(open_store, fmt, gpus):
+    """Worker index and address (with --gpus: the GPUs each used, shared ones marked).
 
     The index is the numbering every --workers option and CSV file uses.
 
     \b
     Example:
       dask-influx-metrics workers --source /tmp/dask-influx-metrics
+      dask-influx-metrics workers --gpus --source http://127.0.0.1:8086
     """
     import pandas as pd
 
     db = open_store()
+    if gpus:
+        return _emit(db.gpus(), fmt)
     _emit(pd.DataFrame(list(_found(db, db.worker_map(), "worker samples").items()), columns=["index", "address"]), fmt)
 
 

@@ -191,6 +191,20 @@ class Store:
         """``{index: address}``: the numbering every ``workers=[...]`` and CSV file uses."""
         return dict(enumerate(self.workers()))
 
+    def gpus(self) -> pd.DataFrame:
+        """The physical GPUs each worker used: ``host``, ``worker_index``, ``worker``, ``uuid`` and
+        ``shared`` (another worker of the host used it too), from the per-worker GPU memory points
+        (else the device points, which only a GPU's owner writes)."""
+        index = {w: i for i, w in self.worker_map().items()}
+        for field in ("worker_memory_used", "memory_used"):
+            rows = self.backend.max_by(schema.GPU, field, ("host", "worker", "uuid"))
+            if not rows.empty:
+                break
+        rows = rows[rows["worker"].isin(index)].drop(columns="max").drop_duplicates()
+        users = rows.groupby(["host", "uuid"])["worker"].transform("nunique")
+        rows = rows.assign(worker_index=rows["worker"].map(index), shared=users > 1)
+        return rows.sort_values(["worker_index", "uuid"])[["host", "worker_index", "worker", "uuid", "shared"]]
+
     def jobs(self) -> list[int]:
         """Job numbers that have samples (job 0, "nothing ran yet", is not a job)."""
         return jobtags.distinct(self.backend.tag_values("job"))

@@ -218,14 +218,15 @@ class SpoolBackend:
         return max(times) if times else None
 
     # --- samples -----------------------------------------------------------
-    def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
+    def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None,
+              tags: tuple = ()) -> pd.DataFrame:
         device = measurement in DEVICE_MEASUREMENTS
         folder = self._folders.get(worker)
         frame = self._frames(folder).get(measurement) if folder else None
         if frame is None or frame.empty:
             return empty_frame(fields, device)
         cols = ["time", "job", "dag"] + (["index"] if device and "index" in frame.columns else [])
-        cols += [f for f in fields if f in frame.columns]
+        cols += [t for t in tags if t in frame.columns and t not in cols] + [f for f in fields if f in frame.columns]
         frame = frame[cols]
         present = [f for f in fields if f in frame.columns]
         frame = frame[frame[present].notna().any(axis=1)] if present else frame.iloc[:0]
@@ -237,7 +238,7 @@ class SpoolBackend:
         """Client-side ``MAX(field) GROUP BY by`` (the spool has no server); ``busy``: ``dag != "0"`` only."""
         parts = []
         for worker in workers if workers is not None else list(self._folders):
-            frame = self.frame(measurement, [field], worker, job)
+            frame = self.frame(measurement, [field], worker, job, tags=tuple(t for t in by if t != "worker"))
             if busy:
                 frame = frame[jobtags.busy(frame["dag"])]
             if field in frame.columns and not frame.empty:
