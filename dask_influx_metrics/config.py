@@ -38,6 +38,9 @@ import yaml
 from . import schema
 
 SINKS = ("udp", "http", "spool")
+AUTO = "auto"  # sink: udp if telegraf.address is configured, else http if influxdb.url is, else spool
+TELEGRAF_FALLBACK = ("127.0.0.1", 8094)  # telegraf.address when not configured
+INFLUXDB_FALLBACK = "http://127.0.0.1:8086"  # influxdb.url when not configured
 GPU_SOURCES = ("auto", "nvml", "simulated", "none")
 GPU_DEVICES = ("auto", "first", "all")  # see worker/sources/nvml_devices.choose
 JOB_TYPES = ("client", "manual")
@@ -103,9 +106,26 @@ def _choice(options: tuple) -> Callable:
 
 def _sinks(value) -> tuple:
     sinks = _as_list(value)
-    if not sinks or set(sinks) - set(SINKS):
-        raise ValueError(f"must name one or more of {SINKS}")
+    if not sinks or set(sinks) - {*SINKS, AUTO}:
+        raise ValueError(f"must be {AUTO!r} or name one or more of {SINKS}")
     return tuple(dict.fromkeys(sinks))
+
+
+def _optional_address(value):
+    return None if value is None else parse_address(value)
+
+
+def auto_sinks(sinks: tuple, configured: frozenset) -> tuple:
+    """Replace ``auto`` in ``sinks``: ``udp`` if ``telegraf.address`` is configured, else ``http``
+    if ``influxdb.url`` is, else ``spool``; explicitly named sinks stay.
+
+    >>> auto_sinks(("auto",), frozenset({"influxdb.url"}))
+    ('http',)
+    """
+    if AUTO not in sinks:
+        return sinks
+    choice = "udp" if "telegraf.address" in configured else "http" if "influxdb.url" in configured else "spool"
+    return tuple(dict.fromkeys(choice if s == AUTO else s for s in sinks))
 
 
 def _tracking(value) -> tuple:
@@ -143,8 +163,13 @@ def _optional_text(value) -> str | None:
     return None if value is None else str(value)
 
 
+def default_spool_directory() -> str:
+    """This OS user's own spool root, ``<tmp>/dask-influx-metrics-<uid>`` (created 0700 when used)."""
+    return os.path.join(tempfile.gettempdir(), f"dask-influx-metrics-{os.getuid()}")
+
+
 def _directory(value) -> str:
-    return str(value or os.path.join(tempfile.gettempdir(), "dask-influx-metrics"))
+    return str(value or default_spool_directory())
 
 
 def _bool(value) -> bool:
@@ -182,15 +207,18 @@ SETTINGS: tuple[Setting, ...] = (
             "metric names to collect; null = all (see schema.TRACKING)"),
     Setting("job-type", "job_type", "client", _choice(JOB_TYPES), "",
             "client: each client connection is a job; manual: only new_job() starts one"),
-    Setting("sink", "sinks", "spool", _sinks, "",
-            "where samples go: udp, http, spool, or a list such as [udp, spool]", keywords=("sink",)),
+    Setting("sink", "sinks", AUTO, _sinks, "",
+            "where samples go: auto (udp if telegraf.address is set, else http if influxdb.url is, else spool), "
+            "udp, http, spool, or a list such as [udp, spool]", keywords=("sink",)),
     Setting("tags", "tags", {}, _tags, "", "extra tags written on every point, e.g. {cluster: prod-a}"),
-    Setting("telegraf.address", "telegraf_address", "127.0.0.1:8094", parse_address, "",
-            "node-local Telegraf UDP listener (host:port), read on each worker"),
+    Setting("telegraf.address", "telegraf_address", None, _optional_address, "",
+            "node-local Telegraf UDP listener (host:port), read on each worker; null = not configured "
+            "(the udp sink then uses 127.0.0.1:8094)"),
     Setting("telegraf.max-datagram", "max_datagram", 1472, _positive_int, "bytes",
             "largest UDP datagram; 1472 fits a 1500-byte MTU unfragmented"),
-    Setting("influxdb.url", "influxdb_url", "http://127.0.0.1:8086", _url, "",
-            "InfluxDB for the http sink and for queries (http:// or https://)"),
+    Setting("influxdb.url", "influxdb_url", None, _url, "",
+            "InfluxDB for the http sink and for queries (http:// or https://); null = not configured "
+            "(http://127.0.0.1:8086 is used)"),
     Setting("influxdb.database", "database", "dask_metrics", _text, "",
             "1.x database, or the DBRP-mapped database on 2.x"),
     Setting("influxdb.retention-policy", "retention_policy", None, _optional_text, "",
@@ -202,7 +230,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("influxdb.batch-size", "batch_size", 5000, _positive_int, "lines", "size of one HTTP write"),
     Setting("influxdb.timeout", "http_timeout", 5, _seconds, "s", "time limit per HTTP request"),
     Setting("spool.directory", "spool_directory", None, _directory, "",
-            "spool root; null = dask-influx-metrics in the temporary directory",
+            "spool root; null = dask-influx-metrics-<uid> in the temporary directory, private to the user",
             keywords=("spool_directory", "dump_loc")),
     Setting("spool.mem-limit", "mem_limit", 1000, _positive_int, "lines",
             "held in worker memory before being appended to disk"),
@@ -252,7 +280,9 @@ def _parse(setting: Setting, value):
         raise _invalid(setting.key, e, value) from None
 
 
-_Fields = make_dataclass("_Fields", [(s.attr, Any, field(repr=not s.secret)) for s in SETTINGS], frozen=True)
+_FALLBACKS = {"telegraf_address": TELEGRAF_FALLBACK, "influxdb_url": INFLUXDB_FALLBACK}
+_Fields = make_dataclass("_Fields", [(s.attr, Any, field(repr=not s.secret)) for s in SETTINGS]
+                         + [("configured", frozenset, field(default=frozenset(), repr=False))], frozen=True)
 
 
 class Settings(_Fields):
@@ -282,7 +312,14 @@ class Settings(_Fields):
         # dask.config.get treats '-' and '_' alike, as environment variables need
         with dask.config.set({f"influx-metrics.{k}": v for k, v in overrides.items()}):
             raw = {s.key: copy.deepcopy(dask.config.get(f"influx-metrics.{s.key}", default=None)) for s in SETTINGS}
-        settings = cls(**{s.attr: _parse(s, raw[s.key]) for s in SETTINGS})
+        values = {s.attr: _parse(s, raw[s.key]) for s in SETTINGS}
+        # "configured": set by the user (YAML, environment, override) rather than left at the null default
+        configured = frozenset(k for k in ("telegraf.address", "influxdb.url", "spool.directory") if raw[k] is not None)
+        values["sinks"] = auto_sinks(values["sinks"], configured)
+        for attr, fallback in _FALLBACKS.items():
+            if values[attr] is None or (attr == "influxdb_url" and raw["influxdb.url"] is None):
+                values[attr] = fallback
+        settings = cls(**values, configured=configured)
         if "http" in settings.sinks and not settings.influxdb_url:
             raise _invalid("influxdb.url", "must be set for the http sink", raw["influxdb.url"])
         return settings
@@ -314,7 +351,8 @@ class Settings(_Fields):
 
         No validation: they were validated where they were resolved.
         """
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
+        return cls(**{k: (frozenset(v) if k == "configured" else tuple(v)) if isinstance(v, (list, frozenset, set)) else v
+                      for k, v in doc.items()})
 
 
 def overrides_from_kwargs(**kwargs) -> dict:
@@ -331,7 +369,7 @@ def overrides_from_kwargs(**kwargs) -> dict:
         raise TypeError(f"unknown setting(s) {unknown}; known: {sorted(KWARGS)}")
     out = {KWARGS[k]: v for k, v in kwargs.items() if v is not None}
     if kwargs.get("mem_limit") is not None or kwargs.get("dump_loc") is not None:
-        sinks = _as_list(out.get("sink", dask.config.get("influx-metrics.sink")))
+        sinks = _as_list(out.get("sink", dask.config.get("influx-metrics.sink")))  # "auto" stays, beside spool
         if "spool" not in sinks:
             out["sink"] = sinks + ["spool"]
     return out

@@ -38,8 +38,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import _dask
 from ..config import Settings
-from ..scheduler.plugin import ANNOTATION, EVENT_TOPIC
+from ..scheduler.plugin import ANNOTATION, DESTINATIONS, EVENT_TOPIC
 from .build import build_sampler
+from .sinks import destinations
 from .sources.activity import CachedActivity, TaskRegistry
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.activity = CachedActivity(self.registry)
         self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
         self.gpu = self.sink = None
+        self._record_destinations()
         if settings.isolate:
             return self._setup_isolated()  # awaited by Dask: sampling has begun when start() returns
         self._start_sampler()
@@ -162,6 +164,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
         sidecar, self.sidecar = self.sidecar, None
         return asyncio.to_thread(sidecar.close)
     # --- end of sampler.isolate --------------------------------------------------------
+
+    def _record_destinations(self) -> None:
+        """Tell the session on the scheduler where this worker's samples go (``Monitor.jobs()["destinations"]``)."""
+        where = destinations(self.settings, self.session["id"], self.worker.address)
+        self.worker.log_event(EVENT_TOPIC, {"what": DESTINATIONS, "session": self.session["id"],
+                                            "worker": self.worker.address, "host": self.base_tags["host"], **where})
 
     def _report(self, what: str, message: str, **details) -> None:
         logger.warning("influx-metrics on %s: %s", self.worker.address, message)

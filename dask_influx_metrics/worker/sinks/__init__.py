@@ -48,6 +48,30 @@ def spool_dir(settings, session: str, role: str) -> str:
     return os.path.join(settings.spool_directory, session, safe_name(role))
 
 
+def destinations(settings, session: str, role: str) -> dict:
+    """Where ``role``'s samples go, as recorded on the scheduler (never credentials).
+
+    ``sinks``; ``telegraf`` (host:port) with udp; ``influxdb`` (``url``, ``database``,
+    ``retention_policy``) with http, or with udp when ``influxdb.url`` is configured (the
+    InfluxDB Telegraf is assumed to feed); ``spool``: the folder (with http, its ``undelivered`` fallback).
+
+    >>> from dask_influx_metrics.config import Settings
+    >>> destinations(Settings.resolve({"sink": "udp", "telegraf.address": "t:1"}), "s1", "w")["telegraf"]
+    't:1'
+    """
+    out = {"sinks": list(settings.sinks), "telegraf": None, "influxdb": None, "spool": None}
+    if "udp" in settings.sinks:
+        out["telegraf"] = "%s:%d" % settings.telegraf_address
+    if "http" in settings.sinks or ("udp" in settings.sinks and "influxdb.url" in settings.configured):
+        out["influxdb"] = {"url": settings.influxdb_url, "database": settings.database,
+                           "retention_policy": settings.retention_policy}
+    if "spool" in settings.sinks:
+        out["spool"] = spool_dir(settings, session, role)
+    elif "http" in settings.sinks:
+        out["spool"] = os.path.join(spool_dir(settings, session, role), "undelivered")
+    return out
+
+
 def make_sink(settings, role: str, session: str):
     """Build the sinks named by ``settings.sinks`` for one process.
 
@@ -56,10 +80,12 @@ def make_sink(settings, role: str, session: str):
     with :func:`dask_influx_metrics.worker.sinks.spool.replay`).
     """
     from .http import HttpSink
-    from .spool import SpoolSink
+    from .spool import SpoolSink, private_folder
     from .udp import UdpSink
 
     directory = spool_dir(settings, session, role)
+    if {"spool", "http"} & set(settings.sinks) and "spool.directory" not in settings.configured:
+        private_folder(settings.spool_directory)  # the default root: this user's, closed to others
     spool = None
     sinks: list = []
     if "spool" in settings.sinks:
@@ -76,3 +102,35 @@ def make_sink(settings, role: str, session: str):
             username=settings.username, password=settings.password, token=settings.token,
             batch_size=settings.batch_size, timeout=settings.http_timeout, fallback=fallback))
     return sinks[0] if len(sinks) == 1 else FanOut(sinks)
+
+
+def remove_spool(folders, keep=()) -> int:
+    """Delete the spool files in ``folders`` (those on this machine), then the emptied folders and their
+    session folder, except the folders in ``keep`` (still written to). Returns the files removed.
+
+    >>> remove_spool(["/nonexistent/s1/w"])
+    0
+    """
+    from .spool import spool_files
+
+    removed = 0
+    for folder in folders:
+        for path in spool_files(folder):
+            try:
+                os.remove(path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+        if folder in keep or not os.path.isdir(folder):
+            continue
+        emptied = sorted((root for root, _, _ in os.walk(folder)), reverse=True)  # deepest first
+        parent = os.path.dirname(folder)
+        if os.path.basename(folder) == "undelivered":  # <session>/<worker>/undelivered
+            emptied.append(parent)
+            parent = os.path.dirname(parent)
+        for path in emptied + [parent]:  # ends with the session folder
+            try:
+                os.rmdir(path)
+            except OSError:  # not empty: someone else's files, or the session's other workers
+                pass
+    return removed

@@ -1,0 +1,103 @@
+"""Where samples go: sink auto, destinations recorded per worker, the old dask-metrics flow, private spool."""
+
+import os
+import stat
+
+import pytest
+from distributed import Client
+
+from dask_influx_metrics import Monitor
+from dask_influx_metrics.config import Settings
+from dask_influx_metrics.worker.sinks import make_sink
+from dask_influx_metrics.worker.sinks.spool import spool_files
+
+
+def test_auto_sink_follows_what_is_configured():
+    assert Settings.resolve().sinks == ("spool",)
+    assert Settings.resolve({"telegraf.address": "10.0.0.1:8094"}).sinks == ("udp",)
+    assert Settings.resolve({"influxdb.url": "http://db:8086"}).sinks == ("http",)
+    both = Settings.resolve({"telegraf.address": "10.0.0.1:8094", "influxdb.url": "http://db:8086"})
+    assert both.sinks == ("udp",) and both.influxdb_url == "http://db:8086"
+    assert Settings.resolve({"telegraf.address": "10.0.0.1:8094", "sink": "spool"}).sinks == ("spool",)  # explicit wins
+    assert Settings.resolve({"sink": ["auto", "spool"], "influxdb.url": "http://db:8086"}).sinks == ("http", "spool")
+
+
+def test_auto_sink_reads_the_environment(monkeypatch):
+    import dask.config
+
+    monkeypatch.setenv("DASK_INFLUX_METRICS__TELEGRAF__ADDRESS", "10.0.0.9:8094")
+    dask.config.refresh()
+    try:
+        s = Settings.resolve()
+        assert s.sinks == ("udp",) and s.telegraf_address == ("10.0.0.9", 8094)
+    finally:
+        monkeypatch.delenv("DASK_INFLUX_METRICS__TELEGRAF__ADDRESS")
+        dask.config.refresh()
+
+
+def test_unconfigured_addresses_fall_back_for_explicit_sinks():
+    s = Settings.resolve({"sink": ["udp", "http"]})
+    assert s.telegraf_address == ("127.0.0.1", 8094) and s.influxdb_url == "http://127.0.0.1:8086"
+
+
+def test_default_spool_is_private(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    settings = Settings.resolve({"spool.flush-interval": 0.001})
+    assert settings.spool_directory == str(tmp_path / f"dask-influx-metrics-{os.getuid()}")
+    sink = make_sink(settings, role="w", session="s1")
+    sink.send([b"m v=1i 1"])
+    sink.close()
+    (path,) = spool_files(settings.spool_directory)
+    for folder in (settings.spool_directory, os.path.dirname(path)):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def test_a_shared_default_spool_root_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    settings = Settings.resolve()
+    os.mkdir(settings.spool_directory, 0o755)
+    os.chmod(settings.spool_directory, 0o755)
+    with pytest.raises(PermissionError, match="is not a private folder of user"):
+        make_sink(settings, role="w", session="s1")
+
+
+def inc(x):
+    return x + 1
+
+
+def test_old_example_flow(cluster, tmp_path):
+    """rapids-examples dask-metrics example.py, on CPU: two graphs, clear in between."""
+    spool = tmp_path / "spool"
+    client = Client(cluster)
+    monitor = Monitor(client, gpu_source="simulated", spool_directory=str(spool), polling_interval=200)
+    monitor.attach(tracking=["total-mem", "mem-util", "compute-util"])
+    first = monitor.start()
+    assert set(first["destinations"]) == set(cluster.scheduler_info["workers"]) | {"scheduler"}
+    assert all(d["sinks"] == ["spool"] and d["spool"].startswith(str(spool)) for d in first["destinations"].values()), first
+    client.close()
+
+    client = Client(cluster)
+    assert client.submit(inc, 1).result() == 2  # ~ms: falls between two samples
+    monitor = Monitor(client)
+    monitor.stop()
+    assert monitor.jobs()["destinations"] == first["destinations"]
+    small = monitor.to_csv(tmp_path / "small")
+    monitor.clear_metrics()
+    assert spool_files(spool) == []
+    second = monitor.start()
+    assert sum(client.map(inc, range(200)).__iter__().__next__().result() for _ in [0]) == 1
+    monitor.stop()
+    big = monitor.to_csv(tmp_path / "big")
+    peaks = monitor.peak_memory()
+    assert len(peaks) == 2 and all(len(p) == 1 for p in peaks)
+    assert small and big
+    import pandas as pd
+
+    small_jobs = set(pd.concat([pd.read_csv(p) for p in small if "worker_" in os.path.basename(p)])["job"])
+    assert 1 in small_jobs  # the short graph left a trace
+    big_times = pd.concat([pd.read_csv(p) for p in big if "worker_" in os.path.basename(p)])
+    assert second["id"] != first["id"]
+    monitor.shutdown()
+    assert spool_files(spool) == []
+    client.close()
