@@ -86,8 +86,8 @@ def test_old_example_flow(cluster, tmp_path):
     monitor.clear_metrics()
     assert spool_files(spool) == []
     second = monitor.start()
-    assert sum(client.map(inc, range(200)).__iter__().__next__().result() for _ in [0]) == 1
-    monitor.stop()
+    assert sum(client.gather(client.map(inc, range(200)))) == sum(range(1, 201))
+    ended = monitor.stop()
     big = monitor.to_csv(tmp_path / "big")
     peaks = monitor.peak_memory()
     assert len(peaks) == 2 and all(len(p) == 1 for p in peaks)
@@ -96,8 +96,11 @@ def test_old_example_flow(cluster, tmp_path):
 
     small_jobs = set(pd.concat([pd.read_csv(p) for p in small if "worker_" in os.path.basename(p)])["job"])
     assert 1 in small_jobs  # the short graph left a trace
-    big_times = pd.concat([pd.read_csv(p) for p in big if "worker_" in os.path.basename(p)])
-    assert second["id"] != first["id"]
+    big_rows = pd.concat([pd.read_csv(p) for p in big if "worker_" in os.path.basename(p)])
+    assert second["id"] != first["id"] and ended["id"] == second["id"]
+    # only the second run: its samples span at most the second session (timestamps from its first sample)
+    assert 0 < big_rows["timestamp"].max() <= ended["stop"] - ended["start"] + 0.5
+    assert set(big_rows["job"]) <= {0, 1}
     monitor.shutdown()
     assert spool_files(spool) == []
     client.close()

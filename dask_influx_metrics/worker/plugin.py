@@ -110,10 +110,11 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     def _started(self, key) -> None:
         mark = _dask.worker_task_annotation(self.worker, key, ANNOTATION)
-        if mark and mark.get("session") == self.session["id"]:
-            self.registry.started(key, mark["job"], mark["dag"])
-        else:  # submitted while no session ran: counted, not attributed
-            self.registry.started(key, 0, 0)
+        ours = mark and mark.get("session") == self.session["id"]
+        # submitted while no session ran: counted, not attributed
+        idle = self.registry.started(key, *((mark["job"], mark["dag"]) if ours else (0, 0)))
+        if idle and self.sampler is not None:
+            self.sampler.wake()  # a graph shorter than the interval still gets a sample
 
     # --- sampler.isolate: the sidecar process (see worker/sidecar.py) ------------------------
     async def _setup_isolated(self) -> None:
