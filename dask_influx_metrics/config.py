@@ -115,11 +115,11 @@ def _optional_address(value):
     return None if value is None else parse_address(value)
 
 
-def auto_sinks(sinks: tuple, configured: frozenset) -> tuple:
+def auto_sinks(sinks: tuple, configured) -> tuple:
     """Replace ``auto`` in ``sinks``: ``udp`` if ``telegraf.address`` is configured, else ``http``
     if ``influxdb.url`` is, else ``spool``; explicitly named sinks stay.
 
-    >>> auto_sinks(("auto",), frozenset({"influxdb.url"}))
+    >>> auto_sinks(("auto",), ("influxdb.url",))
     ('http',)
     """
     if AUTO not in sinks:
@@ -282,7 +282,7 @@ def _parse(setting: Setting, value):
 
 _FALLBACKS = {"telegraf_address": TELEGRAF_FALLBACK, "influxdb_url": INFLUXDB_FALLBACK}
 _Fields = make_dataclass("_Fields", [(s.attr, Any, field(repr=not s.secret)) for s in SETTINGS]
-                         + [("configured", frozenset, field(default=frozenset(), repr=False))], frozen=True)
+                         + [("configured", tuple, field(default=(), repr=False))], frozen=True)
 
 
 class Settings(_Fields):
@@ -314,7 +314,7 @@ class Settings(_Fields):
             raw = {s.key: copy.deepcopy(dask.config.get(f"influx-metrics.{s.key}", default=None)) for s in SETTINGS}
         values = {s.attr: _parse(s, raw[s.key]) for s in SETTINGS}
         # "configured": set by the user (YAML, environment, override) rather than left at the null default
-        configured = frozenset(k for k in ("telegraf.address", "influxdb.url", "spool.directory") if raw[k] is not None)
+        configured = tuple(k for k in ("telegraf.address", "influxdb.url", "spool.directory") if raw[k] is not None)
         values["sinks"] = auto_sinks(values["sinks"], configured)
         for attr, fallback in _FALLBACKS.items():
             if values[attr] is None or (attr == "influxdb_url" and raw["influxdb.url"] is None):
@@ -351,8 +351,7 @@ class Settings(_Fields):
 
         No validation: they were validated where they were resolved.
         """
-        return cls(**{k: (frozenset(v) if k == "configured" else tuple(v)) if isinstance(v, (list, frozenset, set)) else v
-                      for k, v in doc.items()})
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
 
 
 def overrides_from_kwargs(**kwargs) -> dict:

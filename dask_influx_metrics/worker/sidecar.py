@@ -195,7 +195,7 @@ class Sidecar:
             self.buffer.close()
             raise
         try:
-            self.proc.stdin.write(json.dumps(config, default=sorted).encode() + b"\n")
+            self.proc.stdin.write(json.dumps(config).encode() + b"\n")
             self.proc.stdin.flush()
         except OSError:
             self.close()
