@@ -66,12 +66,24 @@ def inc(x):
     return x + 1
 
 
-def test_old_example_flow(cluster, tmp_path):
-    """rapids-examples dask-metrics example.py, on CPU: two graphs, clear in between."""
-    spool = tmp_path / "spool"
+@pytest.fixture
+def private_tmp_cluster(tmp_path, monkeypatch):
+    """A LocalCluster of 2 worker processes whose temporary directory (so the default spool) is under tmp_path."""
+    from distributed import LocalCluster
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the scheduler runs in this process
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster:
+        yield cluster
+
+
+def test_old_example_flow(private_tmp_cluster, tmp_path):
+    """rapids-examples dask-metrics example.py, on CPU: two graphs, clear in between; nothing configured."""
+    cluster = private_tmp_cluster
+    spool = tmp_path / f"dask-influx-metrics-{os.getuid()}"
     client = Client(cluster)
-    monitor = Monitor(client, gpu_source="simulated", spool_directory=str(spool), polling_interval=200)
-    monitor.attach(tracking=["total-mem", "mem-util", "compute-util"])
+    monitor = Monitor(client, gpu_source="simulated")
+    monitor.attach(tracking=["total-mem", "mem-util", "compute-util"], polling_interval=200)
     first = monitor.start()
     assert set(first["destinations"]) == set(cluster.scheduler_info["workers"]) | {"scheduler"}
     assert all(d["sinks"] == ["spool"] and d["spool"].startswith(str(spool)) for d in first["destinations"].values()), first

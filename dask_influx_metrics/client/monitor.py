@@ -135,8 +135,9 @@ class Monitor:
         _dask.send_on_client_stream(self.client, {"op": NEW_JOB_OP, "job": job})
 
     def shutdown(self) -> None:
-        """Stop any running session, remove the monitor from the cluster, delete the spool files
-        its sessions left on the workers and the scheduler, and close :meth:`query`'s Store.
+        """Stop any running session, remove the monitor from the cluster, delete the temporary spool
+        files its sessions left on the workers and the scheduler (under the default ``spool.directory``;
+        a folder you configured is kept), and close :meth:`query`'s Store.
 
         >>> monitor.shutdown()  # doctest: +SKIP
         """
@@ -145,7 +146,7 @@ class Monitor:
         state = self._state(required=False)
         if state is not None:
             self.client.run_on_scheduler(_on_scheduler, action="detach")
-            self._remove_spool(state["spooled"])
+            self._remove_spool(state["temporary_spool"])
 
     def clear_metrics(self) -> None:
         """Forget the samples collected so far, everywhere they are on the cluster.

@@ -57,7 +57,7 @@ class JobPlugin(SchedulerPlugin):
         self.sink = None
         self.shared_gpus: dict[tuple, set] = {}  # (host, uuid) -> worker addresses
         self.destinations: dict[str, dict] = {}  # worker address (or "scheduler") -> where its samples go
-        self.spooled: set[str] = set()  # spool folders written since attach (or the last clear)
+        self.spooled: dict[str, bool] = {}  # spool folders written since attach (or the last clear) -> temporary
 
     # --- plugin life cycle -------------------------------------------------
     async def start(self, scheduler) -> None:
@@ -99,7 +99,7 @@ class JobPlugin(SchedulerPlugin):
     def _record(self, who: str, where: dict) -> None:
         self.destinations[who] = where = {**where, "sinks": list(where["sinks"])}  # events arrive with tuples
         if where.get("spool"):
-            self.spooled.add(where["spool"])
+            self.spooled[where["spool"]] = bool(where.get("temporary"))
 
     def clear(self) -> tuple[list, list]:
         """``clear_metrics()``: later reads start now; returns (spool folders to empty, those a running
@@ -109,7 +109,7 @@ class JobPlugin(SchedulerPlugin):
             if session is not None:
                 session["cleared"] = now
         running = sorted(d["spool"] for d in self.destinations.values() if d.get("spool")) if self.session else []
-        folders, self.spooled = sorted(self.spooled), set(running)
+        folders, self.spooled = sorted(self.spooled), {f: self.spooled[f] for f in running}
         return folders, running
 
     def state(self) -> dict:
@@ -117,7 +117,7 @@ class JobPlugin(SchedulerPlugin):
         return {"overrides": dict(self.overrides), "worker_payload": self.worker_payload,
                 "session": dict(self.session) if self.session else None,
                 "last_session": dict(self.last_session) if self.last_session else None,
-                "destinations": {w: dict(d) for w, d in self.destinations.items()}, "spooled": sorted(self.spooled),
+                "destinations": {w: dict(d) for w, d in self.destinations.items()}, "temporary_spool": sorted(f for f, temporary in self.spooled.items() if temporary),
                 "shared_gpus": [{"host": h, "uuid": u, "workers": sorted(w)} for (h, u), w in sorted(self.shared_gpus.items())],
                 **self.book.summary()}
 

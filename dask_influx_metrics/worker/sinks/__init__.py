@@ -53,13 +53,15 @@ def destinations(settings, session: str, role: str) -> dict:
 
     ``sinks``; ``telegraf`` (host:port) with udp; ``influxdb`` (``url``, ``database``,
     ``retention_policy``) with http, or with udp when ``influxdb.url`` is configured (the
-    InfluxDB Telegraf is assumed to feed); ``spool``: the folder (with http, its ``undelivered`` fallback).
+    InfluxDB Telegraf is assumed to feed); ``spool``: the folder (with http, its ``undelivered`` fallback);
+    ``temporary``: the spool root is the default one (``Monitor.shutdown()`` deletes such files).
 
     >>> from dask_influx_metrics.config import Settings
     >>> destinations(Settings.resolve({"sink": "udp", "telegraf.address": "t:1"}), "s1", "w")["telegraf"]
     't:1'
     """
-    out = {"sinks": list(settings.sinks), "telegraf": None, "influxdb": None, "spool": None}
+    out = {"sinks": list(settings.sinks), "telegraf": None, "influxdb": None, "spool": None,
+           "temporary": "spool.directory" not in settings.configured}
     if "udp" in settings.sinks:
         out["telegraf"] = "%s:%d" % settings.telegraf_address
     if "http" in settings.sinks or ("udp" in settings.sinks and "influxdb.url" in settings.configured):
