@@ -1,6 +1,7 @@
 """Where samples go: sink auto, destinations recorded per worker, the old dask-metrics flow, private spool."""
 
 import os
+import time
 import stat
 
 import pytest
@@ -116,3 +117,27 @@ def test_old_example_flow(private_tmp_cluster, tmp_path):
     monitor.shutdown()
     assert spool_files(spool) == []
     client.close()
+
+
+def test_refused_udp_is_counted_and_reachable_from_the_client(client):
+    import socket
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there
+    monitor = Monitor(client, telegraf_address=f"127.0.0.1:{port}", gpu_source="simulated")
+    monitor.attach(polling_interval=20)
+    started = monitor.start()
+    try:
+        assert {d["sinks"][0] for w, d in started["destinations"].items()} == {"udp"}
+        assert all(d["telegraf"] == f"127.0.0.1:{port}" for d in started["destinations"].values())
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            counts = monitor.delivery()
+            if all(c and c[0]["refused"] >= 2 for c in counts.values()):
+                break
+            time.sleep(0.1)
+        assert len(counts) == 2 and all(c[0]["kind"] == "udp" and c[0]["points_dropped"] > 0 for c in counts.values()), counts
+    finally:
+        monitor.shutdown()

@@ -169,6 +169,18 @@ class Monitor:
             self.client.run(remove_spool, list(folders), list(keep))
             self.client.run_on_scheduler(remove_spool, list(folders), list(keep))
 
+    def delivery(self) -> dict:
+        """Each worker's sink counters while a session runs: ``{worker: [{"kind": "udp",
+        "points_sent", "points_dropped", "refused", ...}]}``. ``refused`` counts datagrams a
+        loopback Telegraf address refused (nothing listened); see README "Where samples go".
+
+        >>> monitor.delivery()  # doctest: +SKIP
+        {'tcp://127.0.0.1:4012': [{'kind': 'udp', 'points_sent': 120, 'points_dropped': 0, ...}]}
+        """
+        from ..worker.plugin import delivery_counters
+
+        return self.client.run(delivery_counters)
+
     def request_metrics(self) -> list:
         """The samples so far, one table per worker in worker index order (what :meth:`to_csv` writes).
 

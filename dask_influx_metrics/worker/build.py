@@ -79,7 +79,7 @@ def build_sampler(
     if custom is not None:
         sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report))
     if sink is None:
-        sink = make_sink(settings, role=worker_address, session=session_id)
+        sink = make_sink(settings, role=worker_address, session=session_id, report=report)
 
     def tags() -> dict:
         snap = activity()

@@ -40,7 +40,7 @@ from .. import _dask
 from ..config import Settings
 from ..scheduler.plugin import ANNOTATION, DESTINATIONS, EVENT_TOPIC
 from .build import build_sampler
-from .sinks import destinations
+from .sinks import counters, destinations
 from .sources.activity import CachedActivity, TaskRegistry
 
 logger = logging.getLogger(__name__)
@@ -179,3 +179,11 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self.worker.log_event(EVENT_TOPIC, event)
         except Exception:  # the event is a courtesy; the log line above is the record
             pass
+
+
+def delivery_counters(dask_worker) -> list[dict]:
+    """This worker's sink counters (``Monitor.delivery()``, via ``client.run``); [] when none
+    samples here in-process (no session, or a ``sampler.isolate`` sidecar holds the sink)."""
+    plugin = _dask.worker_plugin(dask_worker, PLUGIN_NAME)
+    sink = getattr(plugin, "sink", None)
+    return counters(sink) if sink is not None else []

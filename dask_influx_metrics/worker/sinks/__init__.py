@@ -18,6 +18,21 @@ class Sink(Protocol):
         """Flush what is buffered and release resources."""
 
 
+def counters(sink) -> list[dict]:
+    """Delivery counters of ``sink`` (each sink of a :class:`FanOut`): ``kind`` and its numeric counters.
+
+    >>> from .udp import UdpSink
+    >>> counters(UdpSink(("127.0.0.1", 9)))[0]["kind"]
+    'udp'
+    """
+    names = ("points_sent", "datagrams_sent", "points_written", "points_dropped", "refused", "errors")
+    out = []
+    for one in getattr(sink, "sinks", [sink]):
+        kind = type(one).__name__.removesuffix("Sink").lower()
+        out.append({"kind": kind, **{n: getattr(one, n) for n in names if isinstance(getattr(one, n, None), int)}})
+    return out
+
+
 class FanOut:
     """Sends the same lines to several sinks."""
 
@@ -74,12 +89,13 @@ def destinations(settings, session: str, role: str) -> dict:
     return out
 
 
-def make_sink(settings, role: str, session: str):
+def make_sink(settings, role: str, session: str, report=None):
     """Build the sinks named by ``settings.sinks`` for one process.
 
     With ``http`` and no ``spool`` sink, lines that cannot be written are
     spooled to ``<spool dir>/undelivered`` so nothing is lost (replay them
-    with :func:`dask_influx_metrics.worker.sinks.spool.replay`).
+    with :func:`dask_influx_metrics.worker.sinks.spool.replay`). ``report(what, message)``
+    hears of a Telegraf address where nothing listens (udp on loopback).
     """
     from .http import HttpSink
     from .spool import SpoolSink, private_folder
@@ -94,7 +110,7 @@ def make_sink(settings, role: str, session: str):
         spool = SpoolSink(directory, mem_limit=settings.mem_limit, flush_interval=settings.flush_interval)
         sinks.append(spool)
     if "udp" in settings.sinks:
-        sinks.append(UdpSink(settings.telegraf_address, max_datagram=settings.max_datagram))
+        sinks.append(UdpSink(settings.telegraf_address, max_datagram=settings.max_datagram, report=report))
     if "http" in settings.sinks:
         fallback = None if spool else SpoolSink(
             os.path.join(directory, "undelivered"), mem_limit=settings.mem_limit,
