@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 from .. import _dask
 from ..config import Settings, overrides_from_kwargs
@@ -29,6 +30,7 @@ from ..worker.sinks import remove_spool
 from ..worker.sources import custom
 
 logger = logging.getLogger(__name__)
+CLUSTER = "cluster"  # query(source=CLUSTER): read the workers' spool through the cluster
 
 
 async def _on_scheduler(dask_scheduler=None, action="state"):
@@ -198,8 +200,10 @@ class Monitor:
         By default where the workers reported sending the samples (see
         :mod:`dask_influx_metrics.client.sources`): the spool when this machine
         can see it, else the InfluxDB they wrote to (credentials from this
-        reader's settings), narrowed to the session's time range (from the
-        last :meth:`clear_metrics`) and extra tags.
+        reader's settings), else their spool through the cluster (copied here
+        over Dask comms, see :mod:`dask_influx_metrics.client.clusterspool`;
+        ``source="cluster"`` forces that), narrowed to the session's time range
+        (from the last :meth:`clear_metrics`) and extra tags.
         ``source`` (a URL or spool folder) and ``kwargs`` go to
         :func:`~dask_influx_metrics.query.connect` instead.
 
@@ -227,8 +231,20 @@ class Monitor:
         running = state["session"] is not None  # samples still arriving: the Store's caches would go stale
         if running or self._store is None or self._store.closed or self._store_key != key:
             self._close_store()
+            if args == (CLUSTER,):
+                args = (self._copy_spool(state, session),)
             self._store, self._store_key = query.connect(*args, **options), key
         return self._store
+
+    _copy = None  # the local copy of a spool read through the cluster, removed with its Store
+
+    def _copy_spool(self, state, session) -> str:
+        import tempfile
+
+        from . import clusterspool
+
+        self._copy = tempfile.mkdtemp(prefix="dask-influx-metrics-copy-")  # 0700
+        return clusterspool.fetch(self.client, state["destinations"], session["id"], self._copy)
 
     def _where(self, state, session, reader, options) -> tuple:
         """Where the workers sent the session's samples (see :mod:`.sources`); adds options."""
@@ -250,13 +266,15 @@ class Monitor:
             options.update(retention_policy=influxdb["retention_policy"] or reader.retention_policy,
                            username=reader.username, password=reader.password, token=reader.token)
             return (influxdb["url"], influxdb["database"])
-        raise RuntimeError(f"session {session['id']} was spooled on the workers, in folders this machine cannot "
-                           "see; replay it into InfluxDB or pass source=<copied folder>")
+        return (CLUSTER,)
 
     def _close_store(self) -> None:
         if self._store is not None:
             self._store.close()
             self._store = self._store_key = None
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
+            self._copy = None
 
     def get_peaks(self, metric="mem-util", workers=None, per_job=True, **kwargs) -> list:
         """Peak ``metric`` per worker and GPU: ``[{job: [peak per GPU]}, ...]`` or, with
