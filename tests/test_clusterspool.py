@@ -10,7 +10,10 @@ import pandas as pd
 import pytest
 from distributed import Client
 
+from click.testing import CliRunner
+
 from dask_influx_metrics import Monitor
+from dask_influx_metrics.client.cli import cli
 from dask_influx_metrics.client import sources
 
 BIN = os.path.dirname(sys.executable)
@@ -72,6 +75,11 @@ def test_spool_through_the_cluster_equals_the_folder(processes, tmp_path):
     assert monitor.query(source=folder).dags().equals(monitor.query(source="cluster").dags())
     copy = monitor._copy
     assert copy and os.path.isdir(copy)
+    for command in (["workers"], ["peaks", "compute-util"], ["dags"]):  # the CLI given the scheduler's address
+        by_folder = CliRunner().invoke(cli, [*command, "--source", folder, "--format", "csv"])
+        by_cluster = CliRunner().invoke(cli, [*command, "--source", client.scheduler.address, "--format", "csv"])
+        assert by_folder.exit_code == 0 and by_cluster.exit_code == 0, by_cluster.output
+        assert by_cluster.output == by_folder.output
     monitor.shutdown()
     assert copy and not os.path.exists(copy)  # the local copy goes with its Store
 
