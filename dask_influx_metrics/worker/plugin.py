@@ -94,6 +94,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
         exited = self._stop_sidecar()
         if self.sampler is not None:
             self.sampler.stop()
+            if exited is None and self.registry.unsampled():  # the in-process sampler samples everything
+                self.sampler.sample_and_send()  # a graph that ended after the last sample still leaves one
             self.sink.close()
             if self.gpu is not None:
                 self.gpu.close()

@@ -119,6 +119,7 @@ class Sampler:
                 self.gaps.append(start - last)
             last = start
             cpu = time.thread_time()
+            self._wake.clear()  # a wake before this sample is answered by it; one during it, after it
             self._sample_safely()
             self.costs.append(time.thread_time() - cpu)
             due += self.interval
@@ -127,7 +128,6 @@ class Sampler:
                 missed = int((now - due) // self.interval)
                 self.skipped += missed
                 due += missed * self.interval
-            self._wake.clear()  # a wake before this sample is answered by it
             if self._wake.wait(max(0.0, due - now)) and not self._stop.is_set():
                 self._sample_safely()
                 self.extra += 1

@@ -84,6 +84,11 @@ class TaskRegistry:
             self._fresh.clear()
             self._brief.clear()
 
+    def unsampled(self) -> bool:
+        """Whether tasks started and finished since the last sample (no sample has seen them yet)."""
+        with self._lock:
+            return bool(self._brief)
+
     def snapshot(self, sample: bool = False) -> Activity:
         """What runs now. For a sample (``sample=True``), also the tasks that started and
         finished since the last sample, counted as executing at this one (so they leave a trace)."""
