@@ -31,6 +31,9 @@ from ..worker.sources import custom
 
 logger = logging.getLogger(__name__)
 CLUSTER = "cluster"  # query(source=CLUSTER): read the workers' spool through the cluster
+# s: a worker stamps samples with its clock plus Dask's estimate of the scheduler's offset (ms off), so
+# its last sample, taken as sampling stops, can be stamped just after the session's stop: read that far
+CLOCK_SLACK = 0.05
 
 
 async def _on_scheduler(dask_scheduler=None, action="state"):
@@ -223,8 +226,9 @@ class Monitor:
         if session is None:
             raise RuntimeError("no monitoring session has run yet; start() one first")
         reader = Settings.resolve({**state["overrides"], **self._settings})  # credentials: this reader's own
-        options = {"start": session.get("cleared") or session["start"], "stop": session.get("stop"),
-                   "tags": reader.tags or None}
+        stop = session.get("stop")
+        options = {"start": session.get("cleared") or session["start"],
+                   "stop": stop + CLOCK_SLACK if stop is not None else None, "tags": reader.tags or None}
         args = (source,) if source is not None else self._where(state, session, reader, options)
         options.update(kwargs)
         key = (session["id"], args, options)
