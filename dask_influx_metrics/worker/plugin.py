@@ -114,7 +114,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
         mark = _dask.worker_task_annotation(self.worker, key, ANNOTATION)
         ours = mark and mark.get("session") == self.session["id"]
         # submitted while no session ran: counted, not attributed
-        idle = self.registry.started(key, *((mark["job"], mark["dag"]) if ours else (0, 0)))
+        idle = self.registry.idle()
+        self.registry.started(key, *((mark["job"], mark["dag"]) if ours else (0, 0)))
         if idle and self.sampler is not None:
             self.sampler.wake()  # a graph shorter than the interval still gets a sample
 

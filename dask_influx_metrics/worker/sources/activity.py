@@ -62,15 +62,17 @@ class TaskRegistry:
         self.nthreads = nthreads
         self._managed_bytes = managed_bytes
 
-    def started(self, key, job: int, dag: int) -> bool:
-        """Record a task executing; True if none was (the worker was idle)."""
+    def started(self, key, job: int, dag: int) -> None:
         with self._lock:
-            idle = not self._running
             self._running[key] = (job, dag)
             self._fresh.add(key)
             if job:
                 self._last_job = job
-        return idle
+
+    def idle(self) -> bool:
+        """Whether no task is executing."""
+        with self._lock:
+            return not self._running
 
     def finished(self, key) -> None:
         with self._lock:
