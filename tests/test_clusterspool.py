@@ -1,14 +1,10 @@
 """The spool read through the cluster: real `dask scheduler` / `dask worker` processes."""
 
-import json
 import os
-import subprocess
-import sys
 import time
 
 import pandas as pd
 import pytest
-from distributed import Client
 
 from click.testing import CliRunner
 
@@ -16,44 +12,12 @@ from dask_influx_metrics import Monitor
 from dask_influx_metrics.client.cli import cli
 from dask_influx_metrics.client import sources
 
-BIN = os.path.dirname(sys.executable)
-
-
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 @pytest.fixture
-def processes(tmp_path):
+def processes(dask_processes, tmp_path):
     """A `dask scheduler` and two `dask worker` processes spooling under their own spool.directory."""
     spool = tmp_path / "workers-spool"
-    env = {**os.environ, "DASK_INFLUX_METRICS__SPOOL__DIRECTORY": str(spool)}
-    env.pop("DASK_INFLUX_METRICS__TELEGRAF__ADDRESS", None)
-    env.pop("DASK_INFLUX_METRICS__INFLUXDB__URL", None)
-    file = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen([os.path.join(BIN, "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
-                               "--no-dashboard", "--scheduler-file", str(file)], env=env, stderr=subprocess.DEVNULL)]
-    try:
-        address = _wait_for(lambda: file.exists() and json.loads(file.read_text() or "{}").get("address"), 60,
-                            "the scheduler")
-        for _ in range(2):
-            procs.append(subprocess.Popen([os.path.join(BIN, "dask"), "worker", address, "--nthreads", "2",
-                                           "--no-dashboard", "--host", "127.0.0.1"], env=env,
-                                          stderr=subprocess.DEVNULL))
-        with Client(address) as client:
-            client.wait_for_workers(2, timeout=60)
-            yield client, str(spool)
-    finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            p.wait(30)
+    yield dask_processes({"DASK_INFLUX_METRICS__SPOOL__DIRECTORY": str(spool)}), str(spool)
 
 
 def test_spool_through_the_cluster_equals_the_folder(processes, tmp_path):
@@ -90,3 +54,27 @@ def test_a_spool_folder_not_visible_here_is_read_through_the_cluster(tmp_path):
     assert sources.pick([elsewhere]) == ("cluster", None)
     os.makedirs(elsewhere["spool"])
     assert sources.pick([elsewhere]) == ("spool", None)
+
+
+def test_destinations_set_only_in_the_workers_environment_are_used_and_read(dask_processes, influxd):
+    """Workers configured by environment (Telegraf and InfluxDB), the client by nothing: the samples go
+    over UDP and the client reads them back from the InfluxDB the workers named."""
+    host, port = influxd.udp_address
+    client = dask_processes({"DASK_INFLUX_METRICS__TELEGRAF__ADDRESS": f"{host}:{port}",
+                             "DASK_INFLUX_METRICS__INFLUXDB__URL": influxd.url})
+    run = os.urandom(5).hex()
+    monitor = Monitor(client, gpu_source="simulated", tags={"run": run})
+    monitor.attach(polling_interval=50)
+    started = monitor.start()
+    workers = set(client.scheduler_info()["workers"])
+    for w in workers:
+        where = started["destinations"][w]
+        assert where["sinks"] == ["udp"] and where["telegraf"] == f"{host}:{port}", where
+        assert where["influxdb"]["url"] == influxd.url and where["spool"] is None
+    client.gather(client.map(time.sleep, [0.1] * 8, pure=False))
+    monitor.stop()
+    influxd.wait_for(f"SELECT * FROM \"gpu\" WHERE \"run\" = '{run}' AND \"dag\" != '0'", 1, timeout=30)
+    assert repr(monitor.query()).startswith(f"<Store influxql {influxd.url}")
+    peaks = monitor.get_peaks("compute-util", per_job=False)
+    assert len(peaks) == 2 and all(p for p in peaks)
+    monitor.shutdown()
