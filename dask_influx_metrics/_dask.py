@@ -172,3 +172,11 @@ def worker_task_annotation(worker, key, name: str):
 # the workers' samples are not aligned on one clock. Checked: distributed 2026.8.0, 2026.7.1.
 def worker_clock_offset(worker) -> float:
     return worker.scheduler_delay
+
+
+# Worker.plugins (name -> WorkerPlugin instance): where a worker keeps the plugins set
+# up on it; not documented. Without it Monitor.delivery() cannot read the sinks'
+# delivery counters. Checked: distributed 2026.8.0.
+def worker_plugin(worker, name: str):
+    """The plugin set up on ``worker`` under ``name``, or None."""
+    return worker.plugins.get(name)

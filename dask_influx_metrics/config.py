@@ -33,7 +33,10 @@ import yaml
 
 from . import credentials, schema
 from .parsers import (  # noqa: F401  (config.X names kept for callers)
+    AUTO,
     GPU_DEVICES,
+    INFLUXDB_FALLBACK,
+    TELEGRAF_FALLBACK,
     GPU_SOURCES,
     JOB_TYPES,
     MAX_GPUS,
@@ -42,6 +45,9 @@ from .parsers import (  # noqa: F401  (config.X names kept for callers)
     _check_tags_env,
     _choice,
     _directory,
+    _optional_address,
+    auto_sinks,
+    default_spool_directory,
     _number,
     _optional_text,
     _positive_int,
@@ -79,15 +85,18 @@ SETTINGS: tuple[Setting, ...] = (
             "metric names to collect; null = all (see schema.TRACKING)"),
     Setting("job-type", "job_type", "client", _choice(JOB_TYPES), "",
             "client: each client connection is a job; manual: only new_job() starts one"),
-    Setting("sink", "sinks", "spool", _sinks, "",
-            "where samples go: udp, http, spool, or a list such as [udp, spool]", keywords=("sink",)),
+    Setting("sink", "sinks", AUTO, _sinks, "",
+            "where samples go: auto (udp if telegraf.address is set, else http if influxdb.url is, else spool), "
+            "udp, http, spool, or a list such as [udp, spool]", keywords=("sink",)),
     Setting("tags", "tags", {}, _tags, "", "extra tags written on every point, e.g. {cluster: prod-a}"),
-    Setting("telegraf.address", "telegraf_address", "127.0.0.1:8094", parse_address, "",
-            "node-local Telegraf UDP listener (host:port), read on each worker"),
+    Setting("telegraf.address", "telegraf_address", None, _optional_address, "",
+            "node-local Telegraf UDP listener (host:port), read on each worker; null = not configured "
+            "(the udp sink then uses 127.0.0.1:8094)"),
     Setting("telegraf.max-datagram", "max_datagram", 1472, _positive_int, "bytes",
             "largest UDP datagram; 1472 fits a 1500-byte MTU unfragmented"),
-    Setting("influxdb.url", "influxdb_url", "http://127.0.0.1:8086", _url, "",
-            "InfluxDB for the http sink and for queries (http:// or https://)"),
+    Setting("influxdb.url", "influxdb_url", None, _url, "",
+            "InfluxDB for the http sink and for queries (http:// or https://); null = not configured "
+            "(http://127.0.0.1:8086 is used)"),
     Setting("influxdb.database", "database", "dask_metrics", _text, "",
             "1.x database, or the DBRP-mapped database on 2.x"),
     Setting("influxdb.retention-policy", "retention_policy", None, _optional_text, "",
@@ -99,7 +108,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("influxdb.batch-size", "batch_size", 5000, _positive_int, "lines", "size of one HTTP write"),
     Setting("influxdb.timeout", "http_timeout", 5, _seconds, "s", "time limit per HTTP request"),
     Setting("spool.directory", "spool_directory", None, _directory, "",
-            "spool root; null = dask-influx-metrics in the temporary directory",
+            "spool root; null = dask-influx-metrics-<uid> in the temporary directory, private to the user",
             keywords=("spool_directory", "dump_loc")),
     Setting("spool.mem-limit", "mem_limit", 1000, _positive_int, "lines",
             "held in worker memory before being appended to disk"),
@@ -151,7 +160,9 @@ def _parse(setting: Setting, value):
         raise _invalid(setting.key, e, value) from None
 
 
-_Fields = make_dataclass("_Fields", [(s.attr, Any, field(repr=not s.secret)) for s in SETTINGS], frozen=True)
+_FALLBACKS = {"telegraf_address": TELEGRAF_FALLBACK, "influxdb_url": INFLUXDB_FALLBACK}
+_Fields = make_dataclass("_Fields", [(s.attr, Any, field(repr=not s.secret)) for s in SETTINGS]
+                         + [("configured", tuple, field(default=(), repr=False))], frozen=True)
 
 
 class Settings(_Fields):
@@ -185,7 +196,14 @@ class Settings(_Fields):
         # dask.config.get treats '-' and '_' alike, as environment variables need
         with dask.config.set({f"influx-metrics.{k}": v for k, v in overrides.items()}):
             raw = {s.key: copy.deepcopy(dask.config.get(f"influx-metrics.{s.key}", default=None)) for s in SETTINGS}
-        settings = cls(**{s.attr: _parse(s, raw[s.key]) for s in SETTINGS})
+        values = {s.attr: _parse(s, raw[s.key]) for s in SETTINGS}
+        # "configured": set by the user (YAML, environment, override) rather than left at the null default
+        configured = tuple(k for k in ("telegraf.address", "influxdb.url", "spool.directory") if raw[k] is not None)
+        values["sinks"] = auto_sinks(values["sinks"], configured)
+        for attr, fallback in _FALLBACKS.items():
+            if values[attr] is None or (attr == "influxdb_url" and raw["influxdb.url"] is None):
+                values[attr] = fallback
+        settings = cls(**values, configured=configured)
         if "http" in settings.sinks and not settings.influxdb_url:
             raise _invalid("influxdb.url", "must be set for the http sink", raw["influxdb.url"])
         return settings
@@ -234,7 +252,7 @@ def overrides_from_kwargs(**kwargs) -> dict:
         raise TypeError(f"unknown setting(s) {unknown}; known: {sorted(KWARGS)}")
     out = {KWARGS[k]: v for k, v in kwargs.items() if v is not None}
     if kwargs.get("mem_limit") is not None or kwargs.get("dump_loc") is not None:
-        sinks = _as_list(out.get("sink", dask.config.get("influx-metrics.sink")))
+        sinks = _as_list(out.get("sink", dask.config.get("influx-metrics.sink")))  # "auto" stays, beside spool
         if "spool" not in sinks:
             out["sink"] = sinks + ["spool"]
     return out

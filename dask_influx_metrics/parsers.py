@@ -20,6 +20,9 @@ import dask.config
 from . import credentials, schema
 
 SINKS = ("udp", "http", "spool")
+AUTO = "auto"  # sink: udp if telegraf.address is configured, else http if influxdb.url is, else spool
+TELEGRAF_FALLBACK = ("127.0.0.1", 8094)  # telegraf.address when not configured
+INFLUXDB_FALLBACK = "http://127.0.0.1:8086"  # influxdb.url when not configured
 GPU_SOURCES = ("auto", "nvml", "simulated", "none")
 GPU_DEVICES = ("auto", "first", "all")  # see worker/sources/nvml_devices.choose
 JOB_TYPES = ("client", "manual")
@@ -85,9 +88,26 @@ def _choice(options: tuple) -> Callable:
 
 def _sinks(value) -> tuple:
     sinks = _as_list(value)
-    if not sinks or set(sinks) - set(SINKS):
-        raise ValueError(f"must name one or more of {SINKS}")
+    if not sinks or set(sinks) - {*SINKS, AUTO}:
+        raise ValueError(f"must be {AUTO!r} or name one or more of {SINKS}")
     return tuple(dict.fromkeys(sinks))
+
+
+def _optional_address(value):
+    return None if value is None else parse_address(value)
+
+
+def auto_sinks(sinks: tuple, configured) -> tuple:
+    """Replace ``auto`` in ``sinks``: ``udp`` if ``telegraf.address`` is configured, else ``http``
+    if ``influxdb.url`` is, else ``spool``; explicitly named sinks stay.
+
+    >>> auto_sinks(("auto",), ("influxdb.url",))
+    ('http',)
+    """
+    if AUTO not in sinks:
+        return sinks
+    choice = "udp" if "telegraf.address" in configured else "http" if "influxdb.url" in configured else "spool"
+    return tuple(dict.fromkeys(choice if s == AUTO else s for s in sinks))
 
 
 def _tracking(value) -> tuple:
@@ -164,8 +184,13 @@ def _optional_text(value) -> str | None:
     return None if value is None else str(value)
 
 
+def default_spool_directory() -> str:
+    """This OS user's own spool root, ``<tmp>/dask-influx-metrics-<uid>`` (created 0700 when used)."""
+    return os.path.join(tempfile.gettempdir(), f"dask-influx-metrics-{os.getuid()}")
+
+
 def _directory(value) -> str:
-    return str(value or os.path.join(tempfile.gettempdir(), "dask-influx-metrics"))
+    return str(value or default_spool_directory())
 
 
 def _bool(value) -> bool:

@@ -29,6 +29,48 @@ def influxd():
 
 
 @pytest.fixture
+def dask_processes(tmp_path):
+    """Start a real `dask scheduler` and two `dask worker` processes with extra environment ``env``;
+    returns a connected Client. Everything is stopped at the end of the test."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from distributed import Client
+
+    dask = os.path.join(os.path.dirname(sys.executable), "dask")
+    procs, clients = [], []
+
+    def start(env: dict) -> Client:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_INFLUX_METRICS__")} | env
+        file = tmp_path / f"scheduler-{len(procs)}.json"
+        procs.append(subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+                                       "--scheduler-file", str(file)], env=env, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + 60
+        while not (file.exists() and file.read_text().strip()):
+            assert time.monotonic() < deadline, "the dask scheduler did not start"
+            time.sleep(0.1)
+        address = json.loads(file.read_text())["address"]
+        for _ in range(2):
+            procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "2", "--no-dashboard",
+                                           "--host", "127.0.0.1"], env=env, stderr=subprocess.DEVNULL))
+        clients.append(Client(address))
+        clients[-1].wait_for_workers(2, timeout=60)
+        return clients[-1]
+
+    try:
+        yield start
+    finally:
+        for client in clients:
+            client.close()
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            p.wait(30)
+
+
+@pytest.fixture
 def fresh_db(influxd) -> str:
     """The name of a new, empty database on the session's ``influxd``."""
     return influxd.create_database("test_" + uuid.uuid4().hex[:12])

@@ -23,7 +23,7 @@ from dask_influx_metrics import _dask
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dask_influx_metrics")
 PRIVATE = re.compile(r"_send_to_scheduler|stream_handlers|protocol(\.|import)pickle|register_worker_plugin|submitting_task"
-                     r"|worker_plugins|worker\.(state|scheduler_delay)\b")
+                     r"|worker_plugins|worker\.(state|scheduler_delay|plugins)\b")
 RECORDER = "test-dask-private-recorder"
 OP = "test-dask-private-op"
 MARK = "test-dask-private-mark"
@@ -162,6 +162,21 @@ def test_worker_plugins_are_added_and_removed_from_the_scheduler(client):
         with pytest.raises(RuntimeError, match=r"set up .* on \d+ worker.*setup fails on purpose"):
             client.run_on_scheduler(_add_flag, fail=True)
         client.run_on_scheduler(_remove_flag)
+
+
+def _plugin_flag(dask_worker):
+    plugin = _dask.worker_plugin(dask_worker, "influx-test-flag")
+    return None if plugin is None else type(plugin).__name__
+
+
+def test_worker_plugin_instances_are_found_by_name(client):
+    with dask_contract("Worker.plugins", "Monitor.delivery() cannot read the workers' sink counters"):
+        client.run_on_scheduler(_add_flag)
+        try:
+            assert set(client.run(_plugin_flag).values()) == {"Flag"}
+        finally:
+            client.run_on_scheduler(_remove_flag)
+        assert set(client.run(_plugin_flag).values()) == {None}
 
 
 def test_pickle_carries_closures():

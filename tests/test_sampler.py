@@ -89,3 +89,28 @@ def test_slow_samples_skip_ticks_instead_of_bursting():
         s.stop()
     assert s.skipped >= 5 * 3
     assert min(s.gaps) >= 0.045  # never two samples back to back to catch up
+
+
+def test_wake_takes_one_extra_sample_before_the_next_tick():
+    _time = time
+    taken = []
+    ready = threading.Event()
+
+    def before():
+        taken.append(_time.monotonic())
+        ready.set()
+
+    s = Sampler([], sink=None, tags=dict, interval=30.0, before_sample=before)
+    s.start()
+    try:
+        assert ready.wait(10)
+        s.wake()
+        deadline = _time.monotonic() + 10
+        while len(taken) < 2 and _time.monotonic() < deadline:
+            _time.sleep(0.01)
+        s.wake()
+        s.wake()
+        _time.sleep(0.2)
+        assert len(taken) == 2 and s.extra == 1  # one extra per interval, however many wakes
+    finally:
+        s.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 
 import pytest
@@ -141,3 +142,31 @@ def test_pytelegraf_points_sit_beside_ours(influxd):
         ("pytelegraf", "h1", 2.5, 7), ("ours", "h1", 1.5, 3)}
     fields = influxd.query(f'SHOW FIELD KEYS FROM "{measurement}"')
     assert {(r["fieldKey"], r["fieldType"]) for r in fields} == {("value", "float"), ("count", "integer")}
+
+
+def test_refusals_on_loopback_are_counted_and_reported_once():
+    import socket as _socket
+
+    probe = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens on this port now
+    reports = []
+    sink = UdpSink(("127.0.0.1", port), report=lambda what, message: reports.append((what, message)))
+    deadline, lines = time.monotonic() + 10, 0
+    while sink.refused < 5 and time.monotonic() < deadline:
+        sink.send([b"m v=1i 1"])
+        lines += 1
+        time.sleep(0.001)  # let the ICMP port-unreachable come back
+    assert sink.refused >= 5 and sink.points_sent + sink.points_dropped == lines
+    assert sink.points_sent <= 2  # at most the last datagrams, whose refusal has not come back yet
+    assert len(reports) == 1 and reports[0][0] == "udp-refused" and f"127.0.0.1:{port}" in reports[0][1]
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", port))
+    listener.settimeout(5)
+    try:
+        sink.send([b"m v=2i 2"])
+        assert listener.recv(100) == b"m v=2i 2"  # the connected socket delivers once someone listens
+    finally:
+        listener.close()
+        sink.close()

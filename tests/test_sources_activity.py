@@ -38,3 +38,19 @@ def test_task_source_reads_one_snapshot():
     reg.finished(("k", 1))  # after the snapshot: the sample still shows it
     [r] = TaskSource(fields_for(["tasks", "worker-mem"]), cache).read()
     assert r.fields == {"tasks": 1, "running": '[["k", 1]]', "managed_bytes": 1234}
+
+
+def test_a_task_between_two_samples_is_counted_at_the_next_one_only():
+    from dask_influx_metrics.worker.sources.activity import TaskRegistry
+
+    reg = TaskRegistry(nthreads=1)
+    reg.snapshot(sample=True)
+    assert reg.idle()
+    reg.started("short", 1, 7)
+    assert not reg.idle()
+    reg.finished("short")
+    assert reg.idle() and reg.unsampled()
+    assert reg.snapshot().dag_tag == "0"  # not a sample (a sidecar publish): not consumed
+    at_next = reg.snapshot(sample=True)
+    assert (at_next.executing, at_next.job_tag, at_next.dag_tag) == (1, "1", "7")
+    assert reg.snapshot(sample=True).dag_tag == "0" and not reg.unsampled()

@@ -6,7 +6,7 @@ import os
 import re
 import tomllib
 
-from dask_influx_metrics.config import DEFAULTS, parse_address
+from dask_influx_metrics.config import TELEGRAF_FALLBACK
 
 CONF = os.path.join(os.path.dirname(__file__), "..", "deploy", "telegraf", "telegraf.conf")
 ENV_REF = re.compile(r"\$\{(\w+)\}")
@@ -31,7 +31,7 @@ def _v1_alternative() -> str:
 
 def test_parses_and_listens_on_the_worker_default_port():
     conf = _parse(_text())
-    _, port = parse_address(DEFAULTS["influx-metrics"]["telegraf"]["address"])
+    _, port = TELEGRAF_FALLBACK  # where the udp sink sends when telegraf.address is not configured
     (listener,) = conf["inputs"]["socket_listener"]
     assert listener["service_address"] == f"udp://:{port}"
     assert listener["data_format"] == "influx"

@@ -22,7 +22,6 @@ import functools
 import json
 import os
 import sys
-import tempfile
 
 import click
 
@@ -80,22 +79,37 @@ def _tags(ctx, param, values) -> dict:
 
 
 def default_source() -> str:
-    """Where the default settings put samples: the spool folder when the ``spool`` sink is on, else InfluxDB."""
-    import dask
+    """Where this machine's settings put samples: the spool root when the ``spool`` sink is on
+    (``sink: auto`` with neither telegraf.address nor influxdb.url configured), else InfluxDB."""
+    from ..config import Settings
 
-    from .. import config  # noqa: F401  (registers the influx-metrics defaults)
+    settings = Settings.resolve()
+    return settings.spool_directory if "spool" in settings.sinks else settings.influxdb_url
 
-    sinks = dask.config.get("influx-metrics.sink", default="spool")
-    sinks = [sinks] if isinstance(sinks, str) else list(sinks or ["spool"])
-    if "spool" in sinks:
-        return dask.config.get("influx-metrics.spool.directory", default=None) or \
-            os.path.join(tempfile.gettempdir(), "dask-influx-metrics")
-    return dask.config.get("influx-metrics.influxdb.url")
+
+SCHEDULER_SCHEMES = ("tcp://", "tls://", "ucx://", "inproc://", "ws://", "wss://")
+
+
+@contextlib.contextmanager
+def _from_scheduler(address: str, **options):
+    """The Store of the session a cluster's monitor ran last, read from where its workers sent it."""
+    from distributed import Client
+
+    from .monitor import Monitor
+
+    with Client(address, timeout=30) as client:
+        monitor = Monitor(client)
+        try:
+            yield monitor.query(**{k: v for k, v in options.items() if v is not None})
+        finally:
+            monitor._close_store()
 
 
 _STORE_OPTIONS = [
     click.option("--source", envvar=SOURCE_ENV, metavar="URL|DIR",
-                 help=f"InfluxDB URL (http[s]://host:8086) or spool folder. Default: ${SOURCE_ENV}, else "
+                 help=f"InfluxDB URL (http[s]://host:8086), spool folder, or a Dask scheduler address "
+                      "(tcp://host:8786: the monitor's last session, read where its workers sent it). "
+                      f"Default: ${SOURCE_ENV}, else "
                       "the configured spool.directory when the 'spool' sink is on, else influxdb.url "
                       "(Dask config influx-metrics.*)."),
     click.option("--database", metavar="NAME", help="InfluxDB database (a bucket for Flux, e.g. "
@@ -126,6 +140,9 @@ def _connect(source=None, database=None, username=None, password=None, token=Non
     def conf(key, given):
         return given if given is not None else dask.config.get(f"influx-metrics.influxdb.{key}", default=None)
 
+    if source and source.startswith(SCHEDULER_SCHEMES):
+        return _from_scheduler(source, database=database, username=username, password=password, token=token,
+                               retention_policy=retention_policy, **{k: v for k, v in kw.items() if k != "session"})
     return query.connect(source or default_source(), conf("database", database) or "dask_metrics",
                          username=conf("username", username), password=conf("password", password),
                          token=conf("token", token), retention_policy=conf("retention-policy", retention_policy),

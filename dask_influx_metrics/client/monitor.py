@@ -18,13 +18,22 @@ Example
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 
 from .. import _dask
 from ..config import Settings, overrides_from_kwargs
 from ..scheduler import session as scheduler_session
 from ..scheduler.plugin import NEW_JOB_OP, PLUGIN_NAME as JOBS_PLUGIN, JobPlugin
+from ..worker.sinks import remove_spool
 from ..worker.sources import custom
+
+logger = logging.getLogger(__name__)
+CLUSTER = "cluster"  # query(source=CLUSTER): read the workers' spool through the cluster
+# s: a worker stamps samples with its clock plus Dask's estimate of the scheduler's offset (ms off), so
+# its last sample, taken as sampling stops, can be stamped just after the session's stop: read that far
+CLOCK_SLACK = 0.05
 
 
 async def _on_scheduler(dask_scheduler=None, action="state"):
@@ -32,6 +41,8 @@ async def _on_scheduler(dask_scheduler=None, action="state"):
     plugin = dask_scheduler.plugins.get(JOBS_PLUGIN)
     if plugin is None:
         return None
+    if action == "clear":
+        return plugin.clear()
     if action == "detach":
         await plugin.close()
         dask_scheduler.remove_plugin(name=JOBS_PLUGIN)
@@ -86,7 +97,9 @@ class Monitor:
         """Start sampling on every worker, now and on workers that join later.
 
         Job and DAG numbers restart from 1. ``tracking`` replaces the list given
-        to ``attach``. Returns the session (``id``, ``start`` time).
+        to ``attach``. Returns the session (``id``, ``start`` time) and
+        ``destinations``: where each worker (and the scheduler) sends its
+        samples, also logged once here and kept in :meth:`jobs`.
 
         >>> session = monitor.start()  # doctest: +SKIP
         """
@@ -94,7 +107,10 @@ class Monitor:
         if tracking is not None:
             Settings.resolve({**state["overrides"], "tracking": list(tracking)})  # raises on bad names
         # the same start path as --preload; a worker's setup error stops the session and lands here
-        return self.client.run_on_scheduler(scheduler_session.start, tracking=tracking)
+        session = self.client.run_on_scheduler(scheduler_session.start, tracking=tracking)
+        logger.info("influx-metrics session %s: %s", session["id"], "; ".join(
+            f"{who}: {scheduler_session.describe(where)}" for who, where in sorted(session["destinations"].items())))
+        return session
 
     def stop(self, force=False) -> dict:
         """Stop sampling on all workers (flushing their sinks) and end the session.
@@ -124,13 +140,58 @@ class Monitor:
         _dask.send_on_client_stream(self.client, {"op": NEW_JOB_OP, "job": job})
 
     def shutdown(self) -> None:
-        """Stop any running session, remove the monitor from the cluster and close :meth:`query`'s Store.
+        """Stop any running session, remove the monitor from the cluster, delete the temporary spool
+        files its sessions left on the workers and the scheduler (under the default ``spool.directory``;
+        a folder you configured is kept), and close :meth:`query`'s Store.
 
         >>> monitor.shutdown()  # doctest: +SKIP
         """
         self._close_store()
         self.client.run_on_scheduler(scheduler_session.stop, missing_ok=True)
-        self.client.run_on_scheduler(_on_scheduler, action="detach")
+        state = self._state(required=False)
+        if state is not None:
+            self.client.run_on_scheduler(_on_scheduler, action="detach")
+            self._remove_spool(state["temporary_spool"])
+
+    def clear_metrics(self) -> None:
+        """Forget the samples collected so far, everywhere they are on the cluster.
+
+        Deletes the spool files of this monitor's sessions on every worker and
+        the scheduler (a running session keeps spooling into fresh files). With
+        InfluxDB sinks (udp, http) nothing is deleted from InfluxDB, but later
+        reads (:meth:`query`, :meth:`to_csv`, :meth:`get_peaks`,
+        :meth:`peak_memory`) start at the time of the clear.
+
+        >>> monitor.clear_metrics()  # doctest: +SKIP
+        """
+        self._state()
+        self._close_store()
+        folders, running = self.client.run_on_scheduler(_on_scheduler, action="clear")
+        self._remove_spool(folders, keep=running)
+
+    def _remove_spool(self, folders, keep=()) -> None:
+        if folders:
+            self.client.run(remove_spool, list(folders), list(keep))
+            self.client.run_on_scheduler(remove_spool, list(folders), list(keep))
+
+    def delivery(self) -> dict:
+        """Each worker's sink counters while a session runs: ``{worker: [{"kind": "udp",
+        "points_sent", "points_dropped", "refused", ...}]}``. ``refused`` counts datagrams a
+        loopback Telegraf address refused (nothing listened); see README "Where samples go".
+
+        >>> monitor.delivery()  # doctest: +SKIP
+        {'tcp://127.0.0.1:4012': [{'kind': 'udp', 'points_sent': 120, 'points_dropped': 0, ...}]}
+        """
+        from ..worker.plugin import delivery_counters
+
+        return self.client.run(delivery_counters)
+
+    def request_metrics(self) -> list:
+        """The samples so far, one table per worker in worker index order (what :meth:`to_csv` writes).
+
+        >>> monitor.request_metrics()[0].columns  # doctest: +SKIP
+        """
+        return self.query().worker_tables()
 
     # --- analysis (old dask-metrics API) ----------------------------------
     _store = None  # query()'s Store, reused while _store_key (session, source, options) holds
@@ -139,9 +200,13 @@ class Monitor:
     def query(self, source=None, **kwargs):
         """A :class:`~dask_influx_metrics.query.Store` over this session's samples.
 
-        By default the spool when this machine can see it (exact, nothing in
-        flight), else the InfluxDB the settings name (``influxdb.url``,
-        ``database``), narrowed to the session's time range and extra tags.
+        By default where the workers reported sending the samples (see
+        :mod:`dask_influx_metrics.client.sources`): the spool when this machine
+        can see it, else the InfluxDB they wrote to (credentials from this
+        reader's settings), else their spool through the cluster (copied here
+        over Dask comms, see :mod:`dask_influx_metrics.client.clusterspool`;
+        ``source="cluster"`` forces that), narrowed to the session's time range
+        (from the last :meth:`clear_metrics`) and extra tags.
         ``source`` (a URL or spool folder) and ``kwargs`` go to
         :func:`~dask_influx_metrics.query.connect` instead. Once the session
         has stopped, samples the HTTP sink could not deliver (under the spool's
@@ -163,34 +228,63 @@ class Monitor:
         session = state["session"] or state["last_session"]
         if session is None:
             raise RuntimeError("no monitoring session has run yet; start() one first")
-        settings = Settings.resolve(state["overrides"])
-        options = {"start": session["start"], "stop": session.get("stop"), "tags": settings.tags or None}
-        spool = os.path.join(settings.spool_directory, session["id"])
-        if source is not None:
-            args = (source,)
-        elif "spool" in settings.sinks and os.path.isdir(spool):
-            args = (spool,)
-        elif {"udp", "http"} & set(settings.sinks):
-            args = (settings.influxdb_url, settings.database)
-            options.update(retention_policy=settings.retention_policy, username=settings.username,
-                           password=settings.password, token=settings.token)
-            if state["session"] is None and os.path.isdir(spool):  # an HTTP outage's samples, once stopped
-                options["undelivered"] = spool
-        else:
-            raise RuntimeError(f"session {session['id']} was spooled on the workers under {spool!r}, which this "
-                               "machine cannot see; replay it into InfluxDB or pass source=<copied folder>")
+        reader = Settings.resolve({**state["overrides"], **self._settings})  # credentials: this reader's own
+        stop = session.get("stop")
+        options = {"start": session.get("cleared") or session["start"],
+                   "stop": stop + CLOCK_SLACK if stop is not None else None, "tags": reader.tags or None}
+        args = (source,) if source is not None else self._where(state, session, reader, options)
         options.update(kwargs)
         key = (session["id"], args, options)
         running = state["session"] is not None  # samples still arriving: the Store's caches would go stale
         if running or self._store is None or self._store.closed or self._store_key != key:
             self._close_store()
+            if args == (CLUSTER,):
+                args = (self._copy_spool(state, session),)
             self._store, self._store_key = query.connect(*args, **options), key
         return self._store
+
+    _copy = None  # the local copy of a spool read through the cluster, removed with its Store
+
+    def _copy_spool(self, state, session) -> str:
+        import tempfile
+
+        from . import clusterspool
+
+        self._copy = tempfile.mkdtemp(prefix="dask-influx-metrics-copy-")  # 0700
+        return clusterspool.fetch(self.client, state["destinations"], session["id"], self._copy)
+
+    def _where(self, state, session, reader, options) -> tuple:
+        """Where the workers sent the session's samples (see :mod:`.sources`); adds options."""
+        from . import sources
+
+        workers = state.get("destinations") or {}
+        kind, influxdb = sources.pick(workers.values())
+        if kind == "unknown":  # no worker reported: its sinks are those of this reader's settings
+            spool = os.path.join(reader.spool_directory, session["id"])
+            kind = "spool" if "spool" in reader.sinks and os.path.isdir(spool) else (
+                "influxdb" if {"udp", "http"} & set(reader.sinks) else "cluster")
+            if kind == "spool":
+                return (spool,)
+        if kind == "spool":
+            return (sources.spool_session_folder(workers.values()),)
+        if kind == "influxdb":
+            influxdb = influxdb or {"url": reader.influxdb_url, "database": reader.database,
+                                    "retention_policy": reader.retention_policy}
+            options.update(retention_policy=influxdb["retention_policy"] or reader.retention_policy,
+                           username=reader.username, password=reader.password, token=reader.token)
+            spool = os.path.join(reader.spool_directory, session["id"])
+            if state["session"] is None and os.path.isdir(spool):  # an HTTP outage's samples, once stopped
+                options["undelivered"] = spool
+            return (influxdb["url"], influxdb["database"])
+        return (CLUSTER,)
 
     def _close_store(self) -> None:
         if self._store is not None:
             self._store.close()
             self._store = self._store_key = None
+        if self._copy is not None:
+            shutil.rmtree(self._copy, ignore_errors=True)
+            self._copy = None
 
     def get_peaks(self, metric="mem-util", workers=None, per_job=True, **kwargs) -> list:
         """Peak ``metric`` per worker and GPU: ``[{job: [peak per GPU]}, ...]`` or, with
@@ -250,14 +344,17 @@ class Monitor:
 
     # --- introspection ---------------------------------------------------
     def jobs(self) -> dict:
-        """Jobs and DAGs of the current (or last) session, from the scheduler, and
-        ``shared_gpus``: GPUs that several workers of one host use (``host``, ``uuid``, ``workers``).
+        """Jobs and DAGs of the current (or last) session, from the scheduler,
+        ``shared_gpus``: GPUs that several workers of one host use (``host``, ``uuid``, ``workers``),
+        and ``destinations``: where each worker (and the scheduler) sends its samples
+        (``sinks``, ``telegraf``, ``influxdb`` url/database, ``spool`` folder; never credentials).
 
         >>> monitor.jobs()["dags"][1]["status"]  # doctest: +SKIP
         'ok'
         """
         state = self._state()
-        return {k: state[k] for k in ("job_type", "jobs", "dags", "session", "last_session", "shared_gpus")}
+        return {k: state[k] for k in ("job_type", "jobs", "dags", "session", "last_session", "shared_gpus",
+                                      "destinations")}
 
     def _state(self, required=True) -> dict | None:
         state = self.client.run_on_scheduler(_on_scheduler, action="state")

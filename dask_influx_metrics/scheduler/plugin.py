@@ -31,7 +31,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from .. import _dask, lineprotocol, schema
 from ..config import Settings
 from .jobs import JobBook
-from ..worker.sinks import make_sink
+from ..worker.sinks import destinations, make_sink
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ PLUGIN_NAME = "influx-metrics-jobs"
 ANNOTATION = "influx_metrics"
 EVENT_TOPIC = "influx-metrics"  # worker reports: {"worker", "what", "message", ...}
 SHARED_GPU = "shared-gpu"  # a report's "what" when workers of a host use one GPU
+DESTINATIONS = "destinations"  # a report's "what": where a worker's samples go (worker/sinks.destinations)
 NEW_JOB_OP = "influx-metrics-new-job"
 
 
@@ -55,6 +56,8 @@ class JobPlugin(SchedulerPlugin):
         self.book = JobBook(self.overrides.get("job-type", "client"))
         self.sink = None
         self.shared_gpus: dict[tuple, set] = {}  # (host, uuid) -> worker addresses
+        self.destinations: dict[str, dict] = {}  # worker address (or "scheduler") -> where its samples go
+        self.spooled: dict[str, bool] = {}  # spool folders written since attach (or the last clear) -> temporary
 
     # --- plugin life cycle -------------------------------------------------
     async def start(self, scheduler) -> None:
@@ -78,6 +81,8 @@ class JobPlugin(SchedulerPlugin):
         self.book = JobBook(settings.job_type)
         self.session = {"id": sid, "start": started, "job_type": settings.job_type}
         self.sink = make_sink(settings, role="scheduler", session=sid)
+        self.destinations = {}
+        self._record("scheduler", {"host": socket.gethostname(), **destinations(settings, sid, "scheduler")})
         self._tags = {**settings.tags, "host": socket.gethostname()}
         return dict(self.session)
 
@@ -91,11 +96,28 @@ class JobPlugin(SchedulerPlugin):
             self.last_session = session
         return session
 
+    def _record(self, who: str, where: dict) -> None:
+        self.destinations[who] = where = {**where, "sinks": list(where["sinks"])}  # events arrive with tuples
+        if where.get("spool"):
+            self.spooled[where["spool"]] = bool(where.get("temporary"))
+
+    def clear(self) -> tuple[list, list]:
+        """``clear_metrics()``: later reads start now; returns (spool folders to empty, those a running
+        session still writes to, which are kept) and forgets all but the latter."""
+        now = time.time()
+        for session in (self.session, self.last_session):
+            if session is not None:
+                session["cleared"] = now
+        running = sorted(d["spool"] for d in self.destinations.values() if d.get("spool")) if self.session else []
+        folders, self.spooled = sorted(self.spooled), {f: self.spooled[f] for f in running}
+        return folders, running
+
     def state(self) -> dict:
         """What a client needs: settings overrides, session, jobs and DAGs."""
         return {"overrides": dict(self.overrides), "worker_payload": self.worker_payload,
                 "session": dict(self.session) if self.session else None,
                 "last_session": dict(self.last_session) if self.last_session else None,
+                "destinations": {w: dict(d) for w, d in self.destinations.items()}, "temporary_spool": sorted(f for f, temporary in self.spooled.items() if temporary),
                 "shared_gpus": [{"host": h, "uuid": u, "workers": sorted(w)} for (h, u), w in sorted(self.shared_gpus.items())],
                 **self.book.summary()}
 
@@ -149,6 +171,10 @@ class JobPlugin(SchedulerPlugin):
         self.sink.send(lineprotocol.encode_many([point]))
 
     def log_event(self, topic, msg) -> None:
-        """Collect the workers' shared-GPU reports (``Monitor.jobs()["shared_gpus"]``)."""
-        if topic == EVENT_TOPIC and isinstance(msg, dict) and msg.get("what") == SHARED_GPU:
+        """Collect the workers' shared-GPU reports (``Monitor.jobs()["shared_gpus"]``) and destinations."""
+        if topic != EVENT_TOPIC or not isinstance(msg, dict):
+            return
+        if msg.get("what") == DESTINATIONS and self.session is not None and msg.get("session") == self.session["id"]:
+            self._record(msg["worker"], {k: v for k, v in msg.items() if k not in ("what", "session", "worker")})
+        elif msg.get("what") == SHARED_GPU:
             self.shared_gpus.setdefault((msg.get("host"), msg.get("uuid")), set()).add(msg.get("worker"))

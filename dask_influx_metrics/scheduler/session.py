@@ -15,13 +15,22 @@ Example
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+
 from .. import _dask
 from .plugin import PLUGIN_NAME as JOBS_PLUGIN
 from ..worker.plugin import PLUGIN_NAME as WORKER_PLUGIN, MetricsWorkerPlugin
 
+logger = logging.getLogger(__name__)
+REPORT_TIMEOUT = 10.0  # s to wait for each worker's report of where its samples go
+
 
 async def start(dask_scheduler, tracking=None) -> dict:
-    """Start the session and sampling on every worker; returns the session (``id``, ``start``).
+    """Start the session and sampling on every worker; returns the session (``id``, ``start``)
+    and ``destinations`` (worker address or ``"scheduler"`` -> where its samples go, see
+    :func:`~dask_influx_metrics.worker.sinks.destinations`), logged once here.
 
     ``tracking`` replaces the tracked metrics given at attach (validated by the
     caller). If a worker cannot set the plugin up, the session is stopped and
@@ -39,7 +48,26 @@ async def start(dask_scheduler, tracking=None) -> dict:
     except Exception:
         plugin.stop_session()
         raise
-    return session
+    deadline = time.monotonic() + REPORT_TIMEOUT
+    while not set(dask_scheduler.workers) <= set(plugin.destinations) and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)  # the reports travel on the workers' batched streams
+    for who, where in sorted(plugin.destinations.items()):
+        logger.info("influx-metrics session %s: %s sends to %s", session["id"], who, describe(where))
+    return {**session, "destinations": {w: dict(d) for w, d in plugin.destinations.items()}}
+
+
+def describe(where: dict) -> str:
+    """One line for a destinations record.
+
+    >>> describe({"sinks": ["udp"], "telegraf": "t:8094", "influxdb": None, "spool": None})
+    'udp -> t:8094'
+    """
+    parts = []
+    for sink in where["sinks"]:
+        target = {"udp": where.get("telegraf"), "http": (where.get("influxdb") or {}).get("url"),
+                  "spool": where.get("spool")}[sink]
+        parts.append(f"{sink} -> {target}")
+    return ", ".join(parts)
 
 
 async def stop(dask_scheduler, missing_ok: bool = False) -> dict | None:

@@ -80,7 +80,7 @@ def build_sampler(
         sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report,
                                     timeout=settings.polling_interval / 2000.0))  # deadline per sample
     if sink is None:
-        sink = make_sink(settings, role=worker_address, session=session_id)
+        sink = make_sink(settings, role=worker_address, session=session_id, report=report)
 
     def tags() -> dict:
         snap = activity()

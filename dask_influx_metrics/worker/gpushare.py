@@ -39,11 +39,11 @@ import fcntl
 import json
 import logging
 import os
-import stat
 import tempfile
 
 from .. import jobtags
 from .sidecar import SnapshotBuffer
+from .sinks.spool import private_folder
 
 logger = logging.getLogger(__name__)
 
@@ -57,16 +57,7 @@ def run_directory() -> str:
     others, is refused with ``PermissionError`` naming it.
     """
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
-    path = os.path.join(base, f"dask-influx-metrics-{os.getuid()}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{path!r} is not a private folder of user {os.getuid()} (owner {info.st_uid}, "
-                              f"mode {stat.filemode(info.st_mode)}); remove it or fix its owner and mode")
-    return path
+    return private_folder(os.path.join(base, f"dask-influx-metrics-{os.getuid()}"))
 
 
 def _alive(pid: int) -> bool:

@@ -39,8 +39,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import _dask
 from ..config import Settings
-from ..scheduler.plugin import ANNOTATION, EVENT_TOPIC
+from ..scheduler.plugin import ANNOTATION, DESTINATIONS, EVENT_TOPIC
 from .build import build_sampler
+from .sinks import counters, destinations
 from .sources.activity import CachedActivity, TaskRegistry
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.activity = CachedActivity(self.registry)
         self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
         self.gpu = self.sink = None
+        self._record_destinations()
         if settings.isolate:
             return self._setup_isolated()  # awaited by Dask: sampling has begun when start() returns
         self._start_sampler()
@@ -96,14 +98,18 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if sidecar is not None:
             self._ticker.stop()
         sampler, self.sampler = self.sampler, None
-        return asyncio.to_thread(self._close, sidecar, sampler, self.sink, self.gpu)
+        # a graph that ended after the last sample still leaves one (the in-process sampler samples all)
+        final = sampler is not None and sidecar is None and self.registry.unsampled()
+        return asyncio.to_thread(self._close, sidecar, sampler, self.sink, self.gpu, final)
 
     @staticmethod
-    def _close(sidecar, sampler, sink, gpu) -> None:
+    def _close(sidecar, sampler, sink, gpu, final: bool = False) -> None:
         if sidecar is not None:
             sidecar.close()  # it flushes its own sink
         if sampler is not None:
             sampler.stop()
+            if final:
+                sampler.sample_and_send()
             sink.close()
             if gpu is not None:
                 gpu.close()
@@ -118,10 +124,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     def _started(self, key) -> None:
         mark = _dask.worker_task_annotation(self.worker, key, ANNOTATION)
-        if mark and mark.get("session") == self.session["id"]:
-            self.registry.started(key, mark["job"], mark["dag"])
-        else:  # submitted while no session ran: counted, not attributed
-            self.registry.started(key, 0, 0)
+        ours = mark and mark.get("session") == self.session["id"]
+        # submitted while no session ran: counted, not attributed
+        idle = self.registry.idle()
+        self.registry.started(key, *((mark["job"], mark["dag"]) if ours else (0, 0)))
+        if idle and self.sampler is not None:
+            self.sampler.wake()  # a graph shorter than the interval still gets a sample
 
     # --- sampler.isolate: the sidecar process (see worker/sidecar.py) ------------------------
     async def _setup_isolated(self) -> None:
@@ -167,6 +175,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     # --- end of sampler.isolate --------------------------------------------------------
 
+    def _record_destinations(self) -> None:
+        """Tell the session on the scheduler where this worker's samples go (``Monitor.jobs()["destinations"]``)."""
+        where = destinations(self.settings, self.session["id"], self.worker.address)
+        self.worker.log_event(EVENT_TOPIC, {"what": DESTINATIONS, "session": self.session["id"],
+                                            "worker": self.worker.address, "host": self.base_tags["host"], **where})
+
     def _report(self, what: str, message: str, **details) -> None:
         logger.warning("influx-metrics on %s: %s", self.worker.address, message)
         event = {**details, "worker": self.worker.address, "host": self.base_tags["host"], "what": what, "message": message}
@@ -174,3 +188,11 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self.worker.log_event(EVENT_TOPIC, event)
         except Exception:  # the event is a courtesy; the log line above is the record
             pass
+
+
+def delivery_counters(dask_worker) -> list[dict]:
+    """This worker's sink counters (``Monitor.delivery()``, via ``client.run``); [] when none
+    samples here in-process (no session, or a ``sampler.isolate`` sidecar holds the sink)."""
+    plugin = _dask.worker_plugin(dask_worker, PLUGIN_NAME)
+    sink = getattr(plugin, "sink", None)
+    return counters(sink) if sink is not None else []

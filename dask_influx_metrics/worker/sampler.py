@@ -4,6 +4,9 @@ The schedule is drift-free: sample ``k`` is due at ``t0 + k * interval`` on
 the monotonic clock, whatever each sample costs. When the thread falls more
 than one interval behind (the process was frozen, a task held the GIL), the
 missed ticks are skipped and counted rather than fired in a burst.
+:meth:`Sampler.wake` asks for one extra sample before the next tick (the worker
+plugin calls it when a task starts on an idle worker, so a graph shorter than
+the interval still shows up); at most one extra sample per interval.
 
 Every sample is tagged with the common tags of one activity snapshot, so the
 ``job``/``dag`` tags and the ``running`` field always agree.
@@ -49,10 +52,12 @@ class Sampler:
         self.sources, self.sink, self.interval = list(sources), sink, float(interval)
         self._tags, self._before, self._offset = tags, before_sample, clock_offset
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._broken: set[tuple] = set()
         self.samples = 0
         self.skipped = 0
+        self.extra = 0  # samples taken on wake()
         self.gaps: collections.deque = collections.deque(maxlen=4096)  # seconds between sample starts
         self.costs: collections.deque = collections.deque(maxlen=4096)  # thread CPU seconds per sample
 
@@ -90,10 +95,15 @@ class Sampler:
     def start(self) -> None:
         self._thread.start()
 
+    def wake(self) -> None:
+        """Take one extra sample as soon as possible (ignored if one was taken since the last tick)."""
+        self._wake.set()
+
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the thread after the sample in progress, then the threads of sources that have a
         ``stop()`` (custom metrics); safe to call twice. Closing sources is the owner's job."""
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         for source in self.sources:
@@ -113,10 +123,8 @@ class Sampler:
                 self.gaps.append(start - last)
             last = start
             cpu = time.thread_time()
-            try:
-                self.sample_and_send()
-            except Exception as e:
-                self._report_once(self, e)
+            self._wake.clear()  # a wake before this sample is answered by it; one during it, after it
+            self._sample_safely()
             self.costs.append(time.thread_time() - cpu)
             due += self.interval
             now = time.monotonic()
@@ -124,7 +132,16 @@ class Sampler:
                 missed = int((now - due) // self.interval)
                 self.skipped += missed
                 due += missed * self.interval
-            self._stop.wait(max(0.0, due - now))
+            if self._wake.wait(max(0.0, due - now)) and not self._stop.is_set():
+                self._sample_safely()
+                self.extra += 1
+                self._stop.wait(max(0.0, due - time.monotonic()))
+
+    def _sample_safely(self) -> None:
+        try:
+            self.sample_and_send()
+        except Exception as e:
+            self._report_once(self, e)
 
     def _report_once(self, where, error: Exception) -> None:
         key = (type(where).__name__, type(error).__name__)

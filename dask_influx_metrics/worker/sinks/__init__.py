@@ -18,6 +18,21 @@ class Sink(Protocol):
         """Flush what is buffered and release resources."""
 
 
+def counters(sink) -> list[dict]:
+    """Delivery counters of ``sink`` (each sink of a :class:`FanOut`): ``kind`` and its numeric counters.
+
+    >>> from .udp import UdpSink
+    >>> counters(UdpSink(("127.0.0.1", 9)))[0]["kind"]
+    'udp'
+    """
+    names = ("points_sent", "datagrams_sent", "points_written", "points_dropped", "refused", "errors")
+    out = []
+    for one in getattr(sink, "sinks", [sink]):
+        kind = type(one).__name__.removesuffix("Sink").lower()
+        out.append({"kind": kind, **{n: getattr(one, n) for n in names if isinstance(getattr(one, n, None), int)}})
+    return out
+
+
 class FanOut:
     """Sends the same lines to several sinks."""
 
@@ -48,25 +63,54 @@ def spool_dir(settings, session: str, role: str) -> str:
     return os.path.join(settings.spool_directory, session, safe_name(role))
 
 
-def make_sink(settings, role: str, session: str):
+def destinations(settings, session: str, role: str) -> dict:
+    """Where ``role``'s samples go, as recorded on the scheduler (never credentials).
+
+    ``sinks``; ``telegraf`` (host:port) with udp; ``influxdb`` (``url``, ``database``,
+    ``retention_policy``) with http, or with udp when ``influxdb.url`` is configured (the
+    InfluxDB Telegraf is assumed to feed); ``spool``: the folder (with http, its ``undelivered`` fallback);
+    ``temporary``: the spool root is the default one (``Monitor.shutdown()`` deletes such files).
+
+    >>> from dask_influx_metrics.config import Settings
+    >>> destinations(Settings.resolve({"sink": "udp", "telegraf.address": "t:1"}), "s1", "w")["telegraf"]
+    't:1'
+    """
+    out = {"sinks": list(settings.sinks), "telegraf": None, "influxdb": None, "spool": None,
+           "temporary": "spool.directory" not in settings.configured}
+    if "udp" in settings.sinks:
+        out["telegraf"] = "%s:%d" % settings.telegraf_address
+    if "http" in settings.sinks or ("udp" in settings.sinks and "influxdb.url" in settings.configured):
+        out["influxdb"] = {"url": settings.influxdb_url, "database": settings.database,
+                           "retention_policy": settings.retention_policy}
+    if "spool" in settings.sinks:
+        out["spool"] = spool_dir(settings, session, role)
+    elif "http" in settings.sinks:
+        out["spool"] = os.path.join(spool_dir(settings, session, role), "undelivered")
+    return out
+
+
+def make_sink(settings, role: str, session: str, report=None):
     """Build the sinks named by ``settings.sinks`` for one process.
 
     With ``http`` and no ``spool`` sink, lines that cannot be written are
     spooled to ``<spool dir>/undelivered`` so nothing is lost (replay them
-    with :func:`dask_influx_metrics.worker.sinks.spool.replay`).
+    with :func:`dask_influx_metrics.worker.sinks.spool.replay`). ``report(what, message)``
+    hears of a Telegraf address where nothing listens (udp on loopback).
     """
     from .http import HttpSink
-    from .spool import SpoolSink
+    from .spool import SpoolSink, private_folder
     from .udp import UdpSink
 
     directory = spool_dir(settings, session, role)
+    if {"spool", "http"} & set(settings.sinks) and "spool.directory" not in settings.configured:
+        private_folder(settings.spool_directory)  # the default root: this user's, closed to others
     spool = None
     sinks: list = []
     if "spool" in settings.sinks:
         spool = SpoolSink(directory, mem_limit=settings.mem_limit, flush_interval=settings.flush_interval)
         sinks.append(spool)
     if "udp" in settings.sinks:
-        sinks.append(UdpSink(settings.telegraf_address, max_datagram=settings.max_datagram))
+        sinks.append(UdpSink(settings.telegraf_address, max_datagram=settings.max_datagram, report=report))
     if "http" in settings.sinks:
         fallback = None if spool else SpoolSink(
             os.path.join(directory, "undelivered"), mem_limit=settings.mem_limit,
@@ -76,3 +120,35 @@ def make_sink(settings, role: str, session: str):
             username=settings.username, password=settings.password, token=settings.token,
             batch_size=settings.batch_size, timeout=settings.http_timeout, fallback=fallback))
     return sinks[0] if len(sinks) == 1 else FanOut(sinks)
+
+
+def remove_spool(folders, keep=()) -> int:
+    """Delete the spool files in ``folders`` (those on this machine), then the emptied folders and their
+    session folder, except the folders in ``keep`` (still written to). Returns the files removed.
+
+    >>> remove_spool(["/nonexistent/s1/w"])
+    0
+    """
+    from .spool import spool_files
+
+    removed = 0
+    for folder in folders:
+        for path in spool_files(folder):
+            try:
+                os.remove(path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+        if folder in keep or not os.path.isdir(folder):
+            continue
+        emptied = sorted((root for root, _, _ in os.walk(folder)), reverse=True)  # deepest first
+        parent = os.path.dirname(folder)
+        if os.path.basename(folder) == "undelivered":  # <session>/<worker>/undelivered
+            emptied.append(parent)
+            parent = os.path.dirname(parent)
+        for path in emptied + [parent]:  # ends with the session folder
+            try:
+                os.rmdir(path)
+            except OSError:  # not empty: someone else's files, or the session's other workers
+                pass
+    return removed

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from typing import Iterator
@@ -41,6 +42,22 @@ logger = logging.getLogger(__name__)
 
 SUFFIX = ".lp"
 _READ_CHUNK = 1 << 20
+
+
+def private_folder(path) -> str:
+    """Create ``path`` 0700 if missing and return it; ``PermissionError`` naming it when it is not
+    a folder of this OS user closed to others (another user could read or plant samples).
+    """
+    path = os.fspath(path)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{path!r} is not a private folder of user {os.getuid()} (owner {info.st_uid}, "
+                              f"mode {stat.filemode(info.st_mode)}); remove it or fix its owner and mode")
+    return path
 
 
 class SpoolSink:
@@ -126,12 +143,12 @@ class SpoolSink:
         created and could not write a byte to is removed (a full disk leaves no empty files)."""
         self._attempt = (self.path, 0)
         if self._pid != os.getpid():  # first write, or a forked child: never share a file
-            os.makedirs(self.directory, exist_ok=True)
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
             self._pid = os.getpid()
             self._seq = _next_sequence(self.directory, self._pid)
         while True:
             path = self.path
-            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
             try:
                 size = os.fstat(fd).st_size
                 torn = size > 0 and os.pread(fd, 1, size - 1) != b"\n"

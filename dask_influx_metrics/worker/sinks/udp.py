@@ -9,6 +9,12 @@ sampler. A socket error is logged once per run of failures and resets the
 socket, which is also re-opened every ``reopen_every`` seconds, because a
 stale conntrack entry left by a restarted Telegraf pod can black-hole UDP.
 
+On loopback the socket is connected, so the kernel reports a refused datagram
+(ICMP port unreachable: nothing listens) as ``ECONNREFUSED`` on the next send:
+that earlier datagram is moved from sent to dropped and counted in ``refused``,
+the current one is sent again, and ``report("udp-refused", message)`` is called
+once (and logged once). Off-host refusals are not visible (unconnected socket).
+
 >>> class Fake:
 ...     def __init__(self): self.sent = []
 ...     def sendto(self, data, address): self.sent.append(data); return len(data)
@@ -21,6 +27,7 @@ stale conntrack entry left by a restarted Telegraf pod can black-hole UDP.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import threading
@@ -43,6 +50,8 @@ def _open_socket(address: tuple[str, int]) -> tuple[socket.socket, tuple]:
     except OSError:
         pass  # best effort; capped by net.core.wmem_max anyway
     sock.setblocking(False)
+    if ipaddress.ip_address(target[0].split("%")[0]).is_loopback:
+        sock.connect(target)  # refusals come back as ECONNREFUSED
     return sock, target
 
 
@@ -80,7 +89,7 @@ class UdpSink:
     """
 
     def __init__(self, address: tuple[str, int], max_datagram: int = 1472, sock=None,
-                 reopen_every: float = 60.0, clock=time.monotonic):
+                 reopen_every: float = 60.0, clock=time.monotonic, report=None):
         self.address = (str(address[0]), int(address[1]))
         self.max_datagram = max(1, min(int(max_datagram), MAX_UDP_PAYLOAD))
         self.reopen_every = reopen_every
@@ -88,6 +97,10 @@ class UdpSink:
         self.datagrams_sent = 0
         self.points_dropped = 0
         self.errors = 0
+        self.refused = 0  # datagrams refused: nothing listened at the address (loopback only)
+        self._report = report
+        self._last_count = 0  # lines in the last datagram sent, lost if the next send is refused
+        self._refusing = False
         self._clock = clock
         is_factory = isinstance(sock, type) or (callable(sock) and not hasattr(sock, "sendto"))
         self._factory = sock if is_factory else None
@@ -120,8 +133,15 @@ class UdpSink:
             self.points_dropped += count
             return False
         try:
-            sock.sendto(payload, self._target)
+            try:
+                sock.sendto(payload, self._target)
+            except ConnectionRefusedError:  # the previous datagram was refused; this one was not sent
+                self._refused()
+                sock.sendto(payload, self._target)
         except BlockingIOError:  # send buffer full: drop this datagram, keep going
+            self.points_dropped += count
+            return True
+        except ConnectionRefusedError:
             self.points_dropped += count
             return True
         except OSError as e:
@@ -130,10 +150,24 @@ class UdpSink:
             return False
         self.datagrams_sent += 1
         self.points_sent += count
+        self._last_count = count
         if self._failing:
             logger.info("UDP sink: sending to %s:%d again", *self.address)
             self._failing = False
         return True
+
+    def _refused(self) -> None:
+        self.refused += 1
+        self.points_sent -= self._last_count
+        self.points_dropped += self._last_count
+        self._last_count = 0
+        if not self._refusing:
+            self._refusing = True
+            message = (f"nothing listens at the Telegraf address {self.address[0]}:{self.address[1]} (datagrams "
+                       "refused); samples are dropped until a listener starts")
+            logger.warning("UDP sink: %s", message)
+            if self._report is not None:
+                self._report("udp-refused", message)
 
     def _socket(self):
         now = self._clock()

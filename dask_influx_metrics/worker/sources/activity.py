@@ -56,6 +56,8 @@ class TaskRegistry:
     def __init__(self, nthreads: int = 1, managed_bytes: Callable[[], int] = lambda: 0):
         self._lock = threading.Lock()
         self._running: dict = {}
+        self._fresh: set = set()  # started since the last sample's snapshot
+        self._brief: dict = {}  # started and finished since then: shown once, at the next sample
         self._last_job = 0
         self.nthreads = nthreads
         self._managed_bytes = managed_bytes
@@ -63,20 +65,40 @@ class TaskRegistry:
     def started(self, key, job: int, dag: int) -> None:
         with self._lock:
             self._running[key] = (job, dag)
+            self._fresh.add(key)
             if job:
                 self._last_job = job
 
+    def idle(self) -> bool:
+        """Whether no task is executing."""
+        with self._lock:
+            return not self._running
+
     def finished(self, key) -> None:
         with self._lock:
-            self._running.pop(key, None)
+            where = self._running.pop(key, None)
+            if where is not None and key in self._fresh:
+                self._brief[key] = where
 
     def clear(self) -> None:
         with self._lock:
             self._running.clear()
+            self._fresh.clear()
+            self._brief.clear()
 
-    def snapshot(self) -> Activity:
+    def unsampled(self) -> bool:
+        """Whether tasks started and finished since the last sample (no sample has seen them yet)."""
+        with self._lock:
+            return bool(self._brief)
+
+    def snapshot(self, sample: bool = False) -> Activity:
+        """What runs now. For a sample (``sample=True``), also the tasks that started and
+        finished since the last sample, counted as executing at this one (so they leave a trace)."""
         with self._lock:
             running = tuple((k, j, d) for k, (j, d) in self._running.items())
+            if sample:
+                running += tuple((k, j, d) for k, (j, d) in self._brief.items())
+                self._brief, self._fresh = {}, set()
             last = self._last_job
         try:
             managed = int(self._managed_bytes())
@@ -97,7 +119,7 @@ class CachedActivity:
         self._snap = registry.snapshot()
 
     def refresh(self) -> None:
-        self._snap = self._registry.snapshot()
+        self._snap = self._registry.snapshot(sample=True)
 
     def __call__(self) -> Activity:
         return self._snap
