@@ -20,7 +20,8 @@ def build(tmp_path, gpu_source="simulated", reports=None, **kwargs):
     registry = TaskRegistry(nthreads=2)
     registry.started("x", job=3, dag=7)
     report = (lambda what, message: reports.append((what, message))) if reports is not None else print
-    return build_sampler(settings, "s1", "tcp://w:1", BASE, CachedActivity(registry),
+    session = f"test-build-{os.getpid()}-{tmp_path.name}"  # own host lock: the host is written once per session
+    return build_sampler(settings, session, "tcp://w:1", BASE, CachedActivity(registry),
                          clock_offset=lambda: 0.0, report=report, **kwargs)
 
 

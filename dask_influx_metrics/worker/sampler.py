@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 class Sampler:
-    """Reads ``sources`` every ``interval`` seconds and sends to ``sink``."""
+    """Reads ``sources`` every ``interval`` seconds and sends to ``sink``; ``stop()`` closes ``owned``."""
 
     def __init__(
         self,
@@ -45,9 +45,11 @@ class Sampler:
         before_sample: Callable[[], None] = lambda: None,
         clock_offset: Callable[[], float] = lambda: 0.0,
         name: str = "influx-metrics-sampler",
+        owned: tuple = (),
     ):
         self.sources, self.sink, self.interval = list(sources), sink, float(interval)
         self._tags, self._before, self._offset = tags, before_sample, clock_offset
+        self._owned = owned  # closed by stop(): parts only this sampler uses (the host source's lock)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._broken: set[tuple] = set()
@@ -95,6 +97,8 @@ class Sampler:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        for part in self._owned:
+            part.close()
 
     @property
     def running(self) -> bool:
