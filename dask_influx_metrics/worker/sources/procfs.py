@@ -11,8 +11,10 @@ sample makes one system call per file. Values equal psutil 7's:
 * disk bytes: sectors x 512 summed over the devices that have a
   ``/sys/block/<name>`` (whole disks, not partitions; checked once per name).
 * network bytes: ``/proc/net/dev`` summed over every interface.
-* a process: ``utime + stime`` of ``/proc/<pid>/stat`` in seconds, RSS =
-  ``/proc/<pid>/statm`` resident pages x page size.
+* a process: ``utime + stime`` of ``/proc/<pid>/stat`` in seconds (for this
+  process ``os.times()``, which reads the same counters without a file), RSS =
+  ``/proc/<pid>/statm`` resident pages x page size (``stat``'s own ``rss``
+  field differs from it by a few pages, so it is not used).
 
 Example
 -------
@@ -58,7 +60,7 @@ class ProcReader:
     """The counters of this host and of process ``pid``; files open on first use."""
 
     def __init__(self, pid: int):
-        self.pid = pid
+        self.pid, self._me = pid, os.getpid()
         self._files: dict[str, ProcFile] = {}
         self._disks: dict[bytes, bool] = {}  # /proc/diskstats name -> is a whole disk (has /sys/block/<name>)
 
@@ -113,7 +115,10 @@ class ProcReader:
         return {"net_recv_bytes": recv, "net_sent_bytes": sent}
 
     def process_cpu_seconds(self) -> float:
-        """utime + stime of the process, in seconds."""
+        """utime + stime of the process, in seconds (this process: ``os.times()``, the same counters)."""
+        if self.pid == self._me:
+            t = os.times()
+            return t.user + t.system
         data = self._read(f"/proc/{self.pid}/stat")
         f = data[data.rfind(b")") + 2:].split()  # after "pid (comm) ": state is f[0], utime f[11], stime f[12]
         return (int(f[11]) + int(f[12])) / TICKS
