@@ -62,7 +62,8 @@ def build_sampler(
     how a problem is told (a GPU source that cannot start). ``process``: the
     worker's ``psutil.Process`` when sampling from outside it (the sidecar). The
     ``host`` measurement is written by one sampler per host and session (the
-    holder of ``host.lock`` in the session's folder, :mod:`.gpushare`).
+    holder of ``host.lock`` in the session's folder, :mod:`.gpushare`) with
+    ``sampler.host-once``.
     ``custom``: custom metrics, called as ``fn(worker, ...)``; ``None`` for none.
     ``custom_only``: custom metrics only (beside a sidecar); the GPU source is
     still opened when a per-device metric needs its handles. ``gpu`` and
@@ -76,8 +77,8 @@ def build_sampler(
                                   session_id=session_id, report=report)
         except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
             report("gpu-source", f"GPU source {settings.gpu_source!r} unavailable: {e}")
-    host = None if custom_only else HostSource(settings.fields, process=process,
-                                               share_dir=share_dir(session_id, report))
+    shared = share_dir(session_id, report) if settings.host_once and not custom_only else None
+    host = None if custom_only else HostSource(settings.fields, process=process, share_dir=shared)
     sources = [] if custom_only else [s for s in (gpu, host, TaskSource(settings.fields, activity)) if s is not None]
     if custom is not None:
         sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report))
