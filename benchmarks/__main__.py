@@ -20,8 +20,12 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="short durations: a smoke test (< 2 min)")
     p.add_argument("--only", metavar="NAME", help=f"comma-separated subset of {', '.join(MODULES)}")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is not met, too")
+    p.add_argument("--gpu-source", choices=("simulated", "nvml"), default="simulated",
+                   help="GPUs of the sampler, gaps and workload benchmarks: 8 simulated (default) or this node's "
+                        "real ones through NVML (those benchmarks skip cleanly where NVML sees no GPU)")
     p.add_argument("--output", default=os.path.join(common.RESULTS_DIR, "latest.json"), help="JSON path")
     args = p.parse_args(argv)
+    os.environ["BENCH_GPU_SOURCE"] = args.gpu_source  # read by benchmarks.common.gpu_source()
     names = list(MODULES)
     if args.only:
         names = [n.strip() for n in args.only.split(",") if n.strip()]

@@ -135,11 +135,36 @@ def rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
+# -- which GPU source (``python -m benchmarks --gpu-source nvml``) ----------------------
+def gpu_source() -> str:
+    """``simulated`` (default) or ``nvml``: set by ``--gpu-source`` (env ``BENCH_GPU_SOURCE``)."""
+    return os.environ.get("BENCH_GPU_SOURCE", "simulated")
+
+
+def gpu_settings(gpu_count: int = 8) -> dict:
+    """Monitor keyword arguments for the selected GPU source."""
+    return {"gpu_source": "nvml"} if gpu_source() == "nvml" else {"gpu_source": "simulated", "gpu_count": gpu_count}
+
+
+def skipped_without_nvml(name: str) -> list[dict] | None:
+    """One "skipped" row when ``--gpu-source nvml`` was asked for on a machine without an NVML GPU, else None."""
+    if gpu_source() != "nvml":
+        return None
+    from dask_influx_metrics.worker.sources.nvml import nvml_available
+
+    if nvml_available():
+        return None
+    return [row(name, "skipped: --gpu-source nvml, but NVML sees no GPU here", None, "",
+                notes="rerun on a GPU node, or without --gpu-source for the simulated devices")]
+
+
 # -- a simulated worker --------------------------------------------------------
 def simulated_worker(sink, gpu_count: int = 8, tracking=None, psutil_reads: bool = True):
-    """(sampler, parts) for one worker: simulated GPUs, host/process, tasks; every metric by default.
+    """(sampler, parts) for one worker: GPUs, host/process, tasks; every metric by default.
 
-    ``parts`` names the sources (``gpu``, ``host``, ``tasks``) and the activity cache.
+    The GPUs are ``gpu_count`` simulated devices, or this node's real ones
+    through NVML with ``--gpu-source nvml`` (``gpu_count`` ignored). ``parts``
+    names the sources (``gpu``, ``host``, ``tasks``) and the activity cache.
     """
     from dask_influx_metrics import schema
     from dask_influx_metrics.worker.sampler import Sampler
@@ -152,8 +177,13 @@ def simulated_worker(sink, gpu_count: int = 8, tracking=None, psutil_reads: bool
         reg.started(("task", i), 1, 3)
     activity = CachedActivity(reg)
     fields = schema.fields_for(tracking if tracking is not None else schema.TRACKING)
-    parts = {"activity": activity, "gpu": SimulatedGpuSource(gpu_count, fields, activity),
-             "tasks": TaskSource(fields, activity)}
+    if gpu_source() == "nvml":
+        from dask_influx_metrics.worker.sources.nvml import NvmlSource
+
+        gpu = NvmlSource(fields, activity=activity)
+    else:
+        gpu = SimulatedGpuSource(gpu_count, fields, activity)
+    parts = {"activity": activity, "gpu": gpu, "tasks": TaskSource(fields, activity)}
     if psutil_reads:
         parts["host"] = HostSource(fields)
     sources = [parts[k] for k in ("gpu", "host", "tasks") if k in parts]

@@ -21,6 +21,7 @@ import os
 import pstats
 import socket
 import sys
+import threading
 import time
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
@@ -86,6 +87,82 @@ def paced_cost(n: int, period: float) -> float:
     return common.median(out)
 
 
+def thread_cpu_ns(native_id: int) -> int:
+    """CPU nanoseconds a thread of this process has run (``/proc/self/task/<tid>/schedstat``)."""
+    with open(f"/proc/self/task/{native_id}/schedstat") as f:
+        return int(f.read().split()[0])
+
+
+class Floor:
+    """The floor of any in-process sampler: a thread that wakes every ``interval`` s (the same
+    drift-free schedule as the Sampler) and sends one ~1 kB datagram, nothing else."""
+
+    def __init__(self, address, interval: float):
+        self.samples, self.interval = 0, interval
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        self._payload, self._address = b"x" * 1000, address
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="floor", daemon=True)
+
+    def _run(self) -> None:
+        due = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self._sock.sendto(self._payload, self._address)
+            except BlockingIOError:
+                pass
+            self.samples += 1
+            due += self.interval
+            self._stop.wait(max(0.0, due - time.monotonic()))
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sock.close()
+
+
+def per_tick_us(runner, seconds: float) -> float:
+    """CPU us per tick of a started thread (``runner._thread``, ``runner.samples``) over ``seconds``."""
+    tid = runner._thread.native_id
+    time.sleep(min(1.0, seconds / 4))  # past the first ticks (imports, first reads)
+    cpu, ticks = thread_cpu_ns(tid), runner.samples
+    time.sleep(seconds)
+    return (thread_cpu_ns(tid) - cpu) / 1000 / max(1, runner.samples - ticks)
+
+
+def floor_table(seconds: float, rounds: int, interval: float = 0.05) -> dict:
+    """{variant: [CPU us per tick, one per round]}: the floor thread and the Sampler thread
+    (every metric, UDP) with 1 and 8 devices, all at ``interval``, alternated."""
+    receiver, sink = _udp_sink()
+
+    def floor():
+        f = Floor(receiver.getsockname(), interval)
+        f.start()
+        try:
+            return per_tick_us(f, seconds)
+        finally:
+            f.stop()
+
+    def sampler(devices):
+        full, _ = common.simulated_worker(sink, gpu_count=devices)
+        full.interval = interval
+        full.start()
+        try:
+            return per_tick_us(full, seconds)
+        finally:
+            full.stop()
+
+    try:
+        return common.alternate({"floor": floor, "1 device": lambda: sampler(1), "8 devices": lambda: sampler(8)},
+                                rounds)
+    finally:
+        receiver.close()
+
+
 def profile(n: int = 2000, top: int = 22) -> str:
     """cProfile of ``n`` iterations of the sampling loop body; top functions by cumulative time."""
     receiver, sink = _udp_sink()
@@ -105,7 +182,31 @@ def profile(n: int = 2000, top: int = 22) -> str:
     return text[text.index("   ncalls"):] if "   ncalls" in text else text
 
 
+FLOOR_TARGETS = {"1 device": 3.0, "8 devices": 4.0}  # x the floor
+
+
+def floor_rows(quick: bool) -> list[dict]:
+    seconds, rounds = (2.0, 1) if quick else (8.0, 3)
+    runs = floor_table(seconds, rounds)
+    floor = common.median(runs.pop("floor"))
+    devices = "NVML: this node's GPUs" if common.gpu_source() == "nvml" else "simulated"
+    rows = [common.row(NAME, "floor: empty thread @50 ms sending one 1 kB datagram, CPU per tick", floor, "us",
+                       notes=(f"median of {rounds} runs of {seconds:.0f} s, alternated with the rows below; thread CPU "
+                              "from /proc/self/task/<tid>/schedstat, wake-up and wait included"))]
+    for variant, costs in runs.items():
+        limit = FLOOR_TARGETS[variant]
+        cost = common.median(costs)
+        rows.append(common.row(
+            NAME, f"in-process sampler thread @50 ms, {variant} ({devices}), every metric, CPU per sample vs floor",
+            cost, "us", baseline=floor, target=f"<= {limit:.0f}x floor", met=cost <= limit * floor,
+            notes=f"runs {', '.join(f'{c:.0f}' for c in costs)} us; host read every sample (one worker owns the host)"))
+    return rows
+
+
 def run(quick: bool = False) -> list[dict]:
+    skipped = common.skipped_without_nvml(NAME)
+    if skipped:
+        return skipped
     n = 300 if quick else 2000
     costs, details = cost_table(n)
     n_paced, period = (20, 0.05) if quick else (100, 0.1)
@@ -131,7 +232,7 @@ def run(quick: bool = False) -> list[dict]:
         NAME, f"total per sample, one every {period * 1000:.0f} ms (cold caches)", paced, "us", baseline=total,
         notes=(f"median of {n_paced}; ratio vs the back-to-back median above: what the sampling thread "
                "costs in a worker, where other work evicts its caches between samples")))
-    return rows
+    return floor_rows(quick) + rows
 
 
 def main() -> None:

@@ -123,6 +123,9 @@ SETTINGS: tuple[Setting, ...] = (
             "CUDA_VISIBLE_DEVICES is set, else all)"),
     Setting("sampler.isolate", "isolate", False, _bool, "",
             "true: sample in a sidecar process per worker, outside the worker's GIL (worker/sidecar.py)"),
+    Setting("sampler.host-once", "host_once", False, _bool, "",
+            "true: one worker per host writes the host measurement (the holder of host.lock; "
+            "per-worker tables then show host columns for that worker only)"),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}

@@ -197,6 +197,51 @@ def _field_key(key) -> tuple[str, str]:
     return result
 
 
+# The fast path: samples repeat the same field keys with the same value types.
+# For keys that all clean up to distinct writable text and values that are all
+# exact ``int``/``float``, one ``str.format`` template per (keys, types) writes
+# the fields; it is used only when every value is writable (finite floats, ints
+# in int64), otherwise the general path below decides, so output and ``stats``
+# are the same either way.
+_templates: dict = {}
+_NUMBER_FORMAT = {float: "{!r}", int: "{}i"}
+
+
+def _template(keys: tuple, types: tuple) -> Optional[str]:
+    """The format string writing fields ``keys`` of ``types``, or "" when the fast path does not apply."""
+    cache_key = (keys, types)
+    try:
+        return _templates[cache_key]
+    except KeyError:
+        pass
+    except TypeError:
+        return ""
+    parts, seen = [], set()
+    for key, kind in zip(keys, types):
+        clean, escaped = _field_key(key)
+        if kind not in _NUMBER_FORMAT or not clean or clean in _RESERVED or clean in seen:
+            parts = None
+            break
+        seen.add(clean)
+        parts.append(escaped.replace("{", "{{").replace("}", "}}") + "=" + _NUMBER_FORMAT[kind])
+    if len(_templates) >= _CACHE_LIMIT:
+        _templates.clear()
+    _templates[cache_key] = result = ",".join(parts) if parts else ""
+    return result
+
+
+def _fast_fields(fields: dict) -> Optional[str]:
+    """The fields' text when all are finite floats and int64 ints under writable keys, else None."""
+    values = tuple(fields.values())
+    template = _template(tuple(fields), tuple(map(type, values)))
+    if not template:
+        return None
+    if not _INT64_MIN <= min(values) or not max(values) <= _INT64_MAX:  # also False for a NaN first
+        return None
+    total = sum(values)  # NaN or inf when any value is (or, rarely, on overflow: then the general path)
+    return template.format(*values) if total - total == 0.0 else None
+
+
 def encode(point: Point) -> Optional[bytes]:
     """One line of line protocol (no newline), or ``None`` if nothing is writable.
 
@@ -209,6 +254,10 @@ def encode(point: Point) -> Optional[bytes]:
     if prefix is None:
         stats["points"] += 1
         return None
+    text = _fast_fields(point.fields) if point.fields else None
+    if text is not None:
+        line = prefix + text if point.time_ns is None else f"{prefix}{text} {int(point.time_ns)}"
+        return line.encode("utf-8", "replace")  # only prefix text can hold lone surrogates: "?" as below
     fields: list[str] = []
     seen: set = set()
     for key, value in point.fields.items():

@@ -20,7 +20,8 @@ def build(tmp_path, gpu_source="simulated", reports=None, **kwargs):
     registry = TaskRegistry(nthreads=2)
     registry.started("x", job=3, dag=7)
     report = (lambda what, message: reports.append((what, message))) if reports is not None else print
-    return build_sampler(settings, "s1", "tcp://w:1", BASE, CachedActivity(registry),
+    session = f"test-build-{os.getpid()}-{tmp_path.name}"  # own host lock: the host is written once per session
+    return build_sampler(settings, session, "tcp://w:1", BASE, CachedActivity(registry),
                          clock_offset=lambda: 0.0, report=report, **kwargs)
 
 
@@ -80,3 +81,17 @@ def test_gpu_source_that_cannot_start_is_reported_and_the_rest_samples(tmp_path,
     assert "'bogus' is neither" in message or "NVML could not start" in message  # with a GPU / without
     assert {p.measurement for p in sampler.sample()} == {"host", "worker"}
     parts.sink.close()
+
+
+def test_host_once_lets_one_sampler_per_host_write_the_host(tmp_path):
+    settings = Settings.resolve({"sink": "spool", "spool.directory": str(tmp_path), "gpu.source": "none",
+                                 "tracking": ["host-cpu", "worker-mem"], "sampler.host-once": True})
+    session = f"test-build-once-{os.getpid()}-{tmp_path.name}"
+    one, two = (build_sampler(settings, session, f"tcp://w:{i}", BASE, CachedActivity(TaskRegistry()),
+                              clock_offset=lambda: 0.0, report=print) for i in (1, 2))
+    assert [{p.measurement for p in s.sample()} for s, _ in (one, two)] == [{"host", "worker"}, {"worker"}]
+    one[0].stop()  # releases the lock: the other takes over
+    assert {p.measurement for p in two[0].sample()} == {"host", "worker"}
+    two[0].stop()
+    for _, parts in (one, two):
+        parts.sink.close()

@@ -15,7 +15,7 @@ Example
 ...                                activity, clock_offset=lambda: 0.0, report=print)
 >>> sampler._tags()
 {'host': 'h', 'worker': 'tcp://w:1', 'job': '0', 'dag': '0'}
->>> parts.sink.close()
+>>> sampler.stop(); parts.sink.close()
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 from ..schema import GPU
 from .sampler import Sampler
 from .sinks import make_sink
-from .sources import make_gpu_source
+from .sources import make_gpu_source, share_dir
 from .sources.activity import TaskSource
 from .sources.custom import CustomSource
 from .sources.host import HostSource
@@ -60,7 +60,10 @@ def build_sampler(
     ``activity()``); every point gets ``base_tags`` plus its ``job``/``dag``.
     ``clock_offset()``: seconds to add to timestamps. ``report(what, message, **details)``:
     how a problem is told (a GPU source that cannot start). ``process``: the
-    worker's ``psutil.Process`` when sampling from outside it (the sidecar).
+    worker's ``psutil.Process`` when sampling from outside it (the sidecar). The
+    ``host`` measurement is written by one sampler per host and session (the
+    holder of ``host.lock`` in the session's folder, :mod:`.gpushare`) with
+    ``sampler.host-once``.
     ``custom``: custom metrics, called as ``fn(worker, ...)``; ``None`` for none.
     ``custom_only``: custom metrics only (beside a sidecar); the GPU source is
     still opened when a per-device metric needs its handles. ``gpu`` and
@@ -74,8 +77,9 @@ def build_sampler(
                                   session_id=session_id, report=report)
         except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
             report("gpu-source", f"GPU source {settings.gpu_source!r} unavailable: {e}")
-    sources = [] if custom_only else [s for s in (gpu, HostSource(settings.fields, process=process),
-                                                  TaskSource(settings.fields, activity)) if s is not None]
+    shared = share_dir(session_id, report) if settings.host_once and not custom_only else None
+    host = None if custom_only else HostSource(settings.fields, process=process, share_dir=shared)
+    sources = [] if custom_only else [s for s in (gpu, host, TaskSource(settings.fields, activity)) if s is not None]
     if custom is not None:
         sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report,
                                     timeout=settings.polling_interval / 2000.0))  # deadline per sample
@@ -87,7 +91,7 @@ def build_sampler(
         return {**base_tags, "job": snap.job_tag, "dag": snap.dag_tag}
 
     sampler = Sampler(sources, sink, tags, interval=settings.polling_interval / 1000.0,
-                      before_sample=activity.refresh, clock_offset=clock_offset)
+                      before_sample=activity.refresh, clock_offset=clock_offset, owned=(host,) if host else ())
     return sampler, Parts(gpu, sink)
 
 

@@ -16,6 +16,9 @@ folder, ``<run dir>/<session>/``:
 * The owner tags those points with the union of the jobs and DAGs executing
   on all live workers that use the GPU: ``dag="0"`` only when none of them runs
   a task. Which worker owns a GPU is not significant; that it is one is.
+* Host-wide readings likewise: whoever holds ``host.lock`` (:class:`HostOwner`)
+  writes the ``host`` measurement, tagged with its own jobs; each worker still
+  writes its own ``worker`` fields.
 
 Example
 -------
@@ -68,6 +71,41 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def try_lock(path: str) -> int | None:
+    """An fd holding ``flock`` on ``path`` (created 0600), or None when another open file holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+class HostOwner:
+    """Whether this sampler writes the host's readings: one writer per host and session.
+
+    The holder of ``flock`` on ``<directory>/host.lock`` writes the ``host``
+    measurement; the others skip it. The kernel drops the lock when the holder
+    exits (or :meth:`close`), and the next sampler to ask takes over.
+    """
+
+    def __init__(self, directory: str):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        self._path = os.path.join(directory, "host.lock")
+        self._fd: int | None = None
+
+    def owns(self) -> bool:
+        if self._fd is None:
+            self._fd = try_lock(self._path)
+        return self._fd is not None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class HostDevices:
     """This worker's share of the GPUs of its host (see the module docstring).
 
@@ -99,15 +137,11 @@ class HostDevices:
 
     def owns(self, uuid: str) -> bool:
         """Whether this worker writes ``uuid``'s device-wide fields (takes the lock when free)."""
-        if uuid in self._locks:
-            return True
-        fd = os.open(os.path.join(self.directory, f"{uuid}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        self._locks[uuid] = fd
+        if uuid not in self._locks:
+            fd = try_lock(os.path.join(self.directory, f"{uuid}.lock"))
+            if fd is None:
+                return False
+            self._locks[uuid] = fd
         return True
 
     def _states(self, uuid: str) -> dict[int, dict]:

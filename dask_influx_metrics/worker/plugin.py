@@ -107,9 +107,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if sidecar is not None:
             sidecar.close()  # it flushes its own sink
         if sampler is not None:
-            sampler.stop()
-            if final:
-                sampler.sample_and_send()
+            sampler.stop(final_sample=final)
             sink.close()
             if gpu is not None:
                 gpu.close()

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 
 class Sampler:
-    """Reads ``sources`` every ``interval`` seconds and sends to ``sink``."""
+    """Reads ``sources`` every ``interval`` seconds and sends to ``sink``; ``stop()`` closes ``owned``."""
 
     def __init__(
         self,
@@ -48,9 +48,11 @@ class Sampler:
         before_sample: Callable[[], None] = lambda: None,
         clock_offset: Callable[[], float] = lambda: 0.0,
         name: str = "influx-metrics-sampler",
+        owned: tuple = (),
     ):
         self.sources, self.sink, self.interval = list(sources), sink, float(interval)
         self._tags, self._before, self._offset = tags, before_sample, clock_offset
+        self._owned = owned  # closed by stop(): parts only this sampler uses (the host source's lock)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -99,16 +101,21 @@ class Sampler:
         """Take one extra sample as soon as possible (ignored if one was taken since the last tick)."""
         self._wake.set()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the thread after the sample in progress, then the threads of sources that have a
-        ``stop()`` (custom metrics); safe to call twice. Closing sources is the owner's job."""
+    def stop(self, timeout: float = 5.0, final_sample: bool = False) -> None:
+        """Stop the thread after the sample in progress; with ``final_sample``, take one more
+        (sources still open); then stop the threads of sources that have a ``stop()`` (custom
+        metrics) and close the parts this sampler owns. Safe to call twice."""
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if final_sample:
+            self.sample_and_send()
         for source in self.sources:
             if callable(getattr(source, "stop", None)):
                 source.stop()
+        for part in self._owned:
+            part.close()
 
     @property
     def running(self) -> bool:

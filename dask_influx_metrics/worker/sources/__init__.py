@@ -41,15 +41,15 @@ def make_gpu_source(settings, activity, pid: int | None = None, session_id: str 
         return None
     report = report or (lambda what, message, **details: None)
     source = NvmlSource(settings.fields, devices=settings.gpu_devices, pid=pid, activity=activity, report=report,
-                        share_dir=_share_dir(session_id, report))
+                        share_dir=share_dir(session_id, report))
     if not source.devices:
         report("gpu-source", "gpu.source is 'nvml' but no GPU is visible to this worker "
                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); no GPU points are written")
     return source
 
 
-def _share_dir(session_id, report) -> str | None:
-    """The session's folder in this user's host run directory (one writer per physical GPU), or None."""
+def share_dir(session_id, report) -> str | None:
+    """The session's folder in this user's host run directory (one writer per GPU and for the host), or None."""
     if not session_id:
         return None
     from ..gpushare import run_directory
@@ -57,6 +57,6 @@ def _share_dir(session_id, report) -> str | None:
     try:
         return os.path.join(run_directory(), session_id)
     except OSError as e:
-        report("gpu-share", f"GPUs shared by workers of this host cannot be coordinated ({e}); "
-               "each worker writes the device-wide readings of the GPUs it uses")
+        report("gpu-share", f"the workers of this host cannot coordinate ({e}); each worker writes the "
+               "host readings and the device-wide readings of the GPUs it uses")
         return None

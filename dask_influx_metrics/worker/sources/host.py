@@ -1,11 +1,18 @@
-"""Host and worker-process readings from psutil.
+"""Host and worker-process readings: ``/proc`` on Linux, psutil elsewhere.
 
-``host`` fields come from one psutil call per group (``cpu_times``,
-``virtual_memory``, ``disk_io_counters``, ``net_io_counters``); ``worker``
-fields from the worker's :class:`psutil.Process`. Only requested groups are
-called; each value is cast to the type ``schema.FIELDS`` declares. A failing
-call (or ``disk_io_counters()`` returning ``None``, as in many containers)
-omits its fields, is logged once, and never raises.
+On Linux (``procfs=True``, the default) the counters come straight from
+``/proc`` files kept open (:mod:`.procfs`, psutil's definitions at a fraction
+of its cost); otherwise from one psutil call per group (``cpu_times``,
+``virtual_memory``, ``disk_io_counters``, ``net_io_counters``) and the
+worker's :class:`psutil.Process`. Only requested groups are read; each value
+is cast to the type ``schema.FIELDS`` declares. A failing read (or
+``disk_io_counters()`` returning ``None``, as in many containers) omits its
+fields, is logged once, and never raises.
+
+With ``share_dir`` (the session's host-local folder, :mod:`..gpushare`) the
+``host`` fields are read and written once per host: by whichever sampler
+holds ``host.lock`` there; when it exits another takes over at its next
+sample. The ``worker`` fields (this process) are always read.
 
 ``cpu_percent`` (host) is computed per source from ``psutil.cpu_times()``
 deltas, exactly as ``psutil.cpu_percent(interval=None)`` does but without its
@@ -24,10 +31,13 @@ Example
 from __future__ import annotations
 
 import logging
+import os
+import time
 
 import psutil
 
 from ...schema import FIELDS, HOST, WORKER, Reading
+from . import procfs as procfs_mod
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +61,12 @@ def _busy_total(times) -> tuple[float, float]:
 class HostSource:
     """``host`` and ``worker`` (process) readings for the requested fields.
 
-    ``process`` defaults to this process (``psutil.Process()``); tests inject one.
+    ``process``: the worker's :class:`psutil.Process` (default this process);
+    tests inject one (with ``procfs=False``). ``procfs``: read ``/proc``
+    directly where it exists. ``share_dir``: one ``host`` writer per host.
     """
 
-    def __init__(self, fields: frozenset, process=None):
+    def __init__(self, fields: frozenset, process=None, procfs: bool = True, share_dir: str | None = None):
         self._groups = {
             key: tuple(n for n in names if (key[0], n) in fields)
             for key, names in _GROUPS.items()
@@ -64,28 +76,40 @@ class HostSource:
         self._process = process
         self._last_cpu = None  # (busy, total) at the previous read
         self._last_percent = 0.0
-        if (WORKER, "cpu") in self._groups or (WORKER, "memory") in self._groups:
+        self._last_proc = None  # (process CPU seconds, monotonic) at the previous read (procfs)
+        self._proc = None
+        if procfs and procfs_mod.available():
+            self._proc = procfs_mod.ProcReader(os.getpid() if process is None else process.pid)
+        elif (WORKER, "cpu") in self._groups or (WORKER, "memory") in self._groups:
             self._process = psutil.Process() if process is None else process
+        self._owner = None
+        if share_dir and any(key[0] == HOST for key in self._groups):
+            from ..gpushare import HostOwner
+
+            self._owner = HostOwner(share_dir)
+        p = self._proc
         self._calls = {
             (HOST, "cpu"): self._host_cpu,
-            (HOST, "memory"): self._host_memory,
-            (HOST, "disk"): self._host_disk,
-            (HOST, "net"): self._host_net,
+            (HOST, "memory"): p.memory if p else self._host_memory,
+            (HOST, "disk"): p.disk if p else self._host_disk,
+            (HOST, "net"): p.net if p else self._host_net,
             (WORKER, "cpu"): self._worker_cpu,
-            (WORKER, "memory"): self._worker_memory,
+            (WORKER, "memory"): (lambda: {"rss": p.process_rss()}) if p else self._worker_memory,
         }
         for key in ((HOST, "cpu"), (WORKER, "cpu")):  # prime: the first read covers time since now
             if key in self._groups:
                 self._guard(key, self._calls[key])
 
     def _host_cpu(self) -> dict:
-        busy, total = _busy_total(psutil.cpu_times())
-        if self._last_cpu is not None:
-            d_total = total - self._last_cpu[1]
-            if d_total <= 0:  # same clock tick: keep the window open
-                return {"cpu_percent": self._last_percent}
-            d_busy = min(max(busy - self._last_cpu[0], 0.0), d_total)
-            self._last_percent = round(100.0 * d_busy / d_total, 1)
+        busy, total = self._proc.cpu_busy_total() if self._proc else _busy_total(psutil.cpu_times())
+        if self._last_cpu is None:  # priming (at start, or on taking over the host): no window yet
+            self._last_cpu = (busy, total)
+            return {}
+        d_total = total - self._last_cpu[1]
+        if d_total <= 0:  # same clock tick: keep the window open
+            return {"cpu_percent": self._last_percent}
+        d_busy = min(max(busy - self._last_cpu[0], 0.0), d_total)
+        self._last_percent = round(100.0 * d_busy / d_total, 1)
         self._last_cpu = (busy, total)
         return {"cpu_percent": self._last_percent}
 
@@ -106,7 +130,14 @@ class HostSource:
         return {"net_recv_bytes": io.bytes_recv, "net_sent_bytes": io.bytes_sent}
 
     def _worker_cpu(self) -> dict:
-        return {"cpu_percent": self._process.cpu_percent(interval=None)}
+        if self._proc is None:
+            return {"cpu_percent": self._process.cpu_percent(interval=None)}
+        # psutil's Process.cpu_percent: CPU seconds over wall seconds since the previous call, one core = 100
+        now = (self._proc.process_cpu_seconds(), time.monotonic())
+        last, self._last_proc = self._last_proc, now
+        if last is None or now[1] <= last[1]:
+            return {"cpu_percent": 0.0}
+        return {"cpu_percent": round(100.0 * (now[0] - last[0]) / (now[1] - last[1]), 1)}
 
     def _worker_memory(self) -> dict:
         return {"rss": self._process.memory_info().rss}
@@ -129,14 +160,27 @@ class HostSource:
     def read(self) -> list[Reading]:
         """Up to two readings: ``host`` then ``worker``, each only if it has fields."""
         out: dict[str, dict] = {}
+        host = self._owner is None or self._owner.owns()
         for key, names in self._groups.items():
+            if key[0] == HOST and not host:
+                self._last_cpu = None  # another sampler writes the host: re-prime when taking over
+                continue
             values = self._guard(key, self._calls[key])
             if values is None:
                 continue
             fields = out.setdefault(key[0], {})
             for name in names:
+                if name not in values:  # not yet (host cpu_percent right after priming)
+                    continue
                 try:
                     fields[name] = FIELDS[key[0], name].type(values[name])
-                except (KeyError, TypeError, ValueError) as e:  # an odd psutil value
+                except (TypeError, ValueError) as e:  # an odd value
                     self._report(key, e)
         return [Reading(m, {}, out[m]) for m in (HOST, WORKER) if out.get(m)]
+
+    def close(self) -> None:
+        """Release the host lock (another sampler of the host takes over) and the open files."""
+        if self._owner is not None:
+            self._owner.close()
+        if self._proc is not None:
+            self._proc.close()

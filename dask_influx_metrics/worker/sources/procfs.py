@@ -1,0 +1,132 @@
+"""Host and process counters read straight from Linux ``/proc``, with psutil's definitions.
+
+psutil opens, reads and closes a file (and for disks ``access()``es
+``/sys/block/<name>`` per disk) on every call; here each file is opened once
+and re-read with one ``pread`` (``/proc`` regenerates it at offset 0), so a
+sample makes one system call per file. Values equal psutil 7's:
+
+* CPU seconds: ``/proc/stat``'s first line in clock ticks / ``SC_CLK_TCK``.
+* memory: ``total`` = MemTotal, ``used`` = total - MemAvailable,
+  ``percent`` = round(100 * used / total, 1) (``psutil.virtual_memory``).
+* disk bytes: sectors x 512 summed over the devices that have a
+  ``/sys/block/<name>`` (whole disks, not partitions; checked once per name).
+* network bytes: ``/proc/net/dev`` summed over every interface.
+* a process: ``utime + stime`` of ``/proc/<pid>/stat`` in seconds (for this
+  process ``os.times()``, which reads the same counters without a file), RSS =
+  ``/proc/<pid>/statm`` resident pages x page size (``stat``'s own ``rss``
+  field differs from it by a few pages, so it is not used).
+
+Example
+-------
+>>> r = ProcReader(os.getpid())
+>>> r.memory()["memory_total"] > 0 and r.process_rss() > 0
+True
+"""
+
+from __future__ import annotations
+
+import os
+
+SECTOR = 512  # psutil's DISK_SECTOR_SIZE: /proc/diskstats counts 512-byte sectors whatever the device
+TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def available() -> bool:
+    """Whether this system has the ``/proc`` files read here (Linux)."""
+    return all(os.path.exists(p) for p in ("/proc/stat", "/proc/meminfo", "/proc/self/stat"))
+
+
+class ProcFile:
+    """One ``/proc`` file kept open; ``read()`` returns its current content."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY)
+        self._size = 4096
+
+    def read(self) -> bytes:
+        while True:
+            data = os.pread(self._fd, self._size, 0)
+            if len(data) < self._size:
+                return data
+            self._size *= 2  # did not fit: read again, bigger
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class ProcReader:
+    """The counters of this host and of process ``pid``; files open on first use."""
+
+    def __init__(self, pid: int):
+        self.pid, self._me = pid, os.getpid()
+        self._files: dict[str, ProcFile] = {}
+        self._disks: dict[bytes, bool] = {}  # /proc/diskstats name -> is a whole disk (has /sys/block/<name>)
+
+    def _read(self, path: str) -> bytes:
+        f = self._files.get(path)
+        if f is None:
+            f = self._files[path] = ProcFile(path)
+        return f.read()
+
+    def cpu_busy_total(self) -> tuple[float, float]:
+        """(busy, total) host CPU seconds as psutil counts them (guest is in user; iowait is idle)."""
+        v = [int(x) / TICKS for x in self._read("/proc/stat").split(b"\n", 1)[0].split()[1:11]]
+        v += [0.0] * (10 - len(v))
+        total = sum(v) - v[8] - v[9]
+        return total - v[3] - v[4], total
+
+    def memory(self) -> dict:
+        mem = {}
+        for line in self._read("/proc/meminfo").splitlines():
+            key, _, rest = line.partition(b":")
+            if key in (b"MemTotal", b"MemAvailable"):
+                mem[key] = int(rest.split()[0]) * 1024
+                if len(mem) == 2:  # lines 1 and 3 on any kernel since 3.14: stop there
+                    break
+        total, available = mem[b"MemTotal"], mem.get(b"MemAvailable")
+        if not available or not 0 <= available <= total:
+            raise RuntimeError("/proc/meminfo has no usable MemAvailable (kernel < 3.14?)")
+        used = total - available
+        return {"memory_used": used, "memory_total": total, "memory_used_percent": round(100.0 * used / total, 1)}
+
+    def disk(self) -> dict:
+        read = write = 0
+        for line in self._read("/proc/diskstats").splitlines():
+            f = line.split()
+            if len(f) not in (7, 14) and len(f) < 18:
+                continue
+            name = f[2]
+            whole = self._disks.get(name)
+            if whole is None:
+                whole = self._disks[name] = os.access(b"/sys/block/" + name.replace(b"/", b"!"), os.F_OK)
+            if whole:
+                read += int(f[5] if len(f) > 7 else f[4])
+                write += int(f[9] if len(f) > 7 else f[6])
+        return {"disk_read_bytes": read * SECTOR, "disk_write_bytes": write * SECTOR}
+
+    def net(self) -> dict:
+        recv = sent = 0
+        for line in self._read("/proc/net/dev").splitlines()[2:]:
+            f = line[line.rfind(b":") + 1:].split()
+            recv += int(f[0])
+            sent += int(f[8])
+        return {"net_recv_bytes": recv, "net_sent_bytes": sent}
+
+    def process_cpu_seconds(self) -> float:
+        """utime + stime of the process, in seconds (this process: ``os.times()``, the same counters)."""
+        if self.pid == self._me:
+            t = os.times()
+            return t.user + t.system
+        data = self._read(f"/proc/{self.pid}/stat")
+        f = data[data.rfind(b")") + 2:].split()  # after "pid (comm) ": state is f[0], utime f[11], stime f[12]
+        return (int(f[11]) + int(f[12])) / TICKS
+
+    def process_rss(self) -> int:
+        return int(self._read(f"/proc/{self.pid}/statm").split()[1]) * PAGE
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
