@@ -73,8 +73,9 @@ def build_sampler(
     per_device = any(m.per_device for m in custom or ())
     if gpu is None and (per_device or not custom_only and any(m == GPU for m, _ in settings.fields)):
         try:
+            # beside a sidecar (custom_only) the source only lends handles: the sidecar's joins the host share
             gpu = make_gpu_source(settings, activity, pid=None if process is None else process.pid,
-                                  session_id=session_id, report=report)
+                                  session_id=None if custom_only else session_id, report=report)
         except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
             report("gpu-source", f"GPU source {settings.gpu_source!r} unavailable: {e}")
     shared = share_dir(session_id, report) if settings.host_once and not custom_only else None

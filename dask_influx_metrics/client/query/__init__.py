@@ -2,7 +2,7 @@
 
 >>> from dask_influx_metrics import query                                    # doctest: +SKIP
 >>> db = query.connect("http://127.0.0.1:8086", database="dask_metrics")     # doctest: +SKIP
->>> db = query.connect("/tmp/dask-influx-metrics")   # a spool: the latest session  # doctest: +SKIP
+>>> db = query.connect("/tmp/dask-influx-metrics-1000")   # a spool: the latest session  # doctest: +SKIP
 >>> db.workers(), db.jobs(), db.dags(job=2)                                  # doctest: +SKIP
 >>> tables = db.worker_tables(job=2, metrics=["mem-util", "compute-util"])  # doctest: +SKIP
 >>> db.peaks("total-mem", per_job=True)        # tidy DataFrame, computed by the server  # doctest: +SKIP
@@ -127,7 +127,7 @@ class Store:
 
     A context manager: leaving ``with`` closes the backend's connections.
 
-    >>> with connect("/tmp/dask-influx-metrics") as db:  # doctest: +SKIP
+    >>> with connect("/tmp/dask-influx-metrics-1000") as db:  # doctest: +SKIP
     ...     jobs = db.jobs()
     """
 
