@@ -237,7 +237,6 @@ def workers(open_store, fmt, gpus):
 
     \b
     Example:
-      dask-influx-metrics workers --source /tmp/dask-influx-metrics
       dask-influx-metrics workers --gpus --source http://127.0.0.1:8086
     """
     import pandas as pd
