@@ -57,6 +57,8 @@ HOST = "host"
 WORKER = "worker"
 CUSTOM = "custom"
 DAG = "dag"
+TASK = "task"
+ACTIVITY = "activity"
 
 # Tags on every worker point, in this order.
 COMMON_TAGS = ("host", "worker", "job", "dag")
@@ -75,6 +77,12 @@ TAGS = {
     "nvml_index": "physical device index as NVML numbers it (the same on every worker of the host)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
     "name": "device product name",
+    "prefix": "task and activity points: the task's prefix (Dask's key_split of its key, e.g. 'sum-aggregate')",
+    "state": "task points: the state the task's execution ended in ('memory', 'error', or 'cancelled' "
+    "when it was released while running)",
+    "activity": "activity points: the activity as Dask's fine performance metrics name it "
+    "('thread-cpu', 'thread-noncpu', 'disk-read', custom context_meter labels, ...; never fixed here)",
+    "unit": "activity points: the activity's unit as Dask names it ('seconds', 'bytes', 'count')",
     "status": "dag points: 'running' on submission, then 'ok', 'erred' (a task erred) or "
     "'cancelled' (a task was released or lost before finishing: futures cancelled, client gone, restart)",
 }
@@ -86,6 +94,9 @@ MEASUREMENT_TAGS = {
     WORKER: COMMON_TAGS,
     CUSTOM: COMMON_TAGS + DEVICE_TAGS,  # device tags on per-device custom metrics only
     DAG: ("host", "job", "dag", "status"),
+    TASK: COMMON_TAGS + ("prefix", "state"),
+    # Dask's digests are per prefix, not per task, so activity points have no dag (see README).
+    ACTIVITY: ("host", "worker", "job", "prefix", "activity", "unit"),
 }
 
 _FIELDS = (
@@ -117,6 +128,19 @@ _FIELDS = (
     Field(DAG, "tasks", int, "count", "tasks in the DAG (new tasks of this submission)"),
     Field(DAG, "label", str, "", "readable job label: the submitting client's id"),
     Field(DAG, "duration", float, "s", "end points: seconds from submission to end"),
+    Field(TASK, "key", str, "", "the task's key as Dask prints it (str(key)); a field, never a tag"),
+    Field(TASK, "start", float, "s", "when the task started executing, Unix seconds on the scheduler's clock; "
+          "the point's own time is when it ended"),
+    Field(TASK, "duration", float, "s", "seconds from start to end of execution"),
+    Field(TASK, "compute", float, "s", "seconds computing (Dask startstops 'compute')"),
+    Field(TASK, "transfer", float, "s", "seconds fetching inputs from other workers (startstops 'transfer')"),
+    Field(TASK, "disk_read", float, "s", "seconds reading spilled inputs from disk (startstops 'disk-read')"),
+    Field(TASK, "disk_write", float, "s", "seconds spilling to disk (startstops 'disk-write')"),
+    Field(TASK, "nbytes", int, "bytes", "size of the result (Dask's sizeof); absent when there is none"),
+    Field(ACTIVITY, "value", float, "unit tag", "amount of the activity since the previous activity point of "
+          "this worker, job and prefix (delta of Dask's worker digests_total 'execute' entries)"),
+    Field(ACTIVITY, "jobs", int, "count", "jobs the interval's delta was split across by their tasks' "
+          "execution time (1 = exact)"),
 )
 FIELDS: dict[tuple[str, str], Field] = {(f.measurement, f.name): f for f in _FIELDS}
 
@@ -161,6 +185,9 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "worker-mem": ((WORKER, "rss"), (WORKER, "managed_bytes")),
     "worker-gpu-mem": ((GPU, "worker_memory_used"),),
     "throttle": ((GPU, "clocks_event_reasons"),),
+    "task-stream": tuple((TASK, n) for n in ("key", "start", "duration", "compute", "transfer",
+                                             "disk_read", "disk_write", "nbytes")),
+    "fine-metrics": ((ACTIVITY, "value"), (ACTIVITY, "jobs")),
 }
 # Fields written whenever their measurement is written at all (static, cheap).
 ALWAYS = frozenset({(GPU, "memory_total"), (HOST, "memory_total")})
