@@ -27,7 +27,8 @@ UNITS = {"%": "percent", "MiB": "decmbytes", "bytes": "bytes", "W": "watt", "C":
          "MHz": "rothz", "count": "short", "s": "s"}
 
 HOST_WORKER = '"host" =~ /^$host$/ AND "worker" =~ /^$worker$/'
-JOB_DAG = f'"job" =~ {jobtags.influxql_regex("$job")} AND "dag" =~ {jobtags.influxql_regex("$dag")}'
+JOB = f'"job" =~ {jobtags.influxql_regex("$job")}'  # activity points have no dag
+JOB_DAG = f'{JOB} AND "dag" =~ {jobtags.influxql_regex("$dag")}'
 SAMPLES = f"{HOST_WORKER} AND {JOB_DAG}"
 
 
@@ -51,14 +52,14 @@ def variable(name: str, query: str, regex_all: bool = False) -> dict:
 
 
 def timeseries(title: str, f: schema.Field, agg: str, where: str, group: list[str], alias: str,
-               stack: bool = False) -> dict:
-    """A time series of ``agg(field)`` per ``group`` tags."""
+               stack: bool = False, panel_unit: str | None = None) -> dict:
+    """A time series of ``agg(field)`` per ``group`` tags (in the field's unit, or Grafana's ``panel_unit``)."""
     tags = "".join(f', "{t}"' for t in group)
     query = (f'SELECT {agg}("{f.name}") FROM "{f.measurement}" WHERE {where} AND $timeFilter '
              f"GROUP BY time($__interval){tags} fill(none)")
     custom = {"stacking": {"mode": "normal" if stack else "none"}, "fillOpacity": 20 if stack else 0}
     return {"type": "timeseries", "title": title, "description": f.description, "datasource": INFLUXQL,
-            "fieldConfig": {"defaults": {"unit": unit(f), "custom": custom}, "overrides": []},
+            "fieldConfig": {"defaults": {"unit": panel_unit or unit(f), "custom": custom}, "overrides": []},
             "targets": [{"refId": "A", "datasource": INFLUXQL, "rawQuery": True, "resultFormat": "time_series",
                          "query": query, "alias": alias}]}
 
@@ -102,6 +103,11 @@ def panels() -> list[dict]:
         [(timeseries("Host CPU", host_cpu, "mean", '"host" =~ /^$host$/', ["host"], "$tag_host"), 12),
          (timeseries("Host memory used", host_mem, "mean", '"host" =~ /^$host$/', ["host"], "$tag_host"), 12)],
         [(table("DAGs (ended)", "One row per DAG that ended in the time range.", dags), 24)],
+        [(timeseries("Task throughput per job (tasks finished per interval)", field(schema.TASK, "duration"),
+                     "count", SAMPLES, ["job"], "job $tag_job", stack=True, panel_unit="short"), 12),
+         (timeseries("Worker time per job and activity (s, Dask fine performance metrics)",
+                     field(schema.ACTIVITY, "value"), "sum", f"{HOST_WORKER} AND {JOB} AND \"unit\" = 'seconds'",
+                     ["job", "activity"], "job $tag_job $tag_activity", stack=True, panel_unit="s"), 12)],
     ]
     out, panel_id = [], 1
     for y, row in enumerate(rows):

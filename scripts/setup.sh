@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian machine for dask-influx-metrics: InfluxDB 1.x from the
 # Debian package (influxd; we start our own instances on loopback, never the
-# system service), a virtualenv in .venv, and this package with its extras.
+# system service), Chromium (headless, for the report test), a virtualenv in
+# .venv, and this package with its extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v influxd >/dev/null 2>&1; then
+apt_for() {  # apt_for COMMAND PACKAGE: install the Debian package when COMMAND is missing
+  command -v "$1" >/dev/null 2>&1 && return 0
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq influxdb >/dev/null
-fi
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$2" >/dev/null
+}
+apt_for influxd influxdb
+apt_for chromium chromium  # headless, for tests/test_report.py: the HTML report as a person sees it
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 # The Flux checker used by tests/test_flux.py: the Flux language server compiled to

@@ -153,6 +153,7 @@ def monitored(influxd, tmp_path_factory):
             "peaks_influx": monitor.get_peaks("compute-util", source=influxd.url),
             "peak_memory": monitor.peak_memory(),
             "csv": monitor.to_csv(str(tmp_path_factory.mktemp("csv")), metrics=["compute-util", "mem-util"]),
+            "report": monitor.report(str(tmp_path_factory.mktemp("report") / "gpu-report.html")),
         }
         # query()'s Store: one per session and source, reused by get_peaks/peak_memory/to_csv.
         store = monitor.query()

@@ -1,5 +1,6 @@
 """The command line on data from a real monitored LocalCluster (influxd and the spool)."""
 
+import io
 import json
 import os
 import subprocess
@@ -192,3 +193,24 @@ def test_entry_points(argv, usage):
     assert {"workers", "jobs", "dags", "metrics", "peaks", "summary", "export", "plot"} <= {
         line.split()[0] for line in done.stdout.split("Commands:")[1].splitlines() if line.strip()}
     assert "Warning" not in done.stderr
+
+
+def test_tasks_activity_and_report(monitored, tmp_path):
+    import task_points
+
+    spool = task_points.write_spool(tmp_path / "spool")
+    rows = pd.read_csv(io.StringIO(ok("tasks", "--format", "csv", "--source", spool).stdout))
+    assert rows[["job", "prefix", "tasks"]].values.tolist() == [[1, "matmul", 4], [1, "load", 6],
+                                                              [2, "matmul", 10], [2, "sum", 2]]
+    per_dag = json.loads(ok("tasks", "--job", 1, "--per-dag", "--format", "json", "--source", spool).stdout)
+    assert [(r["dag"], r["prefix"]) for r in per_dag] == [(2, "matmul"), (1, "load")]
+    table = ok("activity", "--job", 2, "--source", spool).stdout.splitlines()
+    assert table[0].split() == ["job", "prefix", "activity", "unit", "value"] and len(table) == 3
+    gpu = json.loads(ok("activity", "--gpu", "--format", "json", "--source", spool).stdout)
+    assert [(r["job"], r["samples"]) for r in gpu if r["dag"] is None] == [(1, 40), (2, 40)]
+    out = tmp_path / "r.html"
+    assert ok("report", out, "--title", "cli", "--source", spool).stdout == f"{out}\n"
+    assert "<title>cli</title>" in out.read_text()
+    # the monitored run wrote no task points: one line saying why, status 2
+    missing = run("tasks", "--source", monitored.spool)
+    assert missing.exit_code == 2 and missing.stderr.startswith("error: no task stream recorded: tracking `task-stream`")

@@ -10,6 +10,8 @@ def _check_report(out, folder):
     for png in ("lines.png", "boxes.png"):
         data = (folder / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    report = (folder / "gpu-report.html").read_text()
+    assert f"report: {folder / 'gpu-report.html'}" in out and all(f'id="job-{j}"' in report for j in (1, 2, 3))
 
 
 def test_demo_through_udp_into_influxd(influxd, capsys, tmp_path):

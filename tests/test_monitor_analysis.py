@@ -1,4 +1,4 @@
-"""Monitor.get_peaks / peak_memory / to_csv / peaks_from_csv on a real monitored LocalCluster."""
+"""Monitor.get_peaks / peak_memory / to_csv / peaks_from_csv / report on a real monitored LocalCluster."""
 
 import os
 
@@ -30,3 +30,9 @@ def test_to_csv_then_peaks_from_csv(monitored):
     assert Monitor.peaks_from_csv(folder, "compute-util") == monitored.answers["peaks_spool"]
     assert Monitor.peaks_from_csv(folder, "compute-util", workers=[1], per_job=False) == \
         query.connect(monitored.spool).get_peaks("compute-util", workers=[1], per_job=False)
+
+
+def test_report_of_the_session(monitored):
+    text = open(monitored.answers["report"], encoding="utf-8").read()
+    assert '<h2 id="job-1">Job 1</h2>' in text and '<h2 id="job-2">Job 2</h2>' in text
+    assert text.count('data-root-id="') == 4  # per job: GPU utilization and memory timelines

@@ -238,6 +238,72 @@ def plot(open_store, kind, job, worker, csv_file, metrics, freq, width, height, 
     click.echo(out)
 
 
+def _recorded(db, frame):
+    """``frame``, or an error saying why nothing was recorded (``frame.attrs["why"]``) and where."""
+    if frame.empty:
+        from .query.base import QueryError
+
+        raise QueryError(f"{frame.attrs.get('why', 'nothing recorded')} ({db.scope()})")
+    return frame
+
+
+@cli.command()
+@job_option
+@click.option("--per-dag", is_flag=True, help="One row per DAG and prefix instead of per job and prefix.")
+@format_option
+@store_options
+def tasks(open_store, job, per_dag, fmt):
+    """Task counts and durations per job and task prefix (the task stream).
+
+    Columns: job, [dag,] prefix, tasks, erred, total_s, median_s, p95_s,
+    max_s, compute_s, transfer_s, disk_read_s, disk_write_s, nbytes; the
+    slowest prefix (total_s) first in each job.
+
+    \b
+    Example:
+      dask-influx-metrics tasks --job 2 --source http://127.0.0.1:8086
+    """
+    db = open_store()
+    _emit(_recorded(db, db.tasks(job=job, per_dag=per_dag)), fmt)
+
+
+@cli.command()
+@job_option
+@click.option("--gpu", is_flag=True, help="Instead: mean/max GPU utilization while each job (and DAG) ran.")
+@format_option
+@store_options
+def activity(open_store, job, gpu, fmt):
+    """Where worker time went per job and task prefix (Dask's fine performance metrics).
+
+    Columns: job, prefix, activity (thread-cpu, thread-noncpu, disk-read,
+    ... as Dask names them), unit, value (summed over the time range).
+
+    \b
+    Example:
+      dask-influx-metrics activity --job 1 --format csv --source /tmp/dask-influx-metrics
+    """
+    db = open_store()
+    _emit(_recorded(db, db.gpu_during_tasks(job=job) if gpu else db.activity(job=job)), fmt)
+
+
+@cli.command()
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--title", help="Title of the report [default: the source and time range].")
+@store_options
+def report(open_store, path, title):
+    """Write a one-file HTML report to PATH (opens offline; needs bokeh: pip install dask-influx-metrics[report]).
+
+    A session overview, then per job: its DAGs, GPU utilization and memory
+    per worker and GPU with the job's busy intervals marked, peaks,
+    utilization summary, activity breakdown and slowest task prefixes.
+
+    \b
+    Example:
+      dask-influx-metrics report gpu-report.html --source http://127.0.0.1:8086 --tag run=nightly
+    """
+    click.echo(open_store().report(path, title=title))
+
+
 def main(argv=None):
     """Console-script entry point (``dask-influx-metrics``)."""
     return cli.main(args=argv)

@@ -322,6 +322,11 @@ class Monitor:
         """
         return self.query(**kwargs).to_csv(path, fname=fname, clear_dir=clear_dir, metrics=metrics)
 
+    def report(self, path="gpu-report.html", title=None, **kwargs) -> str:
+        """Write the one-file HTML report of the session (see :mod:`.report`; needs the ``[report]``
+        extra) to ``path`` and return it; ``kwargs`` choose the source as :meth:`query` does."""
+        return self.query(**kwargs).report(path, title=title)
+
     @staticmethod
     def peaks_from_csv(path, metric="mem-util", workers=None, per_job=True, fname="worker") -> list:
         """Peaks from files written by :meth:`to_csv`, in the shapes of :meth:`get_peaks`.

@@ -58,7 +58,7 @@ def _wait_until_landed(count, timeout=15.0) -> None:
 
 
 def report(db, out_dir) -> str:
-    """Jobs, DAGs, peak GPU memory per job, utilization, then CSVs and plots under ``out_dir``."""
+    """Jobs, DAGs, peak GPU memory per job, utilization, then CSVs, plots and the HTML report under ``out_dir``."""
     import os
 
     import pandas as pd
@@ -87,6 +87,10 @@ def report(db, out_dir) -> str:
                      f"{os.path.join(out_dir, 'boxes.png')} (job {last})")
     except ImportError as e:
         parts.append(f"plots skipped: {e}")
+    try:
+        parts.append(f"report: {db.report(os.path.join(out_dir, 'gpu-report.html'))}")
+    except ImportError as e:
+        parts.append(f"report skipped: {e}")
     return "\n".join(parts)
 
 

@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from .. import peaks as _peaks, summary as _summary, tables as _tables
+from ..tasks import TaskQuestions
 from ... import jobtags, schema
 from .base import DEVICE_MEASUREMENTS, Backend, QueryError
 
@@ -122,10 +123,11 @@ def _iso(ns: int) -> str:
     return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat().replace("+00:00", "Z")
 
 
-class Store:
+class Store(TaskQuestions):
     """Questions about one set of collected samples (see the module docstring).
 
-    A context manager: leaving ``with`` closes the backend's connections.
+    A context manager: leaving ``with`` closes the backend's connections. Tasks, activity,
+    GPU use during tasks and the HTML report: :mod:`dask_influx_metrics.client.tasks`.
 
     >>> with connect("/tmp/dask-influx-metrics-1000") as db:  # doctest: +SKIP
     ...     jobs = db.jobs()

@@ -5,7 +5,8 @@ it answers ``fields()``, ``tag_values(key)``, ``first_time()``, ``last_time()``,
 ``frame(measurement, fields, worker, job)`` (long samples: ``time`` in ns,
 ``job``, ``dag``, ``index`` for device points, one column per field),
 ``max_by(measurement, field, by, workers, job, busy)`` (``busy``: samples
-with ``dag != "0"`` only) and ``dag_points()``, all within its time range
+with ``dag != "0"`` only), ``dag_points()`` and ``points(measurement, columns)``
+(every point: ``time`` and the named tags or fields, e.g. ``task`` points), all within its time range
 (``start_ns``, ``stop_ns``) and ``tags``; ``describe()`` names what it reads,
 ``notes`` lists what its answers should be read with (skipped lines,
 undelivered samples), ``widened()`` is the same source without range and
@@ -48,6 +49,7 @@ class Backend(Protocol):
     def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame: ...
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame: ...
     def dag_points(self) -> pd.DataFrame: ...
+    def points(self, measurement: str, columns: list[str]) -> pd.DataFrame: ...
     def close(self) -> None: ...
 
 

@@ -146,6 +146,13 @@ def flux_dag_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
                     f"keep(columns: {_array(['_time'] + DAG_COLUMNS[1:])})"))
 
 
+def flux_points_query(bucket, measurement, columns, tags=None, start_ns=None, stop_ns=None) -> str:
+    """Every point of ``measurement``, fields pivoted into columns, ``columns`` (tags or fields) kept."""
+    return (_source(bucket, start_ns, stop_ns, predicate([measurement], tags))
+            + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
+                    f"keep(columns: {_array(['_time'] + list(columns))})", "group()"))
+
+
 BUCKETS_QUERY = 'buckets()\n    |> keep(columns: ["name"])\n'
 
 
@@ -337,3 +344,9 @@ class FluxBackend:
             return pd.DataFrame(columns=DAG_COLUMNS)
         data = data.rename(columns={"_time": "time"})
         return data.reindex(columns=DAG_COLUMNS).sort_values("time", kind="stable").reset_index(drop=True)
+
+    def points(self, measurement: str, columns: list[str]) -> pd.DataFrame:
+        """Every point of ``measurement`` in range: ``time`` and ``columns`` (tags or fields alike)."""
+        data = self._query(flux_points_query(self.bucket, measurement, columns, **self._window()))
+        data = data.rename(columns={"_time": "time"}).reindex(columns=["time"] + list(columns))
+        return data.sort_values("time", kind="stable").reset_index(drop=True)

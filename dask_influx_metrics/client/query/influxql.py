@@ -21,7 +21,7 @@ from typing import Optional
 import pandas as pd
 import requests
 
-from ... import jobtags
+from ... import jobtags, schema
 from ... import credentials
 from ...worker.sinks.spool import replay
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
@@ -308,3 +308,10 @@ class InfluxQLBackend:
         where = where_clause({k: v for k, v in self.tags.items()}, self.start_ns, self.stop_ns)
         q = f'SELECT "event", "tasks", "label", "duration", "job", "dag", "status" FROM "dag" {where}'
         return self._csv(q, dtype={**TAG_DTYPES, "status": str, "event": str, "label": str})
+
+    def points(self, measurement: str, columns: list[str]) -> pd.DataFrame:
+        """Every point of ``measurement`` in range: ``time`` and ``columns`` (tags or fields alike)."""
+        select = ", ".join(ident(c) for c in columns)
+        frame = self._csv(f"SELECT {select} FROM {ident(measurement)} {self._where()}",
+                          dtype={c: str for c in columns if c in schema.MEASUREMENT_TAGS.get(measurement, ())})
+        return frame.reindex(columns=["time"] + list(columns))

@@ -24,7 +24,7 @@ import pandas as pd
 from ... import jobtags, lineprotocol, schema
 from ...lineprotocol import split_lines
 from ...worker.sinks.spool import read_lines, spool_files
-from .base import DEVICE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class SpoolBackend:
         skip = {"time", *schema.COMMON_TAGS, *schema.DEVICE_TAGS, *self.tags}
         for frames in self._worker_frames():
             for m, frame in frames.items():
-                if not frame.empty:
+                if m in SAMPLE_MEASUREMENTS and not frame.empty:
                     out.setdefault(m, set()).update(c for c in frame.columns if c not in skip)
         return {m: sorted(f) for m, f in out.items()}
 
@@ -258,3 +258,10 @@ class SpoolBackend:
             return pd.DataFrame()
         points, self.skipped[folder], _ = read_points(folder)
         return self._filter(_long(points, schema.DAG))
+
+    def points(self, measurement: str, columns: list[str]) -> pd.DataFrame:
+        """Every point of ``measurement`` in range, from every worker: ``time`` and ``columns``."""
+        frames = [f[measurement] for f in self._worker_frames() if measurement in f and not f[measurement].empty]
+        frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        frame = frame.reindex(columns=["time"] + list(columns))
+        return frame.sort_values("time", kind="stable").reset_index(drop=True)

@@ -1,0 +1,133 @@
+"""The one-file HTML report (client/report.py, reportfigs.py): its content on contract-shaped points,
+and, as a person would see it, the demo session's report rendered in headless Chromium.
+
+How the browser check works (Chromium prints every console message, log or error alike, as an
+``INFO:CONSOLE`` line on stderr, so the level cannot be told from there):
+
+1. A copy of the report gets a probe script as the first thing in ``<head>``, before BokehJS:
+   it records ``console.error``/``console.warn`` calls, uncaught exceptions (``error`` events)
+   and unhandled promise rejections, and after the page settled writes them into
+   ``<pre id="probe-errors">`` and the number of rendered Bokeh roots into ``<pre id="probe-roots">``.
+2. ``chromium --headless --dump-dom --virtual-time-budget=10000`` loads the copy from disk with
+   the network off (``--proxy-server`` pointing nowhere), runs its scripts and prints the DOM.
+3. The test asserts: the probe ran and recorded nothing; every Bokeh root div
+   (``data-root-id``) got its rendered ``bk-Figure`` child; no ``Uncaught`` console line on
+   stderr; each job's section is there. Then ``--screenshot`` saves a PNG of the unmodified
+   report (path printed; a copy at /tmp/gpu-report.png).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+import task_points as P
+from dask_influx_metrics import demo, query
+
+pytest.importorskip("bokeh")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PROBE = """<script>(function () {
+  var errors = [];
+  ["error", "warn"].forEach(function (level) {
+    var original = console[level];
+    console[level] = function () { errors.push(level + ": " + Array.from(arguments).join(" ")); original.apply(console, arguments); };
+  });
+  window.addEventListener("error", function (e) { errors.push("uncaught: " + e.message); });
+  window.addEventListener("unhandledrejection", function (e) { errors.push("unhandled rejection: " + e.reason); });
+  window.addEventListener("load", function () { setTimeout(function () {
+    var roots = document.querySelectorAll("[data-root-id]"), rendered = 0;
+    roots.forEach(function (r) { if (r.querySelector(".bk-Figure")) rendered++; });
+    document.body.insertAdjacentHTML("beforeend", '<pre id="probe-roots">' + rendered + "/" + roots.length + "</pre>");
+    var pre = document.createElement("pre"); pre.id = "probe-errors"; pre.textContent = errors.join("\\n");
+    document.body.appendChild(pre);
+  }, 2000); });
+})();</script>"""
+
+
+def _chromium(*args, timeout=120) -> subprocess.CompletedProcess:
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--proxy-server=127.0.0.1:9",
+               "--enable-logging=stderr", "--v=0", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
+
+
+@pytest.fixture(scope="module")
+def spool_store(tmp_path_factory):
+    with query.connect(P.write_spool(tmp_path_factory.mktemp("spool"))) as db:
+        yield db
+
+
+def test_report_content(spool_store, tmp_path):
+    path = spool_store.report(tmp_path / "sub" / "r.html", title="Nightly <run>")
+    text = open(path, encoding="utf-8").read()
+    assert "<title>Nightly &lt;run&gt;</title>" in text
+    body = text.split("</head>\n<body>\n", 1)[1].split("<script")[0]  # the report's own HTML, up to the figures' script
+    assert "http://" not in body and "https://" not in body  # nothing to fetch: no links out
+    assert "<script src=" not in text and "<link" not in text
+    for job in (1, 2):
+        assert f'id="job-{job}"' in text and f"Job {job}: GPU utilization (%)" in text
+    assert text.count('data-root-id="') == 6  # per job: utilization, memory, activity bars
+    for needle in ("Session overview", "held-but-idle GPU-hours", "thread-noncpu", "Slowest task prefixes",
+                   "matmul", "disk-read"):
+        assert needle in text
+    assert "{{" not in body  # every figure placeholder was filled
+
+
+def test_sections_without_data_say_why(influxd, tmp_path):
+    from dask_influx_metrics import lineprotocol
+
+    database = influxd.create_database("report_no_tasks")
+    points = [p for p in P.all_points() if p.measurement not in ("task", "activity")]
+    influxd.write(lineprotocol.encode_many(points), db=database).raise_for_status()
+    with query.connect(influxd.url, database=database) as db:
+        text = open(db.report(tmp_path / "r.html"), encoding="utf-8").read()
+    assert "no task stream recorded: tracking `task-stream` is off" in text
+    assert "no fine performance metrics recorded: tracking `fine-metrics` is off" in text
+
+
+def test_missing_bokeh_names_the_extra(spool_store, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "bokeh.plotting", None)
+    with pytest.raises(ImportError, match=r"pip install dask-influx-metrics\[report\]"):
+        spool_store.report(tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.fixture(scope="module")
+def demo_report(influxd, tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    rc = demo.main(["--influxdb-url", influxd.url, "--telegraf-address", "%s:%d" % influxd.udp_address,
+                    "--workers", "2", "--gpus", "2", "--out", str(out)])
+    assert rc == 0
+    return out / "gpu-report.html"
+
+
+def test_demo_report_in_headless_chromium(demo_report, tmp_path):
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs Debian's chromium)")
+    probed = tmp_path / "probed.html"
+    probed.write_text(demo_report.read_text(encoding="utf-8").replace("<head>", "<head>\n" + PROBE, 1),
+                      encoding="utf-8")
+    run = _chromium("--virtual-time-budget=10000", "--dump-dom", probed.as_uri())
+    dom = run.stdout
+    assert 'id="probe-errors"' in dom, "the probe did not run: " + run.stderr[-2000:]
+    assert re.search(r'<pre id="probe-errors"></pre>', dom), re.search(r'<pre id="probe-errors">.*?</pre>', dom, re.S)[0]
+    rendered, roots = map(int, re.search(r'<pre id="probe-roots">(\d+)/(\d+)</pre>', dom).groups())
+    assert roots == 6 and rendered == roots  # 3 jobs x (utilization, memory): BokehJS drew every figure
+    console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+    assert not [line for line in console if "Uncaught" in line or "Error" in line], console
+    for job in (1, 2, 3):
+        assert f'<h2 id="job-{job}">Job {job}</h2>' in dom
+    assert "no task stream recorded" in dom  # the demo's workers write no task points yet
+
+    shot = tmp_path / "gpu-report.png"
+    _chromium("--virtual-time-budget=10000", "--hide-scrollbars", "--window-size=1400,2400",
+              f"--screenshot={shot}", demo_report.as_uri())
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
+    shutil.copyfile(shot, "/tmp/gpu-report.png")
+    print(f"\nscreenshot of the demo report: {shot} (copy: /tmp/gpu-report.png); report: {demo_report}")
+    assert os.path.getsize(demo_report) > 1_000_000  # BokehJS inline
