@@ -180,3 +180,39 @@ def worker_clock_offset(worker) -> float:
 def worker_plugin(worker, name: str):
     """The plugin set up on ``worker`` under ``name``, or None."""
     return worker.plugins.get(name)
+
+
+# WorkerState.tasks[key] (state, prefix, startstops, nbytes): what a task's execution ended
+# in, read on the event loop by WorkerPlugin.transition as it ends. startstops are Dask's
+# per-task intervals ({"action": "compute"|"transfer"|"disk-read"|"disk-write", "start",
+# "stop"}; compute and transfer already on the scheduler's clock, disk ones on the worker's).
+# Without it the task stream has no timings, sizes or final state. Checked: distributed 2026.8.0, 2026.7.1.
+def worker_task_end(worker, key):
+    """``(state, prefix, startstops, nbytes)`` of task ``key`` now, or None when forgotten."""
+    ts = worker.state.tasks.get(key)
+    return None if ts is None else (ts.state, ts.prefix, tuple(ts.startstops), ts.nbytes)
+
+
+# Server.digests_total: Dask's cumulative fine performance metrics, keys
+# ("execute", span_id, prefix, activity, unit) for task execution (other contexts too),
+# mutated on the event loop. Without it there are no activity points. Checked: distributed 2026.8.0, 2026.7.1.
+def worker_digests(worker) -> dict:
+    """A snapshot copy of ``worker.digests_total``, safe from another thread.
+
+    ``dict(d)`` of a dict with str/tuple keys is one C call holding the GIL, so the event loop
+    cannot change it mid-copy on CPython with a GIL; the retry on ``RuntimeError`` ("dictionary
+    changed size during iteration") covers interpreters where that does not hold.
+    """
+    for _ in range(10):
+        try:
+            return dict(worker.digests_total)
+        except RuntimeError:
+            continue
+    return {}
+
+
+def execute_digest(key):
+    """``(prefix, activity, unit)`` of a ``digests_total`` key about task execution, else None."""
+    if isinstance(key, tuple) and len(key) == 5 and key[0] == "execute":
+        return key[2:]
+    return None

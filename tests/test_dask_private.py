@@ -23,7 +23,7 @@ from dask_influx_metrics import _dask
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dask_influx_metrics")
 PRIVATE = re.compile(r"_send_to_scheduler|stream_handlers|protocol(\.|import)pickle|register_worker_plugin|submitting_task"
-                     r"|worker_plugins|worker\.(state|scheduler_delay|plugins)\b")
+                     r"|worker_plugins|worker\.(state|scheduler_delay|plugins)\b|digests_total")
 RECORDER = "test-dask-private-recorder"
 OP = "test-dask-private-op"
 MARK = "test-dask-private-mark"
@@ -215,6 +215,29 @@ def test_worker_state_reads(client, recorder):
         assert isinstance(view["offset"], float | int), view
         assert isinstance(view["mark"], dict) and view["mark"]["graph"] >= 1, view
         assert client.submit(_seceded_view, key="seceded").result(), "a seceded task is not among the running keys"
+
+
+def _ended(dask_worker, key) -> dict:
+    end = _dask.worker_task_end(dask_worker, key)
+    digests = {_dask.execute_digest(k): v for k, v in _dask.worker_digests(dask_worker).items()}
+    return {"end": end, "digests": digests, "offset": _dask.worker_clock_offset(dask_worker)}
+
+
+def test_task_end_and_fine_performance_metrics(client):
+    with dask_contract("WorkerState.tasks[key] (state, prefix, startstops, nbytes) or Worker.digests_total "
+                       "('execute', span, prefix, activity, unit)",
+                       "the task stream loses its timings, sizes and states; activity points stop"):
+        worker = sorted(client.scheduler_info()["workers"])[0]
+        before = time.time()
+        done = client.submit(lambda: b"y" * 1000, key="ended-task-1", workers=[worker])
+        done.result()
+        got = client.run(_ended, key="ended-task-1", workers=[worker])[worker]
+        state, prefix, startstops, nbytes = got["end"]
+        assert (state, prefix) == ("memory", "ended-task") and nbytes >= 1000, got
+        [compute] = [s for s in startstops if s["action"] == "compute"]
+        assert before - 5 < compute["start"] <= compute["stop"] < time.time() + 5, got  # scheduler clock, seconds
+        assert ("ended-task", "thread-cpu", "seconds") in got["digests"], got["digests"]
+        assert client.run(_ended, key="no-such-key", workers=[worker])[worker]["end"] is None
 
 
 def code_lines(path) -> dict:

@@ -53,6 +53,7 @@ def build_sampler(
     custom_only: bool = False,
     gpu=None,
     sink=None,
+    streams: tuple = (),
 ) -> tuple[Sampler, Parts]:
     """A sampler, not yet started, and the parts it holds.
 
@@ -68,7 +69,8 @@ def build_sampler(
     ``custom_only``: custom metrics only (beside a sidecar); the GPU source is
     still opened when a per-device metric needs its handles. ``gpu`` and
     ``sink``: reuse these instead of making new ones (``gpu=None``: make one if
-    needed).
+    needed). ``streams``: objects whose ``points(now_ns)`` join each sample (the
+    worker's task stream, :mod:`.sources.taskstream`), also beside a sidecar.
     """
     per_device = any(m.per_device for m in custom or ())
     if gpu is None and (per_device or not custom_only and any(m == GPU for m, _ in settings.fields)):
@@ -92,7 +94,8 @@ def build_sampler(
         return {**base_tags, "job": snap.job_tag, "dag": snap.dag_tag}
 
     sampler = Sampler(sources, sink, tags, interval=settings.polling_interval / 1000.0,
-                      before_sample=activity.refresh, clock_offset=clock_offset, owned=(host,) if host else ())
+                      before_sample=activity.refresh, clock_offset=clock_offset, owned=(host,) if host else (),
+                      streams=streams)
     return sampler, Parts(gpu, sink)
 
 

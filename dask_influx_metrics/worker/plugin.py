@@ -8,16 +8,18 @@ everywhere. Settings are resolved on the worker from its own Dask config plus
 the client's explicit overrides, so each node finds its own Telegraf.
 
 ``transition`` (on the event loop) only updates a small registry of executing
-tasks with the job/DAG the scheduler annotated them with; the sampling thread
-does everything else.
+tasks with the job/DAG the scheduler annotated them with, and appends one small
+record per finished execution for the task stream (:mod:`.sources.taskstream`);
+the sampling thread does everything else.
 
 With ``sampler.isolate`` (``isolate=True``) a sidecar process samples instead,
 out of the worker's GIL (see :mod:`.sidecar`); the worker publishes its
-registry to it. Custom metrics need the ``worker`` object, so they keep an
-in-process sampler of their own (``custom`` points only, same tags, timestamps
-from their own clock ticks). If the sidecar cannot start or dies, that is
-reported once and the worker samples in-process as without ``isolate``; so
-does a sidecar that produces no sample for 3 polling intervals (hung).
+registry to it. Custom metrics and the task stream need the ``worker`` object,
+so they keep an in-process sampler of their own (``custom``, ``task`` and
+``activity`` points only, same tags, timestamps from their own clock ticks). If
+the sidecar cannot start or dies, that is reported once and the worker samples
+in-process as without ``isolate``; so does a sidecar that produces no sample for
+3 polling intervals (hung).
 
 Example
 -------
@@ -32,6 +34,7 @@ import asyncio
 import functools
 import logging
 import socket
+import time
 
 from tornado.ioloop import PeriodicCallback
 
@@ -42,6 +45,7 @@ from ..config import Settings
 from ..scheduler.plugin import ANNOTATION, DESTINATIONS, EVENT_TOPIC
 from .build import build_sampler
 from .sinks import counters, destinations
+from .sources import taskstream
 from .sources.activity import CachedActivity, TaskRegistry
 
 logger = logging.getLogger(__name__)
@@ -49,7 +53,7 @@ logger = logging.getLogger(__name__)
 PLUGIN_NAME = "influx-metrics"
 SIDECAR_START_TIMEOUT = 30.0  # s for a sidecar to start sampling (it imports this package)
 RUNNING = frozenset({"executing", "long-running"})
-STILL_RUNNING = RUNNING | {"cancelled"}  # a cancelled task's thread runs on
+STILL_RUNNING = RUNNING | {"cancelled", "resumed"}  # a cancelled (or resumed) task's thread runs on
 
 
 class MetricsWorkerPlugin(WorkerPlugin):
@@ -63,6 +67,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.session = dict(session)
         self.sampler = None
         self.sidecar = None  # sampler.isolate: the sidecar process while it samples
+        self.tasks = None  # the task stream (set up in setup when tracked)
         self.closed = False
 
     def setup(self, worker):
@@ -75,6 +80,9 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.custom = _dask.loads(self.worker_payload) if self.worker_payload else []
         self.activity = CachedActivity(self.registry)
         self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
+        self.tasks = taskstream.TaskStream(
+            settings.fields, self.base_tags, functools.partial(_dask.worker_clock_offset, worker),
+            digests=functools.partial(_dask.worker_digests, worker)) if taskstream.wanted(settings.fields) else None
         self.gpu = self.sink = None
         self._record_destinations()
         if settings.isolate:
@@ -87,6 +95,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self.settings, self.session["id"], self.worker.address, self.base_tags, self.activity,
             clock_offset=functools.partial(_dask.worker_clock_offset, self.worker), report=self._report,
             custom=self.custom, worker=self.worker, custom_only=custom_only, gpu=self.gpu, sink=self.sink,
+            streams=() if self.tasks is None else (self.tasks,),
         )
         self.sampler.start()
 
@@ -98,8 +107,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if sidecar is not None:
             self._ticker.stop()
         sampler, self.sampler = self.sampler, None
-        # a graph that ended after the last sample still leaves one (the in-process sampler samples all)
-        final = sampler is not None and sidecar is None and self.registry.unsampled()
+        # a graph that ended after the last sample still leaves one (the in-process sampler samples all);
+        # so do tasks that ended since then (task stream)
+        final = sampler is not None and (sidecar is None and self.registry.unsampled()
+                                         or self.tasks is not None and self.tasks.pending())
         return asyncio.to_thread(self._close, sidecar, sampler, self.sink, self.gpu, final)
 
     @staticmethod
@@ -115,10 +126,18 @@ class MetricsWorkerPlugin(WorkerPlugin):
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         if finish in RUNNING and start not in RUNNING:
             self._started(key)
-        elif finish not in STILL_RUNNING:
-            self.registry.finished(key)
+        elif start in STILL_RUNNING and finish not in STILL_RUNNING:
+            self._ended(key)
         if self.sidecar is not None:
             self._publish()
+
+    def _ended(self, key) -> None:
+        end = _dask.worker_task_end(self.worker, key)
+        if end is not None and end[0] in STILL_RUNNING:
+            return  # asked to release a running task: cancelled, its thread runs on
+        where = self.registry.finished(key)
+        if where is not None and self.tasks is not None:
+            self.tasks.ended.append((key, *where, end, time.time()))  # the sampler thread does the rest
 
     def _started(self, key) -> None:
         mark = _dask.worker_task_annotation(self.worker, key, ANNOTATION)
@@ -148,7 +167,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
                     self._report("sidecar", f"the sampling sidecar did not start (exit code {code}); sampling in-process")
             elif self.sidecar is sidecar:
                 self._ticker.start()
-        if not self.closed and (self.sidecar is None or self.custom):
+        if not self.closed and (self.sidecar is None or self.custom or self.tasks is not None):
             self._start_sampler(custom_only=self.sidecar is not None)
 
     def _publish(self) -> None:

@@ -49,10 +49,12 @@ class Sampler:
         clock_offset: Callable[[], float] = lambda: 0.0,
         name: str = "influx-metrics-sampler",
         owned: tuple = (),
+        streams: tuple = (),
     ):
         self.sources, self.sink, self.interval = list(sources), sink, float(interval)
         self._tags, self._before, self._offset = tags, before_sample, clock_offset
         self._owned = owned  # closed by stop(): parts only this sampler uses (the host source's lock)
+        self._streams = streams  # points(now_ns) -> points with tags and times of their own (task stream)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -81,7 +83,13 @@ class Sampler:
                     merged[key].fields.update(r.fields)
                 else:
                     merged[key] = Point(r.measurement, {**common, **r.tags}, dict(r.fields), now_ns)
-        return list(merged.values())
+        points = list(merged.values())
+        for stream in self._streams:
+            try:
+                points += stream.points(now_ns)
+            except Exception as e:
+                self._report_once(stream, e)
+        return points
 
     def sample_and_send(self) -> int:
         """One sample, encoded and handed to the sink; returns the line count."""

@@ -11,7 +11,9 @@ Example
 >>> snap = reg.snapshot()
 >>> snap.executing, snap.job_tag, snap.dag_tag
 (1, '1', '3')
->>> reg.finished(("x", 0)); reg.snapshot().dag_tag
+>>> reg.finished(("x", 0))
+(1, 3)
+>>> reg.snapshot().dag_tag
 '0'
 """
 
@@ -74,11 +76,13 @@ class TaskRegistry:
         with self._lock:
             return not self._running
 
-    def finished(self, key) -> None:
+    def finished(self, key):
+        """Forget ``key``; returns its ``(job, dag)``, or None if it was not executing."""
         with self._lock:
             where = self._running.pop(key, None)
             if where is not None and key in self._fresh:
                 self._brief[key] = where
+        return where
 
     def clear(self) -> None:
         with self._lock:

@@ -1,0 +1,112 @@
+"""The task stream: one ``task`` point per finished task execution (tracking name ``task-stream``).
+
+On the event loop the worker plugin only appends one small record per finished
+execution to :attr:`TaskStream.ended` (see ``MetricsWorkerPlugin.transition``):
+``(key, job, dag, end, ended_at)``, where ``end`` is ``(state, prefix,
+startstops, nbytes)`` as the worker's state machine left them (None when the
+task was already forgotten) and ``ended_at`` the worker's ``time.time()``. The
+sampler thread calls :meth:`TaskStream.points` once per tick: it drains the
+records, builds the points (sent in the same batch as the sample) and hands
+them to the fine performance metrics (:mod:`.finemetrics`) as weights.
+
+A point's time is the end of the task's execution (Dask's ``compute`` startstop,
+which Dask already puts on the scheduler's clock); two tasks ending on the same
+nanosecond in one series are moved apart by 1 ns, so neither overwrites the
+other in InfluxDB.
+
+Example
+-------
+>>> from dask_influx_metrics.schema import TRACKING
+>>> stream = TaskStream(frozenset(TRACKING["task-stream"]), {"host": "h", "worker": "w"})
+>>> stream.ended.append((("inc-1", 0), 2, 5, ("memory", "inc", ({"action": "compute", "start": 10.0,
+...                      "stop": 10.5},), 28), 10.6))
+>>> [p] = stream.points(now_ns=0)
+>>> p.tags["job"], p.tags["dag"], p.tags["prefix"], p.tags["state"], p.fields["duration"], p.time_ns
+('2', '5', 'inc', 'memory', 0.5, 10500000000)
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+from dask.utils import key_split
+
+from ...schema import ACTIVITY, TASK, Point
+from .finemetrics import FineMetrics
+
+MAX_PENDING = 1_000_000  # records held between two ticks at most (the oldest go first)
+STATES = {"memory": "memory", "error": "error"}  # any other end: released while running
+SPENT = {"transfer": "transfer", "disk-read": "disk_read", "disk-write": "disk_write"}
+
+
+def wanted(fields) -> bool:
+    """Whether ``fields`` (settings.fields) ask for task or activity points."""
+    return any(m in (TASK, ACTIVITY) for m, _ in fields)
+
+
+class TaskStream:
+    """Finished task executions -> ``task`` points and (with ``digests``) ``activity`` points."""
+
+    def __init__(self, fields, base_tags: dict, clock_offset: Callable[[], float] = lambda: 0.0,
+                 digests: Callable[[], dict] | None = None):
+        self.ended: collections.deque = collections.deque(maxlen=MAX_PENDING)
+        self._want = frozenset(n for m, n in fields if m == TASK)
+        self._tags, self._offset = dict(base_tags), clock_offset
+        self.fine = FineMetrics(digests, fields, base_tags) if digests and (ACTIVITY, "value") in fields else None
+        self._last: dict = {}  # series -> the latest ns written this tick (records come sorted)
+        self._times: dict = {}  # series -> ns written this tick; _before: the previous tick's
+        self._before: dict = {}
+
+    def pending(self) -> bool:
+        """Whether records wait for the next sample."""
+        return bool(self.ended)
+
+    def points(self, now_ns: int) -> list[Point]:
+        """Drain the finished executions: their task points, then the activity points of this tick."""
+        # digests first: a task's digests are added after its record, so every digest read here
+        # has its record drained below (a record whose digests come later waits for them)
+        snapshot = self.fine.snapshot() if self.fine else None
+        records = []
+        while self.ended:
+            records.append(self._record(self.ended.popleft()))
+        records.sort(key=lambda r: r[3])  # by end time: bumped timestamps keep their order
+        out = [self._point(r) for r in records] if self._want else []
+        self._before, self._times, self._last = self._times, {}, {}
+        if self.fine:
+            out += self.fine.points(snapshot, [(prefix, job, duration) for _, job, _, _, prefix, _, duration, _
+                                               in records], now_ns)
+        return out
+
+    def _record(self, raw) -> tuple:
+        """``(key, job, dag, stop, prefix, state, duration, fields)``; stop on the scheduler's clock."""
+        key, job, dag, end, ended_at = raw
+        state, prefix, startstops, nbytes = end or ("forgotten", None, (), None)
+        compute = [s for s in startstops if s["action"] == "compute"]
+        if compute:  # Dask's own interval, already on the scheduler's clock
+            start, stop = compute[-1]["start"], compute[-1]["stop"]
+        else:  # it never ran its function (failed before, rescheduled)
+            start = stop = ended_at + self._offset()
+        fields = {"key": str(key), "start": float(start), "duration": float(stop - start),
+                  "compute": float(stop - start), "transfer": 0.0, "disk_read": 0.0, "disk_write": 0.0}
+        for s in startstops:
+            if s["action"] in SPENT:
+                fields[SPENT[s["action"]]] += float(s["stop"] - s["start"])
+        if nbytes is not None:
+            fields["nbytes"] = int(nbytes)
+        return (key, job, dag, stop, prefix or key_split(key), STATES.get(state, "cancelled"),
+                fields["duration"], fields)
+
+    def _point(self, record) -> Point:
+        _, job, dag, stop, prefix, state, _, fields = record
+        series = (job, dag, prefix, state)
+        t, last = round(stop * 1e9), self._last.get(series)
+        if last is not None and t <= last:  # sorted by end: only an equal time (or one moved on) gets here
+            t = last + 1
+        before = self._before.get(series, ())
+        while t in before:
+            t += 1
+        self._last[series] = t
+        self._times.setdefault(series, set()).add(t)
+        tags = {**self._tags, "job": str(job), "dag": str(dag), "prefix": prefix, "state": state}
+        return Point(TASK, tags, {k: v for k, v in fields.items() if k in self._want}, t)

@@ -1,0 +1,70 @@
+"""TaskStream: finished-task records -> task points (fields, tags, times, collisions, tracking)."""
+
+from __future__ import annotations
+
+from dask_influx_metrics import lineprotocol
+from dask_influx_metrics.schema import TRACKING, fields_for
+from dask_influx_metrics.worker.sources.taskstream import TaskStream, wanted
+
+BASE = {"host": "h", "worker": "tcp://w:1", "run": "r"}
+STREAM = fields_for(["task-stream"])
+
+
+def record(key, job=1, dag=2, state="memory", start=100.0, stop=100.5, nbytes=8, extra=(), ended_at=50.0):
+    startstops = (*extra, {"action": "compute", "start": start, "stop": stop})
+    return (key, job, dag, (state, key.rsplit("-", 1)[0], startstops, nbytes), ended_at)
+
+
+def test_a_finished_task_becomes_one_point_with_its_job_dag_prefix_state_and_timings():
+    stream = TaskStream(STREAM, BASE)
+    spent = ({"action": "transfer", "start": 99.0, "stop": 99.25, "source": "tcp://x:2"},
+             {"action": "disk-read", "start": 99.5, "stop": 99.75})
+    stream.ended.append(record("sum-aggregate-3", extra=spent))
+    [p] = stream.points(now_ns=1)
+    assert p.measurement == "task" and p.time_ns == 100_500_000_000
+    assert p.tags == {**BASE, "job": "1", "dag": "2", "prefix": "sum-aggregate", "state": "memory"}
+    assert p.fields == {"key": "sum-aggregate-3", "start": 100.0, "duration": 0.5, "compute": 0.5,
+                        "transfer": 0.25, "disk_read": 0.25, "disk_write": 0.0, "nbytes": 8}
+    assert not stream.pending() and stream.points(now_ns=2) == []
+    assert lineprotocol.encode_many([p])  # the encoder takes every field as typed
+
+
+def test_states_error_and_cancelled_and_a_task_that_never_ran():
+    stream = TaskStream(STREAM, BASE, clock_offset=lambda: 2.0)
+    stream.ended.append(record("f-1", state="error", nbytes=None))
+    stream.ended.append(record("f-2", state="released"))
+    stream.ended.append((("tuple-key", 0), 3, 4, None, 70.0))  # forgotten before its end was read
+    points = {p.fields["key"]: p for p in stream.points(now_ns=1)}
+    assert points["f-1"].tags["state"] == "error" and "nbytes" not in points["f-1"].fields
+    assert points["f-2"].tags["state"] == "cancelled"
+    odd = points["('tuple-key', 0)"]
+    assert odd.tags["prefix"] == "tuple-key" and odd.tags["state"] == "cancelled"
+    assert odd.fields["start"] == 72.0 and odd.fields["duration"] == 0.0 and odd.time_ns == 72_000_000_000
+
+
+def test_tasks_ending_on_the_same_nanosecond_in_one_series_get_distinct_times():
+    stream = TaskStream(STREAM, BASE)
+    for i in range(3):
+        stream.ended.append(record(f"inc-{i}"))
+    stream.ended.append(record("inc-9", job=2))  # another series may share the time
+    first = stream.points(now_ns=1)
+    stream.ended.append(record("inc-3"))  # next tick, same series, same time
+    second = stream.points(now_ns=2)
+    times = sorted(p.time_ns for p in first + second if p.tags["job"] == "1")
+    assert times == [100_500_000_000 + i for i in range(4)]
+    assert [p.time_ns for p in first if p.tags["job"] == "2"] == [100_500_000_000]
+
+
+def test_tracking_picks_the_fields_and_turns_the_stream_on():
+    assert wanted(fields_for(["task-stream"])) and wanted(fields_for(["fine-metrics"]))
+    assert not wanted(fields_for(["tasks", "compute-util"]))
+    stream = TaskStream(fields_for(["fine-metrics"]), BASE, digests=lambda: {})
+    stream.ended.append(record("inc-1"))
+    assert stream.points(now_ns=1) == []  # activity only, and nothing ran since the baseline
+    assert set(TRACKING["task-stream"]) == {("task", n) for n in stream_fields()}
+
+
+def stream_fields():
+    stream = TaskStream(STREAM, BASE)
+    stream.ended.append(record("x-1"))
+    return stream.points(now_ns=1)[0].fields
