@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from dask_influx_metrics import query
+from dask_influx_metrics import lineprotocol, query
 from dask_influx_metrics.client.cli import SOURCE_ENV, cli
+from dask_influx_metrics.worker.sinks.spool import SpoolSink
 
 BIN = os.path.dirname(sys.executable)
 
@@ -211,6 +212,14 @@ def test_tasks_activity_and_report(monitored, tmp_path):
     out = tmp_path / "r.html"
     assert ok("report", out, "--title", "cli", "--source", spool).stdout == f"{out}\n"
     assert "<title>cli</title>" in out.read_text()
-    # the monitored run wrote no task points: one line saying why, status 2
-    missing = run("tasks", "--source", monitored.spool)
+    # the monitored run's own task stream (every metric tracked): job 1 ran 8 tasks, job 2 ran 4
+    mine = pd.read_csv(io.StringIO(ok("tasks", "--format", "csv", "--source", monitored.spool).stdout))
+    # (Dask's key_split drops the leading "_" of _slow)
+    assert sorted(mine[["job", "prefix", "tasks"]].values.tolist()) == [[1, "slow", 8], [2, "slow", 4]]
+    # a source without task points (tracking `task-stream` off): one line saying why, status 2
+    bare = os.path.join(tmp_path, "bare", "20251123T120000-000001", "w0")
+    sink = SpoolSink(bare)
+    sink.send(lineprotocol.encode_many([p for p in task_points.worker_points(0) if p.measurement in ("gpu", "worker")]))
+    sink.close()
+    missing = run("tasks", "--source", tmp_path / "bare")
     assert missing.exit_code == 2 and missing.stderr.startswith("error: no task stream recorded: tracking `task-stream`")

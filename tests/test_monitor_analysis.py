@@ -35,4 +35,4 @@ def test_to_csv_then_peaks_from_csv(monitored):
 def test_report_of_the_session(monitored):
     text = open(monitored.answers["report"], encoding="utf-8").read()
     assert '<h2 id="job-1">Job 1</h2>' in text and '<h2 id="job-2">Job 2</h2>' in text
-    assert text.count('data-root-id="') == 4  # per job: GPU utilization and memory timelines
+    assert text.count('data-root-id="') == 6  # per job: GPU utilization and memory timelines, activity
