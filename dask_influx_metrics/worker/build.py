@@ -92,7 +92,8 @@ def build_sampler(
         return {**base_tags, "job": snap.job_tag, "dag": snap.dag_tag}
 
     sampler = Sampler(sources, sink, tags, interval=settings.polling_interval / 1000.0,
-                      before_sample=activity.refresh, clock_offset=clock_offset, owned=(host,) if host else ())
+                      before_sample=activity.refresh, clock_offset=clock_offset, owned=(host,) if host else (),
+                      field_tags=() if settings.dag_tag else ("dag",))
     return sampler, Parts(gpu, sink)
 
 

@@ -21,7 +21,7 @@ from typing import Optional
 import pandas as pd
 import requests
 
-from ... import jobtags
+from ... import jobtags, schema
 from ... import credentials
 from ...worker.sinks.spool import replay
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
@@ -30,6 +30,7 @@ from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYP
 logger = logging.getLogger(__name__)
 UNDELIVERED_DIR = "undelivered"
 INVENTORY_TAGS = ("worker", "job")  # what the first question groups by: workers, jobs, and (with them) fields
+DAG_FIELD = "dag_field"  # the dag written as a field (dag-tag: false), selected beside the dag tag
 
 
 def ident(name: str) -> str:
@@ -79,6 +80,17 @@ def parse_tags(text: str) -> dict:
 
 def _unescape(text: str) -> str:
     return re.sub(r"\\(.)", r"\1", text)
+
+
+def _dag_from_field(frame: pd.DataFrame, fields: list[str]) -> pd.DataFrame:
+    """The ``dag`` column from the tag, or from the field where the tag is empty (``dag-tag: false``);
+    rows that hold only the dag field (none of ``fields``) are dropped."""
+    if DAG_FIELD not in frame.columns:
+        return frame
+    tag = frame["dag"].where(frame["dag"].notna() & (frame["dag"] != ""))
+    frame = frame.assign(dag=tag.fillna(frame[DAG_FIELD]).astype(object)).drop(columns=DAG_FIELD)
+    present = [f for f in fields if f in frame.columns]
+    return frame[frame[present].notna().any(axis=1)] if present else frame.iloc[:0]
 
 
 class InfluxQLBackend:
@@ -197,7 +209,7 @@ class InfluxQLBackend:
         for s in self._firsts():
             out.setdefault(s["name"], set()).update(
                 c[len("first_"):] for c, v in zip(s["columns"], s["values"][0]) if c.startswith("first_") and v is not None)
-        return {m: sorted(f) for m, f in out.items() if f}
+        return {m: sorted(f - set(schema.COMMON_TAGS)) for m, f in out.items() if f - set(schema.COMMON_TAGS)}
 
     def tag_values(self, key: str) -> list[str]:
         """Distinct values of tag ``key`` on sample points (within the time range and tags).
@@ -244,19 +256,22 @@ class InfluxQLBackend:
         Asked as ``GROUP BY job, dag, index`` (half the server time of selecting
         tags as columns), then checked against the server's ``count()`` of each
         field: a response cut short by a server's ``max-row-limit`` is read
-        again in time-ordered pages, never returned short.
+        again in time-ordered pages, never returned short. A ``dag`` written as
+        a field (``dag-tag: false``) is selected too and fills in where the tag is empty.
         """
         groups = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else [])
         where = self._where(worker=worker, job=job)
-        select = ", ".join(ident(f) for f in fields)
+        select = ", ".join(ident(f) for f in fields) + f', "dag"::field AS {ident(DAG_FIELD)}'
         frame = self._csv(f"SELECT {select} FROM {ident(measurement)} {where} GROUP BY "
-                          + ", ".join(ident(g) for g in groups), dtype={"running": str}, keep_tags=True)
+                          + ", ".join(ident(g) for g in groups), dtype={"running": str, DAG_FIELD: str},
+                          keep_tags=True)
         if frame.empty:
             return empty_frame(fields, "index" in groups)
         tags = pd.DataFrame([parse_tags(t) for t in frame["tags"].unique()], index=frame["tags"].unique())
         for g in groups:
             frame[g] = frame["tags"].map(tags[g] if g in tags.columns else {}).astype(object)
-        frame = frame.drop(columns="tags").sort_values("time", kind="stable").reset_index(drop=True)
+        frame = _dag_from_field(frame.drop(columns="tags"), fields)
+        frame = frame.sort_values("time", kind="stable").reset_index(drop=True)
         counts = self._csv(f"SELECT {', '.join(f'count({ident(f)})' for f in fields)} FROM {ident(measurement)} {where}")
         got = [int(frame[f].notna().sum()) if f in frame.columns else 0 for f in fields]
         # a field without values in the range counts as an empty cell (NaN), i.e. 0
@@ -270,12 +285,12 @@ class InfluxQLBackend:
 
     def _paged(self, measurement: str, fields: list[str], groups: list[str], where: str) -> pd.DataFrame:
         """The same rows in pages of ``page_rows``, ordered by time (for servers with a row limit)."""
-        select = ", ".join(ident(c) for c in list(fields) + groups)
+        select = ", ".join(ident(c) for c in list(fields) + groups) + f', "dag"::field AS {ident(DAG_FIELD)}'
         pages, since = [], None
         while True:
             clause = where + (f"{' AND' if where else 'WHERE'} time >= {since}" if since is not None else "")
             q = f"SELECT {select} FROM {ident(measurement)} {clause} ORDER BY time ASC LIMIT {self.page_rows}"
-            page = self._csv(q, dtype={**TAG_DTYPES, "running": str})
+            page = self._csv(q, dtype={**TAG_DTYPES, "running": str, DAG_FIELD: str})
             if len(page) < self.page_rows:
                 pages.append(page)
                 break
@@ -284,7 +299,7 @@ class InfluxQLBackend:
                 raise QueryError(f"more than page_rows={self.page_rows} rows share time {last}; raise page_rows")
             pages.append(page[page["time"] < last])  # the last instant is read again, whole
             since = last
-        return pd.concat(pages, ignore_index=True)
+        return _dag_from_field(pd.concat(pages, ignore_index=True), fields)
 
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame:
         """Server-side ``MAX(field) GROUP BY by``: one row per group, columns ``by`` + ``max``.
