@@ -14,7 +14,7 @@ import pytest
 
 from dask_influx_metrics import Monitor, lineprotocol, query
 from dask_influx_metrics.config import Settings
-from dask_influx_metrics.schema import Reading
+from dask_influx_metrics.schema import Point, Reading
 from dask_influx_metrics.worker.sampler import Sampler
 
 N_DAGS = 12
@@ -118,3 +118,26 @@ def test_dag_point_times_strictly_increase_per_series():
     assert [p.time_ns for p in points] == list(range(points[0].time_ns, points[0].time_ns + 6))
     assert {tuple(sorted(p.tags.items())) for p in points} == {(("host", "h"), ("job", "1"))}
     assert [(p.fields["dag"], p.fields["status"]) for p in points][:2] == [("1", "ok"), ("1", "ok")]
+
+
+def test_a_database_with_both_forms_reads_back_whole(influxd, fresh_db):
+    """Points from before (dag and status tags; dag-tag: true) and after (fields) in one database."""
+    t0, w = 1_714_564_800_000_000_000, "tcp://10.0.0.1:1"
+    old, new = {"job": "1", "dag": "1", "status": "ok"}, {"dag": "2", "status": "erred"}
+    points = [Point("dag", old, {"event": "submit", "tasks": 2, "label": "c"}, t0),
+              Point("dag", old, {"event": "end", "duration": 1.0}, t0 + 10**9),
+              Point("dag", {"job": "1"}, {**new, "status": "running", "event": "submit", "tasks": 1, "label": "c"},
+                    t0 + 2 * 10**9),
+              Point("dag", {"job": "1"}, {**new, "event": "end", "duration": 0.5}, t0 + 3 * 10**9)]
+    for k, dag in enumerate(["0", "1", "1,2"]):
+        tags = {"host": "h", "worker": w, "job": "1", "index": "0"}
+        fields = {"utilization_gpu": 10.0 * k}
+        points.append(Point("gpu", {**tags, "dag": dag}, fields, t0 + k) if k < 2 else
+                      Point("gpu", tags, {**fields, "dag": dag}, t0 + k))
+    influxd.write(b"\n".join(lineprotocol.encode_many(points)), db=fresh_db)
+    with query.connect(influxd.url, database=fresh_db) as db:
+        dags = db.dags()
+        assert list(dags["dag"]) == [1, 2] and list(dags["status"]) == ["ok", "erred"]
+        assert list(dags["tasks"]) == [2, 1]
+        frame = db.backend.frame("gpu", ["utilization_gpu"], w)
+        assert list(frame["dag"]) == ["0", "1", "1,2"] and list(frame["utilization_gpu"]) == [0, 10, 20]
