@@ -89,6 +89,9 @@ SETTINGS: tuple[Setting, ...] = (
             "where samples go: auto (udp if telegraf.address is set, else http if influxdb.url is, else spool), "
             "udp, http, spool, or a list such as [udp, spool]", keywords=("sink",)),
     Setting("tags", "tags", {}, _tags, "", "extra tags written on every point, e.g. {cluster: prod-a}"),
+    Setting("dag-tag", "dag_tag", True, _bool, "",
+            "true: dag is a tag of every sample (one series per DAG, worker and device); false: a string "
+            "field, so the series count does not grow with the number of DAGs (job stays a tag)"),
     Setting("telegraf.address", "telegraf_address", None, _optional_address, "",
             "node-local Telegraf UDP listener (host:port), read on each worker; null = not configured "
             "(the udp sink then uses 127.0.0.1:8094)"),

@@ -72,7 +72,7 @@ TAGS = {
     "comma-joined ('3' or '3,4'); idle samples carry the last job this worker "
     "ran for ('0' before the first task)",
     "dag": "DAG number(s) of the tasks executing at sample time, ascending and "
-    "comma-joined; '0' when the worker is idle",
+    "comma-joined; '0' when the worker is idle (a string field instead with the setting dag-tag: false)",
     "index": "device index as the worker sees it (0 = first of CUDA_VISIBLE_DEVICES)",
     "nvml_index": "physical device index as NVML numbers it (the same on every worker of the host)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
@@ -83,8 +83,6 @@ TAGS = {
     "activity": "activity points: the activity as Dask's fine performance metrics name it "
     "('thread-cpu', 'thread-noncpu', 'disk-read', custom context_meter labels, ...; never fixed here)",
     "unit": "activity points: the activity's unit as Dask names it ('seconds', 'bytes', 'count')",
-    "status": "dag points: 'running' on submission, then 'ok', 'erred' (a task erred) or "
-    "'cancelled' (a task was released or lost before finishing: futures cancelled, client gone, restart)",
 }
 
 # The tags each measurement carries, besides the extra ``influx-metrics.tags``.
@@ -93,7 +91,7 @@ MEASUREMENT_TAGS = {
     HOST: COMMON_TAGS,
     WORKER: COMMON_TAGS,
     CUSTOM: COMMON_TAGS + DEVICE_TAGS,  # device tags on per-device custom metrics only
-    DAG: ("host", "job", "dag", "status"),
+    DAG: ("host", "job"),  # dag and status are fields: one series per job, however many DAGs
     TASK: COMMON_TAGS + ("prefix", "state"),
     # Dask's digests are per prefix, not per task, so activity points have no dag (see README).
     ACTIVITY: ("host", "worker", "job", "prefix", "activity", "unit"),
@@ -124,6 +122,9 @@ _FIELDS = (
     Field(WORKER, "cpu_percent", float, "%", "worker process CPU since the previous sample (one core = 100)"),
     Field(WORKER, "rss", int, "bytes", "worker process resident memory"),
     Field(WORKER, "managed_bytes", int, "bytes", "bytes of task results the worker holds (worker.state.nbytes)"),
+    Field(DAG, "dag", str, "", "the DAG's number (a field, so the series count does not grow with DAGs)"),
+    Field(DAG, "status", str, "", "'running' on submission, then 'ok', 'erred' (a task erred) or 'cancelled' "
+          "(a task was released or lost before finishing: futures cancelled, client gone, restart)"),
     Field(DAG, "event", str, "", "'submit' or 'end'"),
     Field(DAG, "tasks", int, "count", "tasks in the DAG (new tasks of this submission)"),
     Field(DAG, "label", str, "", "readable job label: the submitting client's id"),
@@ -161,6 +162,20 @@ def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
     fields[CUSTOM] |= set(custom_fields)
     return sorted(f"{m}.{name}" for m, tags in MEASUREMENT_TAGS.items()
                   for name in set(tags) | set(extra_tags) if name in fields[m])
+
+
+def tags_as_fields(point: Point, names) -> Point:
+    """``point`` with its tags ``names`` written as string fields instead (setting ``dag-tag: false``:
+    ``dag`` leaves the series key, so new DAGs add no series).
+
+    >>> tags_as_fields(Point("gpu", {"job": "1", "dag": "2"}, {"utilization_gpu": 5.0}, 1), ("dag",))
+    Point(measurement='gpu', tags={'job': '1'}, fields={'utilization_gpu': 5.0, 'dag': '2'}, time_ns=1)
+    """
+    moved = {n: point.tags[n] for n in names if n in point.tags}
+    if not moved:
+        return point
+    tags = {k: v for k, v in point.tags.items() if k not in moved}
+    return point._replace(tags=tags, fields={**point.fields, **moved})
 
 # Custom metrics land in the ``custom`` measurement, one float field per metric
 # name; per-device metrics carry the device tags.

@@ -10,6 +10,9 @@ Queries are InfluxQL against the ``dask-influxql`` datasource (InfluxDB 1.x,
 or 2.x through a DBRP mapping). ``host``/``worker`` filter with
 ``=~ /^$var$/``; ``job``/``dag`` tags of samples are comma-joined lists
 (``"1,2"``), so they filter with ``=~ /(^|,)$var(,|$)/`` (:mod:`dask_influx_metrics.jobtags`).
+Every query works whether ``dag`` is a tag or a field (``dag-tag: false``): it
+filters on ``dag`` but never groups by it, and the ``dag`` points hold
+``dag``/``status`` as fields.
 """
 
 from __future__ import annotations
@@ -85,9 +88,10 @@ def panels() -> list[dict]:
             f'max("{gpu_mem_pct.name}") AS "peak_{gpu_mem_pct.name}", '
             f'mean("{gpu_util.name}") AS "mean_{gpu_util.name}" '
             f"FROM \"{schema.GPU}\" WHERE {SAMPLES} AND \"dag\" != '0' AND $timeFilter GROUP BY \"job\"")
-    dags = (f'SELECT "{duration.name}", "{field(schema.DAG, "tasks").name}", "{field(schema.DAG, "label").name}" '
+    dags = (f'SELECT "{field(schema.DAG, "dag").name}", "{field(schema.DAG, "status").name}", "{duration.name}", '
+            f'"{field(schema.DAG, "tasks").name}", "{field(schema.DAG, "label").name}" '
             f"FROM \"{schema.DAG}\" WHERE \"job\" =~ /^$job$/ AND \"dag\" =~ /^$dag$/ "
-            f"AND \"event\" = 'end' AND $timeFilter GROUP BY \"job\", \"dag\", \"status\"")
+            f"AND \"event\" = 'end' AND $timeFilter GROUP BY \"job\"")
     rows = [
         [(timeseries("GPU utilization per worker/GPU", gpu_util, "mean", SAMPLES, per_gpu,
                      "$tag_worker GPU $tag_index"), 12),
@@ -130,7 +134,8 @@ def dashboard() -> dict:
             variable("host", tag_values.format(m=schema.WORKER, k="host")),
             variable("worker", tag_values.format(m=schema.WORKER, k="worker") + ' WHERE "host" =~ /^$host$/'),
             variable("job", tag_values.format(m=schema.DAG, k="job"), regex_all=True),
-            variable("dag", tag_values.format(m=schema.DAG, k="dag") + ' WHERE "job" =~ /^$job$/', regex_all=True),
+            variable("dag", f'SELECT DISTINCT("{field(schema.DAG, "dag").name}") FROM "{schema.DAG}" '
+                     'WHERE "job" =~ /^$job$/ AND $timeFilter', regex_all=True),
         ]},
         "annotations": {"list": [
             {"name": "DAG boundaries", "datasource": INFLUXQL, "enable": True, "iconColor": "rgba(255, 96, 96, 1)",

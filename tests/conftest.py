@@ -108,10 +108,34 @@ def monitored(influxd, tmp_path_factory):
     ``job_type="manual"``: job 1 runs 8 slow tasks, job 2 runs 4. Samples go
     over UDP into ``dask_metrics`` (every point tagged ``run=<id>``) and, the
     same points, into a spool. Returns a namespace with ``influxd``, ``run``,
-    ``spool`` (the spool root), ``session`` (``id``, ``start``, ``stop``) and
-    ``workers`` (sorted addresses).
+    ``spool`` (the spool root), ``session`` (``id``, ``start``, ``stop``),
+    ``workers`` (sorted addresses) and ``database``.
     """
+    host, port = influxd.udp_address
+    return _monitored_run(influxd, tmp_path_factory, "dask_metrics", sink="udp", telegraf_address=f"{host}:{port}")
+
+
+@pytest.fixture(scope="session")
+def monitored_dagfield(influxd, tmp_path_factory):
+    """The same run as ``monitored`` with ``dag-tag: false`` (``dag`` a field of every sample), over
+    HTTP into its own database ``dask_metrics_dagfield`` (one mode per database, see README)."""
+    database = influxd.create_database("dask_metrics_dagfield")
+    return _monitored_run(influxd, tmp_path_factory, database, sink="http", influxdb_url=influxd.url,
+                          database=database, dag_tag=False)
+
+
+@pytest.fixture(scope="module", params=["dag-tag", "dag-field"])
+def monitored_both(request):
+    """``monitored``, then ``monitored_dagfield``: a module that overrides ``monitored`` with this
+    fixture runs its tests in both modes of the ``dag-tag`` setting."""
+    return request.getfixturevalue("monitored" if request.param == "dag-tag" else "monitored_dagfield")
+
+
+def _monitored_run(influxd, tmp_path_factory, into: str, sink: str, **settings):
+    """One monitored run (see ``monitored``) whose samples land in database ``into``."""
     import types
+
+    database = into
 
     from distributed import Client, LocalCluster
 
@@ -121,12 +145,10 @@ def monitored(influxd, tmp_path_factory):
 
     run = uuid.uuid4().hex[:10]
     spool = tmp_path_factory.mktemp("spool")
-    host, port = influxd.udp_address
     with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
-        monitor = Monitor(client, sink=["udp", "spool"], telegraf_address=f"{host}:{port}",
-                          spool_directory=str(spool), gpu_source="simulated", gpu_count=2,
-                          tags={"run": run})
+        monitor = Monitor(client, sink=[sink, "spool"], spool_directory=str(spool), gpu_source="simulated",
+                          gpu_count=2, tags={"run": run}, **settings)
         monitor.attach(polling_interval=50, job_type="manual")
         session = monitor.start()
         try:
@@ -135,10 +157,11 @@ def monitored(influxd, tmp_path_factory):
             monitor.new_job()
             client.gather(client.map(_slow, range(100, 104)))
             where = f"WHERE \"run\" = '{run}'"
-            influxd.wait_for(f"SELECT * FROM \"gpu\" {where} AND \"job\" = '2' AND \"dag\" != '0'", 1, timeout=30)
-            influxd.wait_for(f'SELECT * FROM "host" {where}', 1, timeout=30)
-            influxd.wait_for(f"SELECT * FROM \"worker\" {where} AND \"dag\" != '0'", 1, timeout=30)
-            influxd.wait_for(f"SELECT * FROM \"dag\" {where} AND \"event\" = 'end'", 2, timeout=30)
+            influxd.wait_for(f"SELECT * FROM \"gpu\" {where} AND \"job\" = '2' AND \"dag\" != '0'", 1, timeout=30,
+                             db=database)
+            influxd.wait_for(f'SELECT * FROM "host" {where}', 1, timeout=30, db=database)
+            influxd.wait_for(f"SELECT * FROM \"worker\" {where} AND \"dag\" != '0'", 1, timeout=30, db=database)
+            influxd.wait_for(f"SELECT * FROM \"dag\" {where} AND \"event\" = 'end'", 2, timeout=30, db=database)
             workers = sorted(client.scheduler_info()["workers"], key=natural_key)
         finally:
             stopped = monitor.stop()
@@ -146,11 +169,11 @@ def monitored(influxd, tmp_path_factory):
         spooled = [lineprotocol.parse(line) for line in read_lines(spool)]
         for measurement in ("gpu", "host", "worker", "dag"):
             n = sum(p.measurement == measurement for p in spooled)
-            influxd.wait_for(f'SELECT * FROM "{measurement}" WHERE "run" = \'{run}\'', n, timeout=30)
+            influxd.wait_for(f'SELECT * FROM "{measurement}" WHERE "run" = \'{run}\'', n, timeout=30, db=database)
         # What the Monitor's own analysis API answers, while its client is connected.
         answers = {
             "peaks_spool": monitor.get_peaks("compute-util"),
-            "peaks_influx": monitor.get_peaks("compute-util", source=influxd.url),
+            "peaks_influx": monitor.get_peaks("compute-util", source=influxd.url, database=database),
             "peak_memory": monitor.peak_memory(),
             "csv": monitor.to_csv(str(tmp_path_factory.mktemp("csv")), metrics=["compute-util", "mem-util"]),
             "report": monitor.report(str(tmp_path_factory.mktemp("report") / "gpu-report.html")),
@@ -159,9 +182,10 @@ def monitored(influxd, tmp_path_factory):
         store = monitor.query()
         monitor.peak_memory()
         reused = monitor.query() is store and not store.closed
-        other = monitor.query(source=influxd.url)
+        other = monitor.query(source=influxd.url, database=database)
         monitor.shutdown()
         answers["store"] = {"reused": reused, "other_source_closes_it": store.closed and other is not store,
                             "shutdown_closes": other.closed}
     return types.SimpleNamespace(influxd=influxd, run=run, spool=str(spool), session=stopped or session,
-                                 workers=workers, answers=answers)
+                                 workers=workers, answers=answers, database=database,
+                                 dag_tag=settings.get("dag_tag", True))

@@ -34,7 +34,7 @@ def points() -> list[Point]:
            (T[1] + 100, "2", "running", {"event": "submit", "tasks": 2, "label": 'client "2" x'}),
            (T[2] + 100, "1", "ok", {"event": "end", "duration": 1.0000001}),
            (T[2] + 200, "2", "erred", {"event": "end", "duration": 0.5000001})]
-    out += [Point("dag", {"job": d, "dag": d, "status": s}, f, t) for t, d, s, f in dag]
+    out += [Point("dag", {"job": d}, {"dag": d, "status": s, **f}, t) for t, d, s, f in dag]
     return out
 
 

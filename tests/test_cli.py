@@ -18,11 +18,17 @@ BIN = os.path.dirname(sys.executable)
 
 
 @pytest.fixture(scope="module")
+def monitored(monitored_both):
+    """Every test here runs on both runs: ``dag-tag`` true and false (conftest.py)."""
+    return monitored_both
+
+
+@pytest.fixture(scope="module")
 def sources(monitored):
     """CLI arguments (and the matching ``query.connect`` kwargs) for each kind of source."""
     return {
-        "influxql": (["--source", monitored.influxd.url, "--tag", f"run={monitored.run}"],
-                     {"source": monitored.influxd.url, "tags": {"run": monitored.run}}),
+        "influxql": (["--source", monitored.influxd.url, "--database", monitored.database, "--tag", f"run={monitored.run}"],
+                     {"source": monitored.influxd.url, "database": monitored.database, "tags": {"run": monitored.run}}),
         "spool": (["--source", monitored.spool], {"source": monitored.spool}),
     }
 

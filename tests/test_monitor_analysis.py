@@ -7,6 +7,12 @@ import pytest
 from dask_influx_metrics import Monitor, query
 
 
+@pytest.fixture(scope="module")
+def monitored(monitored_both):
+    """Every test here runs on both runs: ``dag-tag`` true and false (conftest.py)."""
+    return monitored_both
+
+
 def test_get_peaks_spool_equals_influxdb(monitored):
     a = monitored.answers
     assert a["peaks_spool"] == a["peaks_influx"]

@@ -10,12 +10,18 @@ METRICS = ["compute-util", "mem-util", "total-mem", "host-cpu", "tasks"]
 
 
 @pytest.fixture(scope="module")
+def monitored(monitored_both):
+    """Every test here runs on both runs: ``dag-tag`` true and false (conftest.py)."""
+    return monitored_both
+
+
+@pytest.fixture(scope="module")
 def stores(monitored):
-    influx = query.connect(monitored.influxd.url, database="dask_metrics", tags={"run": monitored.run})
+    influx = query.connect(monitored.influxd.url, database=monitored.database, tags={"run": monitored.run})
     spool = query.connect(monitored.spool)
     # one clock for both: the collection start as the spool sees it
     origin = spool.origin_ns
-    influx = query.connect(monitored.influxd.url, database="dask_metrics", tags={"run": monitored.run},
+    influx = query.connect(monitored.influxd.url, database=monitored.database, tags={"run": monitored.run},
                            start=pd.Timestamp(origin, unit="ns", tz="UTC"))
     return {"influxql": influx, "spool": spool}
 
@@ -151,7 +157,7 @@ def _open_pools(db) -> int:
 
 
 def test_store_as_context_manager_closes_its_connections(monitored):
-    with query.connect(monitored.influxd.url, database="dask_metrics", tags={"run": monitored.run}) as db:
+    with query.connect(monitored.influxd.url, database=monitored.database, tags={"run": monitored.run}) as db:
         assert db.jobs() == [1, 2]
         assert _open_pools(db) == 1 and not db.closed  # the requests.Session holds a connection
     assert db.closed and _open_pools(db) == 0
@@ -184,7 +190,7 @@ def test_csv_round_trip(stores, monitored, tmp_path):
 
 def test_a_truncated_answer_is_read_again_in_pages(stores, monitored):
     """A server max-row-limit cuts the grouped answer short: the count check notices, pages fix it."""
-    small = query.connect(monitored.influxd.url, tags={"run": monitored.run},
+    small = query.connect(monitored.influxd.url, database=monitored.database, tags={"run": monitored.run},
                           start=pd.Timestamp(stores["spool"].origin_ns, unit="ns", tz="UTC"))
     backend, real_csv, paged = small.backend, small.backend._csv, []
     backend.page_rows = 7
@@ -200,3 +206,11 @@ def test_a_truncated_answer_is_read_again_in_pages(stores, monitored):
     assert sum(paged) > 10
     for worker in b:
         pd.testing.assert_frame_equal(a[worker], b[worker])
+
+
+def test_the_run_wrote_dag_as_the_setting_says(monitored):
+    keys = monitored.influxd.query('SHOW TAG KEYS FROM "gpu"', db=monitored.database)
+    fields = monitored.influxd.query('SHOW FIELD KEYS FROM "gpu"', db=monitored.database)
+    assert ("dag" in {k["tagKey"] for k in keys}) is monitored.dag_tag
+    assert ("dag" in {f["fieldKey"] for f in fields}) is not monitored.dag_tag
+    assert "dag" not in query.connect(monitored.spool).fields().get("gpu", [])

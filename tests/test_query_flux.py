@@ -74,6 +74,9 @@ def _all_queries() -> dict[str, str]:
             out[f"max-{len(by)}-{job}-{name}"] = F.flux_max_query("b", "gpu", "memory_used", by, workers, job, **kw)
         out[f"max-busy-{name}"] = F.flux_max_query("b", "gpu", "memory_used", ["worker", "index", "job"], [W], 2,
                                                    busy=True, **kw)
+        out[f"frame-dagfield-{name}"] = F.flux_frame_query("b", "gpu", ["utilization_gpu"], W, 2, **kw, dag_field=True)
+        out[f"max-busy-dagfield-{name}"] = F.flux_max_query("b", "gpu", 'my "metric"', ["worker", "job"], [W], 2,
+                                                            busy=True, dag_field=True, **kw)
     out["buckets"] = F.BUCKETS_QUERY
     return out
 
@@ -254,3 +257,39 @@ def test_missing_client_names_the_extra(monkeypatch, fake):
     monkeypatch.setitem(sys.modules, "influxdb_client", None)
     with pytest.raises(ImportError, match=r"pip install dask-influx-metrics\[flux\]"):
         _connect(fake)
+
+
+def _without_dag(text: str) -> str:
+    """A canned answer as it reads with dag-tag: false before dag is asked for: no dag column."""
+    import csv
+    import io
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    for block in text.strip("\r\n").split("\r\n\r\n"):  # one table each: annotations, header, rows
+        rows = list(csv.reader(io.StringIO(block)))
+        at = next(r for r in rows if r[0] == "").index("dag")
+        writer.writerows([r[:at] + r[at + 1:] for r in rows] + [[]])
+    return out.getvalue()
+
+
+def test_dag_as_a_field_is_found_and_read(fake):
+    """dag-tag: false: the first frame answer has no dag column, so the frame is asked again with the
+    dag field pivoted in (remembered); busy peaks pivot before filtering on dag."""
+    tagged = _connect(fake).backend.frame("gpu", ["utilization_gpu", "memory_used"], W)
+    fake.answer = lambda flux: (200, ANSWERS["gpu"] if 'r._field == "dag"' in flux else _without_dag(ANSWERS["gpu"]))
+    backend = _connect(fake).backend
+    frame = backend.frame("gpu", ["utilization_gpu", "memory_used"], W)
+    pd.testing.assert_frame_equal(frame, tagged)
+    asked = fake.queries()[-2:]
+    assert 'r._field == "dag"' not in asked[0] and '(r._field == "utilization_gpu" or r._field == "memory_used" ' \
+        'or r._field == "dag")' in asked[1]
+    backend.frame("host", ["cpu_percent"], W)
+    assert 'r._field == "dag"' in fake.queries()[-1]  # remembered: one question per frame from now on
+    assert backend.dag_is_field()
+    backend.max_by("gpu", "memory_used", ("worker", "index", "job"), [W], 2, busy=True)
+    assert fake.queries()[-1].endswith(
+        '    |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")\n'
+        '    |> filter(fn: (r) => r.dag != "0" and exists r["memory_used"])\n'
+        '    |> map(fn: (r) => ({r with _value: r["memory_used"]}))\n'
+        '    |> group(columns: ["worker", "index", "job"])\n    |> max()\n'
+        '    |> keep(columns: ["worker", "index", "job", "_value"])\n')

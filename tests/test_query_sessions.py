@@ -21,9 +21,9 @@ SESSIONS = {"a": "20240501T120000-000001", "b": "20240502T120000-000002"}
 def _dags(t0: int, jobs) -> list[Point]:
     out = []
     for j in jobs:
-        tags = {"job": str(j), "dag": str(j)}
-        out.append(Point("dag", {**tags, "status": "running"}, {"event": "submit", "tasks": 2, "label": "x"}, t0 + j))
-        out.append(Point("dag", {**tags, "status": "ok"}, {"event": "end", "duration": 1.0}, t0 + 3 * 10**9 + j))
+        tags, dag = {"job": str(j)}, {"dag": str(j)}
+        out.append(Point("dag", tags, {**dag, "status": "running", "event": "submit", "tasks": 2, "label": "x"}, t0 + j))
+        out.append(Point("dag", tags, {**dag, "status": "ok", "event": "end", "duration": 1.0}, t0 + 3 * 10**9 + j))
     return out
 
 

@@ -84,6 +84,7 @@ class JobPlugin(SchedulerPlugin):
         self.destinations = {}
         self._record("scheduler", {"host": socket.gethostname(), **destinations(settings, sid, "scheduler")})
         self._tags = {**settings.tags, "host": socket.gethostname()}
+        self._last_ns = 0
         return dict(self.session)
 
     def stop_session(self) -> dict | None:
@@ -162,12 +163,15 @@ class JobPlugin(SchedulerPlugin):
     def _write_dag(self, dag, event: str) -> None:
         if self.sink is None:
             return
-        fields = {"event": event, "tasks": dag.ntasks, "label": dag.client}
+        fields = {"dag": str(dag.number), "status": dag.status, "event": event, "tasks": dag.ntasks,
+                  "label": dag.client}
         if event == "end":
             fields["duration"] = float(dag.ended - dag.submitted)
         t = dag.submitted if event == "submit" else dag.ended
-        tags = {**self._tags, "job": str(dag.job), "dag": str(dag.number), "status": dag.status}
-        point = schema.Point(schema.DAG, tags, fields, int(t * 1e9))
+        # dag and status are fields, so the DAGs of a job share one series: two points at one
+        # nanosecond would overwrite each other. Times strictly increase (+1 ns on a collision).
+        self._last_ns = max(int(t * 1e9), self._last_ns + 1)
+        point = schema.Point(schema.DAG, {**self._tags, "job": str(dag.job)}, fields, self._last_ns)
         self.sink.send(lineprotocol.encode_many([point]))
 
     def log_event(self, topic, msg) -> None:

@@ -95,7 +95,7 @@ def build_sampler(
 
     sampler = Sampler(sources, sink, tags, interval=settings.polling_interval / 1000.0,
                       before_sample=activity.refresh, clock_offset=clock_offset, owned=(host,) if host else (),
-                      streams=streams)
+                      streams=streams, field_tags=() if settings.dag_tag else ("dag",))
     return sampler, Parts(gpu, sink)
 
 

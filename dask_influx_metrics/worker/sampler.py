@@ -9,7 +9,8 @@ plugin calls it when a task starts on an idle worker, so a graph shorter than
 the interval still shows up); at most one extra sample per interval.
 
 Every sample is tagged with the common tags of one activity snapshot, so the
-``job``/``dag`` tags and the ``running`` field always agree.
+``job``/``dag`` tags and the ``running`` field always agree. ``field_tags``
+(``("dag",)`` with the setting ``dag-tag: false``) are written as fields instead.
 
 Example
 -------
@@ -31,7 +32,7 @@ import time
 from typing import Callable
 
 from .. import lineprotocol
-from ..schema import Point
+from ..schema import Point, tags_as_fields
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +51,13 @@ class Sampler:
         name: str = "influx-metrics-sampler",
         owned: tuple = (),
         streams: tuple = (),
+        field_tags: tuple = (),
     ):
         self.sources, self.sink, self.interval = list(sources), sink, float(interval)
         self._tags, self._before, self._offset = tags, before_sample, clock_offset
         self._owned = owned  # closed by stop(): parts only this sampler uses (the host source's lock)
         self._streams = streams  # points(now_ns) -> points with tags and times of their own (task stream)
+        self._field_tags = tuple(field_tags)  # common tags written as fields (dag-tag: false)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -89,6 +92,8 @@ class Sampler:
                 points += stream.points(now_ns)
             except Exception as e:
                 self._report_once(stream, e)
+        if self._field_tags:
+            return [tags_as_fields(p, self._field_tags) for p in points]
         return points
 
     def sample_and_send(self) -> int:

@@ -117,26 +117,40 @@ def flux_last_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
                     "limit(n: 1)"))
 
 
-def flux_frame_query(bucket, measurement, fields, worker, job=None, tags=None, start_ns=None, stop_ns=None) -> str:
+def flux_frame_query(bucket, measurement, fields, worker, job=None, tags=None, start_ns=None, stop_ns=None,
+                     dag_field=False) -> str:
     """One worker's samples, one row per (time, series): pivot merges the fields of each series.
 
     Tables are series (one per tag set, so per device ``index`` and per job/DAG
     tags); ``pivot`` drops ``_field`` from the group key, so the fields of one
-    series meet in one table and one row per time.
+    series meet in one table and one row per time. ``dag_field``: ``dag`` is a
+    field (``dag-tag: false``), read with the others.
     """
     tag_cols = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else [])
-    where = predicate([measurement], tags, fields=list(fields), workers=[worker], job=job)
+    where = predicate([measurement], tags, fields=list(fields) + (["dag"] if dag_field else []),
+                      workers=[worker], job=job)
     return (_source(bucket, start_ns, stop_ns, where)
             + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
                     f"keep(columns: {_array(['_time'] + tag_cols + list(fields))})"))
 
 
 def flux_max_query(bucket, measurement, field, by, workers=None, job=None, tags=None, start_ns=None,
-                   stop_ns=None, busy=False) -> str:
-    """Server-side ``max`` of one field per group of tags ``by`` (of busy samples with ``busy``), in ``_value``."""
+                   stop_ns=None, busy=False, dag_field=False) -> str:
+    """Server-side ``max`` of one field per group of tags ``by`` (of busy samples with ``busy``), in ``_value``.
+
+    With ``busy`` and ``dag_field`` (``dag`` is a field, ``dag-tag: false``) the
+    field and ``dag`` are pivoted into one row per point before the busy filter.
+    """
+    last = _pipe(f"group(columns: {_array(by)})", "max()", f"keep(columns: {_array(list(by) + ['_value'])})")
+    if busy and dag_field:
+        where = predicate([measurement], tags, fields=[field, "dag"], workers=workers, job=job)
+        value = f"r[{string(field)}]"
+        return (_source(bucket, start_ns, stop_ns, where)
+                + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
+                        f"filter(fn: (r) => {jobtags.FLUX_BUSY} and exists {value})",
+                        f"map(fn: (r) => ({{r with _value: {value}}}))") + last)
     where = predicate([measurement], tags, fields=[field], workers=workers, job=job, busy=busy)
-    return (_source(bucket, start_ns, stop_ns, where)
-            + _pipe(f"group(columns: {_array(by)})", "max()", f"keep(columns: {_array(list(by) + ['_value'])})"))
+    return _source(bucket, start_ns, stop_ns, where) + last
 
 
 def flux_dag_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
@@ -224,6 +238,7 @@ class FluxBackend:
         self.url, self.bucket, self.org = url.rstrip("/"), bucket, org
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
         self.notes: list[str] = []
+        self._dag_field: Optional[bool] = None  # whether samples carry dag as a field (dag-tag: false)
         self._client = influxdb_client.InfluxDBClient(url=self.url, token=token, org=org, timeout=int(timeout * 1000))
         self._api = self._client.query_api()
         self._dialect = influxdb_client.Dialect(header=True, delimiter=",", comment_prefix="#",
@@ -286,8 +301,17 @@ class FluxBackend:
         if data.empty:
             return {}
         data = data.dropna()
+        self._dag_field = bool((data["field"] == "dag").any())
+        data = data[~data["field"].isin(schema.COMMON_TAGS)]
         return {m: sorted(set(data.loc[data["measurement"] == m, "field"]))
                 for m in SAMPLE_MEASUREMENTS if (data["measurement"] == m).any()}
+
+    def dag_is_field(self) -> bool:
+        """Whether the samples in range carry ``dag`` as a field (``dag-tag: false``), asked once."""
+        if self._dag_field is None:
+            self._dag_field = False
+            self.fields()
+        return self._dag_field
 
     def tag_values(self, key: str) -> list[str]:
         """Distinct values of tag ``key`` on sample points (within the time range and tags)."""
@@ -310,13 +334,23 @@ class FluxBackend:
     def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
         """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields."""
         device = measurement in DEVICE_MEASUREMENTS
-        data = self._query(flux_frame_query(self.bucket, measurement, fields, worker, job, **self._window()))
+        data = self._frame(measurement, fields, worker, job, bool(self._dag_field))
+        if not self._dag_field and not data.empty:  # no dag tag in the answer: dag is a field (dag-tag: false)
+            self._dag_field = "dag" not in data.columns or data["dag"].isna().all()
+            if self._dag_field:
+                data = self._frame(measurement, fields, worker, job, True)
         if data.empty:
             return empty_frame(fields, device)
         keep_index = device and "index" in data.columns and data["index"].notna().any()
         cols = ["time", "job", "dag"] + (["index"] if keep_index else []) + list(fields)
         data = data.rename(columns={"_time": "time"}).reindex(columns=cols)
+        if fields:
+            data = data[data[list(fields)].notna().any(axis=1)]  # rows that held only the dag field
         return data.sort_values("time", kind="stable").reset_index(drop=True)
+
+    def _frame(self, measurement, fields, worker, job, dag_field: bool) -> pd.DataFrame:
+        return self._query(flux_frame_query(self.bucket, measurement, fields, worker, job, **self._window(),
+                                            dag_field=dag_field))
 
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame:
         """Server-side ``group(columns: by) |> max()``: one row per group, columns ``by`` + ``max``.
@@ -328,7 +362,7 @@ class FluxBackend:
         if workers is not None and not list(workers):
             return empty
         query = flux_max_query(self.bucket, measurement, field, by, None if workers is None else list(workers),
-                               job, **self._window(), busy=busy)
+                               job, **self._window(), busy=busy, dag_field=busy and self.dag_is_field())
         data = self._query(query)
         if data.empty or "_value" not in data:
             return empty

@@ -30,6 +30,8 @@ from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYP
 logger = logging.getLogger(__name__)
 UNDELIVERED_DIR = "undelivered"
 INVENTORY_TAGS = ("worker", "job")  # what the first question groups by: workers, jobs, and (with them) fields
+FIELD_SUFFIX = "_field"  # a name that may be a tag or a field: the field is selected as <name>_field
+DAG_FIELD = "dag" + FIELD_SUFFIX  # the dag written as a field (dag-tag: false), selected beside the dag tag
 
 
 def ident(name: str) -> str:
@@ -79,6 +81,30 @@ def parse_tags(text: str) -> dict:
 
 def _unescape(text: str) -> str:
     return re.sub(r"\\(.)", r"\1", text)
+
+
+def tag_or_field(name: str) -> str:
+    """Select ``name`` as a tag and as a field (InfluxDB 1.x casts; for a database that holds both):
+    ``name`` and ``name_field`` columns, joined by :func:`_from_field`."""
+    return f"{ident(name)}::tag AS {ident(name)}, {ident(name)}::field AS {ident(name + FIELD_SUFFIX)}"
+
+
+def _from_field(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    """Column ``name`` from the tag, or from ``name_field`` where the tag is empty."""
+    if name + FIELD_SUFFIX not in frame.columns:
+        return frame
+    tag = frame[name].where(frame[name].notna() & (frame[name] != "")) if name in frame.columns else None
+    field = frame[name + FIELD_SUFFIX]
+    return frame.assign(**{name: (field if tag is None else tag.fillna(field)).astype(object)}).drop(
+        columns=name + FIELD_SUFFIX)
+
+
+def _dag_from_field(frame: pd.DataFrame, fields: list[str]) -> pd.DataFrame:
+    """The ``dag`` column from the tag, or from the field where the tag is empty (``dag-tag: false``);
+    rows that hold only the dag field (none of ``fields``) are dropped."""
+    frame = _from_field(frame, "dag")
+    present = [f for f in fields if f in frame.columns]
+    return frame[frame[present].notna().any(axis=1)] if present else frame.iloc[:0]
 
 
 class InfluxQLBackend:
@@ -197,7 +223,7 @@ class InfluxQLBackend:
         for s in self._firsts():
             out.setdefault(s["name"], set()).update(
                 c[len("first_"):] for c, v in zip(s["columns"], s["values"][0]) if c.startswith("first_") and v is not None)
-        return {m: sorted(f) for m, f in out.items() if f}
+        return {m: sorted(f - set(schema.COMMON_TAGS)) for m, f in out.items() if f - set(schema.COMMON_TAGS)}
 
     def tag_values(self, key: str) -> list[str]:
         """Distinct values of tag ``key`` on sample points (within the time range and tags).
@@ -207,6 +233,10 @@ class InfluxQLBackend:
         """
         series = self._firsts() if key in INVENTORY_TAGS else self._firsts((key,))
         return sorted({s.get("tags", {}).get(key) for s in series} - {None, ""})
+
+    def dag_is_field(self) -> bool:
+        """Whether samples in range carry ``dag`` as a field (``dag-tag: false``), from the inventory."""
+        return any(c == "first_dag" and v is not None for s in self._firsts() for c, v in zip(s["columns"], s["values"][0]))
 
     def _firsts(self, keys: tuple = INVENTORY_TAGS) -> list[dict]:
         """``first(*)`` of each sample measurement per value of tags ``keys``: the series that hold a
@@ -244,19 +274,22 @@ class InfluxQLBackend:
         Asked as ``GROUP BY job, dag, index`` (half the server time of selecting
         tags as columns), then checked against the server's ``count()`` of each
         field: a response cut short by a server's ``max-row-limit`` is read
-        again in time-ordered pages, never returned short.
+        again in time-ordered pages, never returned short. Where ``dag`` is a
+        field (``dag-tag: false``) it is selected too and fills in where the tag is empty.
         """
         groups = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else [])
         where = self._where(worker=worker, job=job)
-        select = ", ".join(ident(f) for f in fields)
+        select = ", ".join(ident(f) for f in fields) + (f', "dag" AS {ident(DAG_FIELD)}' if self.dag_is_field() else "")
         frame = self._csv(f"SELECT {select} FROM {ident(measurement)} {where} GROUP BY "
-                          + ", ".join(ident(g) for g in groups), dtype={"running": str}, keep_tags=True)
+                          + ", ".join(ident(g) for g in groups), dtype={"running": str, DAG_FIELD: str},
+                          keep_tags=True)
         if frame.empty:
             return empty_frame(fields, "index" in groups)
         tags = pd.DataFrame([parse_tags(t) for t in frame["tags"].unique()], index=frame["tags"].unique())
         for g in groups:
             frame[g] = frame["tags"].map(tags[g] if g in tags.columns else {}).astype(object)
-        frame = frame.drop(columns="tags").sort_values("time", kind="stable").reset_index(drop=True)
+        frame = _dag_from_field(frame.drop(columns="tags"), fields)
+        frame = frame.sort_values("time", kind="stable").reset_index(drop=True)
         counts = self._csv(f"SELECT {', '.join(f'count({ident(f)})' for f in fields)} FROM {ident(measurement)} {where}")
         got = [int(frame[f].notna().sum()) if f in frame.columns else 0 for f in fields]
         # a field without values in the range counts as an empty cell (NaN), i.e. 0
@@ -270,7 +303,7 @@ class InfluxQLBackend:
 
     def _paged(self, measurement: str, fields: list[str], groups: list[str], where: str) -> pd.DataFrame:
         """The same rows in pages of ``page_rows``, ordered by time (for servers with a row limit)."""
-        select = ", ".join(ident(c) for c in list(fields) + groups)
+        select = ", ".join(ident(c) for c in list(fields) + groups)  # "dag": the field where there is one
         pages, since = [], None
         while True:
             clause = where + (f"{' AND' if where else 'WHERE'} time >= {since}" if since is not None else "")
@@ -284,7 +317,7 @@ class InfluxQLBackend:
                 raise QueryError(f"more than page_rows={self.page_rows} rows share time {last}; raise page_rows")
             pages.append(page[page["time"] < last])  # the last instant is read again, whole
             since = last
-        return pd.concat(pages, ignore_index=True)
+        return _dag_from_field(pd.concat(pages, ignore_index=True), fields)
 
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame:
         """Server-side ``MAX(field) GROUP BY by``: one row per group, columns ``by`` + ``max``.
@@ -306,8 +339,16 @@ class InfluxQLBackend:
     def dag_points(self) -> pd.DataFrame:
         """The scheduler's ``dag`` points: time, job, dag, status, event, tasks, label, duration."""
         where = where_clause({k: v for k, v in self.tags.items()}, self.start_ns, self.stop_ns)
-        q = f'SELECT "event", "tasks", "label", "duration", "job", "dag", "status" FROM "dag" {where}'
-        return self._csv(q, dtype={**TAG_DTYPES, "status": str, "event": str, "label": str})
+        dtype = {**TAG_DTYPES, "status": str, "event": str, "label": str, DAG_FIELD: str, "status" + FIELD_SUFFIX: str}
+        frame = self._csv(f'SELECT "event", "tasks", "label", "duration", "job", "dag", "status" FROM "dag" {where}',
+                          dtype=dtype)
+        if "dag" in frame.columns and frame["dag"].isna().any():
+            # dag and status are fields, tags in points written before they were: where one shard holds
+            # both, "dag" names the field. Ask for both (InfluxDB 1.x casts).
+            q = (f'SELECT "event", "tasks", "label", "duration", "job", {tag_or_field("dag")}, '
+                 f'{tag_or_field("status")} FROM "dag" {where}')
+            frame = _from_field(_from_field(self._csv(q, dtype=dtype), "dag"), "status")
+        return frame
 
     def points(self, measurement: str, columns: list[str]) -> pd.DataFrame:
         """Every point of ``measurement`` in range: ``time`` and ``columns`` (tags or fields alike)."""
