@@ -23,7 +23,6 @@ True
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import socket
 import sys
@@ -34,7 +33,7 @@ MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 def _libc():
     """libc's ``pread``, ``send`` and ``sendto``, called with the GIL held, or None."""
     try:
-        libc = ctypes.PyDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = ctypes.PyDLL(None, use_errno=True)  # this process's symbols, libc's among them (no lookup)
         calls = libc.pread, libc.send, libc.sendto
     except (OSError, AttributeError):
         return None
