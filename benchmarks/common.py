@@ -159,17 +159,21 @@ def skipped_without_nvml(name: str) -> list[dict] | None:
 
 
 # -- a simulated worker --------------------------------------------------------
-def simulated_worker(sink, gpu_count: int = 8, tracking=None, psutil_reads: bool = True):
+def simulated_worker(sink, gpu_count: int = 8, tracking=None, psutil_reads: bool = True,
+                     interval_ms: float | None = None):
     """(sampler, parts) for one worker: GPUs, host/process, tasks; every metric by default.
 
     The GPUs are ``gpu_count`` simulated devices, or this node's real ones
     through NVML with ``--gpu-source nvml`` (``gpu_count`` ignored). ``parts``
     names the sources (``gpu``, ``host``, ``tasks``) and the activity cache.
+    ``interval_ms``: sample at this polling interval with the default
+    ``sampler.host-refresh``, as a worker does; None: back to back, every
+    sample reads the host counters.
     """
-    from dask_influx_metrics import schema
+    from dask_influx_metrics import config, schema
     from dask_influx_metrics.worker.sampler import Sampler
     from dask_influx_metrics.worker.sources.activity import CachedActivity, TaskRegistry, TaskSource
-    from dask_influx_metrics.worker.sources.host import HostSource
+    from dask_influx_metrics.worker.sources.host import HostSource, refresh_seconds
     from dask_influx_metrics.worker.sources.simulated import SimulatedGpuSource
 
     reg = TaskRegistry(nthreads=8, managed_bytes=lambda: 3 << 30)
@@ -184,10 +188,14 @@ def simulated_worker(sink, gpu_count: int = 8, tracking=None, psutil_reads: bool
     else:
         gpu = SimulatedGpuSource(gpu_count, fields, activity)
     parts = {"activity": activity, "gpu": gpu, "tasks": TaskSource(fields, activity)}
+    refresh = 0.0
+    if interval_ms is not None:
+        refresh = refresh_seconds(config.Settings.resolve({}).host_refresh, interval_ms)
     if psutil_reads:
-        parts["host"] = HostSource(fields)
+        parts["host"] = HostSource(fields, refresh=refresh)
     sources = [parts[k] for k in ("gpu", "host", "tasks") if k in parts]
-    return Sampler(sources, sink, lambda: TAGS, before_sample=activity.refresh), parts
+    return Sampler(sources, sink, lambda: TAGS, interval=(interval_ms or 200) / 1000.0,
+                   before_sample=activity.refresh), parts
 
 
 def sample_lines(gpu_count: int = 8) -> list[bytes]:

@@ -129,6 +129,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sampler.host-once", "host_once", False, _bool, "",
             "true: one worker per host writes the host measurement (the holder of host.lock; "
             "per-worker tables then show host columns for that worker only)"),
+    Setting("sampler.host-refresh", "host_refresh", 200, _number("a number of ms > 0"), "ms",
+            "host counters are read on the samples nearest to every this many ms; samples in between "
+            "repeat the last host reading (at most the polling interval: every sample)"),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}

@@ -104,6 +104,11 @@ def _measurement(name) -> str:
     return "\\" + text if text.startswith("#") else text
 
 
+def _string(value: str) -> str:
+    """A string field's text between its quotes."""
+    return _STRING_CR_FF.sub(" ", value).translate(_STRING_ESC)
+
+
 def _field_value(value) -> Optional[str]:
     kind = type(value)
     if kind is float:
@@ -118,7 +123,7 @@ def _field_value(value) -> Optional[str]:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return '"' + _STRING_CR_FF.sub(" ", value).translate(_STRING_ESC) + '"'
+        return '"' + _string(value) + '"'
     if isinstance(value, numbers.Integral):
         number = int(value)
         if _INT64_MIN <= number <= _INT64_MAX:
@@ -199,12 +204,12 @@ def _field_key(key) -> tuple[str, str]:
 
 # The fast path: samples repeat the same field keys with the same value types.
 # For keys that all clean up to distinct writable text and values that are all
-# exact ``int``/``float``, one ``str.format`` template per (keys, types) writes
-# the fields; it is used only when every value is writable (finite floats, ints
-# in int64), otherwise the general path below decides, so output and ``stats``
-# are the same either way.
+# exact ``int``/``float``/``str``, one ``str.format`` template per (keys, types)
+# writes the fields (strings escaped first); it is used only when every value is
+# writable (finite floats, ints in int64), otherwise the general path below
+# decides, so output and ``stats`` are the same either way.
 _templates: dict = {}
-_NUMBER_FORMAT = {float: "{!r}", int: "{}i"}
+_NUMBER_FORMAT = {float: "{!r}", int: "{}i", str: '"{}"'}  # str: written escaped (``_string``)
 
 
 def _template(keys: tuple, types: tuple) -> Optional[str]:
@@ -231,14 +236,21 @@ def _template(keys: tuple, types: tuple) -> Optional[str]:
 
 
 def _fast_fields(fields: dict) -> Optional[str]:
-    """The fields' text when all are finite floats and int64 ints under writable keys, else None."""
+    """The fields' text when all are finite floats, int64 ints or strings under writable keys, else None."""
     values = tuple(fields.values())
-    template = _template(tuple(fields), tuple(map(type, values)))
+    types = tuple(map(type, values))
+    template = _template(tuple(fields), types)
     if not template:
         return None
-    if not _INT64_MIN <= min(values) or not max(values) <= _INT64_MAX:  # also False for a NaN first
+    numbers = values
+    if str in types:
+        numbers = [v for v in values if type(v) is not str]
+        values = tuple(_string(v) if type(v) is str else v for v in values)
+        if not numbers:
+            return template.format(*values)
+    if not _INT64_MIN <= min(numbers) or not max(numbers) <= _INT64_MAX:  # also False for a NaN first
         return None
-    total = sum(values)  # NaN or inf when any value is (or, rarely, on overflow: then the general path)
+    total = sum(numbers)  # NaN or inf when any value is (or, rarely, on overflow: then the general path)
     return template.format(*values) if total - total == 0.0 else None
 
 

@@ -46,6 +46,7 @@ def test_env_variables_reach_settings(monkeypatch):
     ({"gpu.source": "cuda"}, "gpu.source"),
     ({"job-type": "auto"}, "job-type"),
     ({"gpu.count": 0}, "gpu.count"),
+    ({"sampler.host-refresh": 0}, "sampler.host-refresh"),
     ({"tags": {"worker": "x"}}, "tags"),
 ])
 def test_bad_settings_name_the_key(overrides, message):

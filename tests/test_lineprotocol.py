@@ -206,3 +206,19 @@ def test_fast_numeric_path_writes_what_the_general_path_writes(monkeypatch):
             lp.stats.clear()
             general = (lp.encode(p), lp.encode(p), dict(lp.stats))
         assert fast == general, p
+
+
+def test_fast_path_with_string_fields_writes_what_the_general_path_writes(monkeypatch):
+    texts = ["", "plain", 'say "hi"', "back\\slash\\", "cr\r only", "crlf\r\n", "form\ffeed", "{0} {x}",
+             "lone\ud800", "ünïcode"] + HOSTILE[:10]
+    others = [1.5, 7, float("nan"), 2**63, None, True]
+    points = [Point("m", {"t": "1"}, {"s": text, "n": other}, i) for i, text in enumerate(texts) for other in others]
+    points += [Point("m", {}, {"s": text}, 1) for text in texts] + [Point("m", {}, {"a": "x", "b": "y"}, None)]
+    for p in points:
+        lp.stats.clear()
+        fast = (lp.encode(p), lp.encode(p), dict(lp.stats))
+        with monkeypatch.context() as m:
+            m.setattr(lp, "_fast_fields", lambda fields: None)
+            lp.stats.clear()
+            general = (lp.encode(p), lp.encode(p), dict(lp.stats))
+        assert fast == general, p

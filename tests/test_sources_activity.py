@@ -54,3 +54,17 @@ def test_a_task_between_two_samples_is_counted_at_the_next_one_only():
     at_next = reg.snapshot(sample=True)
     assert (at_next.executing, at_next.job_tag, at_next.dag_tag) == (1, "1", "7")
     assert reg.snapshot(sample=True).dag_tag == "0" and not reg.unsampled()
+
+
+def test_running_json_follows_the_executing_keys_across_samples():
+    reg = TaskRegistry()
+    cache = CachedActivity(reg)
+    source = TaskSource(fields_for(["tasks"]), cache)
+    seen = []
+    for step in (lambda: reg.started("a", 1, 1), lambda: None, lambda: reg.started(("b", 0), 1, 1),
+                 lambda: reg.finished("a"), lambda: reg.finished(("b", 0))):
+        step()
+        cache.refresh()
+        [r] = source.read()
+        seen.append((r.fields["tasks"], r.fields["running"]))
+    assert seen == [(1, '["a"]'), (1, '["a"]'), (2, '["a", ["b", 0]]'), (1, '[["b", 0]]'), (0, "[]")]

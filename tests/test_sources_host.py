@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from collections import namedtuple
+from collections import Counter, namedtuple
 
 import psutil
 import pytest
@@ -193,3 +193,30 @@ def test_host_lock_released_by_an_exiting_process(tmp_path):
         proc.wait()
     assert [r.measurement for r in src.read()] == [HOST, WORKER], "the writer died: the next sample takes over"
     src.close()
+
+
+def counting(src: HostSource) -> Counter:
+    """Count the reads of each (measurement, group) of ``src`` from now on."""
+    calls = Counter()
+    for key, call in src._calls.items():
+        src._calls[key] = lambda key=key, call=call: calls.update([key[0]]) or call()
+    return calls
+
+
+def test_host_counters_are_repeated_between_refreshes_and_read_again_after():
+    src = HostSource(ALL, refresh=0.2)
+    calls = counting(src)
+    first = [r.fields for r in src.read()]
+    readings = [[r.fields for r in src.read()] for _ in range(3)]
+    assert all(host == first[0] for host, _ in readings), "within the refresh interval the host reading is repeated"
+    assert calls == {HOST: 4, WORKER: 2 * 4}, "the host groups read once, the worker's at every read"
+    deadline = time.monotonic() + 5
+    while calls[HOST] == 4 and time.monotonic() < deadline:
+        src.read()
+    assert calls[HOST] == 8, "after the interval the host is read again"
+
+
+def test_refresh_falls_on_the_sample_nearest_to_the_setting():
+    assert host_mod.refresh_seconds(200, 50) == pytest.approx(0.175)  # every 4th sample at 50 ms
+    assert host_mod.refresh_seconds(200, 100) == pytest.approx(0.15)  # every 2nd
+    assert host_mod.refresh_seconds(200, 200) == host_mod.refresh_seconds(200, 1000) == 0.0  # every sample

@@ -58,3 +58,36 @@ def test_teardown_with_a_frozen_influxdb_never_blocks_the_event_loops(tmp_path):
           f"scheduler {worst[cluster.scheduler_address] * 1000:.0f} ms")
     assert took > 1.0  # the frozen writes really were waited for (bounded), off the loops
     assert worst[worker] < 0.5 and worst[cluster.scheduler_address] < 0.5
+
+
+def sampler_counts(dask_worker) -> tuple[int, int]:
+    sampler = dask_worker.plugins["influx-metrics"].sampler
+    return sampler.samples, sampler.extra
+
+
+def test_an_extra_sample_for_a_graph_after_idleness_not_between_back_to_back_short_tasks():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        receiver.bind(("127.0.0.1", 0))
+        monitor = Monitor(client, sink="udp", telegraf_address="127.0.0.1:%d" % receiver.getsockname()[1],
+                          gpu_source="simulated")
+        monitor.attach(polling_interval=500)
+        monitor.start()
+        try:
+            time.sleep(0.6)  # a tick or two with the worker idle
+            assert client.submit(sum, [1, 2], pure=False).result() == 3
+            deadline = time.monotonic() + 10
+            while [extra for _, extra in client.run(sampler_counts).values()] == [0] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            [(samples, extra)] = client.run(sampler_counts).values()
+            assert extra == 1, "a task on a worker its last sample saw idle gets a sample at once"
+            time.sleep(0.6)  # idle again at the next tick
+            end = time.monotonic() + 2.5
+            while time.monotonic() < end:  # short tasks back to back for 5 intervals
+                client.gather(client.map(abs, range(-200, 0), pure=False))
+            [(samples_after, extra_after)] = client.run(sampler_counts).values()
+        finally:
+            monitor.shutdown()
+    assert samples_after - samples >= 5
+    assert extra_after - extra <= 1, "at most the first of the back-to-back tasks wakes the sampler"

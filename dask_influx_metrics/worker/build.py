@@ -28,7 +28,7 @@ from .sinks import make_sink
 from .sources import make_gpu_source, share_dir
 from .sources.activity import TaskSource
 from .sources.custom import CustomSource
-from .sources.host import HostSource
+from .sources.host import HostSource, refresh_seconds
 
 
 class Parts(NamedTuple):
@@ -64,7 +64,7 @@ def build_sampler(
     worker's ``psutil.Process`` when sampling from outside it (the sidecar). The
     ``host`` measurement is written by one sampler per host and session (the
     holder of ``host.lock`` in the session's folder, :mod:`.gpushare`) with
-    ``sampler.host-once``.
+    ``sampler.host-once``; its counters are read every ``sampler.host-refresh`` ms.
     ``custom``: custom metrics, called as ``fn(worker, ...)``; ``None`` for none.
     ``custom_only``: custom metrics only (beside a sidecar); the GPU source is
     still opened when a per-device metric needs its handles. ``gpu`` and
@@ -81,7 +81,8 @@ def build_sampler(
         except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
             report("gpu-source", f"GPU source {settings.gpu_source!r} unavailable: {e}")
     shared = share_dir(session_id, report) if settings.host_once and not custom_only else None
-    host = None if custom_only else HostSource(settings.fields, process=process, share_dir=shared)
+    refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
+    host = None if custom_only else HostSource(settings.fields, process=process, share_dir=shared, refresh=refresh)
     sources = [] if custom_only else [s for s in (gpu, host, TaskSource(settings.fields, activity)) if s is not None]
     if custom is not None:
         sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report,

@@ -145,8 +145,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
         # submitted while no session ran: counted, not attributed
         idle = self.registry.idle()
         self.registry.started(key, *((mark["job"], mark["dag"]) if ours else (0, 0)))
-        if idle and self.sampler is not None:
-            self.sampler.wake()  # a graph shorter than the interval still gets a sample
+        if idle and self.sampler is not None and not self.activity().executing:
+            # a graph shorter than the interval still gets a sample; not between back-to-back short
+            # tasks (the last sample saw tasks): each is shown at the next tick, as the sampler's docs say
+            self.sampler.wake()
 
     # --- sampler.isolate: the sidecar process (see worker/sidecar.py) ------------------------
     async def _setup_isolated(self) -> None:

@@ -5,8 +5,9 @@ the monotonic clock, whatever each sample costs. When the thread falls more
 than one interval behind (the process was frozen, a task held the GIL), the
 missed ticks are skipped and counted rather than fired in a burst.
 :meth:`Sampler.wake` asks for one extra sample before the next tick (the worker
-plugin calls it when a task starts on an idle worker, so a graph shorter than
-the interval still shows up); at most one extra sample per interval.
+plugin calls it when a task starts on a worker that its last sample saw idle,
+so a graph shorter than the interval still shows up); at most one extra sample
+per interval.
 
 Every sample is tagged with the common tags of one activity snapshot, so the
 ``job``/``dag`` tags and the ``running`` field always agree. ``field_tags``

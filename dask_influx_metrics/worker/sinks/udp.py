@@ -5,9 +5,10 @@ bytes (1472 = a 1500-byte Ethernet MTU minus IP and UDP headers, so nothing
 is fragmented). A line longer than that goes alone, up to the UDP maximum of
 65507 bytes; a longer one is dropped and counted. Sends are non-blocking: a
 full socket buffer drops that datagram (counted) rather than stalling the
-sampler. A socket error is logged once per run of failures and resets the
-socket, which is also re-opened every ``reopen_every`` seconds, because a
-stale conntrack entry left by a restarted Telegraf pod can black-hole UDP.
+sampler, and the send keeps the GIL (:mod:`..heldcalls`). A socket error is
+logged once per run of failures and resets the socket, which is also re-opened
+every ``reopen_every`` seconds, because a stale conntrack entry left by a
+restarted Telegraf pod can black-hole UDP.
 
 On loopback the socket is connected, so the kernel reports a refused datagram
 (ICMP port unreachable: nothing listens) as ``ECONNREFUSED`` on the next send:
@@ -33,6 +34,8 @@ import socket
 import threading
 import time
 
+from ..heldcalls import HeldSocket
+
 logger = logging.getLogger(__name__)
 
 MAX_UDP_PAYLOAD = 65507  # 65535 - 8 (UDP header) - 20 (IPv4 header)
@@ -40,8 +43,8 @@ _SEND_BUFFER = 1 << 20
 _RETRY_OPEN_AFTER = 1.0  # seconds to wait before re-opening after a failure
 
 
-def _open_socket(address: tuple[str, int]) -> tuple[socket.socket, tuple]:
-    """A non-blocking UDP socket for ``address`` and the resolved target."""
+def _open_socket(address: tuple[str, int]) -> tuple[HeldSocket, tuple]:
+    """A non-blocking UDP socket for ``address`` (sending with the GIL held) and the resolved target."""
     family, kind, proto, _, target = socket.getaddrinfo(
         address[0], address[1], type=socket.SOCK_DGRAM)[0]
     sock = socket.socket(family, kind, proto)
@@ -50,9 +53,10 @@ def _open_socket(address: tuple[str, int]) -> tuple[socket.socket, tuple]:
     except OSError:
         pass  # best effort; capped by net.core.wmem_max anyway
     sock.setblocking(False)
-    if ipaddress.ip_address(target[0].split("%")[0]).is_loopback:
+    loopback = ipaddress.ip_address(target[0].split("%")[0]).is_loopback
+    if loopback:
         sock.connect(target)  # refusals come back as ECONNREFUSED
-    return sock, target
+    return HeldSocket(sock, target, connected=loopback), target
 
 
 def pack(lines: list[bytes], max_datagram: int) -> tuple[list[tuple[bytes, int]], int]:

@@ -148,20 +148,27 @@ def key_json(keys) -> str:
 
 
 class TaskSource:
-    """The ``worker`` measurement's task fields, from an activity snapshot."""
+    """The ``worker`` measurement's task fields, from an activity snapshot.
+
+    The ``running`` JSON is made again only when the executing keys change."""
 
     def __init__(self, fields: frozenset, activity: Callable[[], Activity]):
-        self._want = {name for m, name in fields if m == WORKER}
+        self._want = {name for m, name in fields if m == WORKER} & {"tasks", "running", "managed_bytes"}
         self._activity = activity
+        self._running: tuple = (None, "")  # (keys, their JSON) of the last read
 
     def read(self) -> list[Reading]:
-        want = self._want & {"tasks", "running", "managed_bytes"}
-        if not want:
+        if not self._want:
             return []
         snap = self._activity()
-        values = {
-            "tasks": snap.executing,
-            "running": key_json(k for k, _, _ in snap.running),
-            "managed_bytes": snap.managed_bytes,
-        }
-        return [Reading(WORKER, {}, {k: v for k, v in values.items() if k in want})]
+        values = {}
+        if "tasks" in self._want:
+            values["tasks"] = snap.executing
+        if "running" in self._want:
+            keys = tuple(k for k, _, _ in snap.running)
+            if keys != self._running[0]:
+                self._running = (keys, key_json(keys))
+            values["running"] = self._running[1]
+        if "managed_bytes" in self._want:
+            values["managed_bytes"] = snap.managed_bytes
+        return [Reading(WORKER, {}, values)]

@@ -14,6 +14,11 @@ With ``share_dir`` (the session's host-local folder, :mod:`..gpushare`) the
 holds ``host.lock`` there; when it exits another takes over at its next
 sample. The ``worker`` fields (this process) are always read.
 
+With ``refresh`` (seconds) the ``host`` counters are read at most that often;
+the reads in between repeat the last host reading (``/proc/stat`` and
+``/proc/meminfo`` are the most expensive files the sampler reads: the kernel
+builds them on every read). The ``worker`` fields are read every time.
+
 ``cpu_percent`` (host) is computed per source from ``psutil.cpu_times()``
 deltas, exactly as ``psutil.cpu_percent(interval=None)`` does but without its
 module-wide "previous call" state, which every caller in the process shares
@@ -52,6 +57,16 @@ _GROUPS = {
 }
 
 
+def refresh_seconds(host_refresh_ms: float, polling_interval_ms: float) -> float:
+    """Seconds between host reads so that they fall on the samples nearest to every
+    ``host_refresh_ms`` (0, every sample, when that is at most the polling interval).
+
+    >>> refresh_seconds(200, 50), refresh_seconds(200, 200)
+    (0.175, 0.0)
+    """
+    return 0.0 if host_refresh_ms <= polling_interval_ms else (host_refresh_ms - polling_interval_ms / 2) / 1000.0
+
+
 def _busy_total(times) -> tuple[float, float]:
     """(busy, total) CPU seconds as psutil counts them (guest time is in user)."""
     total = sum(times) - getattr(times, "guest", 0) - getattr(times, "guest_nice", 0)
@@ -64,9 +79,14 @@ class HostSource:
     ``process``: the worker's :class:`psutil.Process` (default this process);
     tests inject one (with ``procfs=False``). ``procfs``: read ``/proc``
     directly where it exists. ``share_dir``: one ``host`` writer per host.
+    ``refresh``: seconds between host reads; reads in between repeat the last.
     """
 
-    def __init__(self, fields: frozenset, process=None, procfs: bool = True, share_dir: str | None = None):
+    def __init__(self, fields: frozenset, process=None, procfs: bool = True, share_dir: str | None = None,
+                 refresh: float = 0.0):
+        self._refresh = refresh
+        self._host_due = 0.0  # monotonic time of the next host read
+        self._host_fields: dict = {}  # the last host read, repeated until the next
         self._groups = {
             key: tuple(n for n in names if (key[0], n) in fields)
             for key, names in _GROUPS.items()
@@ -161,9 +181,15 @@ class HostSource:
         """Up to two readings: ``host`` then ``worker``, each only if it has fields."""
         out: dict[str, dict] = {}
         host = self._owner is None or self._owner.owns()
+        now = time.monotonic()
+        fresh = host and now >= self._host_due
+        if fresh:
+            self._host_due = now + self._refresh
+        elif not host:
+            self._last_cpu = None  # another sampler writes the host: re-prime when taking over
+            self._host_due, self._host_fields = 0.0, {}
         for key, names in self._groups.items():
-            if key[0] == HOST and not host:
-                self._last_cpu = None  # another sampler writes the host: re-prime when taking over
+            if key[0] == HOST and not fresh:
                 continue
             values = self._guard(key, self._calls[key])
             if values is None:
@@ -176,6 +202,10 @@ class HostSource:
                     fields[name] = FIELDS[key[0], name].type(values[name])
                 except (TypeError, ValueError) as e:  # an odd value
                     self._report(key, e)
+        if fresh:
+            self._host_fields = out.get(HOST, {})
+        elif host:
+            out[HOST] = self._host_fields
         return [Reading(m, {}, out[m]) for m in (HOST, WORKER) if out.get(m)]
 
     def close(self) -> None:
