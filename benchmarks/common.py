@@ -1,6 +1,5 @@
-"""Helpers shared by the benchmark modules: result rows, the table, statistics,
-alternated runs, a simulated worker's sampler, a UDP drain process and a
-throw-away influxd (always stopped in ``finally``).
+"""Helpers shared by the benchmark modules: result rows, the table, statistics, alternated runs,
+a simulated worker's sampler, a UDP drain process and a throw-away influxd (stopped in ``finally``).
 
 Result rows (what every ``run(quick) -> list[dict]`` returns) are built by
 :func:`row`; the keys are documented in ``benchmarks/README.md``.

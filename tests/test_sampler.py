@@ -5,7 +5,7 @@ import time
 import pytest
 
 from dask_influx_metrics.worker.sampler import Sampler
-from dask_influx_metrics.schema import Reading
+from dask_influx_metrics.schema import Point, Reading
 
 TAGS = {"host": "h", "worker": "w", "job": "1", "dag": "2"}
 
@@ -114,3 +114,16 @@ def test_wake_takes_one_extra_sample_before_the_next_tick():
         assert len(taken) == 2 and s.extra == 1  # one extra per interval, however many wakes
     finally:
         s.stop()
+
+
+def test_dag_tag_false_moves_dag_to_a_field_on_samples_and_on_stream_points_alike():
+    class Stream:
+        def points(self, now_ns):
+            return [Point("task", {**TAGS, "prefix": "inc", "state": "memory"}, {"duration": 0.5}, now_ns - 1)]
+
+    s = Sampler([Static(Reading("gpu", {"index": "0"}, {"utilization_gpu": 1.0}))], None, lambda: TAGS,
+                streams=(Stream(),), field_tags=("dag",))
+    points = {p.measurement: p for p in s.sample()}
+    for p in points.values():
+        assert "dag" not in p.tags and p.fields["dag"] == "2" and p.tags["job"] == "1"
+    assert points["task"].tags["prefix"] == "inc"
