@@ -3,6 +3,7 @@ workers spill to disk, two concurrent clients, the real influxd (HTTP sink)."""
 
 from __future__ import annotations
 
+import pathlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -75,7 +76,7 @@ def spill_then_read(client, name: str) -> list:
 
 
 def test_every_task_lands_with_its_job_and_dag_and_activity_sums_to_thread_time(spilling_cluster, monitor, influxd,
-                                                                                   fresh_db):
+                                                                                   fresh_db, tmp_path):
     monitor.attach(polling_interval=POLL_MS, tracking=["task-stream", "fine-metrics", "tasks"])
     before = execute_seconds(spilling_cluster)
     monitor.start()
@@ -116,6 +117,12 @@ def test_every_task_lands_with_its_job_and_dag_and_activity_sums_to_thread_time(
     assert sum(r["sum"] for r in activity) == pytest.approx(counted, rel=0.01), (activity, counted)
     byte_rows = influxd.query("SELECT sum(\"value\") FROM activity WHERE unit = 'bytes' GROUP BY activity", db=fresh_db)
     assert any(r["activity"] == "disk-write" and r["sum"] > 0 for r in byte_rows), byte_rows
+
+    # and the one-file report of this session shows both jobs, with their task prefixes
+    pytest.importorskip("bokeh", reason="the report needs the [report] extra")
+    html = pathlib.Path(monitor.report(tmp_path / "gpu-report.html")).read_text()
+    for side, job in job_of.items():
+        assert f'id="job-{job}"' in html and f"{side}-block" in html, (side, job)
 
 
 def test_erred_and_cancelled_tasks_get_their_state_and_tracking_turns_the_stream_off(spilling_cluster, monitor, influxd, fresh_db):
