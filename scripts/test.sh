@@ -22,7 +22,7 @@ fi
 
 OLD=".venv-dask$OLD_DASK"
 [ -x "$OLD/bin/python" ] || python3 -m venv "$OLD"
-"$OLD/bin/python" -m pip install -q --disable-pip-version-check -e . pytest nvidia-ml-py \
+"$OLD/bin/python" -m pip install -q --disable-pip-version-check -e ".[report]" pytest nvidia-ml-py \
   "dask[distributed,array]==$OLD_DASK" "distributed==$OLD_DASK"
 "$OLD/bin/python" -c "$VERSIONS"
 exec "$OLD/bin/python" -m pytest -q "${DASK_TESTS[@]}"
