@@ -131,3 +131,16 @@ def test_the_host_point_carries_the_jobs_of_every_worker_of_the_host(tmp_path):
     two.stop()
     for parts in (p1, p2):
         parts.sink.close()
+
+
+def test_with_only_host_metrics_tracked_every_worker_writes_its_host(tmp_path):
+    """Nothing else of its own to write: host-once would leave the other workers without a row."""
+    settings = Settings.resolve({"sink": "spool", "spool.directory": str(tmp_path), "gpu.source": "none",
+                                 "tracking": ["host-cpu"]})
+    session = f"test-build-hostonly-{os.getpid()}-{tmp_path.name}"
+    built = [build_sampler(settings, session, f"tcp://w:{i}", BASE, CachedActivity(TaskRegistry()),
+                           clock_offset=lambda: 0.0, report=print) for i in (1, 2)]
+    assert [{p.measurement for p in s.sample()} for s, _ in built] == [{"host"}, {"host"}]
+    for s, parts in built:
+        s.stop()
+        parts.sink.close()

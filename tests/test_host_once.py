@@ -18,18 +18,24 @@ def hold(seconds: float) -> int:
 
 
 def _poll(what, deadline: float, pause: float = 0.2):
-    """``what()`` until it returns something true or ``deadline`` (monotonic) passes; returns its last answer."""
+    """``what()`` until it returns something other than None/False or ``deadline`` (monotonic) passes;
+    returns its last answer."""
     while True:
         got = what()
-        if got or time.monotonic() > deadline:
+        if (got is not None and got is not False) or time.monotonic() > deadline:
             return got
         threading.Event().wait(pause)
 
 
 def _host_points(spool: str):
-    with query.connect(spool) as db:
-        host, = set(db.hosts().values()) or {None}
-        return db.host_series(host, ["cpu_percent"]) if host else None
+    """The host series of the one host in the spool, or None while there is none yet."""
+    try:
+        with query.connect(spool) as db:
+            host, = set(db.hosts().values()) or {None}
+            series = db.host_series(host, ["cpu_percent"]) if host else None
+    except query.QueryError:  # nothing spooled yet
+        return None
+    return None if series is None or series.empty else series
 
 
 @pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "sidecar"])
@@ -64,7 +70,7 @@ def test_two_clients_jobs_on_two_workers_tag_the_one_host_series(tmp_path, isola
             other = w1 if writer == w0 else w0
             left = time.time_ns()
             first.retire_workers([writer], close_workers=True)
-            taken = _poll(lambda: (lambda s: s is not None and (s[s["time"] > left]["worker"] == other).any())(
+            taken = _poll(lambda: (lambda s: s is not None and bool((s[s["time"] > left]["worker"] == other).any()))(
                 _host_points(spool)), time.monotonic() + 30)
             assert taken, "the remaining worker writes the host after the writer exited"
         finally:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from ..schema import GPU
+from ..schema import GPU, WORKER
 from .sampler import Sampler
 from .sinks import make_sink
 from .sources import make_gpu_source, share_dir
@@ -67,8 +67,9 @@ def build_sampler(
     from there the owner of a GPU and the host's writer tag device- and host-wide
     points with the jobs of every worker concerned. The ``host`` measurement is
     written by one sampler per host and session (the holder of ``host.lock``,
-    :mod:`.gpushare`) with ``sampler.host-once`` (the default); its counters are
-    read every ``sampler.host-refresh`` ms.
+    :mod:`.gpushare`) with ``sampler.host-once`` (the default), unless only host
+    fields are tracked (then every worker writes its own: it has no other rows);
+    its counters are read every ``sampler.host-refresh`` ms.
     ``custom``: custom metrics, called as ``fn(worker, ...)``; ``None`` for none.
     ``custom_only``: custom metrics only (beside a sidecar); the GPU source is
     still opened when a per-device metric needs its handles. ``gpu`` and
@@ -86,8 +87,10 @@ def build_sampler(
         except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
             report("gpu-source", f"GPU source {settings.gpu_source!r} unavailable: {e}")
     refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
+    # once per host only where every worker writes samples of its own (its rows, that host columns join)
+    once = settings.host_once and any(m in (GPU, WORKER) for m, _ in settings.fields)
     host = None if custom_only else HostSource(settings.fields, process=process, refresh=refresh,
-                                               peers=peers if settings.host_once else None)
+                                               peers=peers if once else None)
     sources = [] if custom_only else [s for s in (gpu, host, TaskSource(settings.fields, activity)) if s is not None]
     if custom is not None:
         sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report,
