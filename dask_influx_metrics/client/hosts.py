@@ -42,7 +42,8 @@ class HostQuestions:
         if getattr(self, "_hosts", None) is None:
             fields, workers, out = self.fields(), set(self.workers()), {}
             for m in (schema.WORKER, schema.GPU, schema.CUSTOM, schema.HOST):
-                numeric = [f for f in fields.get(m, ()) if m == schema.CUSTOM or _tables._numeric(m, f)]
+                numeric = [f for f in fields.get(m, ()) if m == schema.CUSTOM
+                           or getattr(schema.FIELDS.get((m, f)), "type", str) is not str]
                 if not numeric or workers <= set(out):
                     continue
                 rows = self.backend.max_by(m, numeric[0], ("host", "worker"))
