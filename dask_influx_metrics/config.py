@@ -126,9 +126,10 @@ SETTINGS: tuple[Setting, ...] = (
             "CUDA_VISIBLE_DEVICES is set, else all)"),
     Setting("sampler.isolate", "isolate", False, _bool, "",
             "true: sample in a sidecar process per worker, outside the worker's GIL (worker/sidecar.py)"),
-    Setting("sampler.host-once", "host_once", False, _bool, "",
-            "true: one worker per host writes the host measurement (the holder of host.lock; "
-            "per-worker tables then show host columns for that worker only)"),
+    Setting("sampler.host-once", "host_once", True, _bool, "",
+            "true: one worker per host writes the host measurement (the holder of host.lock), tagged with "
+            "the jobs of every worker of the host; per-worker tables join it by host and time. false: "
+            "every worker writes its own copy, tagged with its own jobs"),
     Setting("sampler.host-refresh", "host_refresh", 200, _number("a number of ms > 0"), "ms",
             "host counters are read on the samples nearest to every this many ms; samples in between "
             "repeat the last host reading (at most the polling interval: every sample)"),

@@ -70,9 +70,11 @@ TAGS = {
     "worker": "worker address, e.g. tcp://10.0.0.5:40211",
     "job": "job number(s) of the tasks executing at sample time, ascending and "
     "comma-joined ('3' or '3,4'); idle samples carry the last job this worker "
-    "ran for ('0' before the first task)",
+    "ran for ('0' before the first task). Device-wide gpu fields and host points: the jobs executing on "
+    "every worker of the host using that GPU / of the host (idle: the writer's last job)",
     "dag": "DAG number(s) of the tasks executing at sample time, ascending and "
-    "comma-joined; '0' when the worker is idle (a string field instead with the setting dag-tag: false)",
+    "comma-joined; '0' when the worker is idle (a string field instead with the setting dag-tag: false). "
+    "Device-wide gpu fields and host points: as job, '0' only when none of those workers runs a task",
     "index": "device index as the worker sees it (0 = first of CUDA_VISIBLE_DEVICES)",
     "nvml_index": "physical device index as NVML numbers it (the same on every worker of the host)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",

@@ -10,13 +10,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_quick_benchmarks_run(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "sampler,encode,memory,query",
+    only = "sampler,encode,memory,query,hostonce"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", only,
                            "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert not result["crashed"]
     names = {r["name"] for r in result["rows"]}
-    assert names == {"sampler", "encode", "memory", "query"}
+    assert names == {"sampler", "encode", "memory", "query", "hostonce"}
     assert all(r["measured"] is not None for r in result["rows"])
 
 

@@ -85,7 +85,8 @@ def test_gpu_source_that_cannot_start_is_reported_and_the_rest_samples(tmp_path,
 
 def test_host_once_lets_one_sampler_per_host_write_the_host(tmp_path):
     settings = Settings.resolve({"sink": "spool", "spool.directory": str(tmp_path), "gpu.source": "none",
-                                 "tracking": ["host-cpu", "worker-mem"], "sampler.host-once": True})
+                                 "tracking": ["host-cpu", "worker-mem"]})
+    assert settings.host_once, "the default"
     session = f"test-build-once-{os.getpid()}-{tmp_path.name}"
     one, two = (build_sampler(settings, session, f"tcp://w:{i}", BASE, CachedActivity(TaskRegistry()),
                               clock_offset=lambda: 0.0, report=print) for i in (1, 2))
@@ -94,4 +95,52 @@ def test_host_once_lets_one_sampler_per_host_write_the_host(tmp_path):
     assert {p.measurement for p in two[0].sample()} == {"host", "worker"}
     two[0].stop()
     for _, parts in (one, two):
+        parts.sink.close()
+
+
+def test_the_host_point_carries_the_jobs_of_every_worker_of_the_host(tmp_path):
+    """Two samplers of one host (and session): the host's writer tags its point with both workers' jobs,
+    whatever GPU source; each worker's own points keep its own tags. Idle: dag 0, the writer's last job."""
+    settings = Settings.resolve({"sink": "spool", "spool.directory": str(tmp_path), "gpu.source": "simulated",
+                                 "tracking": ["host-cpu", "worker-mem", "compute-util"]})
+    session = f"test-build-union-{os.getpid()}-{tmp_path.name}"
+    registries = [TaskRegistry(), TaskRegistry()]
+    (one, p1), (two, p2) = (build_sampler(settings, session, f"tcp://w:{i}", {**BASE, "worker": f"tcp://w:{i}"},
+                                          CachedActivity(r), clock_offset=lambda: 0.0, report=print)
+                            for i, r in enumerate(registries))
+    registries[0].started("a", job=1, dag=1)
+    assert {p.measurement for p in one.sample()} == {"host", "worker", "gpu"}, "the first to sample writes the host"
+    registries[0].finished("a")
+    registries[1].started("b", job=2, dag=5)
+    two.sample()  # publishes: the other worker runs job 2
+    host, = [p for p in one.sample() if p.measurement == "host"]
+    assert (host.tags["job"], host.tags["dag"]) == ("2", "5"), "job 2 runs on the host; the writer is idle"
+    assert all((p.tags["job"], p.tags["dag"]) == ("1", "0") for p in one.sample() if p.measurement != "host"), \
+        "the writer's own points: its own (idle) tags"
+    registries[0].started("c", job=3, dag=6)
+    host, = [p for p in one.sample() if p.measurement == "host"]
+    assert (host.tags["job"], host.tags["dag"]) == ("2,3", "5,6")
+    registries[0].finished("c"), registries[1].finished("b")
+    two.sample()
+    host, = [p for p in one.sample() if p.measurement == "host"]
+    assert (host.tags["job"], host.tags["dag"]) == ("3", "0"), "idle: the writer's last job, dag 0"
+    one.stop()
+    registries[1].started("d", job=4, dag=9)
+    host, = [p for p in two.sample() if p.measurement == "host"]
+    assert (host.tags["job"], host.tags["dag"]) == ("4", "9"), "the writer left: the other took over, alone now"
+    two.stop()
+    for parts in (p1, p2):
+        parts.sink.close()
+
+
+def test_with_only_host_metrics_tracked_every_worker_writes_its_host(tmp_path):
+    """Nothing else of its own to write: host-once would leave the other workers without a row."""
+    settings = Settings.resolve({"sink": "spool", "spool.directory": str(tmp_path), "gpu.source": "none",
+                                 "tracking": ["host-cpu"]})
+    session = f"test-build-hostonly-{os.getpid()}-{tmp_path.name}"
+    built = [build_sampler(settings, session, f"tcp://w:{i}", BASE, CachedActivity(TaskRegistry()),
+                           clock_offset=lambda: 0.0, report=print) for i in (1, 2)]
+    assert [{p.measurement for p in s.sample()} for s, _ in built] == [{"host"}, {"host"}]
+    for s, parts in built:
+        s.stop()
         parts.sink.close()

@@ -58,11 +58,15 @@ def test_series_count_per_dag_mode(client, influxd, fresh_db, dag_tag):
     assert len(caught) >= N_DAGS // 2, caught  # the samples saw most DAGs running
     jobs = influxd.query('SHOW TAG VALUES FROM "worker" WITH KEY = "job"', db=fresh_db)
     assert {j["value"] for j in jobs} <= {"0", "1"}  # "0": idle before the first task, job stays a tag
-    per_worker = {"gpu": 2 * 2, "host": 2, "worker": 2}  # 2 workers x 2 simulated GPUs, per job value
+    # 2 workers x 2 simulated GPUs, per job value; the host once per host (sampler.host-once), by one
+    # writer at a time: the other worker may take over for a sample while the first one tears down
+    per_worker = {"gpu": 2 * 2, "host": 1, "worker": 2}
     for m, n in per_worker.items():
         n *= len(jobs)
         if dag_tag:  # a series per DAG a sample caught, per worker (and GPU)
             assert series(influxd, fresh_db, m) > n + len(caught) // 2, m
+        elif m == "host":
+            assert n <= series(influxd, fresh_db, m) <= 2 * n, m
         else:
             assert series(influxd, fresh_db, m) == n, m
     with query.connect(influxd.url, database=fresh_db) as db:  # read back the same in both modes

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from dask_influx_metrics.worker import gpushare
-from dask_influx_metrics.worker.gpushare import HostDevices
+from dask_influx_metrics.worker.gpushare import HostDevices, HostPeers
 
 
 @pytest.fixture
@@ -52,11 +52,57 @@ def test_a_dead_workers_file_is_forgotten(tmp_path):
     proc.wait()
     dead = HostDevices(str(tmp_path), ["GPU-a"], pid=proc.pid)
     dead.publish({5}, {5})
-    dead._mine.close()  # the process "died": its file stays behind
+    dead.peers._mine.close()  # the process "died": its file stays behind
     owner = HostDevices(str(tmp_path), ["GPU-a"], pid=os.getpid())
     assert owner.tags("GPU-a") == ("0", "0")
     assert not os.path.exists(os.path.join(str(tmp_path), "workers", f"{proc.pid}.act"))
     owner.close()
+
+
+def test_host_tags_are_the_union_of_every_worker_of_the_host(tmp_path, sleeper):
+    """The host's writer tags its points with the jobs of every live worker of the host, GPU or not."""
+    writer, gpu_user, plain = (HostPeers(str(tmp_path), pid) for pid in (os.getpid(), sleeper, os.getppid()))
+    HostDevices(gpu_user, ["GPU-a"])  # publishes through the sampler's peers
+    writer.publish(set(), set(), last_job=4)
+    assert writer.tags() == ("4", "0"), "nobody runs a task: idle, the writer's last job"
+    gpu_user.publish({1}, {2})
+    plain.publish({3}, {5})
+    writer.publish(set(), set(), last_job=4)  # the writer's next sample reads the others again
+    assert writer.tags() == ("1,3", "2,5") and writer.tags("GPU-a") == ("1", "2")
+    assert writer.pids() == sorted([os.getpid(), sleeper, os.getppid()]) and writer.pids("GPU-a") == [sleeper]
+    plain.close()  # a worker that leaves no longer counts
+    writer.publish(set(), set(), last_job=4)
+    assert writer.tags() == ("1", "2")
+    for p in (writer, gpu_user):
+        p.close()
+    assert os.listdir(tmp_path / "workers") == []
+
+
+def test_peers_are_read_once_per_sample(tmp_path, sleeper, monkeypatch):
+    writer, other = HostPeers(str(tmp_path)), HostPeers(str(tmp_path), sleeper)
+    calls = []
+    listdir = os.listdir
+    monkeypatch.setattr(gpushare.os, "listdir", lambda p: calls.append(p) or listdir(p))
+    writer.publish(set(), set())
+    writer.tags(), writer.tags("GPU-a"), writer.pids()
+    assert len(calls) == 1, "the host's and every GPU's union come from one read of the peers"
+    other.publish({2}, {2})
+    assert writer.tags() == ("0", "0"), "until its next sample the writer keeps what it read"
+    writer.publish(set(), set())
+    assert writer.tags() == ("2", "2") and len(calls) == 2
+    writer.close(), other.close()
+
+
+def test_two_samplers_in_one_process_publish_apart(tmp_path):
+    """Workers as threads of one process (LocalCluster(processes=False)) each have a file of their own."""
+    a, b = HostPeers(str(tmp_path)), HostPeers(str(tmp_path))
+    b.publish({7}, {8})
+    a.publish(set(), set())
+    assert a.tags() == ("7", "8") and len(os.listdir(tmp_path / "workers")) == 2
+    b.close()
+    a.publish(set(), set())
+    assert a.tags() == ("0", "0")
+    a.close()
 
 
 def test_run_directory_is_private(tmp_path, monkeypatch):

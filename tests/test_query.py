@@ -58,6 +58,29 @@ def test_worker_tables(stores, monitored, kind):
         assert set(t["job"]) <= {"0", "1", "2", "1,2"}
 
 
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_the_host_is_written_once_and_every_table_shows_it(stores, kind):
+    """Default settings (sampler.host-once): 2 worker processes on one host write ONE host series (one writer
+    while the jobs ran; another worker may take over only while the first tears down), and every worker's
+    table holds its host's readings: each row the last one at or before it."""
+    db = stores[kind]
+    host, = set(db.hosts().values())
+    series = db.host_series(host, ["cpu_percent"]).sort_values("time")
+    assert series["time"].is_unique, "never two host readings of one instant"
+    ended = db.dags()["ended"].max().value
+    assert series.loc[series["time"] <= ended, "worker"].nunique() == 1, "one writer while the jobs ran"
+    writers = series["worker"]
+    assert int((writers != writers.shift()).sum()) <= 2, "at most one takeover, never interleaved"
+    values = series.set_index("time")["cpu_percent"]
+    for worker, table in db.worker_tables(metrics=["host-cpu", "tasks"]).items():
+        held = table["host-cpu"].dropna()
+        assert len(held) >= 0.8 * len(table), f"{worker}: {len(held)} of {len(table)} rows have host columns"
+        times = table.index.as_unit("ns").asi8
+        for t, v in zip(times, table["host-cpu"]):
+            if v == v:  # not NaN
+                assert v == values[values.index <= t].iloc[-1], (worker, t)
+
+
 def test_spool_and_influx_give_the_same_tables(stores):
     a = stores["influxql"].worker_tables(metrics=METRICS)
     b = stores["spool"].worker_tables(metrics=METRICS)

@@ -34,6 +34,11 @@ from .tables import device_columns
 COLUMNS = ["worker_index", "worker", "job", "device", "metric", "peak", "unit"]
 
 
+def tidy(rows: pd.DataFrame, metric: str, unit: str) -> pd.DataFrame:
+    """Rows with ``worker_index``, ``worker``, [``job``], [``device``], ``peak`` in the tidy form and order."""
+    return _tidy(rows, metric, unit)
+
+
 def _tidy(rows: pd.DataFrame, metric: str, unit: str) -> pd.DataFrame:
     rows = rows.assign(metric=metric, unit=unit)
     for c in ("job", "device"):

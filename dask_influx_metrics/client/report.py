@@ -73,7 +73,8 @@ def collect(db) -> dict:
         "scope": db.scope(), "notes": db.notes, "workers": db.worker_map(), "jobs": db.jobs(),
         "first": db.backend.first_time(), "last": db.backend.last_time(), "dags": db.dags(),
         "gpus": _attempt(db.gpus) if "gpu" in db.fields() else pd.DataFrame(), "tables": tables,
-        "summary": _summary.summarize(list(tables.values())) if has_util else pd.DataFrame(),
+        "summary": _summary.summarize(list(tables.values()), hosts=db.host_tables_by_worker(
+            list(tables), [_summary.CPU_METRIC]) if _summary.CPU_METRIC in wanted else None) if has_util else pd.DataFrame(),
         "peaks": pd.concat([p for p in peaks if not p.empty]) if any(not p.empty for p in peaks) else pd.DataFrame(),
         "tasks": db.tasks(), "activity": db.activity(), "gpu": db.gpu_during_tasks(),
     }

@@ -14,6 +14,13 @@ the worker holds memory on that GPU: ``worker-gpu-mem`` > 0 (the worker's own
 process tree), or, in a sample without that field, ``total-mem`` > 0 (the
 whole device). NaN when neither memory metric was collected, and on cpu rows.
 
+**Host CPU** (cpu rows): with ``hosts`` (``{worker: its host's table}``,
+:meth:`~dask_influx_metrics.query.Store.host_tables_by_worker`) a worker's cpu
+rows are its host's: the host series with its own ``job``/``dag`` tags (the
+jobs of every worker of the host), so every worker of a host shows the same
+cpu figures, and a job's cpu rows cover the samples at which it ran anywhere on
+the host. Without ``hosts``, from the worker's own table (its own tags).
+
 Rows with ``job`` ``<NA>`` cover the whole session, every sample. The others
 cover the samples that count for that job: busy (``dag != "0"``) with the job
 in the ``job`` tag (shared samples count for each job in their tag); idle
@@ -52,7 +59,10 @@ COLUMNS = ["worker_index", "worker", "job", "resource", "samples", "devices", "h
 
 
 def interval_seconds(table: pd.DataFrame) -> float:
-    """The sampling interval: the median step between consecutive timestamps (0 if < 2 rows)."""
+    """The sampling interval: ``attrs["interval"]`` when set (host tables), else the median step
+    between consecutive timestamps (0 if < 2 rows)."""
+    if table.attrs.get("interval") is not None:
+        return float(table.attrs["interval"])
     steps = np.diff(table["timestamp"].to_numpy(dtype=float))
     steps = steps[steps > 0]
     return float(np.median(steps)) if len(steps) else 0.0
@@ -95,14 +105,18 @@ def _row(util: np.ndarray, held, interval: float) -> dict:
     return row
 
 
-def summarize(tables: list[pd.DataFrame], per_job: bool = True) -> pd.DataFrame:
-    """Utilization summary rows for ``tables`` (whole session, and per job when ``per_job``)."""
+def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | None = None) -> pd.DataFrame:
+    """Utilization summary rows for ``tables`` (whole session, and per job when ``per_job``);
+    ``hosts``: ``{worker: host table}``, where the cpu rows come from (see the module docstring)."""
     rows = []
-    for table in tables:
-        interval = interval_seconds(table)
-        who = {"worker_index": table.attrs.get("worker_index", 0), "worker": table.attrs.get("worker", "")}
-        jobs = jobtags.distinct(table.loc[jobtags.busy(table["dag"]), "job"].unique()) if per_job else []
+    for own in tables:
+        who = {"worker_index": own.attrs.get("worker_index", 0), "worker": own.attrs.get("worker", "")}
         for resource, metric in (("gpu", GPU_METRIC), ("cpu", CPU_METRIC)):
+            table = own if hosts is None or resource == "gpu" else hosts.get(who["worker"])
+            if table is None:
+                continue
+            interval = interval_seconds(table)
+            jobs = jobtags.distinct(table.loc[jobtags.busy(table["dag"]), "job"].unique()) if per_job else []
             cols = device_columns(table, metric)
             if not cols:
                 continue

@@ -155,25 +155,35 @@ def _per_device(long: pd.DataFrame, field: str) -> bool:
 
 
 def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int,
-          worker: str = "", worker_index: int = 0) -> pd.DataFrame:
+          worker: str = "", worker_index: int = 0, host: pd.DataFrame | None = None) -> pd.DataFrame:
     """One worker's table from long frames (one per measurement).
 
     Each long frame has ``time`` (int ns), ``job``, ``dag``, the field columns
     and, for device points, ``index``. Samples of one instant share a time
     across measurements (the sampler stamps them together), so they join on it.
+    ``host``: the long ``host`` frame of the worker's host (every writer's points,
+    with ``worker``), joined by time instead (:func:`host_part`); its rows add no
+    times and no job/dag tags to the table (``frames[HOST]`` is then a placeholder).
     """
     parts: list[pd.DataFrame] = []
-    tags: list[pd.DataFrame] = []
     units: dict[str, str] = {}
+    joined = {schema.HOST} if host is not None else set()
+    tags = [long[["time", "job", "dag"]] for m, long in frames.items()
+            if m not in joined and long is not None and not long.empty]
+    base = pd.concat(tags).drop_duplicates("time", keep="last").set_index("time").sort_index() if tags else None
     for measurement, long in frames.items():
-        if long is None or long.empty:
+        if measurement in joined:
+            long = host
+        if long is None or long.empty or base is None:
             continue
-        tags.append(long[["time", "job", "dag"]])
         wanted = [m for m in metrics if m.measurement == measurement and m.field in long.columns]
-        if measurement == schema.WORKER and "running" in long.columns:
-            parts.append(long.drop_duplicates("time", keep="last").set_index("time")[["running"]])
         for m in wanted:
             units[m.name] = m.unit
+        if measurement in joined:
+            parts.append(host_part(base.index, long, wanted, worker))
+            continue
+        if measurement == schema.WORKER and "running" in long.columns:
+            parts.append(long.drop_duplicates("time", keep="last").set_index("time")[["running"]])
         # A custom measurement mixes per-device fields (rows with an index) and per-worker ones:
         # each metric is laid out by the rows that hold it.
         device = [m for m in wanted if _per_device(long, m.field)]
@@ -191,15 +201,11 @@ def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int
             parts.append(wide.dropna(axis=1, how="all"))
         plain = [m for m in wanted if m not in device]
         if plain:
-            values = long.dropna(subset=[m.field for m in plain], how="all")
-            values = values.drop_duplicates("time", keep="last").set_index("time")
-            parts.append(pd.DataFrame({m.name: values[m.field] * m.scale if m.scale != 1 else values[m.field]
-                                       for m in plain}))
-    if not tags:
+            parts.append(_plain(long, plain))
+    if base is None:
         table = pd.DataFrame(columns=list(BASE_COLUMNS))
         table.index = pd.DatetimeIndex([], tz="UTC", name="time")
     else:
-        base = pd.concat(tags).drop_duplicates("time", keep="last").set_index("time").sort_index()
         table = base.join(parts, how="left") if parts else base
         table = table.astype({"job": str, "dag": str})
         table.insert(2, "timestamp", (table.index.to_numpy(dtype="int64") - int(origin_ns)) / 1e9)
@@ -208,6 +214,47 @@ def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int
     table = table[order + [c for c in table.columns if c not in order]]
     table.attrs = {"worker": worker, "worker_index": worker_index, "units": units}
     return table
+
+
+def _plain(long: pd.DataFrame, plain: list[Metric]) -> pd.DataFrame:
+    """Columns of non-device metrics, indexed by time (the last point of an instant wins)."""
+    values = long.dropna(subset=[m.field for m in plain], how="all")
+    values = values.drop_duplicates("time", keep="last").set_index("time")
+    return pd.DataFrame({m.name: values[m.field] * m.scale if m.scale != 1 else values[m.field] for m in plain})
+
+
+# A worker's row gets the host reading taken at or before it, at most this many of the host's
+# sampling intervals earlier (the interval: the median step between one writer's host points).
+HOST_TOLERANCE_INTERVALS = 3
+HOST_TOLERANCE_DEFAULT_NS = 1_000_000_000  # when the host has fewer than two points
+
+
+def host_step_ns(host: pd.DataFrame) -> int | None:
+    """The host series' sampling interval (ns): the median step between consecutive points of each
+    writer (``worker``), the median over writers; None with fewer than two points per writer."""
+    times = host.sort_values("time", kind="stable")
+    writer = times["worker"].fillna("") if "worker" in times else pd.Series("", index=times.index)
+    steps = times.groupby(writer)["time"].diff().dropna()
+    steps = steps[steps > 0]
+    return int(steps.median()) if len(steps) else None
+
+
+def host_part(times: pd.Index, host: pd.DataFrame, metrics: list[Metric], worker: str) -> pd.DataFrame:
+    """Host metric columns for a worker's rows at ``times`` (int ns, sorted): for each row, the last
+    reading of its host at or before it (an as-of join), at most :data:`HOST_TOLERANCE_INTERVALS`
+    host intervals earlier, else NaN. At one instant the worker's own point wins (data in which
+    every worker wrote its host readings, before ``sampler.host-once``: each row keeps its own)."""
+    fields = [m.field for m in metrics]
+    right = host.dropna(subset=fields, how="all")
+    own = (right["worker"] == worker) if "worker" in right.columns else False
+    right = right.assign(_own=own).sort_values(["time", "_own"], kind="stable")
+    right = pd.DataFrame({"time": right["time"].astype("int64"),
+                          **{m.name: pd.to_numeric(right[m.field], errors="coerce") * m.scale for m in metrics}})
+    step = host_step_ns(host)
+    tolerance = HOST_TOLERANCE_INTERVALS * step if step else HOST_TOLERANCE_DEFAULT_NS
+    left = pd.DataFrame({"time": pd.Index(times).astype("int64")})
+    joined = pd.merge_asof(left, right, on="time", direction="backward", tolerance=int(tolerance))
+    return joined.set_index(pd.Index(times, name="time"))[[m.name for m in metrics]]
 
 
 def device_columns(table: pd.DataFrame, metric: str) -> list[str]:

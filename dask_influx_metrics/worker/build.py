@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from ..schema import GPU
+from ..schema import GPU, WORKER
 from .sampler import Sampler
 from .sinks import make_sink
 from .sources import make_gpu_source, share_dir
@@ -61,10 +61,15 @@ def build_sampler(
     ``activity()``); every point gets ``base_tags`` plus its ``job``/``dag``.
     ``clock_offset()``: seconds to add to timestamps. ``report(what, message, **details)``:
     how a problem is told (a GPU source that cannot start). ``process``: the
-    worker's ``psutil.Process`` when sampling from outside it (the sidecar). The
-    ``host`` measurement is written by one sampler per host and session (the
-    holder of ``host.lock`` in the session's folder, :mod:`.gpushare`) with
-    ``sampler.host-once``; its counters are read every ``sampler.host-refresh`` ms.
+    worker's ``psutil.Process`` when sampling from outside it (the sidecar). Each
+    sampler publishes its worker's activity in the session's host-local folder
+    once per sample (:class:`.gpushare.HostPeers`, keyed by the worker's pid);
+    from there the owner of a GPU and the host's writer tag device- and host-wide
+    points with the jobs of every worker concerned. The ``host`` measurement is
+    written by one sampler per host and session (the holder of ``host.lock``,
+    :mod:`.gpushare`) with ``sampler.host-once`` (the default), unless only host
+    fields are tracked (then every worker writes its own: it has no other rows);
+    its counters are read every ``sampler.host-refresh`` ms.
     ``custom``: custom metrics, called as ``fn(worker, ...)``; ``None`` for none.
     ``custom_only``: custom metrics only (beside a sidecar); the GPU source is
     still opened when a per-device metric needs its handles. ``gpu`` and
@@ -73,16 +78,19 @@ def build_sampler(
     worker's task stream, :mod:`.sources.taskstream`), also beside a sidecar.
     """
     per_device = any(m.per_device for m in custom or ())
+    pid = None if process is None else process.pid
+    # beside a sidecar (custom_only) nothing joins the host share: the sidecar's sampler does
+    peers = None if custom_only else _peers(share_dir(session_id, report), pid, report)
     if gpu is None and (per_device or not custom_only and any(m == GPU for m, _ in settings.fields)):
         try:
-            # beside a sidecar (custom_only) the source only lends handles: the sidecar's joins the host share
-            gpu = make_gpu_source(settings, activity, pid=None if process is None else process.pid,
-                                  session_id=None if custom_only else session_id, report=report)
+            gpu = make_gpu_source(settings, activity, pid=pid, report=report, peers=peers)
         except Exception as e:  # e.g. gpu.source=nvml on a node without a driver
             report("gpu-source", f"GPU source {settings.gpu_source!r} unavailable: {e}")
-    shared = share_dir(session_id, report) if settings.host_once and not custom_only else None
     refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
-    host = None if custom_only else HostSource(settings.fields, process=process, share_dir=shared, refresh=refresh)
+    # once per host only where every worker writes samples of its own (its rows, that host columns join)
+    once = settings.host_once and any(m in (GPU, WORKER) for m, _ in settings.fields)
+    host = None if custom_only else HostSource(settings.fields, process=process, refresh=refresh,
+                                               peers=peers if once else None)
     sources = [] if custom_only else [s for s in (gpu, host, TaskSource(settings.fields, activity)) if s is not None]
     if custom is not None:
         sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report,
@@ -94,10 +102,41 @@ def build_sampler(
         snap = activity()
         return {**base_tags, "job": snap.job_tag, "dag": snap.dag_tag}
 
+    before = activity.refresh if peers is None else _publishing(activity, peers, report)
     sampler = Sampler(sources, sink, tags, interval=settings.polling_interval / 1000.0,
-                      before_sample=activity.refresh, clock_offset=clock_offset, owned=(host,) if host else (),
+                      before_sample=before, clock_offset=clock_offset, owned=tuple(p for p in (host, peers) if p),
                       streams=streams, field_tags=() if settings.dag_tag else ("dag",))
     return sampler, Parts(gpu, sink)
+
+
+def _peers(directory, pid, report):
+    """This sampler's :class:`.gpushare.HostPeers` in ``directory``, or None (none, or it cannot be made)."""
+    if directory is None:
+        return None
+    from .gpushare import HostPeers
+
+    try:
+        return HostPeers(directory, pid)
+    except OSError as e:
+        report("gpu-share", f"the workers of this host cannot coordinate ({e}); each worker writes the "
+               "host readings and the device-wide readings of the GPUs it uses")
+        return None
+
+
+def _publishing(activity, peers, report) -> Callable[[], None]:
+    """``before_sample``: take the sample's activity snapshot, then publish it for the host's owners."""
+    failed = []
+
+    def before() -> None:
+        activity.refresh()
+        try:
+            peers.publish_activity(activity())
+        except Exception as e:  # never costs the sample; the owners then see this worker's previous state
+            if not failed:
+                failed.append(e)
+                report("gpu-share", f"cannot publish this worker's activity to the host's other workers: {e!r}")
+
+    return before
 
 
 def device_handles(gpu) -> list:

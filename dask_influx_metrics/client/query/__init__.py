@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from .. import peaks as _peaks, summary as _summary, tables as _tables
+from ..hosts import HostQuestions
 from ..tasks import TaskQuestions
 from ... import jobtags, schema
 from .base import DEVICE_MEASUREMENTS, Backend, QueryError
@@ -123,11 +124,12 @@ def _iso(ns: int) -> str:
     return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat().replace("+00:00", "Z")
 
 
-class Store(TaskQuestions):
+class Store(TaskQuestions, HostQuestions):
     """Questions about one set of collected samples (see the module docstring).
 
     A context manager: leaving ``with`` closes the backend's connections. Tasks, activity,
-    GPU use during tasks and the HTML report: :mod:`dask_influx_metrics.client.tasks`.
+    GPU use during tasks and the HTML report: :mod:`dask_influx_metrics.client.tasks`; host
+    metrics, read by host: :mod:`dask_influx_metrics.client.hosts`.
 
     >>> with connect("/tmp/dask-influx-metrics-1000") as db:  # doctest: +SKIP
     ...     jobs = db.jobs()
@@ -192,20 +194,6 @@ class Store(TaskQuestions):
     def worker_map(self) -> dict[int, str]:
         """``{index: address}``: the numbering every ``workers=[...]`` and CSV file uses."""
         return dict(enumerate(self.workers()))
-
-    def gpus(self) -> pd.DataFrame:
-        """The physical GPUs each worker used: ``host``, ``worker_index``, ``worker``, ``uuid`` and
-        ``shared`` (another worker of the host used it too), from the per-worker GPU memory points
-        (else the device points, which only a GPU's owner writes)."""
-        index = {w: i for i, w in self.worker_map().items()}
-        for field in ("worker_memory_used", "memory_used"):
-            rows = self.backend.max_by(schema.GPU, field, ("host", "worker", "uuid"))
-            if not rows.empty:
-                break
-        rows = rows[rows["worker"].isin(index)].drop(columns="max").drop_duplicates()
-        users = rows.groupby(["host", "uuid"])["worker"].transform("nunique")
-        rows = rows.assign(worker_index=rows["worker"].map(index), shared=users > 1)
-        return rows.sort_values(["worker_index", "uuid"])[["host", "worker_index", "worker", "uuid", "shared"]]
 
     def jobs(self) -> list[int]:
         """Job numbers that have samples (job 0, "nothing ran yet", is not a job)."""
@@ -302,7 +290,8 @@ class Store(TaskQuestions):
         """``{address: table}`` in index order; see :mod:`dask_influx_metrics.client.tables` for the columns.
 
         Only the fields behind ``metrics`` (default: all present) are read,
-        one worker at a time, filtered by ``job`` on the server.
+        one worker at a time, filtered by ``job`` on the server; host metrics
+        are read once per host and joined by time (:mod:`dask_influx_metrics.client.hosts`).
         ``progress(done, total)`` is called after each worker.
         """
         chosen = self._select_workers(workers)
@@ -318,11 +307,13 @@ class Store(TaskQuestions):
             if "tasks" in fields[schema.WORKER] and not any(m.name == "tasks" for m in metrics):
                 metrics = metrics + _tables.resolve(["tasks"])
         origin = self.origin_ns
+        hosts = self._host_longs([w for _, w in chosen], wanted[schema.HOST]) if schema.HOST in wanted else {}
 
         def one(item):
             i, worker = item
-            frames = {m: self.backend.frame(m, list(dict.fromkeys(fs)), worker, job) for m, fs in wanted.items()}
-            return worker, _tables.build(frames, metrics, origin, worker, i)
+            frames = {m: None if m == schema.HOST else self.backend.frame(m, list(dict.fromkeys(fs)), worker, job)
+                      for m, fs in wanted.items()}
+            return worker, _tables.build(frames, metrics, origin, worker, i, host=hosts.get(worker))
 
         out = {}
         # A few workers in flight: the server builds one answer while we parse another.
@@ -341,7 +332,9 @@ class Store(TaskQuestions):
         ``server=True`` lets the backend compute ``MAX ... GROUP BY worker,
         index, job`` (InfluxQL does it on the server; per job over busy
         samples only, ``dag != '0'``); ``False`` computes from the per-worker
-        tables. Both give the same numbers.
+        tables. Both give the same numbers. A host metric's peaks are its
+        host's (``GROUP BY host, job``, or from :meth:`host_tables`), one row
+        set for each worker of the host.
         """
         resolved = self._metrics([metric])
         if len(resolved) != 1:
@@ -349,7 +342,9 @@ class Store(TaskQuestions):
         m = resolved[0]
         chosen = self._select_workers(workers)
         job = self._check_job(job)
-        if not server:
+        if m.measurement == schema.HOST:
+            tidy = self._host_peaks(m, per_job, chosen, job, server)
+        elif not server:
             tables = self.worker_tables(job=job, metrics=[m.name], workers=[w for _, w in chosen])
             tidy = _peaks.from_tables(list(tables.values()), m.name, per_job, m.unit)
         else:
@@ -377,12 +372,16 @@ class Store(TaskQuestions):
         return _peaks.to_lists(tidy, per_job, [i for i, _ in chosen])
 
     def summary(self, per_job: bool = True, workers=None, job: Optional[int] = None) -> pd.DataFrame:
-        """GPU and host-CPU utilization per worker (and per job): see :mod:`dask_influx_metrics.client.summary`."""
+        """GPU and host-CPU utilization per worker (and per job): see :mod:`dask_influx_metrics.client.summary`;
+        the host CPU rows of a worker are its host's (:meth:`host_tables`)."""
         names = [n for n in (_summary.GPU_METRIC, _summary.CPU_METRIC, *_summary.MEMORY_METRICS) if n in self.metrics()]
         if not {_summary.GPU_METRIC, _summary.CPU_METRIC} & set(names):
             raise ValueError(f"a summary needs compute-util or host-cpu; present: {self.metrics()}")
-        tables = self.worker_tables(job=job, metrics=names, workers=workers)
-        frame = _summary.summarize(list(tables.values()), per_job=per_job)
+        tables = self.worker_tables(job=job, metrics=[n for n in names if n != _summary.CPU_METRIC] or names,
+                                    workers=workers)
+        hosts = self.host_tables_by_worker(list(tables), [_summary.CPU_METRIC], job) \
+            if _summary.CPU_METRIC in names else None
+        frame = _summary.summarize(list(tables.values()), per_job=per_job, hosts=hosts)
         return frame if job is None else frame[frame["job"].isna() | (frame["job"] == job)].reset_index(drop=True)
 
     def to_csv(self, path, fname: str = "worker", clear_dir: bool = False, metrics=None, workers=None,

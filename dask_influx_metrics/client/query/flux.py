@@ -118,17 +118,19 @@ def flux_last_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
 
 
 def flux_frame_query(bucket, measurement, fields, worker, job=None, tags=None, start_ns=None, stop_ns=None,
-                     dag_field=False) -> str:
+                     dag_field=False, host=None) -> str:
     """One worker's samples, one row per (time, series): pivot merges the fields of each series.
 
     Tables are series (one per tag set, so per device ``index`` and per job/DAG
     tags); ``pivot`` drops ``_field`` from the group key, so the fields of one
     series meet in one table and one row per time. ``dag_field``: ``dag`` is a
-    field (``dag-tag: false``), read with the others.
+    field (``dag-tag: false``), read with the others. ``host`` (``worker=None``): every
+    worker's points of that host, with their ``worker`` tag.
     """
-    tag_cols = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else [])
-    where = predicate([measurement], tags, fields=list(fields) + (["dag"] if dag_field else []),
-                      workers=[worker], job=job)
+    tag_cols = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else []) + (["worker"] if host else [])
+    where = predicate([measurement], {**(tags or {}), **({"host": host} if host else {})},
+                      fields=list(fields) + (["dag"] if dag_field else []),
+                      workers=None if worker is None else [worker], job=job)
     return (_source(bucket, start_ns, stop_ns, where)
             + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
                     f"keep(columns: {_array(['_time'] + tag_cols + list(fields))})"))
@@ -331,26 +333,28 @@ class FluxBackend:
         return None if data.empty else int(data["_time"].max())
 
     # --- samples -----------------------------------------------------------
-    def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
-        """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields."""
+    def frame(self, measurement: str, fields: list[str], worker: Optional[str], job: Optional[int] = None,
+              host: Optional[str] = None) -> pd.DataFrame:
+        """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields; with ``host``
+        (and ``worker=None``) every point of that host, with a ``worker`` column."""
         device = measurement in DEVICE_MEASUREMENTS
-        data = self._frame(measurement, fields, worker, job, bool(self._dag_field))
+        data = self._frame(measurement, fields, worker, job, bool(self._dag_field), host)
         if not self._dag_field and not data.empty:  # no dag tag in the answer: dag is a field (dag-tag: false)
             self._dag_field = "dag" not in data.columns or data["dag"].isna().all()
             if self._dag_field:
-                data = self._frame(measurement, fields, worker, job, True)
+                data = self._frame(measurement, fields, worker, job, True, host)
         if data.empty:
-            return empty_frame(fields, device)
+            return empty_frame(fields, device).assign(**({"worker": []} if host else {}))
         keep_index = device and "index" in data.columns and data["index"].notna().any()
-        cols = ["time", "job", "dag"] + (["index"] if keep_index else []) + list(fields)
+        cols = ["time", "job", "dag"] + (["index"] if keep_index else []) + (["worker"] if host else []) + list(fields)
         data = data.rename(columns={"_time": "time"}).reindex(columns=cols)
         if fields:
             data = data[data[list(fields)].notna().any(axis=1)]  # rows that held only the dag field
         return data.sort_values("time", kind="stable").reset_index(drop=True)
 
-    def _frame(self, measurement, fields, worker, job, dag_field: bool) -> pd.DataFrame:
+    def _frame(self, measurement, fields, worker, job, dag_field: bool, host=None) -> pd.DataFrame:
         return self._query(flux_frame_query(self.bucket, measurement, fields, worker, job, **self._window(),
-                                            dag_field=dag_field))
+                                            dag_field=dag_field, host=host))
 
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame:
         """Server-side ``group(columns: by) |> max()``: one row per group, columns ``by`` + ``max``.

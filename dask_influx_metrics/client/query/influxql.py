@@ -268,8 +268,10 @@ class InfluxQLBackend:
         return (min if order == "ASC" else max)(times) if times else None
 
     # --- samples -----------------------------------------------------------
-    def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None) -> pd.DataFrame:
-        """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields.
+    def frame(self, measurement: str, fields: list[str], worker: Optional[str], job: Optional[int] = None,
+              host: Optional[str] = None) -> pd.DataFrame:
+        """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields; with ``host``
+        (and ``worker=None``) every point of that host, with a ``worker`` column (the host series).
 
         Asked as ``GROUP BY job, dag, index`` (half the server time of selecting
         tags as columns), then checked against the server's ``count()`` of each
@@ -277,8 +279,9 @@ class InfluxQLBackend:
         again in time-ordered pages, never returned short. Where ``dag`` is a
         field (``dag-tag: false``) it is selected too and fills in where the tag is empty.
         """
-        groups = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else [])
-        where = self._where(worker=worker, job=job)
+        groups = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else []) + (["worker"] if host else [])
+        where = where_clause({**self.tags, **({"host": host} if host else {})}, self.start_ns, self.stop_ns,
+                             worker=worker, job=job)
         select = ", ".join(ident(f) for f in fields) + (f', "dag" AS {ident(DAG_FIELD)}' if self.dag_is_field() else "")
         frame = self._csv(f"SELECT {select} FROM {ident(measurement)} {where} GROUP BY "
                           + ", ".join(ident(g) for g in groups), dtype={"running": str, DAG_FIELD: str},

@@ -218,13 +218,21 @@ class SpoolBackend:
         return max(times) if times else None
 
     # --- samples -----------------------------------------------------------
-    def frame(self, measurement: str, fields: list[str], worker: str, job: Optional[int] = None,
-              tags: tuple = ()) -> pd.DataFrame:
+    def frame(self, measurement: str, fields: list[str], worker: Optional[str], job: Optional[int] = None,
+              tags: tuple = (), host: Optional[str] = None) -> pd.DataFrame:
+        """Long samples of one worker (as InfluxDB answers them); with ``host`` (and ``worker=None``)
+        every worker's points of that host, with a ``worker`` column."""
         device = measurement in DEVICE_MEASUREMENTS
-        folder = self._folders.get(worker)
-        frame = self._frames(folder).get(measurement) if folder else None
+        if host is not None:
+            parts = [f[measurement] for f in self._worker_frames() if measurement in f and "host" in f[measurement]]
+            parts = [f[f["host"] == host] for f in parts]
+            frame = pd.concat(parts, ignore_index=True) if parts else None
+            tags = (*tags, "worker")
+        else:
+            folder = self._folders.get(worker)
+            frame = self._frames(folder).get(measurement) if folder else None
         if frame is None or frame.empty:
-            return empty_frame(fields, device)
+            return empty_frame(fields, device).assign(**{t: [] for t in tags if t == "worker"})
         cols = ["time", "job", "dag"] + (["index"] if device and "index" in frame.columns else [])
         cols += [t for t in tags if t in frame.columns and t not in cols] + [f for f in fields if f in frame.columns]
         frame = frame[cols]

@@ -17,7 +17,8 @@ class Source(Protocol):
         """Return this moment's readings; one bad field never drops the rest."""
 
 
-def make_gpu_source(settings, activity, pid: int | None = None, session_id: str | None = None, report=None):
+def make_gpu_source(settings, activity, pid: int | None = None, session_id: str | None = None, report=None,
+                    peers=None):
     """The GPU source that ``influx-metrics.gpu.source`` names, or None.
 
     ``auto`` is NVML when pynvml imports and sees a device, else no GPU
@@ -26,7 +27,8 @@ def make_gpu_source(settings, activity, pid: int | None = None, session_id: str 
     one); ``none`` turns GPU sampling off. NVML reports the GPUs the worker uses
     (``gpu.devices``); with ``session_id``, the workers of a host write each GPU's
     device-wide readings once (:mod:`..gpushare`). ``report(what, message,
-    **details)`` is told once of what cannot be done.
+    **details)`` is told once of what cannot be done. ``peers``: the sampler's
+    :class:`~..gpushare.HostPeers` (then ``session_id`` is not needed).
     """
     choice = settings.gpu_source
     if choice == "none":
@@ -40,8 +42,9 @@ def make_gpu_source(settings, activity, pid: int | None = None, session_id: str 
     if choice == "auto" and not nvml_available():
         return None
     report = report or (lambda what, message, **details: None)
+    share = {"peers": peers} if peers is not None else {"share_dir": share_dir(session_id, report)}
     source = NvmlSource(settings.fields, devices=settings.gpu_devices, pid=pid, activity=activity, report=report,
-                        share_dir=share_dir(session_id, report))
+                        **share)
     if not source.devices:
         report("gpu-source", "gpu.source is 'nvml' but no GPU is visible to this worker "
                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); no GPU points are written")

@@ -9,10 +9,13 @@ is cast to the type ``schema.FIELDS`` declares. A failing read (or
 ``disk_io_counters()`` returning ``None``, as in many containers) omits its
 fields, is logged once, and never raises.
 
-With ``share_dir`` (the session's host-local folder, :mod:`..gpushare`) the
-``host`` fields are read and written once per host: by whichever sampler
-holds ``host.lock`` there; when it exits another takes over at its next
-sample. The ``worker`` fields (this process) are always read.
+With ``peers`` (the sampler's :class:`~..gpushare.HostPeers`, in the session's
+host-local folder) the ``host`` fields are read and written once per host: by
+whichever sampler holds ``host.lock`` there (when it exits another takes over
+at its next sample), tagged with the union of the jobs and DAGs executing on
+every live worker of the host (``dag="0"`` when none runs a task). With
+``share_dir`` alone, likewise but tagged with the writer's own jobs (the
+sampler's tags). The ``worker`` fields (this process) are always read.
 
 With ``refresh`` (seconds) the ``host`` counters are read at most that often;
 the reads in between repeat the last host reading (``/proc/stat`` and
@@ -78,12 +81,12 @@ class HostSource:
 
     ``process``: the worker's :class:`psutil.Process` (default this process);
     tests inject one (with ``procfs=False``). ``procfs``: read ``/proc``
-    directly where it exists. ``share_dir``: one ``host`` writer per host.
+    directly where it exists. ``peers`` (or ``share_dir``): one ``host`` writer per host.
     ``refresh``: seconds between host reads; reads in between repeat the last.
     """
 
     def __init__(self, fields: frozenset, process=None, procfs: bool = True, share_dir: str | None = None,
-                 refresh: float = 0.0):
+                 refresh: float = 0.0, peers=None):
         self._refresh = refresh
         self._host_due = 0.0  # monotonic time of the next host read
         self._host_fields: dict = {}  # the last host read, repeated until the next
@@ -102,7 +105,8 @@ class HostSource:
             self._proc = procfs_mod.ProcReader(os.getpid() if process is None else process.pid)
         elif (WORKER, "cpu") in self._groups or (WORKER, "memory") in self._groups:
             self._process = psutil.Process() if process is None else process
-        self._owner = None
+        self._owner, self._peers = None, peers
+        share_dir = peers.directory if peers is not None else share_dir
         if share_dir and any(key[0] == HOST for key in self._groups):
             from ..gpushare import HostOwner
 
@@ -206,7 +210,10 @@ class HostSource:
             self._host_fields = out.get(HOST, {})
         elif host:
             out[HOST] = self._host_fields
-        return [Reading(m, {}, out[m]) for m in (HOST, WORKER) if out.get(m)]
+        tags = {}
+        if out.get(HOST) and self._owner is not None and self._peers is not None:
+            tags = dict(zip(("job", "dag"), self._peers.tags()))  # whoever runs a task on this host
+        return [Reading(m, tags if m == HOST else {}, out[m]) for m in (HOST, WORKER) if out.get(m)]
 
     def close(self) -> None:
         """Release the host lock (another sampler of the host takes over) and the open files."""

@@ -173,8 +173,10 @@ class NvmlSource:
     the host's run directory) turns on one writer per physical GPU among the
     workers of the host, and ``activity`` (a callable returning the worker's
     :class:`~.activity.Activity`) is what this worker publishes there;
-    ``report(what, message, **details)`` is told, once, of shared GPUs and of
-    per-worker memory that cannot be known. NVML that cannot start raises
+    ``peers`` (the sampler's :class:`~..gpushare.HostPeers`, which publishes this
+    worker's activity once per sample) replaces ``share_dir``; without it this
+    source publishes on its own. ``report(what, message, **details)`` is told,
+    once, of shared GPUs and of per-worker memory that cannot be known. NVML that cannot start raises
     ``RuntimeError``.
 
     >>> src = NvmlSource(frozenset({("gpu", "utilization_gpu")}), visible="")  # no GPU visible
@@ -186,10 +188,11 @@ class NvmlSource:
     """
 
     def __init__(self, fields: frozenset, visible=_ENV, nvml=None, *, devices: str = "all", pid: int | None = None,
-                 share_dir: str | None = None, activity=None, report=None):
+                 share_dir: str | None = None, activity=None, report=None, peers=None):
         self._nvml = nvml = import_nvml(nvml)
         self._visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is _ENV else visible
-        self._mode, self._share_dir, self._activity = devices, share_dir, activity
+        self._mode, self._activity = devices, activity
+        self._share_dir = peers if peers is not None else share_dir  # HostDevices takes either
         self._report_to = report or (lambda what, message, **details: logger.warning("%s", message))
         self._tree = ProcessTree(pid)
         self._share = None
@@ -327,7 +330,8 @@ class NvmlSource:
         if self._share is None or self._activity is None:
             return None
         snap = self._activity()
-        self._share.publish({j for _, j, _ in snap.running}, {d for _, _, d in snap.running}, snap.last_job)
+        if self._share.owns_peers:  # else the sampler published it, for the host and every GPU at once
+            self._share.peers.publish_activity(snap)
         return snap.job_tag, snap.dag_tag
 
     def _device_readings(self, dev: _Device, own: tuple[str, str] | None) -> list[Reading]:
