@@ -83,7 +83,7 @@ def test_a_task_that_started_and_ended_between_two_samples_is_counted_at_the_nex
     assert reader().dag_tag == "1,9" and not reader.unsampled()
 
 
-def test_the_publisher_prunes_what_the_sidecar_acknowledged_and_carries_at_most_keep(pair):
+def test_the_publisher_prunes_what_the_sidecar_acknowledged_and_folds_beyond_keep(pair):
     pub, reader = pair
     for i in range(3):
         pub.started(i, 1, 1)
@@ -94,10 +94,13 @@ def test_the_publisher_prunes_what_the_sidecar_acknowledged_and_carries_at_most_
     assert len(pub._recent) == 0  # pruned: the sidecar sampled them
     pub._keep = 5
     for i in range(10, 20):
-        pub.started(i, 1, 1)
+        pub.started(i, 1, 1 + i % 2)
         pub.ended(i)
+    assert len(pub._recent) <= 5
     reader.refresh()
-    assert [k for k, _, _ in reader().running] == [15, 16, 17, 18, 19]  # the latest ones
+    keys = [k for k, _, _ in reader().running]
+    assert keys[-3:] == [17, 18, 19] and None in keys  # the latest with keys, older ones folded
+    assert reader().dag_tag == "1,2"  # tags exact
 
 
 def test_the_heartbeat_carries_counts_the_acknowledged_snapshot_and_the_sink_counters(pair):

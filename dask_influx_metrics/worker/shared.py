@@ -15,8 +15,10 @@ start), encoded once when the task starts, so a publish is a join of cached
 bytes. A sidecar sample counts a recent task as executing when it started after
 the snapshot of the sidecar's previous sample (``start > acked``): a task that
 started and ended between two samples leaves a trace, as in-process
-(:meth:`.sources.activity.TaskRegistry.snapshot`). At most :data:`RECENT` are
-carried (the latest); those the sidecar has acknowledged are pruned. A snapshot
+(:meth:`.sources.activity.TaskRegistry.snapshot`). Those the sidecar has
+acknowledged are pruned; beyond :data:`RECENT`, the older half is folded into
+one keyless entry per job and DAG (tags stay exact, the count and ``running``
+list the latest), so a publish stays a few microseconds at any task rate. A snapshot
 too big for the buffer drops keys (``null``), then the oldest recent tasks;
 counts and tags stay exact while entries remain.
 
@@ -45,7 +47,6 @@ Example
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import math
@@ -64,7 +65,7 @@ logger = logging.getLogger(__name__)
 
 BUFFER_BYTES = 1 << 20
 BEAT_BYTES = 4096  # the heartbeat: three counts and the sink counters as JSON
-RECENT = 512  # ended tasks carried at most until the sidecar has sampled them (the latest kept)
+RECENT = 64  # ended tasks carried with their keys until the sidecar has sampled them (then folded)
 _SEQ = struct.Struct("<Q")  # at offset 0: even = stable, odd = being written
 _BODY = struct.Struct("<II")  # at offset 8: payload length, crc32
 _HEADER = _SEQ.size + _BODY.size
@@ -123,18 +124,45 @@ class SnapshotBuffer:
 
 # --- the snapshot -----------------------------------------------------------------------
 def entry(key, job: int, dag: int, start: int) -> bytes:
-    """One task of a snapshot, as JSON bytes: ``[key, job, dag, start]``."""
-    return json.dumps([plain_key(key), job, dag, start], separators=(",", ":"), ensure_ascii=False).encode()
+    """One task of a snapshot, as JSON bytes: ``[key, job, dag, start]`` (the key as :func:`plain_key`).
+
+    >>> entry(("x", 1, b"y"), 2, 3, 4) == json.dumps([plain_key(("x", 1, b"y")), 2, 3, 4]).replace(" ", "").encode()
+    True
+    """
+    return b"[%s,%d,%d,%d]" % (_key_json(key).encode(), job, dag, start)
+
+
+def _key_json(k) -> str:
+    """``json.dumps(plain_key(k), ensure_ascii=False)``, faster for the usual str, int and tuple keys."""
+    kind = type(k)
+    if kind is str:
+        return _string(k)
+    if kind is int:
+        return str(k)
+    if kind is tuple:
+        return "[" + ",".join([_key_json(p) for p in k]) + "]"
+    if k is None:  # no key: a folded entry
+        return "null"
+    return json.dumps(plain_key(k), ensure_ascii=False)
+
+
+_string = json.encoder.encode_basestring  # a JSON string, non-ASCII kept (C)
+
+
+_SNAPSHOT = b'{"seq":%d,"threads":%d,"bytes":%d,"last":%d,"delay":%s,"running":[%s],"recent":[%s]}'
+
+
+def _delay(delay: float) -> bytes:
+    return repr(float(delay) if math.isfinite(delay) else 0.0).encode()
 
 
 def encode_snapshot(seq: int, nthreads: int, managed_bytes: int, last_job: int, delay: float,
                     running: list[bytes], recent: list[bytes], limit: int = BUFFER_BYTES) -> bytes:
     """The snapshot as compact JSON of at most ``limit`` bytes (entries from :func:`entry`)."""
-    delay = float(delay) if math.isfinite(delay) else 0.0
-    head = b'{"seq":%d,"threads":%d,"bytes":%d,"last":%d,"delay":%r,' % (seq, nthreads, managed_bytes, last_job, delay)
-    data = head + b'"running":[' + b",".join(running) + b'],"recent":[' + b",".join(recent) + b"]}"
+    data = _SNAPSHOT % (seq, nthreads, managed_bytes, last_job, _delay(delay), b",".join(running), b",".join(recent))
     if len(data) <= limit:
         return data
+    head = data[:data.index(b'"running"')]
     keyless = [json.dumps([None, *json.loads(e)[1:]]).encode() for e in (*running, *recent)]
     running, recent = keyless[:len(running)], keyless[len(running):]
     while True:  # keys dropped; then the oldest recent tasks
@@ -187,14 +215,15 @@ class Publisher:
                  keep: int = RECENT):
         self._buffer, self._beat, self._keep = buffer, beat, keep
         self.seq, self.nthreads, self.last_job = 0, nthreads, last_job
-        self.managed_bytes, self.delay = 0, 0.0
-        self._running: dict = {}  # key -> (start seq, entry)
-        self._recent: collections.deque = collections.deque()  # (start seq, entry) of ended tasks
+        self.managed_bytes, self.delay, self._delay_json = 0, 0.0, b"0.0"
+        self._running: dict = {}  # key -> (start seq, entry, job, dag)
+        self._recent: list = []  # the same, of ended tasks
+        self._recent_json = b""  # their entries joined: what a publish writes
         self._acked = 0
         self._failed = False
         for key, job, dag in running:
             self.seq += 1
-            self._running[key] = (self.seq, entry(key, job, dag, self.seq))
+            self._running[key] = (self.seq, entry(key, job, dag, self.seq), job, dag)
         self.publish()
 
     def started(self, key, job: int, dag: int) -> None:
@@ -202,7 +231,7 @@ class Publisher:
         if job:
             self.last_job = job
         try:
-            self._running[key] = (self.seq, entry(key, job, dag, self.seq))
+            self._running[key] = (self.seq, entry(key, job, dag, self.seq), job, dag)
         except Exception as e:
             self._fail(e)
         self.publish()
@@ -215,13 +244,26 @@ class Publisher:
         if task[0] > self._acked and task[0] > self.acked():  # no sample has seen it: carried
             self._recent.append(task)
             if len(self._recent) > self._keep:
-                self._recent.popleft()
+                self._fold()
+            else:
+                self._recent_json = self._recent_json + b"," + task[1] if self._recent_json else task[1]
         self.publish()
+
+    def _fold(self) -> None:
+        """Too many ended tasks unsampled: the older half becomes one keyless entry per (job, dag),
+        started when the latest of them did (tags stay exact; a fold may show a DAG one sample more)."""
+        half = len(self._recent) // 2
+        latest: dict = {}
+        for start, _, job, dag in self._recent[:half]:
+            latest[job, dag] = max(start, latest.get((job, dag), 0))
+        folded = [(start, entry(None, job, dag, start), job, dag) for (job, dag), start in latest.items()]
+        self._recent = folded + self._recent[half:]
+        self._recent_json = b",".join([t[1] for t in self._recent])
 
     def update(self, managed_bytes: int, delay: float) -> None:
         """Bytes held and the clock offset (the plugin's ticker); published if they changed."""
         if (managed_bytes, delay) != (self.managed_bytes, self.delay):
-            self.managed_bytes, self.delay = managed_bytes, delay
+            self.managed_bytes, self.delay, self._delay_json = managed_bytes, delay, _delay(delay)
             self.acked()
             self.publish()
 
@@ -231,14 +273,19 @@ class Publisher:
         if beat is not None and beat.acked > self._acked:
             self._acked = beat.acked
             if self._recent:
-                self._recent = collections.deque(t for t in self._recent if t[0] > beat.acked)
+                self._recent = [t for t in self._recent if t[0] > beat.acked]
+                self._recent_json = b",".join([t[1] for t in self._recent])
         return self._acked
 
     def publish(self) -> None:
+        running = [t[1] for t in self._running.values()]
+        data = _SNAPSHOT % (self.seq, self.nthreads, self.managed_bytes, self.last_job, self._delay_json,
+                            b",".join(running), self._recent_json)
         try:
-            self._buffer.write(encode_snapshot(
-                self.seq, self.nthreads, self.managed_bytes, self.last_job, self.delay,
-                [e for _, e in self._running.values()], [e for _, e in self._recent], self._buffer.capacity))
+            if len(data) > self._buffer.capacity:  # rare: without keys, then fewer recent tasks
+                data = encode_snapshot(self.seq, self.nthreads, self.managed_bytes, self.last_job, self.delay,
+                                       running, [t[1] for t in self._recent], self._buffer.capacity)
+            self._buffer.write(data)
         except Exception as e:
             self._fail(e)
 
