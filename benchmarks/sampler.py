@@ -6,7 +6,10 @@ does not notice); split into read, encode, send, with the psutil
 (host/process) reads apart and each psutil call on its own. Baseline in the
 same run: the same sample with only the tasks source. A cProfile of the
 sampling loop (top functions by cumulative time) is printed and kept in the
-JSON ``details``.
+JSON ``details``. Then what the worker *process* pays per sample in the default
+configuration (a sidecar samples; the worker publishes its task changes) and
+in-process, against the same floor, and the sidecar's own cost
+(:mod:`benchmarks.workerside`).
 
 Run: ``.venv/bin/python -m benchmarks.sampler [--quick]`` (cost only), or
 ``.venv/bin/python benchmarks/sampler.py`` (cost, profile and the gap table of
@@ -190,6 +193,8 @@ FLOOR_TARGETS = {"1 device": 3.0, "8 devices": 4.0, EVERY_SAMPLE: None}  # x the
 
 
 def floor_rows(quick: bool) -> list[dict]:
+    from benchmarks import workerside
+
     seconds, rounds = (2.0, 1) if quick else (8.0, 3)
     runs = floor_table(seconds, rounds)
     floor = common.median(runs.pop("floor"))
@@ -206,7 +211,7 @@ def floor_rows(quick: bool) -> list[dict]:
             NAME, f"in-process sampler thread @50 ms, {variant} ({devices}), every metric, CPU per sample vs floor",
             cost, "us", baseline=floor, target=limit and f"<= {limit:.0f}x floor", met=limit and cost <= limit * floor,
             notes=f"runs {', '.join(f'{c:.0f}' for c in costs)} us; {host}; one worker owns the host"))
-    return rows
+    return rows + workerside.rows(NAME, floor, quick)
 
 
 def run(quick: bool = False) -> list[dict]:

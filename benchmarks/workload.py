@@ -2,21 +2,25 @@
 
 A LocalCluster of 2 worker processes (1 thread each) runs the same workload
 (many small tasks, then a few dask.array operations) with the monitor off,
-on at 200 ms and on at 50 ms (every metric, 8 simulated GPUs per worker, UDP
-to a loopback socket that a separate process drains and counts), attached but
-not started (the scheduler plugin tags every task, nothing samples: the
-per-task part of the cost), plus on at 200 ms with ``isolate=True`` (sidecar
-sampler) where the package has it, in rotation, ``rounds`` times, on the same cluster. Only the workload is timed;
+on at 200 ms and on at 50 ms in the default configuration (every metric, 8
+simulated GPUs per worker, UDP to a loopback socket that a separate process
+drains and counts; a sidecar process per worker samples where the package has
+``sampler.isolate``), attached but not started (the scheduler plugin tags every
+task, nothing samples: the per-task part of the cost), plus on at 200 ms with
+``isolate=False`` (the in-process sampler) for comparison, in rotation,
+``rounds`` times, on the same cluster. Only the workload is timed;
 attach/start and shutdown (stop + detach) happen outside the timed region.
 Reported: medians per mode and their ratio to "off", the median of the
-per-round ratios, the CPU seconds the worker processes (and their children)
-used, and the samples that arrived. Target: at most 2 % slower at 200 ms.
+per-round ratios, the CPU seconds the worker processes (and their children, a
+sidecar among them) used, and the samples that arrived. Target: at most 2 %
+slower at 200 ms.
 
 Second, the CPU stand-in for a launch-bound GPU loop: only short pure-Python
 tasks (``short_tasks``), monitor off vs on at 50 ms in the default
-configuration, alternated in more rounds on the same cluster. Target: at most
-1 % slower. ``--gpu-source nvml`` samples this node's GPUs instead of 8
-simulated ones (skipped where NVML sees none).
+configuration, and in-process (``isolate=False``) for comparison, alternated in
+more rounds on the same cluster. Target: at most 1 % slower (default).
+``--gpu-source nvml`` samples this node's GPUs instead of 8 simulated ones
+(skipped where NVML sees none).
 
 Run: ``.venv/bin/python -m benchmarks.workload [--quick]``.
 """
@@ -129,8 +133,10 @@ def run(quick: bool = False) -> list[dict]:
     rounds, sizes = (2, (500, 2000, 500)) if quick else (7, (2000, 3000, 750))
     modes = {"off": {}, "on @200 ms": {"interval_ms": 200}, "on @50 ms": {"interval_ms": 50},
              "attached only (no sampling)": {"interval_ms": 200, "start": False}}
+    short_modes = {"off": {}, "on @50 ms": {"interval_ms": 50}}
     if common.has_isolate():
-        modes["on @200 ms, isolate=True"] = {"interval_ms": 200, "isolate": True}
+        modes["on @200 ms, isolate=False"] = {"interval_ms": 200, "isolate": False}
+        short_modes["on @50 ms, isolate=False"] = {"interval_ms": 50, "isolate": False}
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         monitored(client, sizes, 200)  # warm-up: imports, plugin pickles, BLAS
@@ -138,11 +144,12 @@ def run(quick: bool = False) -> list[dict]:
                                 rounds)
         short_rounds, n_short = (3, 1000) if quick else (11, 4000)
         short = common.alternate({mode: (lambda kw=kw: monitored(client, (n_short,), work=short_tasks, **kw))
-                                  for mode, kw in (("off", {}), ("on @50 ms", {"interval_ms": 50}))}, short_rounds)
+                                  for mode, kw in short_modes.items()}, short_rounds)
     off = runs.pop("off")
     rows = [_row(mode, on, off, rounds, target=TARGET if mode == "on @200 ms" else None) for mode, on in runs.items()]
-    rows.append(_row("on @50 ms", short["on @50 ms"], short["off"], short_rounds, target=SHORT_TARGET,
-                     what=f"{n_short} short pure-Python tasks"))
+    short_off = short.pop("off")
+    rows += [_row(mode, on, short_off, short_rounds, target=SHORT_TARGET if mode == "on @50 ms" else None,
+                  what=f"{n_short} short pure-Python tasks") for mode, on in short.items()]
     wall = [r["seconds"] for r in off]
     rows.append(common.row(
         NAME, "noise: spread of the monitor-off runs ((max-min)/median)",

@@ -4,8 +4,20 @@
 """
 
 from . import config as _config  # registers the influx-metrics defaults with dask.config
-from .client.monitor import Monitor
-from .worker.sources.custom import custom_metric
 
 __all__ = ["Monitor", "custom_metric"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """``Monitor`` (it imports ``distributed``) and ``custom_metric``, imported on first use, so that a
+    worker's sampling sidecar (``python -m dask_influx_metrics.worker.sidecar``) starts light."""
+    if name == "Monitor":
+        from .client.monitor import Monitor
+
+        return Monitor
+    if name == "custom_metric":
+        from .worker.sources.custom import custom_metric
+
+        return custom_metric
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

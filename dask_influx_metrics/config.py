@@ -124,8 +124,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu.devices", "gpu_devices", "auto", _choice(GPU_DEVICES), "",
             "GPUs a worker reports: first (its own under dask-cuda), all visible, or auto (first when "
             "CUDA_VISIBLE_DEVICES is set, else all)"),
-    Setting("sampler.isolate", "isolate", False, _bool, "",
-            "true: sample in a sidecar process per worker, outside the worker's GIL (worker/sidecar.py)"),
+    Setting("sampler.isolate", "isolate", True, _bool, "",
+            "true: sample in a sidecar process per worker, outside the worker's GIL (worker/sidecar.py; "
+            "the worker samples itself if the sidecar cannot start, dies or hangs); false: a thread in the "
+            "worker samples"),
     Setting("sampler.host-once", "host_once", True, _bool, "",
             "true: one worker per host writes the host measurement (the holder of host.lock), tagged with "
             "the jobs of every worker of the host; per-worker tables join it by host and time. false: "

@@ -1,5 +1,6 @@
-"""Isolated sampling (``isolate=True``): the seqlock snapshot buffer, the sidecar process, and
-a real LocalCluster sampled by sidecars (tags, the worker's own rss, lifetime, fallback)."""
+"""Isolated sampling (``isolate=True``, the default): the sidecar process (wake, last sample,
+heartbeat), and a real LocalCluster sampled by sidecars (tags, the worker's own rss, lifetime,
+fallback). The shared memory itself: ``test_shared.py``."""
 
 import json
 import os
@@ -15,11 +16,9 @@ from distributed import Client
 
 from dask_influx_metrics import Monitor, custom_metric, lineprotocol
 from dask_influx_metrics.config import Settings
-from dask_influx_metrics.worker.sidecar import (
-    SnapshotBuffer, SnapshotReader, Sidecar, decode_snapshot, encode_snapshot,
-)
+from dask_influx_metrics.worker.sidecar import Sidecar
 from dask_influx_metrics.worker.sinks.spool import read_lines
-from dask_influx_metrics.worker.sources.activity import Activity, TaskRegistry, key_json
+from dask_influx_metrics.worker.sources.activity import TaskRegistry
 from dask_influx_metrics.worker.sources.simulated import simulated_uuid
 
 POLL_MS = 50
@@ -38,110 +37,6 @@ def points(directory, measurement=None):
     return [p for p in out if measurement is None or p.measurement == measurement]
 
 
-# --- the snapshot buffer ------------------------------------------------------------------
-def test_snapshot_round_trip_keeps_keys_counts_and_tags():
-    reg = TaskRegistry(nthreads=4, managed_bytes=lambda: 123)
-    keys = [("x", 0, ("nested", 1.5)), "plain ünï \"q\"", ("b", 2)]
-    for key, (job, dag) in zip(keys, [(1, 3), (2, 5), (0, 0)]):
-        reg.started(key, job, dag)
-    activity = reg.snapshot()
-    buf = SnapshotBuffer.create(4096)
-    try:
-        assert SnapshotReader(buf)().executing == 0  # nothing written yet: idle
-        buf.write(encode_snapshot(activity, scheduler_delay=-0.25))
-        snap = decode_snapshot(buf.read())
-    finally:
-        buf.close()
-    assert snap.running == activity.running
-    assert (snap.executing, snap.job_tag, snap.dag_tag, snap.last_job) == (3, "1,2", "3,5", 2)
-    assert (snap.nthreads, snap.managed_bytes, snap.scheduler_delay) == (4, 123, -0.25)
-    assert key_json(k for k, _, _ in snap.running) == key_json(keys)
-
-
-def test_a_snapshot_too_big_for_the_buffer_lists_fewer_keys_with_exact_counts_and_tags():
-    running = tuple((f"task-{'x' * 50}-{i}", 1 + i % 3, 10 + i % 7) for i in range(1000))
-    activity = Activity(running, nthreads=8, managed_bytes=5, last_job=3)
-    data = encode_snapshot(activity, limit=4096)
-    snap = decode_snapshot(data)
-    assert len(data) <= 4096 and 0 < len(snap.running) < 1000
-    assert snap.running == running[:len(snap.running)]
-    assert (snap.executing, snap.job_tag, snap.dag_tag) == (1000, "1,2,3", "10,11,12,13,14,15,16")
-
-
-def test_a_torn_or_half_written_snapshot_is_never_returned():
-    buf = SnapshotBuffer.create(4096)
-    try:
-        buf.write(b'{"ok": 1}')
-        view = SnapshotBuffer(buf.fd, buf.size, writable=True)  # a second mapping, to tamper
-        view._mm[16] ^= 0xFF  # payload changed, sequence not: the CRC catches it
-        assert buf.read(tries=3) is None
-        view._mm[16] ^= 0xFF
-        assert buf.read() == b'{"ok": 1}'
-        view._mm[0] |= 1  # odd sequence: a write in progress
-        assert buf.read(tries=3) is None
-        view._mm.close()
-    finally:
-        buf.close()
-
-
-def _consistent(snap) -> bool:
-    """Writers below publish n tasks named k<i>/<n>, job n, dag n."""
-    n = snap.executing
-    return (len(snap.running) == n and snap.dag_tag == (str(n) if n else "0")
-            and all(k == f"k{i}/{n}" and j == d == n for i, (k, j, d) in enumerate(snap.running)))
-
-
-def _writer_snapshot(n: int) -> bytes:
-    return encode_snapshot(Activity(tuple((f"k{i}/{n}", n, n) for i in range(n)), 2, n, n))
-
-
-WRITER = """
-import sys, time
-from dask_influx_metrics.worker.sidecar import SnapshotBuffer, encode_snapshot
-from dask_influx_metrics.worker.sources.activity import Activity
-buf = SnapshotBuffer(int(sys.argv[1]), int(sys.argv[2]), writable=True)
-for it in range(int(sys.argv[3])):
-    n = (it * 37) % 200
-    buf.write(encode_snapshot(Activity(tuple((f"k{i}/{n}", n, n) for i in range(n)), 2, n, n)))
-"""
-
-
-@pytest.mark.parametrize("writer", ["thread", "process"])
-def test_concurrent_writer_and_reader_never_see_a_torn_snapshot(writer):
-    buf = SnapshotBuffer.create(64 * 1024)
-    iterations = 20000
-    try:
-        if writer == "thread":
-            def write():
-                for it in range(iterations):
-                    buf.write(_writer_snapshot((it * 37) % 200))
-
-            thread = threading.Thread(target=write)
-            thread.start()
-            running = thread.is_alive
-        else:  # a real second process writing while this one reads: true parallelism
-            proc = subprocess.Popen([sys.executable, "-c", WRITER, str(buf.fd), str(buf.size), str(iterations)],
-                                    pass_fds=(buf.fd,))
-            running = lambda: proc.poll() is None  # noqa: E731
-        wait_until(lambda: buf.read() is not None or not running(), what="the first write")
-        reader = SnapshotReader(buf)
-        seen, deadline = 0, time.monotonic() + 60
-        while running() and time.monotonic() < deadline:  # bounded
-            reader.refresh()
-            snap = reader()
-            assert _consistent(snap), snap
-            seen += snap.executing > 0
-        if writer == "thread":
-            thread.join(30)
-        else:
-            assert proc.wait(30) == 0
-        reader.refresh()
-        assert _consistent(reader()) and reader().executing == ((iterations - 1) * 37) % 200
-        assert seen > 0
-    finally:
-        buf.close()
-
-
 # --- the sidecar process on its own -----------------------------------------------------------
 def _settings(tmp_path, **overrides):
     return Settings.resolve({"sink": "spool", "spool.directory": str(tmp_path), "gpu.source": "simulated",
@@ -152,9 +47,9 @@ def _settings(tmp_path, **overrides):
 def test_sidecar_samples_this_process_and_flushes_when_told_to_stop(tmp_path, how):
     reg = TaskRegistry(nthreads=2, managed_bytes=lambda: 7)
     reg.started(("work", 1), 4, 9)
-    sidecar = Sidecar(_settings(tmp_path), "s1", "tcp://w:1", {"host": "h", "worker": "tcp://w:1"})
+    sidecar = Sidecar(_settings(tmp_path), "s1", "tcp://w:1", {"host": "h", "worker": "tcp://w:1"}, reg.snapshot())
     try:
-        sidecar.publish(reg.snapshot(), 0.0)
+        sidecar.publisher.update(7, 0.0)
         assert sidecar.wait_ready(30)
         wait_until(lambda: len(points(tmp_path, "gpu")) >= 3, what="3 flushed samples")
         if how == "SIGTERM":
@@ -168,6 +63,33 @@ def test_sidecar_samples_this_process_and_flushes_when_told_to_stop(tmp_path, ho
     assert {p.fields["running"] for p in workers} == {'[["work", 1]]'}
     rss = psutil.Process().memory_info().rss  # the sidecar read this process (its parent), not itself
     assert all(abs(p.fields["rss"] - rss) < 0.5 * rss for p in workers)
+
+
+def test_sidecar_wakes_for_a_task_on_an_idle_worker_and_samples_unsampled_tasks_before_it_exits(tmp_path):
+    """3 things the in-process sampler does, through the pipe and the heartbeat: an extra sample when
+    a task starts on a worker its last sample saw idle; a last sample at exit for a task that started
+    and ended after the last one; its sink's delivery counters."""
+    sidecar = Sidecar(_settings(tmp_path, **{"polling-interval": 5000}), "s1", "tcp://w:1",
+                      {"host": "h", "worker": "tcp://w:1"}, TaskRegistry(nthreads=2).snapshot())
+    try:
+        assert sidecar.wait_ready(30)
+        wait_until(lambda: sidecar.stats()["samples"] >= 1, what="the first sample (idle)")
+        sidecar.publisher.started("first", 1, 5)
+        sidecar.wake()
+        wait_until(lambda: any(p.tags["dag"] == "5" for p in points(tmp_path, "worker")), timeout=4,
+                   what="the extra sample, long before the next tick (5 s)")
+        sidecar.wake()  # not sampled since the last wake: nothing sent
+        sidecar.publisher.ended("first")
+        sidecar.publisher.started("brief", 2, 6)
+        sidecar.publisher.ended("brief")
+        wait_until(lambda: sum(c.get("points_written", 0) for c in sidecar.counters()) >= 2,
+                   what="the sink's counters in the heartbeat")
+        assert [c["kind"] for c in sidecar.counters()] == ["spool"]
+    finally:
+        assert sidecar.close() == 0
+    last = [p for p in points(tmp_path, "worker") if p.tags["dag"] == "6"]
+    assert [p.fields["running"] for p in last] == ['["brief"]'], "a last sample shows the brief task"
+    assert len(points(tmp_path, "worker")) == 3  # first sample, the woken one, the last one
 
 
 # --- a real cluster ----------------------------------------------------------------------------

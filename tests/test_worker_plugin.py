@@ -1,10 +1,12 @@
 """The worker plugin on a real LocalCluster: teardown and the sidecar's liveness under faults."""
 
 import asyncio
+import json
 import socket
 import threading
 import time
 
+import pytest
 from distributed import Client, LocalCluster
 from distributed.core import rpc
 
@@ -61,33 +63,97 @@ def test_teardown_with_a_frozen_influxdb_never_blocks_the_event_loops(tmp_path):
 
 
 def sampler_counts(dask_worker) -> tuple[int, int]:
-    sampler = dask_worker.plugins["influx-metrics"].sampler
-    return sampler.samples, sampler.extra
+    """(samples, extra samples) of whatever samples the worker's tasks: its sidecar, else its sampler."""
+    plugin = dask_worker.plugins["influx-metrics"]
+    if plugin.sidecar is not None:
+        stats = plugin.sidecar.stats()
+        return stats["samples"], stats["extra"]
+    return plugin.sampler.samples, plugin.sampler.extra
 
 
-def test_an_extra_sample_for_a_graph_after_idleness_not_between_back_to_back_short_tasks():
+def wait_for(predicate, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["sidecar", "in-process"])
+def test_an_extra_sample_for_a_graph_after_idleness_not_between_back_to_back_short_tasks(isolate):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
             LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         receiver.bind(("127.0.0.1", 0))
         monitor = Monitor(client, sink="udp", telegraf_address="127.0.0.1:%d" % receiver.getsockname()[1],
-                          gpu_source="simulated")
-        monitor.attach(polling_interval=500)
+                          gpu_source="simulated", isolate=isolate)
+        monitor.attach(polling_interval=500, tracking=["tasks", "compute-util"])
         monitor.start()
+        counts = lambda: next(iter(client.run(sampler_counts).values()))  # noqa: E731
         try:
-            time.sleep(0.6)  # a tick or two with the worker idle
+            wait_for(lambda: counts()[0] >= 2, what="a tick or two with the worker idle")
             assert client.submit(sum, [1, 2], pure=False).result() == 3
-            deadline = time.monotonic() + 10
-            while [extra for _, extra in client.run(sampler_counts).values()] == [0] and time.monotonic() < deadline:
-                time.sleep(0.05)
-            [(samples, extra)] = client.run(sampler_counts).values()
+            wait_for(lambda: counts()[1] > 0, what="an extra sample")
+            samples, extra = counts()
             assert extra == 1, "a task on a worker its last sample saw idle gets a sample at once"
-            time.sleep(0.6)  # idle again at the next tick
+            wait_for(lambda: counts()[0] >= samples + 2, what="idle again at the next tick")
+            samples = counts()[0]
             end = time.monotonic() + 2.5
             while time.monotonic() < end:  # short tasks back to back for 5 intervals
                 client.gather(client.map(abs, range(-200, 0), pure=False))
-            [(samples_after, extra_after)] = client.run(sampler_counts).values()
+            samples_after, extra_after = counts()
         finally:
             monitor.shutdown()
-    assert samples_after - samples >= 5
+    assert samples_after - samples >= 4
     assert extra_after - extra <= 1, "at most the first of the back-to-back tasks wakes the sampler"
+
+
+def brief(x):
+    return x
+
+
+def hold(event_name: str, timeout: float = 30.0):
+    """Keep one worker thread busy until the named distributed Event is set (so the worker is never idle)."""
+    from distributed import Event
+
+    Event(event_name).wait(timeout)
+
+
+@pytest.mark.parametrize("isolate", [True, False], ids=["sidecar", "in-process"])
+def test_brief_tasks_leave_a_trace_and_a_last_sample_shows_those_that_ended_after_the_last_tick(
+        isolate, cluster, tmp_path):
+    """A task that starts and ends between two samples counts as executing at the next one; one
+    that ends after the last sample gets a last sample at stop. The worker is kept busy by another
+    task, so no wake samples them."""
+    from distributed import Event
+
+    from dask_influx_metrics import lineprotocol
+    from dask_influx_metrics.worker.sinks.spool import read_lines
+
+    def running() -> set:
+        """The keys in the worker measurement's ``running`` field of any sample of ``worker`` so far."""
+        keys = set()
+        for line in read_lines(str(tmp_path)):
+            p = lineprotocol.parse(line)
+            if p.measurement == "worker" and p.tags["worker"] == worker:
+                keys |= set(json.loads(p.fields["running"]))
+        return keys
+
+    with Client(cluster) as client:
+        monitor = Monitor(client, sink="spool", spool_directory=str(tmp_path), gpu_source="none",
+                          isolate=isolate, flush_interval=0.1)
+        monitor.attach(polling_interval=400, tracking=["tasks"])
+        monitor.start()
+        [worker, *_] = sorted(client.scheduler_info()["workers"])
+        go = Event("go-" + str(isolate))
+        try:
+            holder = client.submit(hold, go.name, key="holder", workers=[worker])
+            wait_for(lambda: any(client.processing(workers=[worker]).values()), what="the holder running")
+            for i in range(5):  # brief tasks between ticks (400 ms), each its own graph
+                client.submit(brief, i, key=f"brief-{i}", workers=[worker]).result()
+            wait_for(lambda: {f"brief-{i}" for i in range(5)} <= running(), what="the brief tasks in samples")
+            client.submit(brief, 9, key="last", workers=[worker]).result()
+            go.set()
+            holder.result()
+        finally:
+            monitor.stop()
+    assert {"last", "holder"} <= running()

@@ -1,4 +1,5 @@
-"""Short system calls made without releasing the GIL: ``pread`` of a ``/proc`` file, a UDP ``send``.
+"""Short system calls made without releasing the GIL: ``pread`` of a ``/proc`` file, a UDP ``send``,
+a ``write`` to a non-blocking pipe.
 
 Python releases the GIL around every system call (``os.pread``,
 ``socket.sendto``). For the sampler thread that is the expensive part: while
@@ -31,16 +32,17 @@ MSG_DONTWAIT = getattr(socket, "MSG_DONTWAIT", 0)
 
 
 def _libc():
-    """libc's ``pread``, ``send`` and ``sendto``, called with the GIL held, or None."""
+    """libc's ``pread``, ``send``, ``sendto`` and ``write``, called with the GIL held, or None."""
     try:
         libc = ctypes.PyDLL(None, use_errno=True)  # this process's symbols, libc's among them (no lookup)
-        calls = libc.pread, libc.send, libc.sendto
+        calls = libc.pread, libc.send, libc.sendto, libc.write
     except (OSError, AttributeError):
         return None
     size, ssize, buf = ctypes.c_size_t, ctypes.c_ssize_t, ctypes.c_char_p
     calls[0].argtypes, calls[0].restype = (ctypes.c_int, ctypes.c_void_p, size, ctypes.c_long), ssize
     calls[1].argtypes, calls[1].restype = (ctypes.c_int, buf, size, ctypes.c_int), ssize
     calls[2].argtypes, calls[2].restype = (ctypes.c_int, buf, size, ctypes.c_int, buf, ctypes.c_uint), ssize
+    calls[3].argtypes, calls[3].restype = (ctypes.c_int, buf, size), ssize
     return calls
 
 
@@ -67,6 +69,16 @@ class Reader:
         if n < 0:
             raise _error()
         return ctypes.string_at(self._buffer, n)
+
+
+def write(fd: int, data: bytes) -> int:
+    """``os.write`` keeping the GIL; for a non-blocking ``fd`` only (a pipe: ``BlockingIOError`` when full)."""
+    if not HELD:
+        return os.write(fd, data)
+    n = _CALLS[3](fd, data, len(data))
+    if n < 0:
+        raise _error()
+    return n
 
 
 def sockaddr(sock: socket.socket, address: tuple) -> bytes | None:

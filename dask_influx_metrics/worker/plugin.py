@@ -10,16 +10,18 @@ the client's explicit overrides, so each node finds its own Telegraf.
 ``transition`` (on the event loop) only updates a small registry of executing
 tasks with the job/DAG the scheduler annotated them with, and appends one small
 record per finished execution for the task stream (:mod:`.sources.taskstream`);
-the sampling thread does everything else.
+the sampler does everything else. Transitions that neither start nor end an
+execution cost a comparison.
 
-With ``sampler.isolate`` (``isolate=True``) a sidecar process samples instead,
-out of the worker's GIL (see :mod:`.sidecar`); the worker publishes its
-registry to it. Custom metrics and the task stream need the ``worker`` object,
-so they keep an in-process sampler of their own (``custom``, ``task`` and
-``activity`` points only, same tags, timestamps from their own clock ticks). If
-the sidecar cannot start or dies, that is reported once and the worker samples
-in-process as without ``isolate``; so does a sidecar that produces no sample for
-3 polling intervals (hung).
+With ``sampler.isolate`` (``isolate``, the default) a sidecar process samples,
+out of the worker's GIL (see :mod:`.sidecar`); when a task starts or ends the
+worker publishes the change to it (a few microseconds, :mod:`.shared`), and
+when a task starts on an idle worker, wakes it. Custom metrics and the task
+stream need the ``worker`` object, so they keep an in-process sampler of their
+own (``custom``, ``task`` and ``activity`` points only, same tags, timestamps
+from their own clock ticks). If the sidecar cannot start or dies, that is
+reported once and the worker samples in-process as with ``isolate: false``; so
+does a sidecar that produces no sample for 3 polling intervals + 0.5 s (hung).
 
 Example
 -------
@@ -52,6 +54,7 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "influx-metrics"
 SIDECAR_START_TIMEOUT = 30.0  # s for a sidecar to start sampling (it imports this package)
+STALL_MARGIN = 0.5  # s: a sidecar whose latest sample is 3 intervals + this old is hung (checked once a second)
 RUNNING = frozenset({"executing", "long-running"})
 STILL_RUNNING = RUNNING | {"cancelled", "resumed"}  # a cancelled (or resumed) task's thread runs on
 
@@ -128,14 +131,14 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._started(key)
         elif start in STILL_RUNNING and finish not in STILL_RUNNING:
             self._ended(key)
-        if self.sidecar is not None:
-            self._publish()
 
     def _ended(self, key) -> None:
         end = _dask.worker_task_end(self.worker, key)
         if end is not None and end[0] in STILL_RUNNING:
             return  # asked to release a running task: cancelled, its thread runs on
         where = self.registry.finished(key)
+        if self.sidecar is not None:
+            self.sidecar.publisher.ended(key)
         if where is not None and self.tasks is not None:
             self.tasks.ended.append((key, *where, end, time.time()))  # the sampler thread does the rest
 
@@ -144,7 +147,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
         ours = mark and mark.get("session") == self.session["id"]
         # submitted while no session ran: counted, not attributed
         idle = self.registry.idle()
-        self.registry.started(key, *((mark["job"], mark["dag"]) if ours else (0, 0)))
+        job, dag = (mark["job"], mark["dag"]) if ours else (0, 0)
+        self.registry.started(key, job, dag)
+        if self.sidecar is not None:
+            self.sidecar.publisher.started(key, job, dag)
+            if idle:
+                self.sidecar.wake()  # it samples at once if its last sample saw no task
         if idle and self.sampler is not None and not self.activity().executing:
             # a graph shorter than the interval still gets a sample; not between back-to-back short
             # tasks (the last sample saw tasks): each is shown at the next tick, as the sampler's docs say
@@ -155,13 +163,14 @@ class MetricsWorkerPlugin(WorkerPlugin):
         from .sidecar import Sidecar  # not at import: `python -m` runs that module in the sidecar
 
         try:
-            self.sidecar = sidecar = Sidecar(self.settings, self.session["id"], self.worker.address, self.base_tags)
+            self.sidecar = sidecar = Sidecar(self.settings, self.session["id"], self.worker.address, self.base_tags,
+                                             self.registry.snapshot())  # its first sample sees the tasks running now
         except Exception as e:
             self._report("sidecar", f"cannot start the sampling sidecar ({type(e).__name__}: {e}); sampling in-process")
         else:
             # once a second: bytes held and the clock offset also change between transitions; liveness
             self._ticker = PeriodicCallback(self._tick, 1000)
-            self._publish()  # its first sample already sees the tasks running now
+            self._publish()
             if not await asyncio.to_thread(sidecar.wait_ready, SIDECAR_START_TIMEOUT):
                 if self.sidecar is sidecar:  # else teardown took it meanwhile
                     self.sidecar = None
@@ -173,13 +182,14 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._start_sampler(custom_only=self.sidecar is not None)
 
     def _publish(self) -> None:
-        self.sidecar.publish(self.registry.snapshot(), _dask.worker_clock_offset(self.worker))
+        """Bytes held and the clock offset, which change between the publishes of task starts and ends."""
+        self.sidecar.publisher.update(_dask.worker_managed_bytes(self.worker), _dask.worker_clock_offset(self.worker))
 
     def _tick(self) -> None:
         if self.sidecar is None:
             return
         code, stalled = self.sidecar.poll(), self.sidecar.stalled_for()
-        if code is None and stalled < 3 * self.settings.polling_interval / 1000.0 + 1.0:
+        if code is None and stalled < 3 * self.settings.polling_interval / 1000.0 + STALL_MARGIN:
             self._publish()
             return
         what = f"exited with code {code}" if code is not None else f"produced no sample for {stalled:.1f} s (hung)"
@@ -210,8 +220,9 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
 
 def delivery_counters(dask_worker) -> list[dict]:
-    """This worker's sink counters (``Monitor.delivery()``, via ``client.run``); [] when none
-    samples here in-process (no session, or a ``sampler.isolate`` sidecar holds the sink)."""
+    """This worker's sink counters (``Monitor.delivery()``, via ``client.run``): its sidecar's
+    (as of its latest sample), then those of the worker's own sink (in-process sampling, or
+    custom metrics and the task stream beside a sidecar); [] when no session samples here."""
     plugin = _dask.worker_plugin(dask_worker, PLUGIN_NAME)
-    sink = getattr(plugin, "sink", None)
-    return counters(sink) if sink is not None else []
+    sidecar, sink = getattr(plugin, "sidecar", None), getattr(plugin, "sink", None)
+    return (sidecar.counters() if sidecar is not None else []) + (counters(sink) if sink is not None else [])

@@ -1,43 +1,35 @@
-"""Isolated sampling (``influx-metrics.sampler.isolate: true``): a sidecar process per worker.
+"""Isolated sampling (``influx-metrics.sampler.isolate: true``, the default): a sidecar process per worker.
 
 Inside the worker, every psutil (``/proc``) and NVML (ctypes) call releases the
-GIL and must win it back from the task threads, up to a switch interval (5 ms)
-each time, so samples slip while tasks run pure Python. With ``isolate`` the
-worker plugin starts this module as a child process
-(``python -m dask_influx_metrics.worker.sidecar``, not ``multiprocessing``: Dask worker
-processes are daemonic) that runs the :class:`~.sampler.Sampler` with the GPU
-source, :class:`~.sources.host.HostSource` (reading the *worker's* pid) and the
-task fields, and owns the worker's sink.
+GIL and must win it back from the task threads, and so must the sampling thread
+each time it wakes up, up to a switch interval (5 ms) each time, so samples slip
+while tasks run pure Python. With ``isolate`` the worker plugin starts this
+module as a child process (``python -m dask_influx_metrics.worker.sidecar``, not
+``multiprocessing``: Dask worker processes are daemonic) that runs the
+:class:`~.sampler.Sampler` with the GPU source, :class:`~.sources.host.HostSource`
+(reading the *worker's* pid) and the task fields, and owns the worker's sink. It
+imports neither Dask's scheduler side nor ``distributed`` (only ``dask.config``).
 
-The worker only keeps its task registry: on each change (``transition``, on
-the event loop, and once a second for bytes held and the clock offset) it
-writes a compact JSON snapshot into a shared buffer (an anonymous ``memfd``
-inherited by the sidecar, :data:`BUFFER_BYTES`) under a seqlock: the sequence
-number is odd while writing, and a reader retries on an odd or changed number
-or a CRC mismatch. The sidecar never calls into the worker. A snapshot too big
-for the buffer lists fewer keys in ``running``; counts and tags stay exact.
+The worker only keeps its task registry and publishes it into shared memory
+when a task starts or ends (:class:`~.shared.Publisher`; bytes held and the
+clock offset once a second); the sidecar never calls into the worker. The other
+way, the sidecar writes a heartbeat before each sample: its counts, the snapshot
+it sampled (so the worker prunes the ended tasks it carries) and its sink's
+delivery counters (``Monitor.delivery()``); see :mod:`.shared`.
 
-Lifetime: the sidecar reads its settings as one JSON line on stdin, then
-samples until stdin reaches EOF (the plugin closes it on teardown, or the worker
-died), its parent changes, or SIGTERM; then it flushes its sink and exits. The
-plugin waits for it (bounded, then ``terminate``/``kill``), and if it cannot
-start or dies, reports once and samples in-process instead. The sidecar
-publishes its sample count four times a second in a second small buffer (the
-heartbeat); one whose count has not moved for 3 polling intervals (plus up to
-1 s, the plugin looks once a second) is hung, e.g. stopped: it is killed and
-treated as dead.
-
-Example
--------
->>> from dask_influx_metrics.worker.sources.activity import TaskRegistry
->>> reg = TaskRegistry(nthreads=2)
->>> reg.started(("x", 0), job=1, dag=3)
->>> buf = SnapshotBuffer.create(4096)
->>> buf.write(encode_snapshot(reg.snapshot(), scheduler_delay=0.5))
->>> snap = decode_snapshot(buf.read())
->>> snap.running, snap.job_tag, snap.dag_tag, snap.scheduler_delay
-(((('x', 0), 1, 3),), '1', '3', 0.5)
->>> buf.close()
+Lifetime: the sidecar reads its settings as one JSON line on stdin; after that,
+each byte on stdin is a *wake*: the worker writes one (non-blocking, the GIL
+held) when a task starts on an idle worker and the sidecar has sampled since
+its last one, and the sidecar takes an extra sample at once if its last sample
+saw the worker idle (:meth:`~.sampler.Sampler.wake`: a graph shorter than the
+interval still shows up). It samples until stdin reaches EOF (the plugin closes
+it on teardown, after its last publish, or the worker died), its parent
+changes, or SIGTERM; then it takes a last sample if the snapshot carries tasks
+no sample has seen, flushes its sink and exits. The plugin waits for it
+(bounded, then ``terminate``/``kill``), and if it cannot start or dies, reports
+once and samples in-process instead. One whose sample count has not moved for 3
+polling intervals + 0.5 s (the plugin looks once a second) is hung, e.g.
+stopped: it is killed and treated as dead.
 """
 
 from __future__ import annotations
@@ -45,157 +37,40 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import mmap
 import os
 import select
 import signal
-import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import zlib
-from typing import NamedTuple
 
-from .sources.activity import Activity, plain_key
+from . import heldcalls
+from .shared import BEAT_BYTES, BUFFER_BYTES, Publisher, SnapshotBuffer, SnapshotReader, read_beat
+
+__all__ = ["Sidecar", "SnapshotBuffer", "main"]  # SnapshotBuffer: also gpushare's (from here, as before)
 
 logger = logging.getLogger(__name__)
-
-BUFFER_BYTES = 1 << 20
-BEAT_BYTES = 64  # the heartbeat buffer: the sidecar's sample count, as text
-_SEQ = struct.Struct("<Q")  # at offset 0: even = stable, odd = being written
-_BODY = struct.Struct("<II")  # at offset 8: payload length, crc32
-_HEADER = _SEQ.size + _BODY.size
-
-
-class SharedActivity(NamedTuple):
-    """An :class:`~.sources.activity.Activity` as the sidecar reads it: counts and tags exact,
-    ``running`` possibly cut short (buffer full), plus the worker's clock offset."""
-
-    running: tuple
-    nthreads: int
-    managed_bytes: int
-    last_job: int
-    executing: int
-    job_tag: str
-    dag_tag: str
-    scheduler_delay: float = 0.0
-
-
-IDLE = SharedActivity((), 0, 0, 0, 0, "0", "0")
-
-
-def _tuples(k):
-    """Inverse of :func:`plain_key` for what JSON returns: lists become tuples again."""
-    return tuple(_tuples(p) for p in k) if isinstance(k, list) else k
-
-
-def encode_snapshot(activity: Activity, scheduler_delay: float = 0.0, limit: int = BUFFER_BYTES) -> bytes:
-    """The snapshot as compact JSON of at most ``limit`` bytes (``running`` halved until it fits)."""
-    doc = {"n": activity.executing, "job": activity.job_tag, "dag": activity.dag_tag,
-           "last": activity.last_job, "threads": activity.nthreads, "bytes": activity.managed_bytes,
-           "delay": scheduler_delay, "running": [[plain_key(k), j, d] for k, j, d in activity.running]}
-    while True:
-        data = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
-        if len(data) <= limit:
-            return data
-        if not doc["running"]:
-            raise ValueError(f"activity snapshot needs {len(data)} bytes with no keys; buffer holds {limit}")
-        doc["running"] = doc["running"][:len(doc["running"]) // 2]
-
-
-def decode_snapshot(data: bytes | None) -> SharedActivity:
-    if not data:
-        return IDLE
-    d = json.loads(data)
-    return SharedActivity(tuple((_tuples(k), j, g) for k, j, g in d["running"]), d["threads"], d["bytes"],
-                          d["last"], d["n"], d["job"], d["dag"], d["delay"])
-
-
-class SnapshotBuffer:
-    """One writer, any readers, over a shared mapping of file descriptor ``fd`` (seqlock + CRC)."""
-
-    def __init__(self, fd: int, size: int, writable: bool):
-        self.fd, self.size, self.capacity = fd, size, size - _HEADER
-        self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
-        self._seq = _SEQ.unpack_from(self._mm, 0)[0]
-
-    @classmethod
-    def create(cls, size: int = BUFFER_BYTES) -> "SnapshotBuffer":
-        """A new zeroed buffer in anonymous memory (an unlinked temporary file without memfd)."""
-        if hasattr(os, "memfd_create"):
-            fd = os.memfd_create("influx-metrics-activity")
-        else:
-            with tempfile.TemporaryFile() as f:
-                fd = os.dup(f.fileno())
-        os.ftruncate(fd, size)
-        return cls(fd, size, writable=True)
-
-    def write(self, data: bytes) -> None:
-        if len(data) > self.capacity:
-            raise ValueError(f"{len(data)} bytes do not fit in {self.capacity}")
-        mm, seq = self._mm, self._seq + 1
-        _SEQ.pack_into(mm, 0, seq)  # odd: readers retry
-        mm[_HEADER:_HEADER + len(data)] = data
-        _BODY.pack_into(mm, _SEQ.size, len(data), zlib.crc32(data))
-        _SEQ.pack_into(mm, 0, seq + 1)
-        self._seq = seq + 1
-
-    def read(self, tries: int = 30) -> bytes | None:
-        """The latest whole payload; None if nothing was written yet or no stable copy in ``tries``
-        (a few ms at most: a sampler keeps its previous snapshot rather than wait on the worker)."""
-        mm = self._mm
-        for i in range(tries):
-            seq = _SEQ.unpack_from(mm, 0)[0]
-            length, crc = _BODY.unpack_from(mm, _SEQ.size)
-            if seq % 2 == 0 and length <= self.capacity:
-                data = mm[_HEADER:_HEADER + length]
-                if _SEQ.unpack_from(mm, 0)[0] == seq and zlib.crc32(data) == crc:
-                    return data if seq else None
-            time.sleep(0 if i < 10 else 1e-4)
-        return None
-
-    def close(self) -> None:
-        """Unmap and close the descriptor; safe to call twice."""
-        if not self._mm.closed:
-            self._mm.close()
-            os.close(self.fd)
-
-
-class SnapshotReader:
-    """Like :class:`~.sources.activity.CachedActivity`, from the buffer: ``refresh()`` once per
-    sample, then ``reader()`` is that snapshot; a failed read keeps the previous one."""
-
-    def __init__(self, buffer: SnapshotBuffer):
-        self._buffer, self._snap = buffer, IDLE
-        self.refresh()
-
-    def refresh(self) -> None:
-        data = self._buffer.read()
-        if data is not None:
-            self._snap = decode_snapshot(data)
-
-    def __call__(self) -> SharedActivity:
-        return self._snap
 
 
 class Sidecar:
     """The worker's handle on its sampling process (see the module docstring).
 
     ``settings`` are the worker's resolved :class:`~.config.Settings`; ``tags``
-    the common tags without ``job``/``dag``. Raises ``OSError`` if it cannot start.
+    the common tags without ``job``/``dag``; ``activity`` the worker's tasks now
+    (an :class:`~.sources.activity.Activity`: the first snapshot). Feed
+    :attr:`publisher` from then on. Raises ``OSError`` if it cannot start.
     """
 
-    def __init__(self, settings, session: str, address: str, tags: dict, size: int = BUFFER_BYTES):
+    def __init__(self, settings, session: str, address: str, tags: dict, activity, size: int = BUFFER_BYTES):
         self.buffer = SnapshotBuffer.create(size)
         self.beat = SnapshotBuffer.create(BEAT_BYTES)
-        self._last = None
-        self._failed = False
+        self.publisher = Publisher(self.buffer, self.beat, activity.nthreads, activity.running, activity.last_job)
         self._samples, self._moved = None, time.monotonic()
+        self._woken = -1  # the sample count when the last wake was sent
         config = {"settings": dataclasses.asdict(settings), "session": session, "worker": address,
                   "pid": os.getpid(), "tags": tags, "fd": self.buffer.fd, "size": size, "beat": self.beat.fd}
-        try:  # settings travel on stdin, never argv (credentials); the pipe's EOF ends the sidecar
+        try:  # settings travel on stdin, never argv (credentials); then wakes; its EOF ends the sidecar
             self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, pass_fds=(self.buffer.fd, self.beat.fd))
         except BaseException:
@@ -205,6 +80,7 @@ class Sidecar:
         try:
             self.proc.stdin.write(json.dumps(config).encode() + b"\n")
             self.proc.stdin.flush()
+            os.set_blocking(self.proc.stdin.fileno(), False)  # a wake never waits
         except OSError:
             self.close()
             raise
@@ -224,24 +100,38 @@ class Sidecar:
         """The sidecar's exit code, or None while it runs."""
         return self.proc.poll()
 
-    def stalled_for(self) -> float:
-        """Seconds since the sidecar's sample count (its heartbeat) last moved, as seen by calls to this."""
-        samples, now = self.beat.read(), time.monotonic()
-        if samples != self._samples:
-            self._samples, self._moved = samples, now
-        return now - self._moved
+    def stats(self) -> dict:
+        """The sidecar's ``samples`` and ``extra`` (wake) samples so far, from its heartbeat."""
+        beat = read_beat(self.beat)
+        return {"samples": beat.samples, "extra": beat.extra} if beat else {"samples": 0, "extra": 0}
 
-    def publish(self, activity: Activity, scheduler_delay: float) -> None:
-        """Write the snapshot if it changed; never raises (an error is logged once)."""
-        if (activity, scheduler_delay) == self._last:
-            return
+    def counters(self) -> list[dict]:
+        """Its sink's delivery counters as of its latest sample (:func:`.sinks.counters`), or []."""
+        beat = read_beat(self.beat)
         try:
-            self.buffer.write(encode_snapshot(activity, scheduler_delay, self.buffer.capacity))
-            self._last = (activity, scheduler_delay)
-        except Exception as e:
-            if not self._failed:
-                self._failed = True
-                logger.warning("influx-metrics: cannot publish the activity snapshot: %r (reported once)", e)
+            return json.loads(beat.counters) if beat else []
+        except ValueError:
+            return []
+
+    def stalled_for(self) -> float:
+        """Seconds since the sidecar's latest sample (its heartbeat; since it started before one)."""
+        beat = read_beat(self.beat)
+        if beat is not None and beat.samples != self._samples:
+            self._samples, self._moved = beat.samples, beat.time
+        return time.monotonic() - self._moved
+
+    def wake(self) -> None:
+        """A task started on an idle worker: one byte down the pipe, unless the sidecar has not
+        sampled since the last one (it decides: an extra sample if its last one saw no task)."""
+        beat = read_beat(self.beat)
+        samples = beat.samples if beat else 0
+        if samples == self._woken:
+            return
+        self._woken = samples
+        try:
+            heldcalls.write(self.proc.stdin.fileno(), b"!")
+        except (OSError, ValueError):  # full (it has wakes to read), closed, or the sidecar is gone
+            pass
 
     def close(self, timeout: float = 5.0) -> int:
         """Close the pipe (the sidecar flushes and exits), wait ``timeout`` s, then terminate, then kill.
@@ -264,55 +154,74 @@ class Sidecar:
         return code
 
 
+def _config(fd: int) -> tuple[dict | None, bytes]:
+    """The config line from the pipe, and what followed it (wakes); raw reads, nothing buffered."""
+    data = b""
+    while b"\n" not in data:
+        more = os.read(fd, 65536)
+        if not more:
+            return None, b""
+        data += more
+    line, _, rest = data.partition(b"\n")
+    return json.loads(line or b"null"), rest
 
 
-def _until_eof(fd: int, stop: threading.Event) -> None:
-    """Set ``stop`` when the worker closes the pipe (or dies). Raw reads: no buffer lock at exit."""
+def _listen(fd: int, stop: threading.Event, wake) -> None:
+    """Each read from the worker's pipe is a wake; EOF (closed, or the worker died) sets ``stop``."""
     try:
-        while os.read(fd, 65536):
-            pass
+        while os.read(fd, 4096):
+            wake()
     finally:
         stop.set()
 
 
-def main(stdin=None) -> int:
+def main(stdin: int = 0) -> int:
     """The sidecar process: ``python -m dask_influx_metrics.worker.sidecar`` with its config on stdin."""
     import psutil
 
     from ..config import Settings
     from .build import build_sampler
+    from .sinks import counters
 
-    stdin = stdin or sys.stdin.buffer
     ready = os.fdopen(os.dup(1), "wb")  # "ready" goes to the worker; any other output to stderr
     os.dup2(2, 1)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the worker decides
-    config = json.loads(stdin.readline() or "null")
+    config, woken = _config(stdin)
     if not config:
         return 2
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s - influx-metrics sidecar of {config['worker']}"
                         " - %(levelname)s - %(message)s")
     settings, pid = Settings.from_dict(config["settings"]), config["pid"]
     buffer = SnapshotBuffer(config["fd"], config["size"], writable=False)
-    activity = SnapshotReader(buffer)
+    beat = SnapshotBuffer(config["beat"], BEAT_BYTES, writable=True)
+    activity = SnapshotReader(buffer, beat)
     sampler, (gpu, sink) = build_sampler(
         settings, config["session"], config["worker"], config["tags"], activity,
         clock_offset=lambda: activity().scheduler_delay, report=lambda what, message, **details: logger.warning(message),
         process=psutil.Process(pid),
     )
-    threading.Thread(target=_until_eof, args=(stdin.fileno(), stop), name="eof", daemon=True).start()
+    activity.sampler = sampler
+
+    def wake() -> None:
+        if not activity().executing:  # as in-process: not between back-to-back tasks
+            sampler.wake()
+
+    threading.Thread(target=_listen, args=(stdin, stop, wake), name="wake", daemon=True).start()
     sampler.start()
+    if woken:
+        wake()
     ready.write(b"ready\n")
     ready.close()
-    beat = SnapshotBuffer(config["beat"], BEAT_BYTES, writable=True)
     while not stop.wait(0.25) and os.getppid() == pid:
-        beat.write(b"%d" % sampler.samples)
-    beat.close()
-    sampler.stop()
+        activity.set_counters(json.dumps(counters(sink)).encode())
+    # the worker published before closing the pipe: tasks no sample has seen get one more
+    sampler.stop(final_sample=os.getppid() == pid and activity.unsampled())
     sink.close()
     if gpu is not None:
         gpu.close()
+    beat.close()
     buffer.close()
     return 0
 

@@ -34,6 +34,7 @@ class Activity(NamedTuple):
     nthreads: int
     managed_bytes: int
     last_job: int
+    scheduler_delay: float = 0.0  # the worker's clock offset (as a sidecar reads it; in-process unused)
 
     @property
     def executing(self) -> int:
@@ -165,7 +166,7 @@ class TaskSource:
         if "tasks" in self._want:
             values["tasks"] = snap.executing
         if "running" in self._want:
-            keys = tuple(k for k, _, _ in snap.running)
+            keys = tuple(k for k, _, _ in snap.running if k is not None)  # None: a key a full buffer left out
             if keys != self._running[0]:
                 self._running = (keys, key_json(keys))
             values["running"] = self._running[1]

@@ -1,0 +1,347 @@
+"""What a worker and its sampling sidecar share: the task snapshot one way, the heartbeat the other.
+
+Both are :class:`SnapshotBuffer` s: an anonymous ``memfd`` mapping inherited by
+the sidecar, one writer, any readers, under a seqlock (the sequence number is
+odd while writing; a reader retries on an odd or changed number or a CRC
+mismatch). Nothing here calls into Dask.
+
+**The snapshot** (worker -> sidecar, :data:`BUFFER_BYTES`), written by
+:class:`Publisher` on the worker's event loop only when a task starts or ends
+(``transition``), and when bytes held or the clock offset changed (the plugin's
+1 s ticker): compact JSON with the change counter ``seq``, the executing tasks
+and the *recent* ones, tasks that ended before the sidecar may have sampled
+them. Each entry is ``[key, job, dag, start]`` (``start``: the ``seq`` of its
+start), encoded once when the task starts, so a publish is a join of cached
+bytes. A sidecar sample counts a recent task as executing when it started after
+the snapshot of the sidecar's previous sample (``start > acked``): a task that
+started and ended between two samples leaves a trace, as in-process
+(:meth:`.sources.activity.TaskRegistry.snapshot`). Those the sidecar has
+acknowledged are pruned; beyond :data:`RECENT`, the older half is folded into
+one keyless entry per job and DAG (tags stay exact, the count and ``running``
+list the latest), so a publish stays a few microseconds at any task rate. A snapshot
+too big for the buffer drops keys (``null``), then the oldest recent tasks;
+counts and tags stay exact while entries remain.
+
+**The heartbeat** (sidecar -> worker, :data:`BEAT_BYTES`), written by
+:class:`SnapshotReader` before each sample: samples taken, extra samples (on a
+wake), ``acked`` (the ``seq`` of the snapshot that sample uses), when
+(``time.monotonic()``, one clock for all processes on Linux) and the sidecar's
+sink counters as JSON (``Monitor.delivery()``).
+
+Example
+-------
+>>> buf, beat = SnapshotBuffer.create(4096), SnapshotBuffer.create(BEAT_BYTES)
+>>> pub = Publisher(buf, beat, nthreads=2)
+>>> pub.started(("x", 0), job=1, dag=3)
+>>> pub.started("short", job=1, dag=4); pub.ended("short")
+>>> reader = SnapshotReader(buf, beat); reader.refresh()
+>>> snap = reader()
+>>> [k for k, _, _ in snap.running], snap.job_tag, snap.dag_tag
+([('x', 0), 'short'], '1', '3,4')
+>>> read_beat(beat).acked, pub.acked()
+(3, 3)
+>>> reader.refresh(); reader().dag_tag  # the brief task was sampled once
+'3'
+>>> buf.close(); beat.close()
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import mmap
+import os
+import struct
+import tempfile
+import threading
+import time
+import zlib
+from typing import NamedTuple
+
+from .sources.activity import Activity, plain_key
+
+logger = logging.getLogger(__name__)
+
+BUFFER_BYTES = 1 << 20
+BEAT_BYTES = 4096  # the heartbeat: three counts and the sink counters as JSON
+RECENT = 64  # ended tasks carried with their keys until the sidecar has sampled them (then folded)
+_SEQ = struct.Struct("<Q")  # at offset 0: even = stable, odd = being written
+_BODY = struct.Struct("<II")  # at offset 8: payload length, crc32
+_HEADER = _SEQ.size + _BODY.size
+_BEAT = struct.Struct("<QQQd")  # samples, extra, acked, time.monotonic() then; then the counters' JSON
+
+
+class SnapshotBuffer:
+    """One writer, any readers, over a shared mapping of file descriptor ``fd`` (seqlock + CRC)."""
+
+    def __init__(self, fd: int, size: int, writable: bool):
+        self.fd, self.size, self.capacity = fd, size, size - _HEADER
+        self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+        self._seq = _SEQ.unpack_from(self._mm, 0)[0]
+
+    @classmethod
+    def create(cls, size: int = BUFFER_BYTES) -> "SnapshotBuffer":
+        """A new zeroed buffer in anonymous memory (an unlinked temporary file without memfd)."""
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("influx-metrics-activity")
+        else:
+            with tempfile.TemporaryFile() as f:
+                fd = os.dup(f.fileno())
+        os.ftruncate(fd, size)
+        return cls(fd, size, writable=True)
+
+    def write(self, data: bytes) -> None:
+        if len(data) > self.capacity:
+            raise ValueError(f"{len(data)} bytes do not fit in {self.capacity}")
+        mm, seq = self._mm, self._seq + 1
+        _SEQ.pack_into(mm, 0, seq)  # odd: readers retry
+        mm[_HEADER:_HEADER + len(data)] = data
+        _BODY.pack_into(mm, _SEQ.size, len(data), zlib.crc32(data))
+        _SEQ.pack_into(mm, 0, seq + 1)
+        self._seq = seq + 1
+
+    def read(self, tries: int = 30) -> bytes | None:
+        """The latest whole payload; None if nothing was written yet or no stable copy in ``tries``
+        (a few ms at most: a sampler keeps its previous snapshot rather than wait on the worker)."""
+        mm = self._mm
+        for i in range(tries):
+            seq = _SEQ.unpack_from(mm, 0)[0]
+            length, crc = _BODY.unpack_from(mm, _SEQ.size)
+            if seq % 2 == 0 and length <= self.capacity:
+                data = mm[_HEADER:_HEADER + length]
+                if _SEQ.unpack_from(mm, 0)[0] == seq and zlib.crc32(data) == crc:
+                    return data if seq else None
+            time.sleep(0 if i < 10 else 1e-4)
+        return None
+
+    def close(self) -> None:
+        """Unmap and close the descriptor; safe to call twice."""
+        if not self._mm.closed:
+            self._mm.close()
+            os.close(self.fd)
+
+
+# --- the snapshot -----------------------------------------------------------------------
+def entry(key, job: int, dag: int, start: int) -> bytes:
+    """One task of a snapshot, as JSON bytes: ``[key, job, dag, start]`` (the key as :func:`plain_key`).
+
+    >>> entry(("x", 1, b"y"), 2, 3, 4) == json.dumps([plain_key(("x", 1, b"y")), 2, 3, 4]).replace(" ", "").encode()
+    True
+    """
+    return b"[%s,%d,%d,%d]" % (_key_json(key).encode(), job, dag, start)
+
+
+def _key_json(k) -> str:
+    """``json.dumps(plain_key(k), ensure_ascii=False)``, faster for the usual str, int and tuple keys."""
+    kind = type(k)
+    if kind is str:
+        return _string(k)
+    if kind is int:
+        return str(k)
+    if kind is tuple:
+        return "[" + ",".join([_key_json(p) for p in k]) + "]"
+    if k is None:  # no key: a folded entry
+        return "null"
+    return json.dumps(plain_key(k), ensure_ascii=False)
+
+
+_string = json.encoder.encode_basestring  # a JSON string, non-ASCII kept (C)
+
+
+_SNAPSHOT = b'{"seq":%d,"threads":%d,"bytes":%d,"last":%d,"delay":%s,"running":[%s],"recent":[%s]}'
+
+
+def _delay(delay: float) -> bytes:
+    return repr(float(delay) if math.isfinite(delay) else 0.0).encode()
+
+
+def encode_snapshot(seq: int, nthreads: int, managed_bytes: int, last_job: int, delay: float,
+                    running: list[bytes], recent: list[bytes], limit: int = BUFFER_BYTES) -> bytes:
+    """The snapshot as compact JSON of at most ``limit`` bytes (entries from :func:`entry`)."""
+    data = _SNAPSHOT % (seq, nthreads, managed_bytes, last_job, _delay(delay), b",".join(running), b",".join(recent))
+    if len(data) <= limit:
+        return data
+    head = data[:data.index(b'"running"')]
+    keyless = [json.dumps([None, *json.loads(e)[1:]]).encode() for e in (*running, *recent)]
+    running, recent = keyless[:len(running)], keyless[len(running):]
+    while True:  # keys dropped; then the oldest recent tasks
+        data = head + b'"running":[' + b",".join(running) + b'],"recent":[' + b",".join(recent) + b"]}"
+        if len(data) <= limit:
+            return data
+        if not recent:
+            raise ValueError(f"activity snapshot needs {len(data)} bytes without keys; buffer holds {limit}")
+        recent = recent[len(recent) // 2 + 1:]
+
+
+class Snapshot(NamedTuple):
+    seq: int
+    activity: Activity  # the executing tasks only
+    recent: tuple  # ((key, job, dag, start), ...) of tasks that ended
+
+
+def _tuples(k):
+    """Inverse of :func:`plain_key` for what JSON returns: lists become tuples again."""
+    return tuple(_tuples(p) for p in k) if isinstance(k, list) else k
+
+
+def decode_snapshot(data: bytes) -> Snapshot:
+    d = json.loads(data)
+    running = tuple((_tuples(k), j, g) for k, j, g, _ in d["running"])
+    return Snapshot(d["seq"], Activity(running, d["threads"], d["bytes"], d["last"], d["delay"]),
+                    tuple((_tuples(k), j, g, s) for k, j, g, s in d["recent"]))
+
+
+class Beat(NamedTuple):
+    samples: int
+    extra: int
+    acked: int
+    time: float  # time.monotonic() of the latest write (a sample, or new counters)
+    counters: bytes  # the sidecar sink's delivery counters as JSON (:func:`.sinks.counters`)
+
+
+def read_beat(buffer: SnapshotBuffer) -> Beat | None:
+    data = buffer.read()
+    if data is None or len(data) < _BEAT.size:
+        return None
+    return Beat(*_BEAT.unpack_from(data), data[_BEAT.size:])
+
+
+class Publisher:
+    """The worker's side: its executing and recent tasks as encoded entries; writes the snapshot
+    on each change. Called on the event loop only; never raises (an error is logged once)."""
+
+    def __init__(self, buffer: SnapshotBuffer, beat: SnapshotBuffer, nthreads: int, running=(), last_job: int = 0,
+                 keep: int = RECENT):
+        self._buffer, self._beat, self._keep = buffer, beat, keep
+        self.seq, self.nthreads, self.last_job = 0, nthreads, last_job
+        self.managed_bytes, self.delay, self._delay_json = 0, 0.0, b"0.0"
+        self._running: dict = {}  # key -> (start seq, entry, job, dag)
+        self._recent: list = []  # the same, of ended tasks
+        self._recent_json = b""  # their entries joined: what a publish writes
+        self._acked = 0
+        self._failed = False
+        for key, job, dag in running:
+            self.seq += 1
+            self._running[key] = (self.seq, entry(key, job, dag, self.seq), job, dag)
+        self.publish()
+
+    def started(self, key, job: int, dag: int) -> None:
+        self.seq += 1
+        if job:
+            self.last_job = job
+        try:
+            self._running[key] = (self.seq, entry(key, job, dag, self.seq), job, dag)
+        except Exception as e:
+            self._fail(e)
+        self.publish()
+
+    def ended(self, key) -> None:
+        task = self._running.pop(key, None)
+        if task is None:
+            return
+        self.seq += 1
+        if task[0] > self._acked and task[0] > self.acked():  # no sample has seen it: carried
+            self._recent.append(task)
+            if len(self._recent) > self._keep:
+                self._fold()
+            else:
+                self._recent_json = self._recent_json + b"," + task[1] if self._recent_json else task[1]
+        self.publish()
+
+    def _fold(self) -> None:
+        """Too many ended tasks unsampled: the older half becomes one keyless entry per (job, dag),
+        started when the latest of them did (tags stay exact; a fold may show a DAG one sample more)."""
+        half = len(self._recent) // 2
+        latest: dict = {}
+        for start, _, job, dag in self._recent[:half]:
+            latest[job, dag] = max(start, latest.get((job, dag), 0))
+        folded = [(start, entry(None, job, dag, start), job, dag) for (job, dag), start in latest.items()]
+        self._recent = folded + self._recent[half:]
+        self._recent_json = b",".join([t[1] for t in self._recent])
+
+    def update(self, managed_bytes: int, delay: float) -> None:
+        """Bytes held and the clock offset (the plugin's ticker); published if they changed."""
+        if (managed_bytes, delay) != (self.managed_bytes, self.delay):
+            self.managed_bytes, self.delay, self._delay_json = managed_bytes, delay, _delay(delay)
+            self.acked()
+            self.publish()
+
+    def acked(self) -> int:
+        """The ``seq`` of the snapshot the sidecar's latest sample used; prunes what it has seen."""
+        beat = read_beat(self._beat)
+        if beat is not None and beat.acked > self._acked:
+            self._acked = beat.acked
+            if self._recent:
+                self._recent = [t for t in self._recent if t[0] > beat.acked]
+                self._recent_json = b",".join([t[1] for t in self._recent])
+        return self._acked
+
+    def publish(self) -> None:
+        running = [t[1] for t in self._running.values()]
+        data = _SNAPSHOT % (self.seq, self.nthreads, self.managed_bytes, self.last_job, self._delay_json,
+                            b",".join(running), self._recent_json)
+        try:
+            if len(data) > self._buffer.capacity:  # rare: without keys, then fewer recent tasks
+                data = encode_snapshot(self.seq, self.nthreads, self.managed_bytes, self.last_job, self.delay,
+                                       running, [t[1] for t in self._recent], self._buffer.capacity)
+            self._buffer.write(data)
+        except Exception as e:
+            self._fail(e)
+
+    def _fail(self, e: Exception) -> None:
+        if not self._failed:
+            self._failed = True
+            logger.warning("influx-metrics: cannot publish the activity snapshot: %r (reported once)", e)
+
+
+IDLE = Activity((), 0, 0, 0)
+
+
+class SnapshotReader:
+    """The sidecar's side, like :class:`~.sources.activity.CachedActivity`: ``refresh()`` once per
+    sample (the running tasks plus the recent ones no sample has seen; a failed read keeps the
+    previous snapshot, without the recent ones), then ``reader()`` is that snapshot.
+
+    With ``beat``, each refresh writes the heartbeat: ``sampler``'s counts (set it once built),
+    the ``seq`` it acknowledges and the sink's counters (:meth:`set_counters`)."""
+
+    def __init__(self, buffer: SnapshotBuffer, beat: SnapshotBuffer | None = None):
+        self._buffer, self._beat = buffer, beat
+        self._snap = self._base = IDLE  # the latest snapshot, and it without the recent tasks
+        self.acked = 0
+        self.sampler = None
+        self.counters = b"[]"
+        self._lock = threading.Lock()  # two writers of the heartbeat: the sampler and the main thread
+
+    def set_counters(self, data: bytes) -> None:
+        """The sink's counters as JSON; the heartbeat is rewritten when they changed."""
+        if data != self.counters and len(data) <= BEAT_BYTES - _HEADER - _BEAT.size:
+            self.counters = data
+            self._write_beat()
+
+    def _write_beat(self) -> None:
+        if self._beat is not None:
+            s = self.sampler
+            with self._lock:
+                self._beat.write(_BEAT.pack(*((s.samples, s.extra) if s else (0, 0)), self.acked, time.monotonic())
+                                 + self.counters)
+
+    def refresh(self) -> None:
+        data = self._buffer.read()
+        if data is not None:
+            seq, self._base, recent = decode_snapshot(data)
+            brief = tuple((k, j, d) for k, j, d, start in recent if start > self.acked)
+            self._snap = self._base._replace(running=self._base.running + brief) if brief else self._base
+            self.acked = seq
+        else:  # no stable copy: the previous one, its brief tasks already counted
+            self._snap = self._base
+        self._write_beat()
+
+    def unsampled(self) -> bool:
+        """Whether the latest snapshot carries tasks no sample has seen (for a last sample at exit)."""
+        data = self._buffer.read()
+        return data is not None and any(start > self.acked for *_, start in decode_snapshot(data).recent)
+
+    def __call__(self) -> Activity:
+        return self._snap
