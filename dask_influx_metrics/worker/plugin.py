@@ -46,6 +46,7 @@ from .. import _dask
 from ..config import Settings
 from ..scheduler.plugin import ANNOTATION, DESTINATIONS, EVENT_TOPIC
 from .build import build_sampler
+from .clock import SteadyOffset
 from .sinks import counters, destinations
 from .sources import taskstream
 from .sources.activity import CachedActivity, TaskRegistry
@@ -83,8 +84,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.custom = _dask.loads(self.worker_payload) if self.worker_payload else []
         self.activity = CachedActivity(self.registry)
         self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
+        # Dask's clock-offset estimate, steadied: it jumps by tens of ms while tasks hold the GIL
+        self.offset = SteadyOffset(functools.partial(_dask.worker_clock_offset, worker))
         self.tasks = taskstream.TaskStream(
-            settings.fields, self.base_tags, functools.partial(_dask.worker_clock_offset, worker),
+            settings.fields, self.base_tags, self.offset,
             digests=functools.partial(_dask.worker_digests, worker)) if taskstream.wanted(settings.fields) else None
         self.gpu = self.sink = None
         self._record_destinations()
@@ -96,7 +99,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         """The in-process sampler: everything, or (beside a sidecar) custom metrics only."""
         self.sampler, (self.gpu, self.sink) = build_sampler(
             self.settings, self.session["id"], self.worker.address, self.base_tags, self.activity,
-            clock_offset=functools.partial(_dask.worker_clock_offset, self.worker), report=self._report,
+            clock_offset=self.offset, report=self._report,
             custom=self.custom, worker=self.worker, custom_only=custom_only, gpu=self.gpu, sink=self.sink,
             streams=() if self.tasks is None else (self.tasks,),
         )

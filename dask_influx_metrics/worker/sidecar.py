@@ -46,6 +46,7 @@ import threading
 import time
 
 from . import heldcalls
+from .clock import SteadyOffset
 from .shared import BEAT_BYTES, BUFFER_BYTES, Publisher, SnapshotBuffer, SnapshotReader, read_beat
 
 __all__ = ["Sidecar", "SnapshotBuffer", "main"]  # SnapshotBuffer: also gpushare's (from here, as before)
@@ -199,7 +200,7 @@ def main(stdin: int = 0) -> int:
     activity = SnapshotReader(buffer, beat)
     sampler, (gpu, sink) = build_sampler(
         settings, config["session"], config["worker"], config["tags"], activity,
-        clock_offset=lambda: activity().scheduler_delay, report=lambda what, message, **details: logger.warning(message),
+        clock_offset=SteadyOffset(lambda: activity().scheduler_delay), report=lambda what, message, **details: logger.warning(message),
         process=psutil.Process(pid),
     )
     activity.sampler = sampler
