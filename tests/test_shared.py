@@ -120,6 +120,31 @@ def test_the_heartbeat_carries_counts_the_acknowledged_snapshot_and_the_sink_cou
     assert read_beat(reader._beat).counters == b'[{"kind": "udp", "points_sent": 5}]'
 
 
+def test_the_publisher_reads_the_heartbeat_again_only_once_it_was_rewritten(pair):
+    pub, reader = pair
+    reads = []
+    real = pub._beat.read
+    pub._beat.read = lambda *a: reads.append(1) or real(*a)
+    assert pub.beat() is None and pub.acked() == 0  # nothing written yet
+    pub.started("a", 1, 1)
+    reader.refresh()
+    expected = read_beat(reader._beat)  # (the same buffer: counted too)
+    before = len(reads)
+    assert pub.beat() == expected and pub.beat().acked == pub.seq == pub.acked()
+    assert len(reads) == before + 1  # cached: the heartbeat's version did not move
+    for i in range(5):  # many task ends between two samples: no read at all
+        pub.started(i, 1, 1)
+        pub.ended(i)
+    assert len(reads) == before + 1 and len(pub._recent) == 5
+    reader.refresh()
+    assert pub.acked() == pub.seq and len(reads) == before + 2 and not pub._recent  # rewritten: read, pruned
+    mm = pub._beat._mm  # a heartbeat being written (odd version) is not taken from the cache
+    mm[0] = mm[0] | 1
+    assert pub.beat() is None and len(reads) == before + 3
+    mm[0] = mm[0] & ~1
+    assert pub.beat().acked == pub.seq
+
+
 def test_a_torn_or_half_written_snapshot_is_never_returned():
     buf = SnapshotBuffer.create(4096)
     try:

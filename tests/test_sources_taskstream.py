@@ -68,3 +68,21 @@ def stream_fields():
     stream = TaskStream(STREAM, BASE)
     stream.ended.append(record("x-1"))
     return stream.points(now_ns=1)[0].fields
+
+
+def test_field_order_and_sums_with_several_spent_intervals_and_tags_shared_per_series_within_a_tick():
+    stream = TaskStream(STREAM, BASE)
+    spent = ({"action": "disk-write", "start": 1.0, "stop": 1.5}, {"action": "transfer", "start": 2.0, "stop": 2.25},
+             {"action": "compute", "start": 3.0, "stop": 3.5}, {"action": "transfer", "start": 4.0, "stop": 4.5})
+    stream.ended.extend([record("a-1", extra=spent), record("a-2", stop=100.75), record("b-1", dag=3)])
+    p1, p2, p3 = sorted(stream.points(now_ns=1), key=lambda p: p.fields["key"])
+    assert list(p1.fields) == ["key", "start", "duration", "compute", "transfer", "disk_read", "disk_write", "nbytes"]
+    assert (p1.fields["transfer"], p1.fields["disk_write"], p1.fields["duration"]) == (0.75, 0.5, 0.5)  # last compute
+    assert p1.tags is p2.tags and p3.tags["dag"] == "3" and p3.tags is not p1.tags  # one dict per series
+    stream.ended.append(record("a-3"))
+    [p4] = stream.points(now_ns=2)
+    assert p4.tags == p1.tags and p4.tags is not p1.tags  # a new tick, new dicts
+    only = TaskStream(fields_for([]) | {("task", "duration"), ("task", "key")}, BASE)
+    only.ended.append(record("a-1", extra=spent))
+    [p] = only.points(now_ns=1)
+    assert p.fields == {"key": "a-1", "duration": 0.5}

@@ -124,7 +124,7 @@ class Sidecar:
     def wake(self) -> None:
         """A task started on an idle worker: one byte down the pipe, unless the sidecar has not
         sampled since the last one (it decides: an extra sample if its last one saw no task)."""
-        beat = read_beat(self.beat)
+        beat = self.publisher.beat()
         samples = beat.samples if beat else 0
         if samples == self._woken:
             return

@@ -28,6 +28,7 @@ Example
 from __future__ import annotations
 
 import collections
+import operator
 from typing import Callable
 
 from dask.utils import key_split
@@ -38,6 +39,9 @@ from .finemetrics import FineMetrics
 MAX_PENDING = 1_000_000  # records held between two ticks at most (the oldest go first)
 STATES = {"memory": "memory", "error": "error"}  # any other end: released while running
 SPENT = {"transfer": "transfer", "disk-read": "disk_read", "disk-write": "disk_write"}
+FIELDS = frozenset({"key", "start", "duration", "compute", "transfer", "disk_read", "disk_write", "nbytes"})
+_FORGOTTEN = ("forgotten", None, (), None)
+_BY_STOP = operator.itemgetter(3)
 
 
 def wanted(fields) -> bool:
@@ -52,11 +56,13 @@ class TaskStream:
                  digests: Callable[[], dict] | None = None):
         self.ended: collections.deque = collections.deque(maxlen=MAX_PENDING)
         self._want = frozenset(n for m, n in fields if m == TASK)
+        self._every = self._want >= FIELDS  # every field a record has: its dict is the point's, unfiltered
         self._tags, self._offset = dict(base_tags), clock_offset
         self.fine = FineMetrics(digests, fields, base_tags) if digests and (ACTIVITY, "value") in fields else None
         self._last: dict = {}  # series -> the latest ns written this tick (records come sorted)
         self._times: dict = {}  # series -> ns written this tick; _before: the previous tick's
         self._before: dict = {}
+        self._series_tags: dict = {}  # series -> its tags, this tick
 
     def pending(self) -> bool:
         """Whether records wait for the next sample."""
@@ -70,9 +76,9 @@ class TaskStream:
         records = []
         while self.ended:
             records.append(self._record(self.ended.popleft()))
-        records.sort(key=lambda r: r[3])  # by end time: bumped timestamps keep their order
+        records.sort(key=_BY_STOP)  # by end time: bumped timestamps keep their order
         out = [self._point(r) for r in records] if self._want else []
-        self._before, self._times, self._last = self._times, {}, {}
+        self._before, self._times, self._last, self._series_tags = self._times, {}, {}, {}
         if self.fine:
             out += self.fine.points(snapshot, [(prefix, job, duration) for _, job, _, _, prefix, _, duration, _
                                                in records], now_ns)
@@ -81,21 +87,28 @@ class TaskStream:
     def _record(self, raw) -> tuple:
         """``(key, job, dag, stop, prefix, state, duration, fields)``; stop on the scheduler's clock."""
         key, job, dag, end, ended_at = raw
-        state, prefix, startstops, nbytes = end or ("forgotten", None, (), None)
-        compute = [s for s in startstops if s["action"] == "compute"]
-        if compute:  # Dask's own interval, already on the scheduler's clock
-            start, stop = compute[-1]["start"], compute[-1]["stop"]
+        state, prefix, startstops, nbytes = end or _FORGOTTEN
+        compute = spent = None
+        for s in startstops:  # one pass: the last compute interval, the time spent otherwise
+            action = s["action"]
+            if action == "compute":
+                compute = s
+            elif action in SPENT:
+                if spent is None:
+                    spent = {"transfer": 0.0, "disk_read": 0.0, "disk_write": 0.0}
+                spent[SPENT[action]] += float(s["stop"] - s["start"])
+        if compute is not None:  # Dask's own interval, already on the scheduler's clock
+            start, stop = compute["start"], compute["stop"]
         else:  # it never ran its function (failed before, rescheduled)
             start = stop = ended_at + self._offset()
-        fields = {"key": str(key), "start": float(start), "duration": float(stop - start),
-                  "compute": float(stop - start), "transfer": 0.0, "disk_read": 0.0, "disk_write": 0.0}
-        for s in startstops:
-            if s["action"] in SPENT:
-                fields[SPENT[s["action"]]] += float(s["stop"] - s["start"])
+        duration = float(stop - start)
+        fields = {"key": str(key), "start": float(start), "duration": duration, "compute": duration,
+                  "transfer": 0.0, "disk_read": 0.0, "disk_write": 0.0}
+        if spent is not None:
+            fields.update(spent)
         if nbytes is not None:
             fields["nbytes"] = int(nbytes)
-        return (key, job, dag, stop, prefix or key_split(key), STATES.get(state, "cancelled"),
-                fields["duration"], fields)
+        return (key, job, dag, stop, prefix or key_split(key), STATES.get(state, "cancelled"), duration, fields)
 
     def _point(self, record) -> Point:
         _, job, dag, stop, prefix, state, _, fields = record
@@ -108,5 +121,10 @@ class TaskStream:
             t += 1
         self._last[series] = t
         self._times.setdefault(series, set()).add(t)
-        tags = {**self._tags, "job": str(job), "dag": str(dag), "prefix": prefix, "state": state}
-        return Point(TASK, tags, {k: v for k, v in fields.items() if k in self._want}, t)
+        tags = self._series_tags.get(series)
+        if tags is None:  # one tag dict per series and tick, shared by its points (nothing mutates them)
+            tags = self._series_tags[series] = {**self._tags, "job": str(job), "dag": str(dag), "prefix": prefix,
+                                                "state": state}
+        if not self._every:
+            fields = {k: v for k, v in fields.items() if k in self._want}
+        return Point(TASK, tags, fields, t)
