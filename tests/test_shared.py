@@ -12,14 +12,9 @@ from dask_influx_metrics.worker.shared import (
     BEAT_BYTES, Publisher, SnapshotBuffer, SnapshotReader, decode_snapshot, encode_snapshot, entry, read_beat,
 )
 from dask_influx_metrics.worker.sources.activity import key_json
+from test_sidecar import wait_until
 
 
-def wait_until(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s")
-        time.sleep(0.05)
 
 
 @pytest.fixture
