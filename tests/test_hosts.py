@@ -28,20 +28,26 @@ def cpu(host: str, k: int) -> float:
     return 10.0 * k + (0.5 if host == "node-b" else 0.0)
 
 
-def host_once_points() -> list[Point]:
-    """What this version writes: node-a's host series by W1 (its lock holder) until it exits after
-    sample 6, then by W2 (takeover, on W2's clock), tagged with the union of both workers' jobs."""
-    out = []
+def samples(out: list):
+    """Each worker's samples in turn: its ``worker`` point goes into ``out``; yields (worker, k, tags, time)."""
     for w in (W1, W2, W3):
         for k, (job, dag) in enumerate(STATES[w]):
             t = T0 + k * STEP + OFFSET[w]
             common = {"host": HOSTS[w], "worker": w, "job": job, "dag": dag}
             out.append(Point("worker", common, {"tasks": int(dag != "0"), "rss": 1000 + k}, t))
-            if w == W3:
-                out.append(Point("host", common, {"cpu_percent": cpu("node-b", k)}, t))
-            elif w == W1 or k > 6:
-                job_u, dag_u = union(k)
-                out.append(Point("host", {**common, "job": job_u, "dag": dag_u}, {"cpu_percent": cpu("node-a", k)}, t))
+            yield w, k, common, t
+
+
+def host_once_points() -> list[Point]:
+    """What this version writes: node-a's host series by W1 (its lock holder) until it exits after
+    sample 6, then by W2 (takeover, on W2's clock), tagged with the union of both workers' jobs."""
+    out = []
+    for w, k, common, t in samples(out):
+        if w == W3:
+            out.append(Point("host", common, {"cpu_percent": cpu("node-b", k)}, t))
+        elif w == W1 or k > 6:
+            job_u, dag_u = union(k)
+            out.append(Point("host", {**common, "job": job_u, "dag": dag_u}, {"cpu_percent": cpu("node-a", k)}, t))
     return out
 
 
@@ -49,12 +55,8 @@ def legacy_points() -> list[Point]:
     """What older versions wrote (and ``host-once: false``): every worker its own host series, with its own
     tags, at its own sample times (W2's readings 1 % above W1's, to tell them apart)."""
     out = []
-    for w in (W1, W2, W3):
-        for k, (job, dag) in enumerate(STATES[w]):
-            t = T0 + k * STEP + OFFSET[w]
-            common = {"host": HOSTS[w], "worker": w, "job": job, "dag": dag}
-            out.append(Point("worker", common, {"tasks": int(dag != "0"), "rss": 1000 + k}, t))
-            out.append(Point("host", common, {"cpu_percent": cpu(HOSTS[w], k) + (1.0 if w == W2 else 0.0)}, t))
+    for w, k, common, t in samples(out):
+        out.append(Point("host", common, {"cpu_percent": cpu(HOSTS[w], k) + (1.0 if w == W2 else 0.0)}, t))
     return out
 
 
