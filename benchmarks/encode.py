@@ -1,10 +1,11 @@
 """Points per second through our encoder + UDP sink vs pytelegraf's TelegrafClient.
 
 The same points (full samples of a simulated worker: 8 GPU lines, host,
-worker; timestamps varied) go through
+worker; values and timestamps varied per sample) go through
   * ours: ``lineprotocol.encode_many`` per sample, then ``UdpSink.send``
-    (many lines per datagram, up to 1472 bytes, the default
-    ``telegraf.max-datagram``; a last row with 65507), as the sampler does;
+    (many lines per datagram, up to the default ``telegraf.max-datagram``:
+    ``auto``, 65507 bytes to a loopback Telegraf; a last row with 1472, the
+    size for a Telegraf on another host), as the sampler does;
   * pytelegraf 0.3.3: ``TelegrafClient.metric(...)`` per point (one datagram
     per point), the baseline;
 each into its own loopback UDP socket drained and counted by a separate
@@ -15,6 +16,7 @@ Run: ``.venv/bin/python -m benchmarks.encode [--quick]``.
 
 from __future__ import annotations
 
+import random
 import time
 
 from benchmarks import common
@@ -23,21 +25,31 @@ NAME = "encode"
 TARGET = 5.0
 
 
+def vary(value, rng: random.Random):
+    """A value like ``value`` (same type, magnitude and precision), as the next sample would read."""
+    if type(value) is float:
+        return round(value * rng.uniform(0.5, 1.5), rng.choice([0, 1, 2, 3, 6]))
+    if type(value) is int:
+        return value + rng.randint(0, 1 << 20)
+    return value
+
+
 def make_samples(n_points: int, tracking=None) -> list:
-    """Lists of points (one list per sample) with distinct timestamps, ``n_points`` in all.
+    """Lists of points (one list per sample) with distinct values and timestamps, ``n_points`` in all.
 
     Each point has its own tag and field dicts, as the sampler's points do, so
-    neither side can profit from seeing the same dict objects again.
+    neither side can profit from seeing the same dict objects or values again.
     """
     sampler, _ = common.simulated_worker(None, tracking=tracking)
     template = sampler.sample()
-    t0 = time.time_ns()
+    t0, rng = time.time_ns(), random.Random(0)
     n_samples = max(1, n_points // len(template))
-    return [[p._replace(tags=dict(p.tags), fields=dict(p.fields), time_ns=t0 + i * 1000) for p in template]
+    return [[p._replace(tags=dict(p.tags), fields={k: vary(v, rng) for k, v in p.fields.items()},
+                        time_ns=t0 + i * 1000) for p in template]
             for i in range(n_samples)]
 
 
-def ours(samples, address, max_datagram: int = 1472) -> tuple[float, object]:
+def ours(samples, address, max_datagram=None) -> tuple[float, object]:
     from dask_influx_metrics import lineprotocol
     from dask_influx_metrics.worker.sinks.udp import UdpSink
 
@@ -80,7 +92,7 @@ def pytelegraf_unparsable(points) -> int:
     return bad
 
 
-def compare(samples, rounds: int, max_datagram: int = 1472) -> dict:
+def compare(samples, rounds: int, max_datagram=None) -> dict:
     """Alternated runs of both clients over ``samples``; rates, counters, what arrived."""
     n = sum(map(len, samples))
     with common.Drain() as ours_rx, common.Drain() as tele_rx:
@@ -97,25 +109,27 @@ def compare(samples, rounds: int, max_datagram: int = 1472) -> dict:
 
 
 def run(quick: bool = False) -> list[dict]:
-    n_points, rounds = (20_000, 2) if quick else (100_000, 7)
-    # (shape, tracking, max_datagram): the default telegraf.max-datagram, then the largest UDP payload,
-    # which a node-local Telegraf on loopback (MTU 65536) receives unfragmented
-    shapes = [("every metric", None, 1472), ("compute-util only", ["compute-util"], 1472),
-              ("every metric", None, 65507)]
+    n_points, rounds = (20_000, 2) if quick else (50_000, 15)
+    # (shape, tracking, max_datagram): the default telegraf.max-datagram (auto: 65507 on loopback, where a
+    # node-local Telegraf listens), then 1472, what auto picks for a Telegraf on another host
+    shapes = [("every metric", None, None), ("compute-util only", ["compute-util"], None),
+              ("every metric", None, 1472)]
     rows = []
     for shape, tracking, max_datagram in shapes:
         samples = make_samples(n_points, tracking)
         r = compare(samples, rounds, max_datagram)
         ours_rate, tele_rate = common.median(r["ours"]), common.median(r["pytelegraf"])
+        paired = common.median([a / b for a, b in zip(r["ours"], r["pytelegraf"])])
         fields = sum(len(p.fields) for p in samples[0]) / len(samples[0])
         bad = pytelegraf_unparsable(samples[0])
         main = not rows
         rows.append(common.row(
             NAME, f"points/s, encode + UDP send, ours vs pytelegraf 0.3.3 ({shape}: {fields:.1f} fields/point"
-            + (f", max-datagram {max_datagram})" if max_datagram != 1472 else ")"),
+            + (f", max-datagram {max_datagram})" if max_datagram else ", max-datagram auto = 65507)"),
             ours_rate, "points/s", baseline=tele_rate,
             target=f">= {TARGET:.0f}x" if main else None, met=(ours_rate / tele_rate >= TARGET) if main else None,
-            notes=(f"median of {rounds} alternated runs of {r['n']:,} points ({len(samples[0])}-line samples); "
+            notes=(f"median of {rounds} alternated runs of {r['n']:,} points ({len(samples[0])}-line samples), "
+                   f"per-round ratio median {paired:.3f}x; "
                    f"ours {r['datagrams_per_point']:.3f} datagrams/point, {r['dropped']} dropped by the sink; "
                    f"received: ours {r['received']['ours']:,}/{r['sent_per_impl']:,} lines, "
                    f"pytelegraf {r['received']['pytelegraf']:,}/{r['sent_per_impl']:,}"

@@ -50,6 +50,7 @@ from .parsers import (  # noqa: F401  (config.X names kept for callers)
     default_spool_directory,
     _number,
     _optional_text,
+    _max_datagram,
     _positive_int,
     _seconds,
     _sinks,
@@ -95,8 +96,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("telegraf.address", "telegraf_address", None, _optional_address, "",
             "node-local Telegraf UDP listener (host:port), read on each worker; null = not configured "
             "(the udp sink then uses 127.0.0.1:8094)"),
-    Setting("telegraf.max-datagram", "max_datagram", 1472, _positive_int, "bytes",
-            "largest UDP datagram; 1472 fits a 1500-byte MTU unfragmented"),
+    Setting("telegraf.max-datagram", "max_datagram", AUTO, _max_datagram, "bytes",
+            "largest UDP datagram; auto: 65507 (the UDP maximum) when telegraf.address is loopback, "
+            "else 1472 (fits a 1500-byte MTU); neither is fragmented"),
     Setting("influxdb.url", "influxdb_url", None, _url, "",
             "InfluxDB for the http sink and for queries (http:// or https://); null = not configured "
             "(http://127.0.0.1:8086 is used)"),

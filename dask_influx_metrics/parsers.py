@@ -71,6 +71,12 @@ def _number(what: str, minimum: float = 0.0, maximum: float = math.inf, integer:
 
 
 _positive_int = _number("a positive integer", integer=True)
+_datagram_bytes = _number("'auto' or a number of bytes from 1 to 65507", maximum=65507, integer=True)
+
+
+def _max_datagram(value):
+    """``auto`` (None: 65507 bytes when Telegraf is on loopback, else 1472) or a size in bytes."""
+    return None if value in (AUTO, None) else _datagram_bytes(value)
 _positive_seconds = _number("a positive, finite number of seconds")
 
 

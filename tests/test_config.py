@@ -156,10 +156,19 @@ URL = "influx-metrics.influxdb.url must be an http:// or https:// URL"
     ({"influxdb.url": "", "sink": "http"}, "influx-metrics.influxdb.url must be set for the http sink, got ''"),
     ({"influxdb.database": ""}, "influx-metrics.influxdb.database must be a non-empty string, got ''"),
     ({"polling_intervall": 5}, "unknown influx-metrics setting(s) ['polling_intervall']"),
+    ({"telegraf.max-datagram": 65508},
+     "influx-metrics.telegraf.max-datagram must be 'auto' or a number of bytes from 1 to 65507, got 65508"),
+    ({"telegraf.max-datagram": "big"}, "telegraf.max-datagram must be 'auto' or a number of bytes"),
 ])
 def test_values_that_cannot_be_honoured_are_refused(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         Settings.resolve(overrides)
+
+
+def test_max_datagram_is_auto_or_bytes():
+    assert Settings.resolve().max_datagram is None  # auto: the UDP sink picks by the Telegraf address
+    assert Settings.resolve({"telegraf.max-datagram": "auto"}).max_datagram is None
+    assert Settings.resolve({"telegraf.max-datagram": "9000"}).max_datagram == 9000
 
 
 def test_empty_url_is_fine_without_the_http_sink():

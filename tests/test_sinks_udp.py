@@ -44,6 +44,27 @@ def lines_of(lengths):
     return [(b"m%d v=" % i).ljust(n, b"x") for i, n in enumerate(lengths)]
 
 
+@pytest.mark.parametrize("host, size", [("127.0.0.1", 65507), ("127.8.9.10", 65507), ("::1", 65507),
+                                        ("localhost", 65507), ("10.1.2.3", 1472), ("telegraf.example", 1472)])
+def test_auto_datagrams_are_as_large_as_udp_allows_on_loopback_only(host, size):
+    assert UdpSink((host, 9), sock=FakeSocket()).max_datagram == size  # nothing is sent
+
+
+def test_auto_datagram_size_follows_the_resolved_address():
+    import socket as _socket
+
+    family, kind, proto, _, target = _socket.getaddrinfo("localhost", 0, type=_socket.SOCK_DGRAM)[0]
+    with _socket.socket(family, kind, proto) as receiver:
+        receiver.bind(target)  # where the sink's own lookup of "localhost" will send
+        receiver.settimeout(5)
+        sink = UdpSink(("localhost", receiver.getsockname()[1]))
+        lines = [b"m v=%di %d" % (i, BASE_NS + i) for i in range(2000)]  # ~55 kB
+        sink.send(lines)
+        assert sink.max_datagram == MAX_UDP_PAYLOAD and sink.datagrams_sent == 1
+        assert receiver.recv(1 << 16).split(b"\n") == lines
+        sink.close()
+
+
 @pytest.mark.parametrize("max_datagram", [1, 50, 512, 1472, 9000])
 def test_datagrams_are_bounded_and_carry_every_line_in_order(max_datagram):
     lengths = [(i * 7919) % 3000 + 10 for i in range(400)] + [70000, 65507, 65508]

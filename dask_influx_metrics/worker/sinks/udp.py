@@ -1,9 +1,12 @@
 """UDP sink: line protocol datagrams to Telegraf's ``socket_listener`` (or InfluxDB 1.x ``[[udp]]``).
 
 Lines are packed, newline-joined, into datagrams of at most ``max_datagram``
-bytes (1472 = a 1500-byte Ethernet MTU minus IP and UDP headers, so nothing
-is fragmented). A line longer than that goes alone, up to the UDP maximum of
-65507 bytes; a longer one is dropped and counted. Sends are non-blocking: a
+bytes. By default (``None``, the setting's ``auto``) that is 65507, the UDP
+maximum, when Telegraf is on loopback (MTU 64 KiB: nothing is fragmented, and
+Telegraf's ``socket_listener`` and InfluxDB 1.x's ``[[udp]]`` read up to 64 KiB
+a datagram), else 1472 (a 1500-byte Ethernet MTU minus IP and UDP headers). A
+line longer than that goes alone, up to 65507 bytes; a longer one is dropped and
+counted. Sends are non-blocking: a
 full socket buffer drops that datagram (counted) rather than stalling the
 sampler, and the send keeps the GIL (:mod:`..heldcalls`). A socket error is
 logged once per run of failures and resets the socket, which is also re-opened
@@ -33,12 +36,14 @@ import logging
 import socket
 import threading
 import time
+from typing import Optional
 
 from ..heldcalls import HeldSocket
 
 logger = logging.getLogger(__name__)
 
 MAX_UDP_PAYLOAD = 65507  # 65535 - 8 (UDP header) - 20 (IPv4 header)
+ETHERNET_PAYLOAD = 1472  # 1500 (Ethernet MTU) - 8 - 20
 _SEND_BUFFER = 1 << 20
 _RETRY_OPEN_AFTER = 1.0  # seconds to wait before re-opening after a failure
 
@@ -53,10 +58,18 @@ def _open_socket(address: tuple[str, int]) -> tuple[HeldSocket, tuple]:
     except OSError:
         pass  # best effort; capped by net.core.wmem_max anyway
     sock.setblocking(False)
-    loopback = ipaddress.ip_address(target[0].split("%")[0]).is_loopback
+    loopback = is_loopback(target[0])
     if loopback:
         sock.connect(target)  # refusals come back as ECONNREFUSED
     return HeldSocket(sock, target, connected=loopback), target
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address, or ``localhost``) is this machine's loopback."""
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def pack(lines: list[bytes], max_datagram: int) -> tuple[list[tuple[bytes, int]], int]:
@@ -65,6 +78,8 @@ def pack(lines: list[bytes], max_datagram: int) -> tuple[list[tuple[bytes, int]]
     >>> pack([b"aaaa", b"bb", b"c" * 9, b"dd"], 8)
     ([(b'aaaa\\nbb', 2), (b'ccccccccc', 1), (b'dd', 1)], 0)
     """
+    if sum(map(len, lines)) + len(lines) - 1 <= max_datagram:  # the usual case: all in one (or none)
+        return ([(b"\n".join(lines), len(lines))] if lines else []), 0
     datagrams, batch, size, too_long = [], [], 0, 0
     for line in lines:
         n = len(line)
@@ -92,10 +107,12 @@ class UdpSink:
     used for every (re-)open. ``clock`` is injectable for tests.
     """
 
-    def __init__(self, address: tuple[str, int], max_datagram: int = 1472, sock=None,
+    def __init__(self, address: tuple[str, int], max_datagram: Optional[int] = None, sock=None,
                  reopen_every: float = 60.0, clock=time.monotonic, report=None):
         self.address = (str(address[0]), int(address[1]))
-        self.max_datagram = max(1, min(int(max_datagram), MAX_UDP_PAYLOAD))
+        self._auto = max_datagram is None  # from the address, once more when it is resolved
+        self.max_datagram = self._auto_size(self.address[0]) if self._auto else max(
+            1, min(int(max_datagram), MAX_UDP_PAYLOAD))
         self.reopen_every = reopen_every
         self.points_sent = 0
         self.datagrams_sent = 0
@@ -185,11 +202,17 @@ class UdpSink:
                 self._sock, self._target = self._factory(), self.address
             else:
                 self._sock, self._target = _open_socket(self.address)
+                if self._auto:
+                    self.max_datagram = self._auto_size(self._target[0])
         except OSError as e:
             self._fail(e)
             return None
         self._opened_at = now
         return self._sock
+
+    @staticmethod
+    def _auto_size(host: str) -> int:
+        return MAX_UDP_PAYLOAD if is_loopback(host) else ETHERNET_PAYLOAD
 
     def _fail(self, error: OSError) -> None:
         self.errors += 1
