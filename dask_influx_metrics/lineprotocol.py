@@ -310,12 +310,12 @@ def encode_many(points: Iterable[Point]) -> list[bytes]:
     >>> encode_many([Point("a", {}, {"v": 1}, 1), Point("b", {}, {}, 2)])
     [b'a v=1i 1']
     """
-    lines: list = []  # the point itself where a template will write its line
-    at: list = []  # ... at these indices,
-    templates: list = []  # ... with these templates,
+    templated: list = []  # the points that a template writes,
+    templates: list = []  # ... their templates,
     values: list = []  # ... filled with these values (numbers; 0 where a text goes)
     texts: list = []  # ... and these texts: (index in values, bytes), for strings and times
-    cached = _lines.get
+    others: list = []  # (index in the output, line) of the points the general path writes
+    cached, last_time, time_text = _lines.get, None, b""
     for point in points:  # the sampler's hottest loop: _series, inlined
         measurement, tags, fields, time_ns = point
         try:
@@ -328,7 +328,7 @@ def encode_many(points: Iterable[Point]) -> list[bytes]:
         if entry is None:
             line = _general(point)
             if line is not None:
-                lines.append(line)
+                others.append((len(templated) + len(others), line))
             continue
         template, has_strings = entry
         if has_strings:
@@ -340,31 +340,31 @@ def encode_many(points: Iterable[Point]) -> list[bytes]:
         else:
             values += fields.values()
         if time_ns is not None:
-            texts.append((len(values), b"%d" % time_ns))
+            if time_ns != last_time:  # (a sample's points share their time)
+                last_time, time_text = time_ns, b"%d" % time_ns
+            texts.append((len(values), time_text))
             values.append(0)
-        at.append(len(lines))
         templates.append(template)
-        lines.append(point)
-    if at and not _fill(lines, at, templates, values, texts):
-        for i in at:  # point by point: only those with a value that is not writable take the general path
-            lines[i] = _general(lines[i]) if len(at) == 1 else encode(lines[i])
-        return [line for line in lines if line is not None]
-    return lines
+        templated.append(point)
+    lines = _fill(templates, values, texts) if templated else []
+    if lines is None:  # a value that may not be writable: point by point, only those take the general path
+        lines = [_general(p) for p in templated] if len(templated) == 1 else [encode(p) for p in templated]
+    for i, line in others:
+        lines.insert(i, line)
+    return lines if None not in lines else [line for line in lines if line is not None]
 
 
-def _fill(lines: list, at: list, templates: list, values: list, texts: list) -> bool:
-    """Write the templated lines of :func:`encode_many`; False (nothing written) if a value may not be writable."""
+def _fill(templates: list, values: list, texts: list) -> Optional[list]:
+    """The lines these templates write, or None if a value may not be writable."""
     try:  # ints beyond +-(2**53 - 1) raise, so that the general path checks them against int64
         text = orjson.dumps(values, option=orjson.OPT_STRICT_INTEGER)
     except TypeError:
-        return False
+        return None
     if b"null" in text:  # NaN or inf
-        return False
+        return None
     args = text[1:-1].split(b",")
     for i, value in texts:
         if b"\n" in value:  # (a raw newline in a string would split the lines below)
-            return False
+            return None
         args[i] = value
-    for i, line in zip(at, (b"\n".join(templates) % tuple(args)).split(b"\n")):
-        lines[i] = line
-    return True
+    return (b"\n".join(templates) % tuple(args)).split(b"\n")

@@ -60,6 +60,16 @@ def test_custom_only_opens_the_gpu_only_for_per_device_metrics(tmp_path):
     parts.sink.close()
 
 
+def test_udp_sends_keep_the_gil_in_the_worker_process_only(tmp_path):
+    settings = Settings.resolve({"sink": "udp", "gpu.source": "none"})
+    for process, held in [(None, True), (psutil.Process(os.getppid()), False)]:
+        _, parts = build_sampler(settings, f"test-held-{os.getpid()}", "tcp://w:1", BASE,
+                                 CachedActivity(TaskRegistry(nthreads=1)), clock_offset=lambda: 0.0, report=print,
+                                 process=process)
+        assert parts.sink.hold_gil is held  # a sidecar (process given) has no task threads to lose the GIL to
+        parts.sink.close()
+
+
 def test_sidecar_samples_the_worker_process(tmp_path):
     worker = psutil.Process(os.getppid())
     sampler, parts = build(tmp_path, process=worker)

@@ -43,7 +43,8 @@ def receive(sock) -> bytes:
 
 @pytest.mark.parametrize("family, host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
 @pytest.mark.parametrize("connected", [True, False])
-def test_datagrams_arrive_connected_or_not(family, host, connected):
+@pytest.mark.parametrize("held", [True, False])
+def test_datagrams_arrive_connected_or_not(family, host, connected, held):
     try:
         rx = socket.socket(family, socket.SOCK_DGRAM)
         rx.bind((host, 0))
@@ -54,7 +55,7 @@ def test_datagrams_arrive_connected_or_not(family, host, connected):
     target = rx.getsockname()
     if connected:
         tx.connect(target)
-    held = HeldSocket(tx, target, connected=connected)
+    held = HeldSocket(tx, target, connected=connected, held=held)
     try:
         for payload in (b"m v=1i 1", b"x" * 9000):
             assert held.sendto(payload, target) == len(payload)
@@ -75,7 +76,8 @@ def test_sockaddr_matches_what_the_kernel_reports():
         rx.close()
 
 
-def test_a_refusal_is_a_connection_refused_error():
+@pytest.mark.parametrize("held", [True, False])
+def test_a_refusal_is_a_connection_refused_error(held):
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.bind(("127.0.0.1", 0))
     target = probe.getsockname()
@@ -83,7 +85,7 @@ def test_a_refusal_is_a_connection_refused_error():
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tx.setblocking(False)
     tx.connect(target)
-    held = HeldSocket(tx, target, connected=True)
+    held = HeldSocket(tx, target, connected=True, held=held)
     try:
         held.sendto(b"a", target)
         deadline = time.monotonic() + 5

@@ -95,8 +95,8 @@ def build_sampler(
     if custom is not None:
         sources.append(CustomSource(custom, worker, lambda: device_handles(gpu), report=report,
                                     timeout=settings.polling_interval / 2000.0))  # deadline per sample
-    if sink is None:
-        sink = make_sink(settings, role=worker_address, session=session_id, report=report)
+    if sink is None:  # sends keep the GIL in the worker's process, not in a sidecar (process given)
+        sink = make_sink(settings, role=worker_address, session=session_id, report=report, hold_gil=process is None)
 
     def tags() -> dict:
         snap = activity()

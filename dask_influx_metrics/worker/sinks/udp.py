@@ -8,7 +8,8 @@ a datagram), else 1472 (a 1500-byte Ethernet MTU minus IP and UDP headers). A
 line longer than that goes alone, up to 65507 bytes; a longer one is dropped and
 counted. Sends are non-blocking: a
 full socket buffer drops that datagram (counted) rather than stalling the
-sampler, and the send keeps the GIL (:mod:`..heldcalls`). A socket error is
+sampler, and the send keeps the GIL (:mod:`..heldcalls`) unless ``hold_gil=False``
+(a process where no other thread wants it: the sidecar). A socket error is
 logged once per run of failures and resets the socket, which is also re-opened
 every ``reopen_every`` seconds, because a stale conntrack entry left by a
 restarted Telegraf pod can black-hole UDP.
@@ -48,8 +49,8 @@ _SEND_BUFFER = 1 << 20
 _RETRY_OPEN_AFTER = 1.0  # seconds to wait before re-opening after a failure
 
 
-def _open_socket(address: tuple[str, int]) -> tuple[HeldSocket, tuple]:
-    """A non-blocking UDP socket for ``address`` (sending with the GIL held) and the resolved target."""
+def _open_socket(address: tuple[str, int], hold_gil: bool = True) -> tuple[HeldSocket, tuple]:
+    """A non-blocking UDP socket for ``address`` (sending with the GIL held, if asked) and the resolved target."""
     family, kind, proto, _, target = socket.getaddrinfo(
         address[0], address[1], type=socket.SOCK_DGRAM)[0]
     sock = socket.socket(family, kind, proto)
@@ -61,7 +62,7 @@ def _open_socket(address: tuple[str, int]) -> tuple[HeldSocket, tuple]:
     loopback = is_loopback(target[0])
     if loopback:
         sock.connect(target)  # refusals come back as ECONNREFUSED
-    return HeldSocket(sock, target, connected=loopback), target
+    return HeldSocket(sock, target, connected=loopback, held=hold_gil), target
 
 
 def is_loopback(host: str) -> bool:
@@ -78,8 +79,9 @@ def pack(lines: list[bytes], max_datagram: int) -> tuple[list[tuple[bytes, int]]
     >>> pack([b"aaaa", b"bb", b"c" * 9, b"dd"], 8)
     ([(b'aaaa\\nbb', 2), (b'ccccccccc', 1), (b'dd', 1)], 0)
     """
-    if sum(map(len, lines)) + len(lines) - 1 <= max_datagram:  # the usual case: all in one (or none)
-        return ([(b"\n".join(lines), len(lines))] if lines else []), 0
+    payload = b"\n".join(lines)
+    if len(payload) <= max_datagram:  # the usual case: all in one (or none)
+        return ([(payload, len(lines))] if lines else []), 0
     datagrams, batch, size, too_long = [], [], 0, 0
     for line in lines:
         n = len(line)
@@ -108,8 +110,9 @@ class UdpSink:
     """
 
     def __init__(self, address: tuple[str, int], max_datagram: Optional[int] = None, sock=None,
-                 reopen_every: float = 60.0, clock=time.monotonic, report=None):
+                 reopen_every: float = 60.0, clock=time.monotonic, report=None, hold_gil: bool = True):
         self.address = (str(address[0]), int(address[1]))
+        self.hold_gil = hold_gil
         self._auto = max_datagram is None  # from the address, once more when it is resolved
         self.max_datagram = self._auto_size(self.address[0]) if self._auto else max(
             1, min(int(max_datagram), MAX_UDP_PAYLOAD))
@@ -201,7 +204,7 @@ class UdpSink:
             if self._factory is not None:
                 self._sock, self._target = self._factory(), self.address
             else:
-                self._sock, self._target = _open_socket(self.address)
+                self._sock, self._target = _open_socket(self.address, self.hold_gil)
                 if self._auto:
                     self.max_datagram = self._auto_size(self._target[0])
         except OSError as e:
