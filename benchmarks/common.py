@@ -145,6 +145,11 @@ def gpu_settings(gpu_count: int = 8) -> dict:
     return {"gpu_source": "nvml"} if gpu_source() == "nvml" else {"gpu_source": "simulated", "gpu_count": gpu_count}
 
 
+def gpus_label(count: int) -> str:
+    """How the GPUs a benchmark samples are named in its notes: ``8 simulated GPUs``, or NVML's."""
+    return "this node's GPUs (NVML)" if gpu_source() == "nvml" else f"{count} simulated GPU{'s' * (count != 1)}"
+
+
 def skipped_without_nvml(name: str) -> list[dict] | None:
     """One "skipped" row when ``--gpu-source nvml`` was asked for on a machine without an NVML GPU, else None."""
     if gpu_source() != "nvml":

@@ -60,7 +60,7 @@ def cost_table(n: int = 2000) -> tuple[dict, dict]:
         host = parts["host"]
         rows = {
             "read (all sources)": common.cpu_us(full.sample, n),
-            "  of which simulated GPU x8": common.cpu_us(parts["gpu"].read, n),
+            f"  of which {common.gpus_label(8)}": common.cpu_us(parts["gpu"].read, n),
             "  of which host + process (psutil)": common.cpu_us(host.read, n),
             "encode": common.cpu_us(lambda: lineprotocol.encode_many(points), n),
             "send (UDP)": common.cpu_us(lambda: sink.send(lines), n),
@@ -223,7 +223,7 @@ def run(quick: bool = False) -> list[dict]:
     n_paced, period = (20, 0.05) if quick else (100, 0.1)
     paced = paced_cost(n_paced, period)
     prof = profile(n)
-    print(f"[sampler] cProfile of {n} samples (8 simulated GPUs, every metric, UDP), by cumulative time:")
+    print(f"[sampler] cProfile of {n} samples ({common.gpus_label(8)}, every metric, UDP), by cumulative time:")
     print(prof)
     details["profile_top_cumulative"] = prof
     total, base = costs["total per sample"], costs["baseline: tasks source only"]

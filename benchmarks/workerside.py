@@ -143,5 +143,5 @@ def rows(name: str, floor: float, quick: bool) -> list[dict]:
         if sidecar and default:
             out.append(common.row(name, "sidecar process CPU per sample @50 ms (informational)",
                                   common.median(sidecar), "us", baseline=floor,
-                                  notes="every metric, 8 simulated GPUs; its own process, out of the worker's GIL"))
+                                  notes=f"every metric, {common.gpus_label(8)}; its own process, out of the worker's GIL"))
     return out

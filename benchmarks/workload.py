@@ -193,7 +193,7 @@ def run(quick: bool = False) -> list[dict]:
     off_runs = ", ".join(f"{r['seconds']:.3f}" for r in loop_off)
     rows += [_row(mode, on, loop_off, launch_rounds, target=LAUNCH_TARGET if mode == "on @50 ms" else None,
                   what=f"launch-bound loop (1 task, {steps:,} tiny calls)", workers=1,
-                  note=("1 worker x 1 thread, the other core free; 1 simulated GPU; the loop's own wall time "
+                  note=(f"1 worker x 1 thread, the other core free; {common.gpus_label(1)}; the loop's own wall time "
                         f"(off runs {off_runs} s); "))
              for mode, on in loop.items()]
     rows += [_row(mode, on, short_off, short_rounds, target=None, what=f"{n_short} short pure-Python tasks",

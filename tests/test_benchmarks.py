@@ -33,3 +33,25 @@ def test_gpu_source_nvml_runs_or_skips_cleanly(tmp_path):
         assert all(r["measured"] is not None for r in rows)
     else:
         assert [r["what"] for r in rows] == ["skipped: --gpu-source nvml, but NVML sees no GPU here"]
+
+
+def test_gpu_source_nvml_reads_the_replayed_h100(tmp_path):
+    """``--gpu-source nvml`` end to end where NVML answers as the recorded H100 did: the sampler and gaps
+    benchmarks sample it (the benchmark process, its workers and their sidecars all import the shim).
+    ``workload`` builds its monitors with the same ``common.gpu_settings()`` as ``gaps``; run by hand
+    (~70 s more) it passes too."""
+    from nvml_shim import replay_env
+
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env.update(replay_env(tmp_path, worker_pid=1))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "sampler,gaps",
+                           "--gpu-source", "nvml", "--output", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert not result["crashed"] and {r["name"] for r in rows} == {"sampler", "gaps"}
+    assert all(r["measured"] is not None and not r["what"].startswith("skipped") for r in rows), rows
+    assert not any("simulated" in r["what"] + r["notes"] for r in rows), "every row names NVML's GPUs"
+    assert sum("NVML" in r["what"] + r["notes"] for r in rows) >= 3

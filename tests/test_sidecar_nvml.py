@@ -10,9 +10,9 @@ through ``tests/fake_nvml.py``), with the recorded 'matmul' process (pid 425,
 import json
 import os
 import pathlib
-import sys
 
 import pytest
+from nvml_shim import replay_env
 from test_sidecar import points, wait_until
 
 from dask_influx_metrics.config import Settings
@@ -24,34 +24,11 @@ TESTS = pathlib.Path(__file__).parent
 RECORDING = json.loads((TESTS / "data" / "nvml_h100_shared.json").read_text())["devices"][0]
 MIB = 2**20
 
-SHIM = '''"""Test shim: ``import pynvml`` replays a recording through tests/fake_nvml.py."""
-import importlib.machinery, importlib.util, os, sys
-
-here = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.machinery.PathFinder.find_spec("pynvml", [p for p in sys.path if os.path.abspath(p or ".") != here])
-real = importlib.util.module_from_spec(spec)
-sys.modules["pynvml"] = real  # what fake_nvml imports for NVML's constants and error classes
-spec.loader.exec_module(real)
-sys.path.insert(0, os.environ["FAKE_NVML_TESTS"])
-from fake_nvml import FakeNvml
-
-fake = FakeNvml("nvml_h100_shared.json")
-for procs in fake.devices[0]["compute_processes"]:
-    for p in procs:
-        if p["pid"] == 425:
-            p["pid"] = int(os.environ["FAKE_NVML_WORKER_PID"])
-sys.modules["pynvml"] = fake  # what `import pynvml` returns to the sidecar
-'''
-
 
 @pytest.fixture
 def replayed_h100(tmp_path, monkeypatch):
-    shim = tmp_path / "shim"
-    shim.mkdir()
-    (shim / "pynvml.py").write_text(SHIM)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(shim), *sys.path]))
-    monkeypatch.setenv("FAKE_NVML_TESTS", str(TESTS))
-    monkeypatch.setenv("FAKE_NVML_WORKER_PID", str(os.getpid()))
+    for name, value in replay_env(tmp_path, worker_pid=os.getpid()).items():
+        monkeypatch.setenv(name, value)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
 
