@@ -2,7 +2,8 @@ r"""InfluxDB line protocol: ``encode`` a :class:`~.schema.Point`, ``parse`` it b
 
 One point is one line, ``measurement[,tag=value...] field=value[,...] [time_ns]``,
 UTF-8, tags sorted by key. Field values: ``float`` -> shortest text that
-round-trips (``repr``), ``int`` -> ``<n>i``, ``bool`` -> ``true``/``false``,
+round-trips (``repr``'s digits, written by orjson: ``1e-7`` where ``repr`` has
+``1e-07``), ``int`` -> ``<n>i``, ``bool`` -> ``true``/``false``,
 ``str`` -> ``"..."``. ``parse(encode(p))`` gives back ``p`` exactly whenever
 every name and value is representable, and otherwise the normalised point
 described below, which is also exactly what InfluxDB 1.6.7 stores (checked
