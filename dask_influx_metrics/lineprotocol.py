@@ -156,8 +156,9 @@ def _key_ok(key: str, seen) -> bool:
 
 # Samples repeat the same series every interval: escaping each distinct
 # ``measurement,tags `` prefix and field key once makes encoding several times
-# cheaper. Bounded: cleared when full. Drops of tags are counted in ``stats``
-# once per distinct prefix.
+# cheaper. Bounded: :func:`encode_many` clears them between batches once one
+# holds ``_CACHE_LIMIT`` entries (within a batch they may grow past it). Drops of
+# tags are counted in ``stats`` once per distinct prefix.
 _CACHE_LIMIT = 4096
 _prefixes: dict = {}
 _field_keys: dict = {}
@@ -172,8 +173,6 @@ def _prefix(measurement, tags) -> Optional[str]:
         pass
     except TypeError:  # unhashable values: encode without the cache
         return _build_prefix(measurement, tags)
-    if len(_prefixes) >= _CACHE_LIMIT:
-        _prefixes.clear()
     _prefixes[cache_key] = result = _build_prefix(measurement, tags)
     return result
 
@@ -202,8 +201,6 @@ def _field_key(key) -> tuple[str, str]:
     except TypeError:
         key = str(key)
     clean = _clean(key, _BS_BEFORE_SPECIAL)
-    if len(_field_keys) >= _CACHE_LIMIT:
-        _field_keys.clear()
     _field_keys[key] = result = (clean, clean.translate(_KEY_ESC))
     return result
 
@@ -257,8 +254,6 @@ def _series(point: Point) -> Optional[tuple]:
     try:
         return _lines[key]
     except KeyError:
-        if len(_lines) >= _CACHE_LIMIT:
-            _lines.clear()
         _lines[key] = entry = _line_template(point)
         return entry
     except TypeError:  # unhashable names or values: the general path
@@ -311,6 +306,15 @@ def encode_many(points: Iterable[Point]) -> list[bytes]:
     >>> encode_many([Point("a", {}, {"v": 1}, 1), Point("b", {}, {}, 2)])
     [b'a v=1i 1']
     """
+    if max(len(_lines), len(_prefixes), len(_field_keys)) >= _CACHE_LIMIT:
+        _lines.clear()  # between batches only, so that a batch written again point by point finds
+        _prefixes.clear()  # what it built (and counts no drop twice)
+        _field_keys.clear()
+    return _batch(points)
+
+
+def _batch(points: Iterable[Point]) -> list[bytes]:
+    """:func:`encode_many`, with the caches as they are."""
     templated: list = []  # the points that a template writes,
     templates: list = []  # ... their templates,
     values: list = []  # ... filled with these values (numbers; 0 where a text goes)
@@ -349,7 +353,8 @@ def encode_many(points: Iterable[Point]) -> list[bytes]:
         templated.append(point)
     lines = _fill(templates, values, texts) if templated else []
     if lines is None:  # a value that may not be writable: point by point, only those take the general path
-        lines = [_general(p) for p in templated] if len(templated) == 1 else [encode(p) for p in templated]
+        lines = [_general(p) for p in templated] if len(templated) == 1 else [
+            line for p in templated for line in (_batch([p]) or [None])]
     for i, line in others:
         lines.insert(i, line)
     return lines if None not in lines else [line for line in lines if line is not None]

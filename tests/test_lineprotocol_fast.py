@@ -214,3 +214,19 @@ def test_fast_path_with_string_fields_writes_what_the_general_path_writes(monkey
             lp.stats.clear()
             general = (lp.encode(p), lp.encode(p), dict(lp.stats))
         assert fast == general, p
+
+
+def test_a_batch_written_again_point_by_point_counts_each_drop_once(monkeypatch):
+    """The caches are cleared between batches, never inside one: the fallback finds what the batch built."""
+    monkeypatch.setattr(lp, "_CACHE_LIMIT", 2)
+    points = [Point("m", {"": "v", "time": "x"}, {"x": NAN, "y": 1.0}, 1)] + [
+        Point("m", {"i": str(i)}, {"y": 1.0}, 1) for i in range(5)]
+    lp.stats.clear()
+    lines = lp.encode_many(points)
+    stats = dict(lp.stats)
+    with monkeypatch.context() as m:
+        general_only(m)
+        lp.stats.clear()
+        assert lp.encode_many(points) == lines
+        assert dict(lp.stats) == stats == {"empty_key": 1, "reserved_key": 1, "nonfinite": 1}
+    assert lp.encode_many(points[:1]) and len(lp._lines) == 1  # full: cleared before the next batch
