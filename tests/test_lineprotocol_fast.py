@@ -182,30 +182,8 @@ def test_float_texts_are_stored_exactly_by_real_influxd(influxd, fresh_db):
     assert [[float(r[f"v{j}"]) for j in range(10)] for r in rows] == [list(p.fields.values()) for p in points]
 
 
-def test_fast_numeric_path_writes_what_the_general_path_writes(monkeypatch):
-    nan, inf = float("nan"), float("inf")
-    keys = ["a", "b", "{x}", "c d", "time", "", "v\\", "v", "q\"", "lone\ud800"] + HOSTILE[:20]
-    values = [0.5, -3, 2**63 - 1, -2**63, 2**63, -2**63 - 1, nan, inf, -inf, 1e308, True, None, 7, 1.0]
-    points = [Point("m", {"t": "1"}, {k: v for k, v in zip(keys[i % 5:], values[j:] + values[:j])}, i)
-              for i in range(10) for j in range(len(values))]
-    points += [Point("m", {}, {"a": 1e308, "b": 1e308}, 1), Point("m", {}, {"a": 1.5, "b": 2}, None),
-               Point("m", {}, {"a": 10**400, "b": 1.0}, 1), Point("m", {}, {"a": 1.0, "b": 10**400}, 1)]
-    for p in points:
-        lp.stats.clear()
-        fast = (lp.encode(p), lp.encode(p), dict(lp.stats))  # twice: the second from the cached template
-        with monkeypatch.context() as m:
-            general_only(m)
-            lp.stats.clear()
-            general = (lp.encode(p), lp.encode(p), dict(lp.stats))
-        assert fast == general, p
-
-
-def test_fast_path_with_string_fields_writes_what_the_general_path_writes(monkeypatch):
-    texts = ["", "plain", 'say "hi"', "back\\slash\\", "cr\r only", "crlf\r\n", "form\ffeed", "{0} {x}",
-             "lone\ud800", "ünïcode"] + HOSTILE[:10]
-    others = [1.5, 7, float("nan"), 2**63, None, True]
-    points = [Point("m", {"t": "1"}, {"s": text, "n": other}, i) for i, text in enumerate(texts) for other in others]
-    points += [Point("m", {}, {"s": text}, 1) for text in texts] + [Point("m", {}, {"a": "x", "b": "y"}, None)]
+def each_alone_as_the_general_path(monkeypatch, points: list) -> None:
+    """Each point encoded alone, twice (the second from the cached template), gives the general path's bytes and stats."""
     for p in points:
         lp.stats.clear()
         fast = (lp.encode(p), lp.encode(p), dict(lp.stats))
@@ -214,6 +192,26 @@ def test_fast_path_with_string_fields_writes_what_the_general_path_writes(monkey
             lp.stats.clear()
             general = (lp.encode(p), lp.encode(p), dict(lp.stats))
         assert fast == general, p
+
+
+def test_fast_numeric_path_writes_what_the_general_path_writes(monkeypatch):
+    nan, inf = float("nan"), float("inf")
+    keys = ["a", "b", "{x}", "c d", "time", "", "v\\", "v", "q\"", "lone\ud800"] + HOSTILE[:20]
+    values = [0.5, -3, 2**63 - 1, -2**63, 2**63, -2**63 - 1, nan, inf, -inf, 1e308, True, None, 7, 1.0]
+    points = [Point("m", {"t": "1"}, {k: v for k, v in zip(keys[i % 5:], values[j:] + values[:j])}, i)
+              for i in range(10) for j in range(len(values))]
+    points += [Point("m", {}, {"a": 1e308, "b": 1e308}, 1), Point("m", {}, {"a": 1.5, "b": 2}, None),
+               Point("m", {}, {"a": 10**400, "b": 1.0}, 1), Point("m", {}, {"a": 1.0, "b": 10**400}, 1)]
+    each_alone_as_the_general_path(monkeypatch, points)
+
+
+def test_fast_path_with_string_fields_writes_what_the_general_path_writes(monkeypatch):
+    texts = ["", "plain", 'say "hi"', "back\\slash\\", "cr\r only", "crlf\r\n", "form\ffeed", "{0} {x}",
+             "lone\ud800", "ünïcode"] + HOSTILE[:10]
+    others = [1.5, 7, float("nan"), 2**63, None, True]
+    points = [Point("m", {"t": "1"}, {"s": text, "n": other}, i) for i, text in enumerate(texts) for other in others]
+    points += [Point("m", {}, {"s": text}, 1) for text in texts] + [Point("m", {}, {"a": "x", "b": "y"}, None)]
+    each_alone_as_the_general_path(monkeypatch, points)
 
 
 def test_a_batch_written_again_point_by_point_counts_each_drop_once(monkeypatch):
