@@ -152,11 +152,9 @@ def gpus_label(count: int) -> str:
 
 def skipped_without_nvml(name: str) -> list[dict] | None:
     """One "skipped" row when ``--gpu-source nvml`` was asked for on a machine without an NVML GPU, else None."""
-    if gpu_source() != "nvml":
-        return None
     from dask_influx_metrics.worker.sources.nvml import nvml_available
 
-    if nvml_available():
+    if gpu_source() != "nvml" or nvml_available():
         return None
     return [row(name, "skipped: --gpu-source nvml, but NVML sees no GPU here", None, "",
                 notes="rerun on a GPU node, or without --gpu-source for the simulated devices")]
@@ -192,9 +190,7 @@ def simulated_worker(sink, gpu_count: int = 8, tracking=None, psutil_reads: bool
     else:
         gpu = SimulatedGpuSource(gpu_count, fields, activity)
     parts = {"activity": activity, "gpu": gpu, "tasks": TaskSource(fields, activity)}
-    refresh = 0.0
-    if interval_ms is not None:
-        refresh = refresh_seconds(config.Settings.resolve({}).host_refresh, interval_ms)
+    refresh = 0.0 if interval_ms is None else refresh_seconds(config.Settings.resolve({}).host_refresh, interval_ms)
     if psutil_reads:
         parts["host"] = HostSource(fields, refresh=refresh)
     sources = [parts[k] for k in ("gpu", "host", "tasks") if k in parts]
