@@ -215,7 +215,7 @@ def _field_key(key) -> tuple[str, str]:
 # text is the shortest round-trip decimal, as ``repr``'s, in places spelled
 # differently (``1e-7`` for ``1e-07``, ``0.00001`` for ``1e-05``): the same float
 # for InfluxDB and every other parser; the general path writes floats the same way.
-# A batch with a value that may not be writable (NaN, inf, a number beyond int64,
+# A batch with a value that may not be writable (NaN, inf, an int beyond 2**53 - 1,
 # a string with a newline) is written point by point, each point failing that
 # test by the general path, so output and ``stats`` do not depend on the path.
 _lines: dict = {}
