@@ -35,7 +35,7 @@ TUNED = {"batch-size": 5000, "batch-pending": 10, "batch-timeout": "1s", "read-b
 
 def _send(address, prefixes, rate: float, duration: float, start_at: float) -> dict:
     """Send ``rate`` points/s spread over one UdpSink per prefix list, from ``start_at`` (monotonic)."""
-    from dask_influx_metrics.worker.sinks.udp import UdpSink
+    from dask_influx_metrics.sinks.udp import UdpSink
 
     sinks = [UdpSink(tuple(address), max_datagram=1472) for _ in prefixes]
     seq = [0] * len(sinks)
@@ -65,7 +65,7 @@ def _send(address, prefixes, rate: float, duration: float, start_at: float) -> d
 
 
 def _sender_main(conn, prefixes) -> None:
-    import dask_influx_metrics.worker.sinks.udp  # noqa: F401  (import before "ready", not in the first tick)
+    import dask_influx_metrics.sinks.udp  # noqa: F401  (import before "ready", not in the first tick)
 
     conn.send("ready")
     for _ in range(10_000):  # bounded: one command per rate

@@ -53,7 +53,7 @@ def make_samples(n_points: int, tracking=None) -> list:
 
 def ours(samples, address, max_datagram=None, hold_gil=False) -> tuple[float, object]:
     from dask_influx_metrics import lineprotocol
-    from dask_influx_metrics.worker.sinks.udp import UdpSink
+    from dask_influx_metrics.sinks.udp import UdpSink
 
     sink = UdpSink(address, max_datagram=max_datagram, hold_gil=hold_gil)
     t0 = time.perf_counter()

@@ -31,8 +31,8 @@ WARMUP = 300
 
 
 def _make_sink(variant: str, directory: str):
-    from dask_influx_metrics.worker.sinks.http import HttpSink
-    from dask_influx_metrics.worker.sinks.spool import SpoolSink
+    from dask_influx_metrics.sinks.http import HttpSink
+    from dask_influx_metrics.sinks.spool import SpoolSink
 
     if variant == "spool":
         return SpoolSink(directory)
@@ -76,7 +76,7 @@ class _Write:
 
 
 def one_variant(variant: str, samples: int, fields: dict) -> dict:
-    from dask_influx_metrics.worker.sinks.spool import replay, spool_files
+    from dask_influx_metrics.sinks.spool import replay, spool_files
 
     directory = tempfile.mkdtemp(prefix=f"bench-memory-{variant}-")
     try:

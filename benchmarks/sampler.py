@@ -37,7 +37,7 @@ TARGET_US = 200.0
 
 
 def _udp_sink():
-    from dask_influx_metrics.worker.sinks.udp import UdpSink
+    from dask_influx_metrics.sinks.udp import UdpSink
 
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))

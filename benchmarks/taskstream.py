@@ -74,7 +74,7 @@ def writer_rate(n: int) -> tuple[float, int]:
     for i in range(n):
         stream.ended.append((("inc", i), 1, 3, ("memory", "inc", (compute,), 28), 1.7e9))
     with common.Drain() as rx:
-        from dask_influx_metrics.worker.sinks.udp import UdpSink
+        from dask_influx_metrics.sinks.udp import UdpSink
 
         sink = UdpSink(tuple(rx.address))
         t0 = time.thread_time()

@@ -1,6 +1,6 @@
 """InfluxDB credentials: out of URLs, into one ``Authorization`` header, masked wherever shown.
 
-Writers (``worker/sinks/http.py``) and readers (``client/query/``) both use
+Writers (``sinks/http.py``) and readers (``client/query/``) both use
 these. A URL may carry ``user:password@``; :func:`split_url` (:func:`take`,
 with credentials given beside it) takes them out (the URL is then safe to
 log, repr and put in exceptions) and

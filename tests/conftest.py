@@ -140,7 +140,7 @@ def _monitored_run(influxd, tmp_path_factory, into: str, sink: str, **settings):
     from distributed import Client, LocalCluster
 
     from dask_influx_metrics import Monitor, lineprotocol
-    from dask_influx_metrics.worker.sinks.spool import read_lines
+    from dask_influx_metrics.sinks.spool import read_lines
     from dask_influx_metrics.client.tables import natural_key
 
     run = uuid.uuid4().hex[:10]

@@ -14,7 +14,7 @@ import os
 
 from dask_influx_metrics import lineprotocol
 from dask_influx_metrics.schema import Point
-from dask_influx_metrics.worker.sinks.spool import SpoolSink
+from dask_influx_metrics.sinks.spool import SpoolSink
 
 T0 = 1_763_900_000_000_000_000
 STEP = 100_000_000

@@ -7,7 +7,7 @@ import psutil
 from dask_influx_metrics import custom_metric
 from dask_influx_metrics.config import Settings
 from dask_influx_metrics.worker.build import build_sampler
-from dask_influx_metrics.worker.sinks.spool import read_lines
+from dask_influx_metrics.sinks.spool import read_lines
 from dask_influx_metrics.worker.sources.activity import CachedActivity, TaskRegistry
 from dask_influx_metrics.worker.sources.simulated import simulated_uuid
 

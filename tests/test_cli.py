@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from dask_influx_metrics import lineprotocol, query
 from dask_influx_metrics.client.cli import SOURCE_ENV, cli
-from dask_influx_metrics.worker.sinks.spool import SpoolSink
+from dask_influx_metrics.sinks.spool import SpoolSink
 
 BIN = os.path.dirname(sys.executable)
 

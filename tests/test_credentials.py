@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from dask_influx_metrics import credentials, query
 from dask_influx_metrics.client.cli import cli
-from dask_influx_metrics.worker.sinks.http import HttpSink
+from dask_influx_metrics.sinks.http import HttpSink
 
 PW = "s3cret-pw"
 

@@ -9,8 +9,8 @@ from distributed import Client
 
 from dask_influx_metrics import Monitor
 from dask_influx_metrics.config import Settings
-from dask_influx_metrics.worker.sinks import make_sink
-from dask_influx_metrics.worker.sinks.spool import spool_files
+from dask_influx_metrics.sinks import make_sink
+from dask_influx_metrics.sinks.spool import spool_files
 
 
 def test_auto_sink_follows_what_is_configured():

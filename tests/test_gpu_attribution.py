@@ -15,7 +15,8 @@ import pytest
 from fake_nvml import FakeNvml
 
 from dask_influx_metrics.schema import FIELDS, GPU
-from dask_influx_metrics.scheduler.plugin import EVENT_TOPIC, SHARED_GPU, JobPlugin
+from dask_influx_metrics.names import EVENT_TOPIC, SHARED_GPU
+from dask_influx_metrics.scheduler.plugin import JobPlugin
 from dask_influx_metrics.worker.sources.activity import Activity
 from dask_influx_metrics.worker.sources.nvml import NvmlSource
 

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from dask_influx_metrics import custom_metric, lineprotocol, query, schema
-from dask_influx_metrics.worker.sinks.http import HttpSink
+from dask_influx_metrics.sinks.http import HttpSink
 
 from conftest import _slow
 from fake_influx2 import points

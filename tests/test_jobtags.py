@@ -82,7 +82,7 @@ def test_regexes_reject_what_is_not_a_number(bad):
 
 def test_influxdb_selects_what_the_codec_selects(monitored):
     """InfluxDB's own regex match of job 2 finds exactly the spooled points the codec says are in job 2."""
-    from dask_influx_metrics.worker.sinks.spool import read_lines
+    from dask_influx_metrics.sinks.spool import read_lines
 
     gpu = [p for p in map(lineprotocol.parse, read_lines(monitored.spool)) if p.measurement == "gpu"]
     for job in (1, 2):

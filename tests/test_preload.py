@@ -93,9 +93,9 @@ def test_preload_refuses_an_unresolvable_telegraf_host_before_installing_anythin
 
     from distributed import Scheduler
 
-    from dask_influx_metrics.scheduler.plugin import PLUGIN_NAME as JOBS_PLUGIN
+    from dask_influx_metrics.names import JOBS_PLUGIN
     from dask_influx_metrics.scheduler.preload import start_monitoring
-    from dask_influx_metrics.worker.plugin import PLUGIN_NAME as WORKER_PLUGIN
+    from dask_influx_metrics.names import WORKER_PLUGIN
 
     async def attempt():
         async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as scheduler:

@@ -9,8 +9,8 @@ import pytest
 
 from dask_influx_metrics import lineprotocol, query
 from dask_influx_metrics.schema import Point
-from dask_influx_metrics.worker.sinks.http import HttpSink
-from dask_influx_metrics.worker.sinks.spool import SpoolSink, spool_files
+from dask_influx_metrics.sinks.http import HttpSink
+from dask_influx_metrics.sinks.spool import SpoolSink, spool_files
 
 W = "tcp://10.0.0.1:1"
 T0 = 1_714_564_800_000_000_000

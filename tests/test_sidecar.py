@@ -17,7 +17,7 @@ from distributed import Client
 from dask_influx_metrics import Monitor, custom_metric, lineprotocol
 from dask_influx_metrics.config import Settings
 from dask_influx_metrics.worker.sidecar import Sidecar
-from dask_influx_metrics.worker.sinks.spool import read_lines
+from dask_influx_metrics.sinks.spool import read_lines
 from dask_influx_metrics.worker.sources.activity import TaskRegistry
 from dask_influx_metrics.worker.sources.simulated import simulated_uuid
 

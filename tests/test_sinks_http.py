@@ -8,7 +8,7 @@ import time
 
 import requests
 
-from dask_influx_metrics.worker.sinks.http import HttpSink
+from dask_influx_metrics.sinks.http import HttpSink
 
 BASE_NS = 1_700_000_000_000_000_000
 
@@ -58,7 +58,7 @@ def test_dead_url_sends_every_line_to_the_fallback(caplog):
     fallback = Collect()
     sink = HttpSink(dead_url(), "db", batch_size=40, flush_interval=0.01, timeout=2, fallback=fallback)
     lines = numbered(250)
-    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.worker.sinks.http"):
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
         for i in range(0, 250, 25):
             sink.send(lines[i:i + 25])
         sink.close()
@@ -71,7 +71,7 @@ def test_bad_data_is_logged_with_the_server_message_and_kept(influxd, fresh_db, 
     fallback = Collect()
     sink = HttpSink(influxd.url, fresh_db, fallback=fallback, flush_interval=0.01)
     batch = [b"m,t=x v=1i 1", b"this is not line protocol"]
-    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.worker.sinks.http"):
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
         sink.send(batch)
         sink.close()
     assert fallback.lines == batch and sink.points_failed == 2
@@ -135,7 +135,7 @@ def test_a_dead_server_is_tried_once_per_backoff_not_per_batch(tmp_path):
     """After a failed post, batches go straight to the fallback until the back-off ends."""
     import requests
 
-    from dask_influx_metrics.worker.sinks.spool import SpoolSink, read_lines
+    from dask_influx_metrics.sinks.spool import SpoolSink, read_lines
 
     class Counting(requests.Session):
         posts = 0
@@ -243,7 +243,7 @@ def test_an_outage_is_reported_once_however_long_it_lasts(caplog):
     fallback = Collect()
     sink = HttpSink(dead_url(), "db", batch_size=5, flush_interval=0.0, fallback=fallback, max_pending=10**6)
     sink.max_backoff = 0.2  # many retries in little time
-    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.worker.sinks.http"):
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
         deadline = time.monotonic() + 2.0
         i = 0
         while time.monotonic() < deadline:

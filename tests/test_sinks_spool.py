@@ -9,8 +9,8 @@ import socket
 
 from dask_influx_metrics import lineprotocol as lp
 from dask_influx_metrics.schema import Point
-from dask_influx_metrics.worker.sinks.http import HttpSink
-from dask_influx_metrics.worker.sinks.spool import SpoolSink, read_lines, replay, spool_files
+from dask_influx_metrics.sinks.http import HttpSink
+from dask_influx_metrics.sinks.spool import SpoolSink, read_lines, replay, spool_files
 
 BASE_NS = 1_700_000_000_000_000_000
 NASTY = ["plain", "multi\nline", 'quote " and \\', "a=b, c", "\\", "", "x\r\ny"]
@@ -100,7 +100,7 @@ def test_disk_errors_drop_and_count_without_raising(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     sink = SpoolSink(blocker / "spool", mem_limit=2)
-    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.worker.sinks.spool"):
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.spool"):
         for _ in range(3):
             sink.send([b"m v=1i 1", b"m v=2i 2"])
         sink.close()
@@ -163,7 +163,7 @@ def test_replay_with_remove_keeps_every_file_a_dead_server_did_not_take(tmp_path
 FULL_DISK = """
 import json, logging, os, resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG, as ENOSPC on a full disk
-from dask_influx_metrics.worker.sinks.spool import SpoolSink
+from dask_influx_metrics.sinks.spool import SpoolSink
 directory, limit, flushes, per_flush = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 warnings = []
 logging.getLogger("dask_influx_metrics").addHandler(type("H", (logging.Handler,), {"emit": lambda s, r: warnings.append(r.getMessage())})())

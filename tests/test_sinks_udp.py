@@ -11,7 +11,7 @@ from telegraf import TelegrafClient
 
 from dask_influx_metrics import lineprotocol as lp
 from dask_influx_metrics.schema import Point
-from dask_influx_metrics.worker.sinks.udp import MAX_UDP_PAYLOAD, UdpSink, pack
+from dask_influx_metrics.sinks.udp import MAX_UDP_PAYLOAD, UdpSink, pack
 
 BASE_NS = 1_700_000_000_000_000_000
 
@@ -94,7 +94,7 @@ def test_oserror_is_logged_once_resets_socket_and_recovers(caplog):
         return made[-1]
 
     sink = UdpSink(("127.0.0.1", 9), sock=factory, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.worker.sinks.udp"):
+    with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.udp"):
         for _ in range(5):
             sink.send([b"m v=1i 1"])
     assert len([r for r in caplog.records if "cannot send" in r.message]) == 1

@@ -127,7 +127,7 @@ def test_brief_tasks_leave_a_trace_and_a_last_sample_shows_those_that_ended_afte
     from distributed import Event
 
     from dask_influx_metrics import lineprotocol
-    from dask_influx_metrics.worker.sinks.spool import read_lines
+    from dask_influx_metrics.sinks.spool import read_lines
 
     def running() -> set:
         """The keys in the worker measurement's ``running`` field of any sample of ``worker`` so far."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ..worker.sinks.spool import spool_files
+from ..sinks.spool import spool_files
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,9 @@ import shutil
 from .. import _dask
 from ..config import Settings, overrides_from_kwargs
 from ..scheduler import session as scheduler_session
-from ..scheduler.plugin import NEW_JOB_OP, PLUGIN_NAME as JOBS_PLUGIN, JobPlugin
-from ..worker.sinks import remove_spool
+from ..names import JOBS_PLUGIN, NEW_JOB_OP
+from ..scheduler.plugin import JobPlugin
+from ..sinks import remove_spool
 from ..worker.sources import custom
 
 logger = logging.getLogger(__name__)

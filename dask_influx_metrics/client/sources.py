@@ -1,7 +1,7 @@
 """Where a session's samples are read from: where its workers reported sending them.
 
 Each worker (and the scheduler, for its ``dag`` points) records its destinations
-on the session (:func:`~dask_influx_metrics.worker.sinks.destinations`). A reader
+on the session (:func:`~dask_influx_metrics.sinks.destinations`). A reader
 picks, in order:
 
 1. the spool, when every spooling worker's folder is visible here (exact, nothing in flight);

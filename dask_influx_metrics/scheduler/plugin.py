@@ -29,24 +29,17 @@ import time
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _dask, lineprotocol, schema
+from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, JOBS_PLUGIN, NEW_JOB_OP, SHARED_GPU
 from ..config import Settings
 from .jobs import JobBook
-from ..worker.sinks import destinations, make_sink
+from ..sinks import destinations, make_sink
 
 logger = logging.getLogger(__name__)
-
-PLUGIN_NAME = "influx-metrics-jobs"
-ANNOTATION = "influx_metrics"
-EVENT_TOPIC = "influx-metrics"  # worker reports: {"worker", "what", "message", ...}
-SHARED_GPU = "shared-gpu"  # a report's "what" when workers of a host use one GPU
-DESTINATIONS = "destinations"  # a report's "what": where a worker's samples go (worker/sinks.destinations)
-NEW_JOB_OP = "influx-metrics-new-job"
-
 
 class JobPlugin(SchedulerPlugin):
     """Counts jobs/DAGs, tags tasks, and holds what any client needs to start or stop."""
 
-    name = PLUGIN_NAME
+    name = JOBS_PLUGIN
 
     def __init__(self, overrides: dict, worker_payload: bytes):
         self.overrides = dict(overrides)

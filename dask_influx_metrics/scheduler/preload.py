@@ -31,7 +31,8 @@ from distributed import Scheduler
 
 from ..config import Settings
 from . import session as _session
-from .plugin import PLUGIN_NAME as JOBS_PLUGIN, JobPlugin
+from ..names import JOBS_PLUGIN
+from .plugin import JobPlugin
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import logging
 import time
 
 from .. import _dask
-from .plugin import PLUGIN_NAME as JOBS_PLUGIN
-from ..worker.plugin import PLUGIN_NAME as WORKER_PLUGIN, MetricsWorkerPlugin
+from ..names import JOBS_PLUGIN, WORKER_PLUGIN
+from ..worker.plugin import MetricsWorkerPlugin
 
 logger = logging.getLogger(__name__)
 REPORT_TIMEOUT = 10.0  # s to wait for each worker's report of where its samples go
@@ -30,7 +30,7 @@ REPORT_TIMEOUT = 10.0  # s to wait for each worker's report of where its samples
 async def start(dask_scheduler, tracking=None) -> dict:
     """Start the session and sampling on every worker; returns the session (``id``, ``start``)
     and ``destinations`` (worker address or ``"scheduler"`` -> where its samples go, see
-    :func:`~dask_influx_metrics.worker.sinks.destinations`), logged once here.
+    :func:`~dask_influx_metrics.sinks.destinations`), logged once here.
 
     ``tracking`` replaces the tracked metrics given at attach (validated by the
     caller). If a worker cannot set the plugin up, the session is stopped and

@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 
 from ..schema import GPU, WORKER
 from .sampler import Sampler
-from .sinks import make_sink
+from ..sinks import make_sink
 from .sources import make_gpu_source, share_dir
 from .sources.activity import TaskSource
 from .sources.custom import CustomSource

@@ -53,7 +53,7 @@ import tempfile
 
 from .. import jobtags
 from .sidecar import SnapshotBuffer
-from .sinks.spool import private_folder
+from ..sinks.spool import private_folder
 
 logger = logging.getLogger(__name__)
 

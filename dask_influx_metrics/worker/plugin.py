@@ -1,7 +1,7 @@
 """Worker plugin: samples each worker (sources -> sampler -> sink, wired by :mod:`.build`).
 
 Registered on the scheduler by :func:`..scheduler.session.start` (behind both
-``Monitor.start`` and ``--preload``) under the stable name :data:`PLUGIN_NAME`,
+``Monitor.start`` and ``--preload``) under the stable name :data:`..names.WORKER_PLUGIN`,
 so the scheduler also sets it up on workers that join later or restart;
 :func:`..scheduler.session.stop` unregisters it, which tears it down
 everywhere. Settings are resolved on the worker from its own Dask config plus
@@ -44,16 +44,15 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import _dask
 from ..config import Settings
-from ..scheduler.plugin import ANNOTATION, DESTINATIONS, EVENT_TOPIC
+from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN
 from .build import build_sampler
 from .clock import SteadyOffset
-from .sinks import counters, destinations
+from ..sinks import counters, destinations
 from .sources import taskstream
 from .sources.activity import CachedActivity, TaskRegistry
 
 logger = logging.getLogger(__name__)
 
-PLUGIN_NAME = "influx-metrics"
 SIDECAR_START_TIMEOUT = 30.0  # s for a sidecar to start sampling (it imports this package)
 STALL_MARGIN = 0.5  # s: a sidecar whose latest sample is 3 intervals + this old is hung (checked once a second)
 RUNNING = frozenset({"executing", "long-running"})
@@ -63,7 +62,7 @@ STILL_RUNNING = RUNNING | {"cancelled", "resumed"}  # a cancelled (or resumed) t
 class MetricsWorkerPlugin(WorkerPlugin):
     """Samples this worker every ``polling-interval`` ms on a daemon thread."""
 
-    name = PLUGIN_NAME
+    name = WORKER_PLUGIN
 
     def __init__(self, overrides: dict, worker_payload: bytes, session: dict):
         self.overrides = dict(overrides)
@@ -226,6 +225,6 @@ def delivery_counters(dask_worker) -> list[dict]:
     """This worker's sink counters (``Monitor.delivery()``, via ``client.run``): its sidecar's
     (as of its latest sample), then those of the worker's own sink (in-process sampling, or
     custom metrics and the task stream beside a sidecar); [] when no session samples here."""
-    plugin = _dask.worker_plugin(dask_worker, PLUGIN_NAME)
+    plugin = _dask.worker_plugin(dask_worker, WORKER_PLUGIN)
     sidecar, sink = getattr(plugin, "sidecar", None), getattr(plugin, "sink", None)
     return (sidecar.counters() if sidecar is not None else []) + (counters(sink) if sink is not None else [])

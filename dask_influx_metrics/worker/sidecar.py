@@ -182,7 +182,7 @@ def main(stdin: int = 0) -> int:
 
     from ..config import Settings
     from .build import build_sampler
-    from .sinks import counters
+    from ..sinks import counters
 
     ready = os.fdopen(os.dup(1), "wb")  # "ready" goes to the worker; any other output to stderr
     os.dup2(2, 1)

@@ -23,7 +23,7 @@ import requests
 
 from ... import jobtags, schema
 from ... import credentials
-from ...worker.sinks.spool import replay
+from ...sinks.spool import replay
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
 
 
@@ -199,7 +199,7 @@ class InfluxQLBackend:
         return total
 
     def send(self, lines: list[bytes]) -> None:
-        """``POST /write`` (what :func:`~dask_influx_metrics.worker.sinks.spool.replay` calls); raises when refused."""
+        """``POST /write`` (what :func:`~dask_influx_metrics.sinks.spool.replay` calls); raises when refused."""
         params = {"db": self.database, "precision": "ns", **({"rp": self.rp} if self.rp else {})}
         try:
             r = self._session.post(self.url + "/write", params=params, data=b"\n".join(lines), timeout=self.timeout)

@@ -23,7 +23,7 @@ import pandas as pd
 
 from ... import jobtags, lineprotocol, schema
 from ...lineprotocol import split_lines
-from ...worker.sinks.spool import read_lines, spool_files
+from ...sinks.spool import read_lines, spool_files
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
 
 logger = logging.getLogger(__name__)

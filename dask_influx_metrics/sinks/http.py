@@ -44,7 +44,7 @@ from typing import Optional
 
 import requests
 
-from ... import credentials
+from .. import credentials
 
 logger = logging.getLogger(__name__)
 

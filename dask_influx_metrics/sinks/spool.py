@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Iterator
 
-from ...lineprotocol import split_lines
+from ..lineprotocol import split_lines
 
 logger = logging.getLogger(__name__)
 

@@ -94,7 +94,7 @@ def make_sink(settings, role: str, session: str, report=None, hold_gil: bool = T
 
     With ``http`` and no ``spool`` sink, lines that cannot be written are
     spooled to ``<spool dir>/undelivered`` so nothing is lost (replay them
-    with :func:`dask_influx_metrics.worker.sinks.spool.replay`). ``report(what, message)``
+    with :func:`dask_influx_metrics.sinks.spool.replay`). ``report(what, message)``
     hears of a Telegraf address where nothing listens (udp on loopback).
     ``hold_gil``: UDP sends keep the GIL (:class:`.udp.UdpSink`).
     """

@@ -8,7 +8,7 @@ a datagram), else 1472 (a 1500-byte Ethernet MTU minus IP and UDP headers). A
 line longer than that goes alone, up to 65507 bytes; a longer one is dropped and
 counted. Sends are non-blocking: a
 full socket buffer drops that datagram (counted) rather than stalling the
-sampler, and the send keeps the GIL (:mod:`..heldcalls`) unless ``hold_gil=False``
+sampler, and the send keeps the GIL (:mod:`..worker.heldcalls`) unless ``hold_gil=False``
 (a process where no other thread wants it: the sidecar). A socket error is
 logged once per run of failures and resets the socket, which is also re-opened
 every ``reopen_every`` seconds, because a stale conntrack entry left by a
@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Optional
 
-from ..heldcalls import HeldSocket
+from ..worker.heldcalls import HeldSocket
 
 logger = logging.getLogger(__name__)
 

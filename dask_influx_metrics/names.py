@@ -1,0 +1,10 @@
+"""Names the scheduler, the workers, the agent and the client agree on (plugin names, the task
+annotation, the event topic and the kinds of report sent on it)."""
+
+JOBS_PLUGIN = "influx-metrics-jobs"  # the scheduler plugin
+WORKER_PLUGIN = "influx-metrics"  # the worker plugin
+ANNOTATION = "influx_metrics"  # task annotation key: {"session", "job", "dag"}
+EVENT_TOPIC = "influx-metrics"  # worker and agent reports: {"worker", "what", "message", ...}
+SHARED_GPU = "shared-gpu"  # a report's "what" when workers of a host use one GPU
+DESTINATIONS = "destinations"  # a report's "what": where a worker's samples go (sinks.destinations)
+NEW_JOB_OP = "influx-metrics-new-job"  # the client's stream op behind Monitor.new_job()
