@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     """``Monitor`` (it imports ``distributed``) and ``custom_metric``, imported on first use, so that a
-    worker's sampling sidecar (``python -m dask_influx_metrics.worker.sidecar``) starts light."""
+    host agent (``python -m dask_influx_metrics.agent``) starts light."""
     if name == "Monitor":
         from .client.monitor import Monitor
 

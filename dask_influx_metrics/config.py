@@ -39,6 +39,7 @@ from .parsers import (  # noqa: F401  (config.X names kept for callers)
     TELEGRAF_FALLBACK,
     GPU_SOURCES,
     JOB_TYPES,
+    SAMPLER_MODES,
     MAX_GPUS,
     _as_list,
     _bool,
@@ -126,20 +127,26 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gpu.devices", "gpu_devices", "auto", _choice(GPU_DEVICES), "",
             "GPUs a worker reports: first (its own under dask-cuda), all visible, or auto (first when "
             "CUDA_VISIBLE_DEVICES is set, else all)"),
-    Setting("sampler.isolate", "isolate", True, _bool, "",
-            "true: sample in a sidecar process per worker, outside the worker's GIL (worker/sidecar.py; "
-            "the worker samples itself if the sidecar cannot start, dies or hangs); false: a thread in the "
-            "worker samples"),
-    Setting("sampler.host-once", "host_once", True, _bool, "",
-            "true: one worker per host writes the host measurement (the holder of host.lock), tagged with "
-            "the jobs of every worker of the host; per-worker tables join it by host and time. false: "
-            "every worker writes its own copy, tagged with its own jobs"),
+    Setting("sampler.mode", "sampler_mode", "agent", _choice(SAMPLER_MODES), "",
+            "agent: one sampling process per host and session reads each GPU and the host once and every "
+            "worker process, outside the workers' GIL; thread: each worker samples itself on a thread "
+            "(processes=False clusters, or no agent wanted; device and host readings then once per worker)"),
     Setting("sampler.host-refresh", "host_refresh", 200, _number("a number of ms > 0"), "ms",
             "host counters are read on the samples nearest to every this many ms; samples in between "
             "repeat the last host reading (at most the polling interval: every sample)"),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}
+RENAMED = {"sampler.isolate": "sampler.mode", "sampler.host-once": "sampler.mode"}  # removed key -> its successor
+
+
+def _check_renamed(overrides: dict) -> None:
+    """A removed setting, from an override, YAML or the environment, is an error naming its successor."""
+    for old, new in RENAMED.items():
+        given = old in overrides or old.replace("-", "_") in overrides
+        if given or dask.config.get(f"influx-metrics.{old}", default=None) is not None:
+            raise ValueError(f"influx-metrics.{old} was removed; use influx-metrics.{new} "
+                             f"(one of {SAMPLER_MODES}: agent, the default, samples once per host)")
 
 # Keyword arguments accepted by Monitor(...) and Monitor.attach(...), and the
 # config key (below ``influx-metrics``) each one overrides.
@@ -204,6 +211,7 @@ class Settings(_Fields):
         """
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         _check_tags_env()
+        _check_renamed(overrides)
         unknown = sorted(k for k in overrides if k.replace("_", "-") not in _BY_KEY)
         if unknown:
             raise ValueError(f"unknown influx-metrics setting(s) {unknown}; known: {sorted(_BY_KEY)}")

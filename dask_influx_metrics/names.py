@@ -1,6 +1,8 @@
 """Names the scheduler, the workers, the agent and the client agree on (plugin names, the task
 annotation, the event topic and the kinds of report sent on it)."""
 
+import enum
+
 JOBS_PLUGIN = "influx-metrics-jobs"  # the scheduler plugin
 WORKER_PLUGIN = "influx-metrics"  # the worker plugin
 ANNOTATION = "influx_metrics"  # task annotation key: {"session", "job", "dag"}
@@ -8,3 +10,15 @@ EVENT_TOPIC = "influx-metrics"  # worker and agent reports: {"worker", "what", "
 SHARED_GPU = "shared-gpu"  # a report's "what" when workers of a host use one GPU
 DESTINATIONS = "destinations"  # a report's "what": where a worker's samples go (sinks.destinations)
 NEW_JOB_OP = "influx-metrics-new-job"  # the client's stream op behind Monitor.new_job()
+
+
+class GpuState(str, enum.Enum):
+    """What a worker found of its GPUs (recorded with its destinations; like distributed's ``NVMLState``)."""
+
+    NVML = "nvml"  # NVML runs; the worker's devices are listed (none: see NONE_VISIBLE)
+    NONE_VISIBLE = "none-visible"  # NVML runs but no device is visible to the worker (CUDA_VISIBLE_DEVICES)
+    SIMULATED = "simulated"
+    OFF = "off"  # gpu.source: none
+    NO_NVML = "no-nvml"  # pynvml (nvidia-ml-py) is not installed
+    NO_DRIVER = "no-driver"  # NVML could not start: no driver or no GPU
+    ERROR = "error"  # the worker's CUDA_VISIBLE_DEVICES could not be resolved

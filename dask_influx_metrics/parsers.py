@@ -24,7 +24,8 @@ AUTO = "auto"  # sink: udp if telegraf.address is configured, else http if influ
 TELEGRAF_FALLBACK = ("127.0.0.1", 8094)  # telegraf.address when not configured
 INFLUXDB_FALLBACK = "http://127.0.0.1:8086"  # influxdb.url when not configured
 GPU_SOURCES = ("auto", "nvml", "simulated", "none")
-GPU_DEVICES = ("auto", "first", "all")  # see worker/sources/nvml_devices.choose
+GPU_DEVICES = ("auto", "first", "all")  # see agent/sources/nvml_devices.choose
+SAMPLER_MODES = ("agent", "thread")
 JOB_TYPES = ("client", "manual")
 MAX_GPUS = 64  # the most (simulated) devices per worker
 

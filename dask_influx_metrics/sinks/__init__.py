@@ -89,14 +89,13 @@ def destinations(settings, session: str, role: str) -> dict:
     return out
 
 
-def make_sink(settings, role: str, session: str, report=None, hold_gil: bool = True):
+def make_sink(settings, role: str, session: str, report=None):
     """Build the sinks named by ``settings.sinks`` for one process.
 
     With ``http`` and no ``spool`` sink, lines that cannot be written are
     spooled to ``<spool dir>/undelivered`` so nothing is lost (replay them
     with :func:`dask_influx_metrics.sinks.spool.replay`). ``report(what, message)``
     hears of a Telegraf address where nothing listens (udp on loopback).
-    ``hold_gil``: UDP sends keep the GIL (:class:`.udp.UdpSink`).
     """
     from .http import HttpSink
     from .spool import SpoolSink, private_folder
@@ -111,8 +110,7 @@ def make_sink(settings, role: str, session: str, report=None, hold_gil: bool = T
         spool = SpoolSink(directory, mem_limit=settings.mem_limit, flush_interval=settings.flush_interval)
         sinks.append(spool)
     if "udp" in settings.sinks:
-        sinks.append(UdpSink(settings.telegraf_address, max_datagram=settings.max_datagram, report=report,
-                             hold_gil=hold_gil))
+        sinks.append(UdpSink(settings.telegraf_address, max_datagram=settings.max_datagram, report=report))
     if "http" in settings.sinks:
         fallback = None if spool else SpoolSink(
             os.path.join(directory, "undelivered"), mem_limit=settings.mem_limit,

@@ -8,8 +8,7 @@ a datagram), else 1472 (a 1500-byte Ethernet MTU minus IP and UDP headers). A
 line longer than that goes alone, up to 65507 bytes; a longer one is dropped and
 counted. Sends are non-blocking: a
 full socket buffer drops that datagram (counted) rather than stalling the
-sampler, and the send keeps the GIL (:mod:`..worker.heldcalls`) unless ``hold_gil=False``
-(a process where no other thread wants it: the sidecar). A socket error is
+sampler. A socket error is
 logged once per run of failures and resets the socket, which is also re-opened
 every ``reopen_every`` seconds, because a stale conntrack entry left by a
 restarted Telegraf pod can black-hole UDP.
@@ -39,7 +38,6 @@ import threading
 import time
 from typing import Optional
 
-from ..worker.heldcalls import HeldSocket
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +47,21 @@ _SEND_BUFFER = 1 << 20
 _RETRY_OPEN_AFTER = 1.0  # seconds to wait before re-opening after a failure
 
 
-def _open_socket(address: tuple[str, int], hold_gil: bool = True) -> tuple[HeldSocket, tuple]:
-    """A non-blocking UDP socket for ``address`` (sending with the GIL held, if asked) and the resolved target."""
+class _Socket:
+    """A non-blocking datagram socket; a connected one (loopback) sends with ``send``."""
+
+    def __init__(self, sock: socket.socket, connected: bool):
+        self.sock, self._connected = sock, connected
+
+    def sendto(self, data: bytes, address) -> int:
+        return self.sock.send(data) if self._connected else self.sock.sendto(data, address)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _open_socket(address: tuple[str, int]) -> tuple[_Socket, tuple]:
+    """A non-blocking UDP socket for ``address`` and the resolved target."""
     family, kind, proto, _, target = socket.getaddrinfo(
         address[0], address[1], type=socket.SOCK_DGRAM)[0]
     sock = socket.socket(family, kind, proto)
@@ -62,7 +73,7 @@ def _open_socket(address: tuple[str, int], hold_gil: bool = True) -> tuple[HeldS
     loopback = is_loopback(target[0])
     if loopback:
         sock.connect(target)  # refusals come back as ECONNREFUSED
-    return HeldSocket(sock, target, connected=loopback, held=hold_gil), target
+    return _Socket(sock, connected=loopback), target
 
 
 def is_loopback(host: str) -> bool:
@@ -110,9 +121,8 @@ class UdpSink:
     """
 
     def __init__(self, address: tuple[str, int], max_datagram: Optional[int] = None, sock=None,
-                 reopen_every: float = 60.0, clock=time.monotonic, report=None, hold_gil: bool = True):
+                 reopen_every: float = 60.0, clock=time.monotonic, report=None):
         self.address = (str(address[0]), int(address[1]))
-        self.hold_gil = hold_gil
         self._auto = max_datagram is None  # from the address, once more when it is resolved
         self.max_datagram = self._auto_size(self.address[0]) if self._auto else max(
             1, min(int(max_datagram), MAX_UDP_PAYLOAD))
@@ -204,7 +214,7 @@ class UdpSink:
             if self._factory is not None:
                 self._sock, self._target = self._factory(), self.address
             else:
-                self._sock, self._target = _open_socket(self.address, self.hold_gil)
+                self._sock, self._target = _open_socket(self.address)
                 if self._auto:
                     self.max_datagram = self._auto_size(self._target[0])
         except OSError as e:

@@ -1,27 +1,28 @@
-"""Worker plugin: samples each worker (sources -> sampler -> sink, wired by :mod:`.build`).
+"""Worker plugin: publishes what the worker runs; its host's agent samples (or, ``thread`` mode, it does).
 
 Registered on the scheduler by :func:`..scheduler.session.start` (behind both
-``Monitor.start`` and ``--preload``) under the stable name :data:`..names.WORKER_PLUGIN`,
-so the scheduler also sets it up on workers that join later or restart;
-:func:`..scheduler.session.stop` unregisters it, which tears it down
-everywhere. Settings are resolved on the worker from its own Dask config plus
-the client's explicit overrides, so each node finds its own Telegraf.
+``Monitor.start`` and ``--preload``) under the stable name
+:data:`..names.WORKER_PLUGIN`, so the scheduler also sets it up on workers that
+join later or restart; :func:`..scheduler.session.stop` unregisters it, which
+tears it down everywhere. Settings are resolved on the worker from its own Dask
+config plus the client's explicit overrides, so each node finds its own Telegraf.
 
 ``transition`` (on the event loop) only updates a small registry of executing
 tasks with the job/DAG the scheduler annotated them with, and appends one small
-record per finished execution for the task stream (:mod:`.sources.taskstream`);
-the sampler does everything else. Transitions that neither start nor end an
-execution cost a comparison.
+record per finished execution for the task stream; transitions that neither
+start nor end an execution cost a comparison.
 
-With ``sampler.isolate`` (``isolate``, the default) a sidecar process samples,
-out of the worker's GIL (see :mod:`.sidecar`); when a task starts or ends the
-worker publishes the change to it (a few microseconds, :mod:`.shared`), and
-when a task starts on an idle worker, wakes it. Custom metrics and the task
-stream need the ``worker`` object, so they keep an in-process sampler of their
-own (``custom``, ``task`` and ``activity`` points only, same tags, timestamps
-from their own clock ticks). If the sidecar cannot start or dies, that is
-reported once and the worker samples in-process as with ``isolate: false``; so
-does a sidecar that produces no sample for 3 polling intervals + 0.5 s (hung).
+``sampler.mode: agent`` (the default): the worker joins its host's sampling
+agent (:mod:`.agentlink`, started if missing), publishes its task starts and
+ends to it, wakes it when a task starts on an idle worker, and once a second
+publishes the bytes it holds and its clock offset and relays the agent's
+reports to the scheduler. Custom metrics and the task stream need the worker
+object: they run here on one thread with one sink (:mod:`.extras`). If the
+agent cannot be started the worker says so and samples in-process.
+
+``sampler.mode: thread``: one thread in the worker samples its GPUs, its host,
+itself, custom metrics and tasks (no coordination with other workers: each
+writes its own copy of device and host readings, tagged with its own jobs).
 
 Example
 -------
@@ -33,8 +34,10 @@ Example
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
+import os
 import socket
 import time
 
@@ -43,24 +46,31 @@ from tornado.ioloop import PeriodicCallback
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .. import _dask
+from ..agent.collect import HostCollector
+from ..agent.gpus import open_gpus
+from ..agent.process import agent_role
+from ..agent.sources.host import HostSource, refresh_seconds
+from ..agent.workers import WorkerView
+from ..clock import SteadyOffset
 from ..config import Settings
 from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN
-from .build import build_sampler
-from .clock import SteadyOffset
-from ..sinks import counters, destinations
+from ..reports import Reporter
+from ..sampler import Sampler
+from ..schema import GPU, HOST
+from ..sinks import counters, destinations, make_sink
+from . import extras
+from .registry import CachedActivity, TaskRegistry
 from .sources import taskstream
-from .sources.activity import CachedActivity, TaskRegistry
 
 logger = logging.getLogger(__name__)
 
-SIDECAR_START_TIMEOUT = 30.0  # s for a sidecar to start sampling (it imports this package)
-STALL_MARGIN = 0.5  # s: a sidecar whose latest sample is 3 intervals + this old is hung (checked once a second)
+FOUND_TIMEOUT = 10.0  # s for the agent to report what it found of this worker's GPUs
 RUNNING = frozenset({"executing", "long-running"})
 STILL_RUNNING = RUNNING | {"cancelled", "resumed"}  # a cancelled (or resumed) task's thread runs on
 
 
 class MetricsWorkerPlugin(WorkerPlugin):
-    """Samples this worker every ``polling-interval`` ms on a daemon thread."""
+    """Publishes this worker's tasks to its host's agent (or samples in-process)."""
 
     name = WORKER_PLUGIN
 
@@ -68,65 +78,143 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.overrides = dict(overrides)
         self.worker_payload = worker_payload
         self.session = dict(session)
-        self.sampler = None
-        self.sidecar = None  # sampler.isolate: the sidecar process while it samples
-        self.tasks = None  # the task stream (set up in setup when tracked)
+        self.link = None  # sampler.mode agent: the link to the host's agent
+        self.sampler = self.sink = self.gpus = self.extras = None
         self.closed = False
 
     def setup(self, worker):
         self.worker = worker
         self.settings = settings = Settings.resolve(self.overrides)
-        managed = functools.partial(_dask.worker_managed_bytes, worker)  # read by the sampler thread
-        self.registry = TaskRegistry(_dask.worker_nthreads(worker), managed_bytes=managed)
+        self.custom = _dask.loads(self.worker_payload) if self.worker_payload else []
+        managed = functools.partial(_dask.worker_managed_bytes, worker)  # read by a sampler thread
+        brief = settings.sampler_mode == "thread" or bool(self.custom)  # an in-process sampler takes snapshots
+        self.registry = TaskRegistry(_dask.worker_nthreads(worker), managed_bytes=managed, brief=brief)
         for key in _dask.worker_running_keys(worker):
             self._started(key)
-        self.custom = _dask.loads(self.worker_payload) if self.worker_payload else []
         self.activity = CachedActivity(self.registry)
         self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
+        self.report = Reporter(self._event, worker=worker.address, host=self.base_tags["host"])
         # Dask's clock-offset estimate, steadied: it jumps by tens of ms while tasks hold the GIL
         self.offset = SteadyOffset(functools.partial(_dask.worker_clock_offset, worker))
         self.tasks = taskstream.TaskStream(
             settings.fields, self.base_tags, self.offset,
             digests=functools.partial(_dask.worker_digests, worker)) if taskstream.wanted(settings.fields) else None
-        self.gpu = self.sink = None
-        self._record_destinations()
-        if settings.isolate:
-            return self._setup_isolated()  # awaited by Dask: sampling has begun when start() returns
-        self._start_sampler()
+        if settings.sampler_mode == "agent":
+            return self._join_agent()  # awaited by Dask: sampling has begun when start() returns
+        self._sample_in_process()
 
-    def _start_sampler(self, custom_only: bool = False) -> None:
-        """The in-process sampler: everything, or (beside a sidecar) custom metrics only."""
-        self.sampler, (self.gpu, self.sink) = build_sampler(
-            self.settings, self.session["id"], self.worker.address, self.base_tags, self.activity,
-            clock_offset=self.offset, report=self._report,
-            custom=self.custom, worker=self.worker, custom_only=custom_only, gpu=self.gpu, sink=self.sink,
-            streams=() if self.tasks is None else (self.tasks,),
-        )
+    # --- sampler.mode: agent --------------------------------------------------------------
+    async def _join_agent(self) -> None:
+        from .agentlink import AgentLink
+
+        config = {"settings": dataclasses.asdict(self.settings), "session": self.session["id"]}
+        info = {"address": self.worker.address, "tags": self.base_tags,
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "nthreads": self.registry.nthreads}
+        try:
+            link = await asyncio.to_thread(AgentLink, config, info, self.registry.snapshot(), self.report)
+        except Exception as e:
+            self.report("agent", f"cannot join this host's sampling agent ({type(e).__name__}: {e}); "
+                        "sampling in-process")
+            return self._sample_in_process()
+        if self.closed:
+            return await asyncio.to_thread(link.leave, 0)
+        self.link, self._relayed = link, 0
+        self._publish()
+        self._ticker = PeriodicCallback(self._tick, 1000)
+        self._ticker.start()
+        found = await asyncio.to_thread(link.found, FOUND_TIMEOUT)
+        self._record_destinations(agent_role(), found)
+        if self.custom or self.tasks is not None:
+            self._start_extras(extras.interval(self.settings, self.custom), refresh=True)
+
+    def _publish(self) -> None:
+        """Bytes held and the clock offset, which change between the publishes of task starts and ends."""
+        self.link.publisher.update(_dask.worker_managed_bytes(self.worker), _dask.worker_clock_offset(self.worker))
+
+    def _tick(self) -> None:
+        if self.link is None:
+            return
+        self._publish()
+        beat = self.link.beat()
+        if beat and beat.get("relay") == self.link.id:  # one worker per host passes the agent's reports on
+            for n, event in beat.get("reports", []):
+                if n > self._relayed:
+                    self._relayed = n
+                    logger.warning("influx-metrics agent of %s: %s", self.base_tags["host"], event.get("message"))
+                    self._event(event)
+
+    # --- sampler.mode: thread (and custom metrics / task stream beside the agent) ------------
+    def _sample_in_process(self) -> None:
+        settings = self.settings
+        self.gpus, state, why = open_gpus(settings, report=self.report.once)
+        info = {"address": self.worker.address, "pid": os.getpid(), "tags": self.base_tags,
+                "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        self.view = WorkerView("self", info, self.activity, settings.fields, offset=self.offset)
+        found = {"gpu": state.value, "devices": [], "why": why}
+        if self.gpus is not None:
+            try:
+                self.view.uuids = found["devices"] = self.gpus.resolve(self.view)
+            except Exception as e:
+                found.update(gpu="error", why=f"{type(e).__name__}: {e}")
+        host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
+        refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
+        host = HostSource(host_fields, refresh=refresh) if host_fields else None
+        self.collector = HostCollector(settings.fields, self.gpus, host)
+        self._record_destinations(self.worker.address, found)
+        self._start_extras(settings.polling_interval / 1000.0, refresh=False)
+
+    def _start_extras(self, interval: float, refresh: bool) -> None:
+        """The in-process sampler: custom metrics and the task stream (``refresh``: its own activity
+        snapshots, beside the agent), plus everything else in thread mode."""
+        if self.custom and any(m.per_device for m in self.custom) and self.gpus is None:
+            self.gpus, _, _ = open_gpus(self.settings, report=self.report.once)
+            if self.gpus is not None:
+                self.view = WorkerView("self", {"address": self.worker.address, "pid": os.getpid(), "tags": {},
+                                                "visible": os.environ.get("CUDA_VISIBLE_DEVICES")},
+                                       self.activity, frozenset(), offset=self.offset)
+                self.view.uuids = _resolved(self.gpus, self.view)
+        self.extras = extras.WorkerExtras(
+            self.custom, self.worker, self.base_tags, self.activity, self.offset, self.tasks, self._devices,
+            report=lambda name, message: self.report("custom-metric", message, metric=name),
+            timeout=self.settings.polling_interval / 2000.0)  # deadline per sample
+        role = agent_role() if self.link is not None else self.worker.address
+        self.sink = make_sink(self.settings, role=role, session=self.session["id"], report=self.report.once)
+        collect = self.extras.collect if self.link is not None else self._collect_all
+        self.sampler = Sampler(_refreshing(self.activity, collect) if refresh else collect, self.sink, interval,
+                               field_tags=() if self.settings.dag_tag else ("dag",))
         self.sampler.start()
 
+    def _collect_all(self, now_ns: int) -> list:
+        self.activity.refresh()
+        return self.collector.collect([self.view], now_ns) + self.extras.collect(now_ns)
+
+    def _devices(self) -> list:
+        """``(device tags, handle)`` per GPU this worker uses, for per-device custom metrics."""
+        if self.gpus is None:
+            return []
+        return [(self.gpus.tags(u, i), self.gpus.handle(u)) for i, u in enumerate(self.view.uuids)]
+
+    # --- both modes ---------------------------------------------------------------------------
     def teardown(self, worker):
-        """Stop sampling; the awaitable returned (Dask awaits it) joins and flushes in a thread,
-        each wait bounded, so the worker's event loop never waits on a sink or a metric."""
+        """Leave the agent (it samples this worker once more) and stop the in-process sampler; the
+        awaitable returned (Dask awaits it) does the waiting in a thread, each wait bounded."""
         self.closed = True
-        sidecar, self.sidecar = self.sidecar, None
-        if sidecar is not None:
+        link, self.link = self.link, None
+        if link is not None:
             self._ticker.stop()
         sampler, self.sampler = self.sampler, None
-        # a graph that ended after the last sample still leaves one (the in-process sampler samples all);
-        # so do tasks that ended since then (task stream)
-        final = sampler is not None and (sidecar is None and self.registry.unsampled()
-                                         or self.tasks is not None and self.tasks.pending())
-        return asyncio.to_thread(self._close, sidecar, sampler, self.sink, self.gpu, final)
+        final = sampler is not None and (self.extras.pending() or link is None and self.registry.unsampled())
+        return asyncio.to_thread(self._close, link, sampler, final)
 
-    @staticmethod
-    def _close(sidecar, sampler, sink, gpu, final: bool = False) -> None:
-        if sidecar is not None:
-            sidecar.close()  # it flushes its own sink
+    def _close(self, link, sampler, final: bool) -> None:
+        if link is not None:
+            link.leave()
         if sampler is not None:
             sampler.stop(final_sample=final)
-            sink.close()
-            if gpu is not None:
-                gpu.close()
+            self.extras.stop()
+            self.sink.close()
+        if self.gpus is not None:
+            self.gpus.close()
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
         if finish in RUNNING and start not in RUNNING:
@@ -139,8 +227,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if end is not None and end[0] in STILL_RUNNING:
             return  # asked to release a running task: cancelled, its thread runs on
         where = self.registry.finished(key)
-        if self.sidecar is not None:
-            self.sidecar.publisher.ended(key)
+        if self.link is not None:
+            self.link.publisher.ended(key)
         if where is not None and self.tasks is not None:
             self.tasks.ended.append((key, *where, end, time.time()))  # the sampler thread does the rest
 
@@ -151,80 +239,52 @@ class MetricsWorkerPlugin(WorkerPlugin):
         idle = self.registry.idle()
         job, dag = (mark["job"], mark["dag"]) if ours else (0, 0)
         self.registry.started(key, job, dag)
-        if self.sidecar is not None:
-            self.sidecar.publisher.started(key, job, dag)
+        if self.link is not None:
+            self.link.publisher.started(key, job, dag)
             if idle:
-                self.sidecar.wake()  # it samples at once if its last sample saw no task
-        if idle and self.sampler is not None and not self.activity().executing:
+                self.link.wake()  # the agent samples at once if its last sample saw this worker idle
+        elif idle and self.sampler is not None and self.extras is not None and not self.activity().executing:
             # a graph shorter than the interval still gets a sample; not between back-to-back short
-            # tasks (the last sample saw tasks): each is shown at the next tick, as the sampler's docs say
+            # tasks (the last sample saw tasks): each is shown at the next tick
             self.sampler.wake()
 
-    # --- sampler.isolate: the sidecar process (see worker/sidecar.py) ------------------------
-    async def _setup_isolated(self) -> None:
-        from .sidecar import Sidecar  # not at import: `python -m` runs that module in the sidecar
+    def _record_destinations(self, role: str, found: dict | None) -> None:
+        """Tell the session where this worker's samples go and what it found of its GPUs
+        (``Monitor.jobs()["destinations"]``); warn once when GPU metrics were asked for and none come."""
+        where = destinations(self.settings, self.session["id"], role)
+        where["gpu"] = found or {"gpu": "unknown", "devices": [], "why": "the sampling agent did not answer"}
+        wanted = any(m == GPU for m, _ in self.settings.fields)
+        if wanted and where["gpu"]["gpu"] not in ("nvml", "simulated"):
+            self.report.once("gpu-source", f"no GPU samples from this worker: {where['gpu']['gpu']} "
+                             f"({where['gpu']['why']})")
+        self._event({"what": DESTINATIONS, "session": self.session["id"], "worker": self.worker.address,
+                     "host": self.base_tags["host"], **where})
 
+    def _event(self, event: dict) -> None:
         try:
-            self.sidecar = sidecar = Sidecar(self.settings, self.session["id"], self.worker.address, self.base_tags,
-                                             self.registry.snapshot())  # its first sample sees the tasks running now
-        except Exception as e:
-            self._report("sidecar", f"cannot start the sampling sidecar ({type(e).__name__}: {e}); sampling in-process")
-        else:
-            # once a second: bytes held and the clock offset also change between transitions; liveness
-            self._ticker = PeriodicCallback(self._tick, 1000)
-            self._publish()
-            if not await asyncio.to_thread(sidecar.wait_ready, SIDECAR_START_TIMEOUT):
-                if self.sidecar is sidecar:  # else teardown took it meanwhile
-                    self.sidecar = None
-                    code = await asyncio.to_thread(sidecar.close)
-                    self._report("sidecar", f"the sampling sidecar did not start (exit code {code}); sampling in-process")
-            elif self.sidecar is sidecar:
-                self._ticker.start()
-        if not self.closed and (self.sidecar is None or self.custom or self.tasks is not None):
-            self._start_sampler(custom_only=self.sidecar is not None)
-
-    def _publish(self) -> None:
-        """Bytes held and the clock offset, which change between the publishes of task starts and ends."""
-        self.sidecar.publisher.update(_dask.worker_managed_bytes(self.worker), _dask.worker_clock_offset(self.worker))
-
-    def _tick(self) -> None:
-        if self.sidecar is None:
-            return
-        code, stalled = self.sidecar.poll(), self.sidecar.stalled_for()
-        if code is None and stalled < 3 * self.settings.polling_interval / 1000.0 + STALL_MARGIN:
-            self._publish()
-            return
-        what = f"exited with code {code}" if code is not None else f"produced no sample for {stalled:.1f} s (hung)"
-        self._report("sidecar", f"the sampling sidecar (pid {self.sidecar.pid}) {what}; sampling in-process from now on")
-        self._ticker.stop()
-        sidecar, self.sidecar = self.sidecar, None
-        sidecar.proc.kill()  # a hung one ignores the pipe and SIGTERM
-        self._reaping = asyncio.ensure_future(asyncio.to_thread(sidecar.close, 0))  # reaps it, off the loop
-        if self.sampler is not None:  # the custom-only sampler: replaced by a full one
-            self.sampler.stop()
-        self._start_sampler()
-
-    # --- end of sampler.isolate --------------------------------------------------------
-
-    def _record_destinations(self) -> None:
-        """Tell the session on the scheduler where this worker's samples go (``Monitor.jobs()["destinations"]``)."""
-        where = destinations(self.settings, self.session["id"], self.worker.address)
-        self.worker.log_event(EVENT_TOPIC, {"what": DESTINATIONS, "session": self.session["id"],
-                                            "worker": self.worker.address, "host": self.base_tags["host"], **where})
-
-    def _report(self, what: str, message: str, **details) -> None:
-        logger.warning("influx-metrics on %s: %s", self.worker.address, message)
-        event = {**details, "worker": self.worker.address, "host": self.base_tags["host"], "what": what, "message": message}
-        try:
-            self.worker.log_event(EVENT_TOPIC, event)
-        except Exception:  # the event is a courtesy; the log line above is the record
+            self.worker.log_event(EVENT_TOPIC, {"worker": self.worker.address, **event})
+        except Exception:  # the event is a courtesy; the log line is the record
             pass
 
 
+def _refreshing(activity, collect):
+    def refreshed(now_ns: int) -> list:
+        activity.refresh()
+        return collect(now_ns)
+    return refreshed
+
+
+def _resolved(gpus, view) -> list:
+    try:
+        return gpus.resolve(view)
+    except Exception:  # per-device custom metrics then get no devices; NVML's own warning says why
+        return []
+
+
 def delivery_counters(dask_worker) -> list[dict]:
-    """This worker's sink counters (``Monitor.delivery()``, via ``client.run``): its sidecar's
-    (as of its latest sample), then those of the worker's own sink (in-process sampling, or
-    custom metrics and the task stream beside a sidecar); [] when no session samples here."""
+    """This worker's sink counters (``Monitor.delivery()``, via ``client.run``): its host agent's
+    (as of its latest sample; with those of agents that died), then those of the worker's own sink
+    (custom metrics and the task stream, or everything in thread mode); [] when no session samples here."""
     plugin = _dask.worker_plugin(dask_worker, WORKER_PLUGIN)
-    sidecar, sink = getattr(plugin, "sidecar", None), getattr(plugin, "sink", None)
-    return (sidecar.counters() if sidecar is not None else []) + (counters(sink) if sink is not None else [])
+    link, sink = getattr(plugin, "link", None), getattr(plugin, "sink", None)
+    return (link.counters() if link is not None else []) + (counters(sink) if sink is not None else [])

@@ -131,22 +131,14 @@ class SpoolBackend:
             self.path = os.path.join(path, session or found[-1])
         self.session = os.path.basename(self.path)
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
-        self._folders: dict[str, str] = {}  # worker address -> folder
         self._cache: dict[str, dict[str, pd.DataFrame]] = {}
+        self._workers: dict[str, dict[str, pd.DataFrame]] | None = None  # worker -> measurement -> its points
         self.skipped: dict[str, list[str]] = {}  # folder -> "file:line: why" of each corrupt line
         self.undelivered: dict[str, int] = {}  # folder -> points read from its undelivered/
-        for name in sorted(os.listdir(self.path)):
-            folder = os.path.join(self.path, name)
-            if name == SCHEDULER_DIR or not os.path.isdir(folder):
-                continue
-            for line in read_lines(folder):  # the first line that names its worker
-                try:
-                    worker = lineprotocol.parse(line).tags.get("worker")
-                except ValueError:
-                    continue  # counted and reported when the folder is read
-                if worker:
-                    self._folders[worker] = folder
-                    break
+        # one folder per sampling process: a host's agent (every worker of the host), a worker's own
+        # (custom metrics, the task stream), or a worker of versions before the agent
+        self._paths = [os.path.join(self.path, n) for n in sorted(os.listdir(self.path))
+                       if n != SCHEDULER_DIR and os.path.isdir(os.path.join(self.path, n))]
 
     def close(self) -> None:
         """Nothing to release: files are read whole and closed."""
@@ -156,7 +148,7 @@ class SpoolBackend:
 
     def widened(self) -> "SpoolBackend":
         """The same session without time range or tags (to say what it holds)."""
-        return widened(self, _cache={}, skipped={}, undelivered={})
+        return widened(self, _cache={}, _workers=None, skipped={}, undelivered={})
 
     @property
     def notes(self) -> list[str]:
@@ -187,9 +179,23 @@ class SpoolBackend:
             self._cache[folder] = {m: self._filter(_long(points, m)) for m in measurements}
         return self._cache[folder]
 
+    @property
+    def _folders(self) -> dict[str, dict[str, pd.DataFrame]]:
+        """Worker address -> measurement -> that worker's points, from every folder of the session."""
+        if self._workers is None:
+            parts: dict[str, dict[str, list]] = {}
+            for folder in self._paths:
+                for m, frame in self._frames(folder).items():
+                    if "worker" not in frame.columns:
+                        continue
+                    for worker, rows in frame.groupby("worker", sort=False):
+                        parts.setdefault(worker, {}).setdefault(m, []).append(rows)
+            self._workers = {w: {m: pd.concat(f, ignore_index=True) if len(f) > 1 else f[0].reset_index(drop=True)
+                                 for m, f in ms.items()} for w, ms in sorted(parts.items())}
+        return self._workers
+
     def _worker_frames(self):
-        for folder in self._folders.values():
-            yield self._frames(folder)
+        yield from self._folders.values()
 
     # --- what exists -------------------------------------------------------
     def fields(self) -> dict[str, list[str]]:
@@ -229,8 +235,7 @@ class SpoolBackend:
             frame = pd.concat(parts, ignore_index=True) if parts else None
             tags = (*tags, "worker")
         else:
-            folder = self._folders.get(worker)
-            frame = self._frames(folder).get(measurement) if folder else None
+            frame = self._folders.get(worker, {}).get(measurement)
         if frame is None or frame.empty:
             return empty_frame(fields, device).assign(**{t: [] for t in tags if t == "worker"})
         cols = ["time", "job", "dag"] + (["index"] if device and "index" in frame.columns else [])

@@ -1,25 +1,22 @@
-"""The sampling loop: sources -> points -> line protocol -> sink, on its own thread.
+"""The sampling loop: collect points -> line protocol -> sink, on its own thread.
 
 The schedule is drift-free: sample ``k`` is due at ``t0 + k * interval`` on
 the monotonic clock, whatever each sample costs. When the thread falls more
-than one interval behind (the process was frozen, a task held the GIL), the
-missed ticks are skipped and counted rather than fired in a burst.
-:meth:`Sampler.wake` asks for one extra sample before the next tick (the worker
-plugin calls it when a task starts on a worker that its last sample saw idle,
-so a graph shorter than the interval still shows up); at most one extra sample
-per interval.
+than one interval behind (the process was frozen), the missed ticks are
+skipped and counted rather than fired in a burst. :meth:`Sampler.wake` asks for
+one extra sample before the next tick (a task started on a worker that the last
+sample saw idle, so a graph shorter than the interval still shows up); at most
+one extra sample per interval.
 
-Every sample is tagged with the common tags of one activity snapshot, so the
-``job``/``dag`` tags and the ``running`` field always agree. ``field_tags``
-(``("dag",)`` with the setting ``dag-tag: false``) are written as fields instead.
+``collect(now_ns)`` returns the sample's points, tagged and timed (the agent's
+:class:`~.agent.collect.HostCollector`, a worker's custom metrics and task
+stream). ``field_tags`` (``("dag",)`` with the setting ``dag-tag: false``) are
+written as fields instead.
 
 Example
 -------
->>> from dask_influx_metrics.schema import Reading
->>> class One:
-...     def read(self):
-...         return [Reading("host", {}, {"cpu_percent": 5.0})]
->>> s = Sampler([One()], sink=None, tags=lambda: {"host": "h", "worker": "w", "job": "1", "dag": "0"})
+>>> from dask_influx_metrics.schema import Point
+>>> s = Sampler(lambda now_ns: [Point("host", {"host": "h"}, {"cpu_percent": 5.0}, now_ns)], sink=None)
 >>> [p.measurement for p in s.sample()]
 ['host']
 """
@@ -32,33 +29,19 @@ import threading
 import time
 from typing import Callable
 
-from .. import lineprotocol
-from ..schema import Point, tags_as_fields
+from . import lineprotocol
+from .schema import Point, tags_as_fields
 
 logger = logging.getLogger(__name__)
 
 
 class Sampler:
-    """Reads ``sources`` every ``interval`` seconds and sends to ``sink``; ``stop()`` closes ``owned``."""
+    """Calls ``collect(now_ns)`` every ``interval`` seconds and sends the points to ``sink``."""
 
-    def __init__(
-        self,
-        sources: list,
-        sink,
-        tags: Callable[[], dict],
-        interval: float = 0.2,
-        before_sample: Callable[[], None] = lambda: None,
-        clock_offset: Callable[[], float] = lambda: 0.0,
-        name: str = "influx-metrics-sampler",
-        owned: tuple = (),
-        streams: tuple = (),
-        field_tags: tuple = (),
-    ):
-        self.sources, self.sink, self.interval = list(sources), sink, float(interval)
-        self._tags, self._before, self._offset = tags, before_sample, clock_offset
-        self._owned = owned  # closed by stop(): parts only this sampler uses (the host source's lock)
-        self._streams = streams  # points(now_ns) -> points with tags and times of their own (task stream)
-        self._field_tags = tuple(field_tags)  # common tags written as fields (dag-tag: false)
+    def __init__(self, collect: Callable[[int], list], sink, interval: float = 0.2,
+                 name: str = "influx-metrics-sampler", field_tags: tuple = ()):
+        self.collect, self.sink, self.interval = collect, sink, float(interval)
+        self._field_tags = tuple(field_tags)  # tags written as fields (dag-tag: false)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -71,28 +54,7 @@ class Sampler:
 
     def sample(self) -> list[Point]:
         """Take one sample now and return its points (does not send)."""
-        self._before()
-        common = self._tags()
-        now_ns = time.time_ns() + int(self._offset() * 1e9)
-        merged: dict[tuple, Point] = {}
-        for source in self.sources:
-            try:
-                readings = source.read()
-            except Exception as e:  # a source must not kill the loop
-                self._report_once(source, e)
-                continue
-            for r in readings:
-                key = (r.measurement, tuple(sorted(r.tags.items())))
-                if key in merged:
-                    merged[key].fields.update(r.fields)
-                else:
-                    merged[key] = Point(r.measurement, {**common, **r.tags}, dict(r.fields), now_ns)
-        points = list(merged.values())
-        for stream in self._streams:
-            try:
-                points += stream.points(now_ns)
-            except Exception as e:
-                self._report_once(stream, e)
+        points = self.collect(time.time_ns())
         if self._field_tags:
             return [tags_as_fields(p, self._field_tags) for p in points]
         return points
@@ -116,20 +78,14 @@ class Sampler:
         self._wake.set()
 
     def stop(self, timeout: float = 5.0, final_sample: bool = False) -> None:
-        """Stop the thread after the sample in progress; with ``final_sample``, take one more
-        (sources still open); then stop the threads of sources that have a ``stop()`` (custom
-        metrics) and close the parts this sampler owns. Safe to call twice."""
+        """Stop the thread after the sample in progress; with ``final_sample``, take one more.
+        Safe to call twice; the owner closes the sink and the sources."""
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if final_sample:
-            self.sample_and_send()
-        for source in self.sources:
-            if callable(getattr(source, "stop", None)):
-                source.stop()
-        for part in self._owned:
-            part.close()
+            self._sample_safely()
 
     @property
     def running(self) -> bool:

@@ -1,11 +1,11 @@
 """GPU readings from NVML (``import pynvml``, from the ``nvidia-ml-py`` package).
 
-One ``gpu`` reading per device the worker uses, tagged ``index`` (position in
-``CUDA_VISIBLE_DEVICES``, 0 = first visible), ``nvml_index`` (the physical GPU),
-``uuid`` and ``name``. Device-wide fields come only from the worker that owns
-the GPU on its host, tagged with the jobs of every worker that uses it
-(:mod:`..gpushare`); per-worker fields (``per_worker`` entries: the memory this
-worker's process tree holds, :mod:`.gpuprocs`) from every worker. Only the
+:class:`NvmlDevices` opens the host's GPUs once (in the agent, or in a worker
+sampling in-process), resolves each worker's ``CUDA_VISIBLE_DEVICES`` to UUIDs,
+and reads a device's fields once per sample however many workers use it:
+device-wide fields, and per-worker ones (``per_worker`` entries: the memory each
+worker's process tree holds, :mod:`.gpuprocs`) from the same NVML result. Who
+gets which reading is the agent's business (:mod:`..collect`). Only the
 requested fields are read. :data:`TABLE` holds one entry per NVML call: its
 variants, best first, and how each field it serves follows from the result,
 in the unit of ``schema.FIELDS``. One call per device and sample serves every
@@ -46,11 +46,9 @@ import logging
 import os
 from typing import Callable, NamedTuple
 
-from ...schema import GPU, Reading
-from .gpuprocs import ProcessTree, host_pid_problem, tree_memory_mib
-from .nvml_devices import (  # noqa: F401  (nvml_available: also imported from here)
-    ENV as _ENV, as_text, choose, import_nvml, init_once, nvml_available, parse_visible, visible_handles,
-)
+from ...schema import GPU
+from .gpuprocs import host_pid_problem, tree_memory_mib
+from .nvml_devices import as_text, choose, import_nvml, init_once, parse_visible, visible_handles
 
 logger = logging.getLogger(__name__)
 
@@ -150,66 +148,51 @@ def _variants(nvml, group: Group) -> list[Callable]:
 
 
 class _Device:
-    __slots__ = ("index", "handle", "tags", "static", "calls")
+    __slots__ = ("handle", "uuid", "name", "nvml_index", "static", "calls", "results")
 
-    def __init__(self, index, handle, uuid, name, calls, nvml_index=None):
-        self.index = index
-        self.handle = handle
-        self.tags = {"index": str(index), "uuid": uuid, "name": name}
-        if nvml_index is not None:
-            self.tags["nvml_index"] = str(nvml_index)
+    def __init__(self, handle, uuid, name, calls, nvml_index=None):
+        self.handle, self.uuid, self.name, self.nvml_index = handle, uuid, name, nvml_index
         self.static: dict = {}  # static fields read so far (memory_total)
         self.calls = calls  # TABLE key -> remaining variants of its NVML call
+        self.results: dict = {}  # TABLE key -> this sample's NVML result (one call for every worker)
+
+    def tags(self, index: int) -> dict:
+        """The device tags of a ``gpu`` point, ``index`` being its position in a worker's list."""
+        tags = {"index": str(index), "uuid": self.uuid, "name": self.name}
+        if self.nvml_index is not None:
+            tags["nvml_index"] = str(self.nvml_index)
+        return tags
 
 
-class NvmlSource:
-    """``gpu`` readings for the devices this process may use.
+class NvmlDevices:
+    """The GPUs of this host through NVML (``import pynvml``), initialised once per process.
 
     ``fields`` holds ``(measurement, field)`` pairs (see ``schema.FIELDS``); only
-    the ``gpu`` ones are read. ``visible`` defaults to ``CUDA_VISIBLE_DEVICES``;
-    ``nvml`` is the pynvml module (imported when ``None``); ``devices`` is
-    ``gpu.devices`` (see :func:`.nvml_devices.choose`). ``pid`` is the worker's
-    process id (default: this process). ``share_dir`` (the session's folder in
-    the host's run directory) turns on one writer per physical GPU among the
-    workers of the host, and ``activity`` (a callable returning the worker's
-    :class:`~.activity.Activity`) is what this worker publishes there;
-    ``peers`` (the sampler's :class:`~..gpushare.HostPeers`, which publishes this
-    worker's activity once per sample) replaces ``share_dir``; without it this
-    source publishes on its own. ``report(what, message, **details)`` is told,
-    once, of shared GPUs and of per-worker memory that cannot be known. NVML that cannot start raises
-    ``RuntimeError``.
+    the ``gpu`` ones are read. ``devices``: ``gpu.devices`` (see
+    :func:`.nvml_devices.choose`). ``nvml``: the pynvml module (imported when
+    ``None``). ``report(what, message)`` hears once of per-worker memory that
+    cannot be known. NVML that cannot start raises ``RuntimeError``.
 
-    >>> src = NvmlSource(frozenset({("gpu", "utilization_gpu")}), visible="")  # no GPU visible
-    >>> src.devices, src.read()
-    ([], [])
-
-    On a GPU, ``src.read()[0]`` is e.g. ``Reading('gpu', {'index': '0', 'uuid':
-    'GPU-9baca7f5-...', 'name': 'NVIDIA A100-SXM4-80GB'}, {'utilization_gpu': 87.0})``.
+    >>> gpus = NvmlDevices(frozenset({("gpu", "utilization_gpu")}))  # doctest: +SKIP
+    >>> [uuid] = gpus.resolve(worker); gpus.read(uuid)                # doctest: +SKIP
+    {'utilization_gpu': 87.0}
     """
 
-    def __init__(self, fields: frozenset, visible=_ENV, nvml=None, *, devices: str = "all", pid: int | None = None,
-                 share_dir: str | None = None, activity=None, report=None, peers=None):
+    def __init__(self, fields: frozenset, devices: str = "auto", nvml=None, report=None):
         self._nvml = nvml = import_nvml(nvml)
-        self._visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is _ENV else visible
-        self._mode, self._activity = devices, activity
-        self._share_dir = peers if peers is not None else share_dir  # HostDevices takes either
-        self._report_to = report or (lambda what, message, **details: logger.warning("%s", message))
-        self._tree = ProcessTree(pid)
-        self._share = None
-        self._shared_reported: set[str] = set()
-        self._samples = 0
+        self._mode = devices
         want = frozenset(name for m, name in fields if m == GPU)
         problem = host_pid_problem() if want & _worker_fields() else None
-        if problem:
-            self._report_to("gpu-process-memory", f"per-worker GPU memory left out: {problem}")
-            want -= _worker_fields()
-        self._want = want
+        if problem and report is not None:
+            report("gpu-process-memory", f"per-worker GPU memory left out: {problem}")
+        self._want = want - _worker_fields() if problem else want
         # per TABLE entry with a wanted field: (key, group, per-sample fields, static fields)
         self._plan = [
-            (key, g, [f for f in g.fields if f in want and f not in g.static], [f for f in g.static if f in want])
-            for key, g in TABLE.items() if want.intersection(g.fields)
+            (key, g, [f for f in g.fields if f in self._want and f not in g.static],
+             [f for f in g.static if f in self._want])
+            for key, g in TABLE.items() if self._want.intersection(g.fields)
         ]
-        self._reported: set[tuple[int, str]] = set()
+        self._reported: set[tuple[str, str]] = set()
         self._unsupported = tuple(  # NVML's own "this device or driver cannot"
             e for e in (
                 nvml.NVMLError_NotSupported,
@@ -218,37 +201,57 @@ class NvmlSource:
                 getattr(nvml, "NVMLError_ArgumentVersionMismatch", None),  # absent from older pynvml
             ) if e is not None
         )
-        self._devices: list[_Device] = []
-        self._open()
-
-    def _open(self) -> None:
-        nvml = self._nvml
-        entries = parse_visible(self._visible)  # ValueError before touching NVML
-        self._pid = os.getpid()
-        self._devices = []
-        if entries == []:  # CUDA_VISIBLE_DEVICES="": nothing to read, NVML not needed
-            return
+        self._variants = {key: _variants(nvml, g) for key, g, _, _ in self._plan}
+        self._devices: dict[str, _Device] = {}  # uuid -> device, opened on first use
         try:
             init_once(nvml)
-            handles = visible_handles(nvml, entries)
         except nvml.NVMLError as e:
             raise RuntimeError(
                 f"NVML could not start ({e}); is the NVIDIA driver installed and a GPU "
                 "present? Without one, set influx-metrics.gpu.source to 'simulated' or 'none'."
             ) from e
-        handles = choose(handles, self._mode, visible_set=entries is not None)
-        variants = {key: _variants(nvml, g) for key, g, _, _ in self._plan}
+
+    def resolve(self, worker) -> list[str]:
+        """The UUIDs of the GPUs ``worker`` uses (its ``CUDA_VISIBLE_DEVICES``, ``worker.visible``, and
+        ``gpu.devices``), in its order. ``ValueError`` for a malformed list; NVML errors as ``RuntimeError``."""
+        nvml = self._nvml
+        entries = parse_visible(worker.visible)
+        if entries == []:  # CUDA_VISIBLE_DEVICES="": nothing to read
+            return []
+        try:
+            handles = choose(visible_handles(nvml, entries), self._mode, visible_set=entries is not None)
+        except nvml.NVMLError as e:
+            raise RuntimeError(f"NVML could not list the GPUs ({e})") from e
+        uuids = []
         for index, handle in enumerate(handles):
             uuid = self._static(nvml.nvmlDeviceGetUUID, handle, f"GPU-unknown-{index}")
-            name = self._static(nvml.nvmlDeviceGetName, handle, "unknown")
-            physical = _nvml_index(nvml, handle)
-            dev = _Device(index, handle, uuid, name, {key: list(v) for key, v in variants.items()}, physical)
-            self._fields(dev, static_only=True)
-            self._devices.append(dev)
-        if self._share_dir and self._devices:
-            from ..gpushare import HostDevices
+            if uuid not in self._devices:
+                name = self._static(nvml.nvmlDeviceGetName, handle, "unknown")
+                calls = {key: list(v) for key, v in self._variants.items()}
+                dev = self._devices[uuid] = _Device(handle, uuid, name, calls, _nvml_index(nvml, handle))
+                self._fields(dev, static_only=True)
+            uuids.append(uuid)
+        return uuids
 
-            self._share = HostDevices(self._share_dir, [d.tags["uuid"] for d in self._devices], pid=self._tree.pid)
+    def tags(self, uuid: str, index: int) -> dict:
+        return self._devices[uuid].tags(index)
+
+    def handle(self, uuid: str):
+        """The NVML handle (custom per-device metrics get ``fn(worker, handle)``)."""
+        return self._devices[uuid].handle
+
+    def start_sample(self) -> None:
+        """Forget the previous sample's NVML results (each call is made at most once per sample)."""
+        for dev in self._devices.values():
+            dev.results.clear()
+
+    def read(self, uuid: str) -> dict:
+        """The wanted device-wide fields of ``uuid`` now (static ones included)."""
+        return self._fields(self._devices[uuid])
+
+    def read_worker(self, uuid: str, pids: frozenset) -> dict:
+        """The wanted per-worker fields of ``uuid`` for the process tree ``pids`` (host PIDs)."""
+        return self._fields(self._devices[uuid], per_worker=pids)
 
     def _static(self, fn, handle, default: str) -> str:
         try:
@@ -257,18 +260,18 @@ class NvmlSource:
             logger.warning("NVML %s failed (%s); using %r", fn.__name__, e, default)
             return default
 
-    def _fields(self, dev: _Device, static_only: bool = False, per_worker: bool = False) -> dict:
-        """The wanted device-wide (or ``per_worker``) fields of ``dev`` now; static ones read only
-        until they have a value."""
+    def _fields(self, dev: _Device, static_only: bool = False, per_worker: frozenset | None = None) -> dict:
+        """The wanted device-wide (or, given ``per_worker`` pids, per-worker) fields of ``dev`` now;
+        static ones read only until they have a value."""
         fields: dict = {}
         for key, group, per_sample, static in self._plan:
-            if group.per_worker != per_worker:
+            if group.per_worker != (per_worker is not None):
                 continue
             todo = [f for f in static if f not in dev.static] + ([] if static_only else per_sample)
             raw = self._call(dev, key, group) if todo else None
             if raw is None:
                 continue
-            extra = (self._tree.pids(),) if per_worker else ()
+            extra = (per_worker,) if per_worker is not None else ()
             for name in todo:
                 try:
                     value = group.fields[name](raw, *extra)
@@ -277,106 +280,41 @@ class NvmlSource:
                     continue
                 if value is not None:
                     (dev.static if name in static else fields)[name] = value
-        return fields if per_worker else {**fields, **dev.static}
+        return fields if per_worker is not None else {**fields, **dev.static}
 
     def _call(self, dev: _Device, key: str, group: Group):
-        """The entry's NVML result for ``dev``, or ``None`` (never raises)."""
+        """The entry's NVML result for ``dev`` this sample, or ``None`` (never raises)."""
+        if key in dev.results:
+            return dev.results[key]
+        dev.results[key] = None
         variants = dev.calls[key]
         while variants:
             try:
-                return variants[0](dev.handle)
+                dev.results[key] = variants[0](dev.handle)
+                break
             except self._unsupported as e:
                 variants.pop(0)
                 if not variants:
-                    logger.info(
-                        "GPU %d (%s): %s not available (%s: %s); omitted from now on",
-                        dev.index, dev.tags["uuid"], "/".join(group.fields), type(e).__name__, e,
-                    )
+                    logger.info("GPU %s: %s not available (%s: %s); omitted from now on",
+                                dev.uuid, "/".join(group.fields), type(e).__name__, e)
             except Exception as e:  # any other NVML error, or a bug: this sample only
                 self._report(dev, "/".join(group.fields), e)
-                return None
-        return None
+                break
+        return dev.results[key]
 
     def _report(self, dev: _Device, what: str, error: Exception) -> None:
-        if (dev.index, what) in self._reported:
+        if (dev.uuid, what) in self._reported:
             return
-        self._reported.add((dev.index, what))
+        self._reported.add((dev.uuid, what))
         logger.warning(
-            "GPU %d (%s): reading %s failed (%s: %s); omitted from this sample (reported once)",
-            dev.index, dev.tags["uuid"], what, type(error).__name__, error,
+            "GPU %s: reading %s failed (%s: %s); omitted from this sample (reported once)",
+            dev.uuid, what, type(error).__name__, error,
             exc_info=None if isinstance(error, self._nvml.NVMLError) else error,  # a bug: where
         )
 
-    def read(self) -> list[Reading]:
-        """One ``gpu`` reading per visible device with the requested fields."""
-        if not self._want or not self._devices:
-            return []
-        if os.getpid() != self._pid:  # forked: NVML handles belong to the parent
-            try:
-                self._open()
-            except Exception as e:
-                logger.warning("NVML re-initialisation after fork failed: %s", e)
-                self._devices = []
-                return []
-        own = self._publish()
-        readings = []
-        for dev in self._devices:
-            readings.extend(self._device_readings(dev, own))
-        self._samples += 1
-        return readings
-
-    def _publish(self) -> tuple[str, str] | None:
-        """Tell the other workers of the host what runs here; return this worker's (job, dag) tags."""
-        if self._share is None or self._activity is None:
-            return None
-        snap = self._activity()
-        if self._share.owns_peers:  # else the sampler published it, for the host and every GPU at once
-            self._share.peers.publish_activity(snap)
-        return snap.job_tag, snap.dag_tag
-
-    def _device_readings(self, dev: _Device, own: tuple[str, str] | None) -> list[Reading]:
-        """This worker's per-worker reading of ``dev``, and the device-wide one if it owns ``dev``."""
-        uuid = dev.tags["uuid"]
-        mine = self._fields(dev, per_worker=True)
-        if self._share is None:
-            fields = {**self._fields(dev), **mine}
-            return [Reading(GPU, dict(dev.tags), fields)] if fields else []
-        if self._samples % 25 == 0 and uuid not in self._shared_reported:
-            self._check_shared(uuid)
-        if not self._share.owns(uuid):
-            return [Reading(GPU, dict(dev.tags), mine)] if mine else []
-        device = self._fields(dev)
-        tags = self._share.tags(uuid)
-        if own is None or tags == own:  # nobody else runs a task on it now: one point
-            fields = {**device, **mine}
-            return [Reading(GPU, dict(dev.tags), fields)] if fields else []
-        readings = [Reading(GPU, {**dev.tags, "job": tags[0], "dag": tags[1]}, device)] if device else []
-        return readings + ([Reading(GPU, dict(dev.tags), mine)] if mine else [])
-
-    def _check_shared(self, uuid: str) -> None:
-        pids = self._share.sharers(uuid)
-        if len(pids) > 1:
-            self._shared_reported.add(uuid)
-            self._report_to("shared-gpu", f"GPU {uuid} is used by {len(pids)} workers of this host (pids "
-                            f"{pids}); its device-wide readings are written once, tagged with all their jobs",
-                            uuid=uuid, pids=pids)
-
-    @property
-    def handles(self) -> list:
-        """NVML handles in visible order; custom metrics get ``fn(worker, handle)``."""
-        return [d.handle for d in self._devices]
-
-    @property
-    def devices(self) -> list[tuple[int, str, str]]:
-        """``(index, uuid, name)`` per visible device."""
-        return [(d.index, d.tags["uuid"], d.tags["name"]) for d in self._devices]
-
     def close(self) -> None:
-        """Drop the handles and leave the host's GPU share; NVML itself stays initialised."""
-        self._devices = []
-        if self._share is not None:
-            self._share.close()
-            self._share = None
+        """Drop the handles; NVML itself stays initialised."""
+        self._devices = {}
 
 
 def _nvml_index(nvml, handle) -> int | None:

@@ -9,13 +9,9 @@ is cast to the type ``schema.FIELDS`` declares. A failing read (or
 ``disk_io_counters()`` returning ``None``, as in many containers) omits its
 fields, is logged once, and never raises.
 
-With ``peers`` (the sampler's :class:`~..gpushare.HostPeers`, in the session's
-host-local folder) the ``host`` fields are read and written once per host: by
-whichever sampler holds ``host.lock`` there (when it exits another takes over
-at its next sample), tagged with the union of the jobs and DAGs executing on
-every live worker of the host (``dag="0"`` when none runs a task). With
-``share_dir`` alone, likewise but tagged with the writer's own jobs (the
-sampler's tags). The ``worker`` fields (this process) are always read.
+The agent keeps one source of the ``host`` fields for the host, and one of the
+``worker`` fields per worker process (``pid``); which point gets which tags is
+:mod:`..collect`'s business.
 
 With ``refresh`` (seconds) the ``host`` counters are read at most that often;
 the reads in between repeat the last host reading (``/proc/stat`` and
@@ -32,8 +28,8 @@ since then. Host ``cpu_percent``: all cores = 100; worker: one core = 100.
 Example
 -------
 >>> src = HostSource(frozenset({("host", "memory_total"), ("worker", "rss")}))
->>> [(r.measurement, sorted(r.fields)) for r in src.read()]
-[('host', ['memory_total']), ('worker', ['rss'])]
+>>> sorted(src.read(HOST)), sorted(src.read(WORKER))
+(['memory_total'], ['rss'])
 """
 
 from __future__ import annotations
@@ -44,7 +40,7 @@ import time
 
 import psutil
 
-from ...schema import FIELDS, HOST, WORKER, Reading
+from ...schema import FIELDS, HOST, WORKER
 from . import procfs as procfs_mod
 
 logger = logging.getLogger(__name__)
@@ -79,14 +75,15 @@ def _busy_total(times) -> tuple[float, float]:
 class HostSource:
     """``host`` and ``worker`` (process) readings for the requested fields.
 
-    ``process``: the worker's :class:`psutil.Process` (default this process);
-    tests inject one (with ``procfs=False``). ``procfs``: read ``/proc``
-    directly where it exists. ``peers`` (or ``share_dir``): one ``host`` writer per host.
-    ``refresh``: seconds between host reads; reads in between repeat the last.
+    ``pid``: the worker process (default this one); ``process``: a
+    :class:`psutil.Process` instead (tests inject one, with ``procfs=False``).
+    ``procfs``: read ``/proc`` directly where it exists. ``refresh``: seconds
+    between host reads; reads in between repeat the last.
     """
 
-    def __init__(self, fields: frozenset, process=None, procfs: bool = True, share_dir: str | None = None,
-                 refresh: float = 0.0, peers=None):
+    def __init__(self, fields: frozenset, pid: int | None = None, process=None, procfs: bool = True,
+                 refresh: float = 0.0):
+        pid = process.pid if process is not None else pid
         self._refresh = refresh
         self._host_due = 0.0  # monotonic time of the next host read
         self._host_fields: dict = {}  # the last host read, repeated until the next
@@ -102,15 +99,9 @@ class HostSource:
         self._last_proc = None  # (process CPU seconds, monotonic) at the previous read (procfs)
         self._proc = None
         if procfs and procfs_mod.available():
-            self._proc = procfs_mod.ProcReader(os.getpid() if process is None else process.pid)
+            self._proc = procfs_mod.ProcReader(os.getpid() if pid is None else pid)
         elif (WORKER, "cpu") in self._groups or (WORKER, "memory") in self._groups:
-            self._process = psutil.Process() if process is None else process
-        self._owner, self._peers = None, peers
-        share_dir = peers.directory if peers is not None else share_dir
-        if share_dir and any(key[0] == HOST for key in self._groups):
-            from ..gpushare import HostOwner
-
-            self._owner = HostOwner(share_dir)
+            self._process = psutil.Process(pid) if process is None else process
         p = self._proc
         self._calls = {
             (HOST, "cpu"): self._host_cpu,
@@ -181,24 +172,21 @@ class HostSource:
                 key[0], "/".join(_GROUPS[key]), type(e).__name__, e,
             )
 
-    def read(self) -> list[Reading]:
-        """Up to two readings: ``host`` then ``worker``, each only if it has fields."""
-        out: dict[str, dict] = {}
-        host = self._owner is None or self._owner.owns()
-        now = time.monotonic()
-        fresh = host and now >= self._host_due
-        if fresh:
+    def read(self, measurement: str) -> dict:
+        """The fields of ``measurement`` (``host`` or ``worker``) now; the host's repeat the last
+        reading until ``refresh`` s have passed."""
+        if measurement == HOST:
+            now = time.monotonic()
+            if now < self._host_due:
+                return dict(self._host_fields)
             self._host_due = now + self._refresh
-        elif not host:
-            self._last_cpu = None  # another sampler writes the host: re-prime when taking over
-            self._host_due, self._host_fields = 0.0, {}
+        fields: dict = {}
         for key, names in self._groups.items():
-            if key[0] == HOST and not fresh:
+            if key[0] != measurement:
                 continue
             values = self._guard(key, self._calls[key])
             if values is None:
                 continue
-            fields = out.setdefault(key[0], {})
             for name in names:
                 if name not in values:  # not yet (host cpu_percent right after priming)
                     continue
@@ -206,18 +194,11 @@ class HostSource:
                     fields[name] = FIELDS[key[0], name].type(values[name])
                 except (TypeError, ValueError) as e:  # an odd value
                     self._report(key, e)
-        if fresh:
-            self._host_fields = out.get(HOST, {})
-        elif host:
-            out[HOST] = self._host_fields
-        tags = {}
-        if out.get(HOST) and self._owner is not None and self._peers is not None:
-            tags = dict(zip(("job", "dag"), self._peers.tags()))  # whoever runs a task on this host
-        return [Reading(m, tags if m == HOST else {}, out[m]) for m in (HOST, WORKER) if out.get(m)]
+        if measurement == HOST:
+            self._host_fields = fields
+        return fields
 
     def close(self) -> None:
-        """Release the host lock (another sampler of the host takes over) and the open files."""
-        if self._owner is not None:
-            self._owner.close()
+        """Close the open ``/proc`` files."""
         if self._proc is not None:
             self._proc.close()

@@ -1,45 +1,43 @@
-"""What a worker and its sampling sidecar share: the task snapshot one way, the heartbeat the other.
+"""What a worker and its host's sampling agent share: the task snapshot one way, the agent's beat the other.
 
-Both are :class:`SnapshotBuffer` s: an anonymous ``memfd`` mapping inherited by
-the sidecar, one writer, any readers, under a seqlock (the sequence number is
-odd while writing; a reader retries on an odd or changed number or a CRC
-mismatch). Nothing here calls into Dask.
+Both are :class:`SnapshotBuffer` s over files in the session's host run folder
+(:mod:`.runfolder`): one writer, any readers, under a seqlock (the sequence
+number is odd while writing; a reader retries on an odd or changed number or a
+CRC mismatch).
 
-**The snapshot** (worker -> sidecar, :data:`BUFFER_BYTES`), written by
-:class:`Publisher` on the worker's event loop only when a task starts or ends
-(``transition``), and when bytes held or the clock offset changed (the plugin's
-1 s ticker): compact JSON with the change counter ``seq``, the executing tasks
-and the *recent* ones, tasks that ended before the sidecar may have sampled
-them. Each entry is ``[key, job, dag, start]`` (``start``: the ``seq`` of its
-start), encoded once when the task starts, so a publish is a join of cached
-bytes. A sidecar sample counts a recent task as executing when it started after
-the snapshot of the sidecar's previous sample (``start > acked``): a task that
-started and ended between two samples leaves a trace, as in-process
-(:meth:`.sources.activity.TaskRegistry.snapshot`). Those the sidecar has
-acknowledged are pruned; beyond :data:`RECENT`, the older half is folded into
-one keyless entry per job and DAG (tags stay exact, the count and ``running``
-list the latest), so a publish stays a few microseconds at any task rate. A snapshot
-too big for the buffer drops keys (``null``), then the oldest recent tasks;
-counts and tags stay exact while entries remain.
+**The snapshot** (worker -> agent, ``workers/<id>.snap``, :data:`BUFFER_BYTES`),
+written by :class:`Publisher` on the worker's event loop only when a task starts
+or ends (``transition``), and when bytes held or the clock offset changed (once
+a second): compact JSON with the change counter ``seq``, the executing tasks and
+the *recent* ones, tasks that ended before the agent may have sampled them. Each
+entry is ``[key, job, dag, start]`` (``start``: the ``seq`` of its start),
+encoded once when the task starts, so a publish is a join of cached bytes. A
+sample counts a recent task as executing when it started after the snapshot of
+the previous sample (``start > acked``): a task that started and ended between
+two samples leaves a trace. Those the agent has acknowledged are pruned; beyond
+:data:`RECENT`, the older half is folded into one keyless entry per job and DAG
+(tags stay exact), so a publish stays a few microseconds at any task rate. A
+snapshot too big for the buffer drops keys (``null``), then the oldest recent
+tasks; counts and tags stay exact while entries remain.
 
-**The heartbeat** (sidecar -> worker, :data:`BEAT_BYTES`), written by
-:class:`SnapshotReader` before each sample: samples taken, extra samples (on a
-wake), ``acked`` (the ``seq`` of the snapshot that sample uses), when
-(``time.monotonic()``, one clock for all processes on Linux) and the sidecar's
-sink counters as JSON (``Monitor.delivery()``).
+**The beat** (agent -> workers, ``agent.beat``, :data:`BEAT_BYTES`), written by
+the agent before each sample as JSON: its ``pid``, ``samples``, ``extra`` (on a
+wake), ``time`` (``time.monotonic()``, one clock for all processes on Linux),
+``acked`` (worker id -> the ``seq`` of the snapshot that sample used), its
+sink's delivery ``counters`` and its latest ``reports``.
 
 Example
 -------
 >>> buf, beat = SnapshotBuffer.create(4096), SnapshotBuffer.create(BEAT_BYTES)
->>> pub = Publisher(buf, beat, nthreads=2)
+>>> pub = Publisher(buf, BeatReader(beat, "w1").acked, nthreads=2)
 >>> pub.started(("x", 0), job=1, dag=3)
 >>> pub.started("short", job=1, dag=4); pub.ended("short")
->>> reader = SnapshotReader(buf, beat); reader.refresh()
+>>> reader = SnapshotReader(buf); reader.refresh()
 >>> snap = reader()
 >>> [k for k, _, _ in snap.running], snap.job_tag, snap.dag_tag
 ([('x', 0), 'short'], '1', '3,4')
->>> read_beat(beat).acked, pub.acked()
-(3, 3)
+>>> write_beat(beat, {"acked": {"w1": reader.acked}}); pub.acked()
+3
 >>> reader.refresh(); reader().dag_tag  # the brief task was sampled once
 '3'
 >>> buf.close(); beat.close()
@@ -54,22 +52,55 @@ import mmap
 import os
 import struct
 import tempfile
-import threading
 import time
 import zlib
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
-from .sources.activity import Activity, plain_key
+from . import jobtags
 
 logger = logging.getLogger(__name__)
 
-BUFFER_BYTES = 1 << 20
-BEAT_BYTES = 4096  # the heartbeat: three counts and the sink counters as JSON
-RECENT = 64  # ended tasks carried with their keys until the sidecar has sampled them (then folded)
+BUFFER_BYTES = 1 << 20  # tmpfs allocates only what is written
+BEAT_BYTES = 1 << 16
+RECENT = 64  # ended tasks carried with their keys until the agent has sampled them (then folded)
 _SEQ = struct.Struct("<Q")  # at offset 0: even = stable, odd = being written
 _BODY = struct.Struct("<II")  # at offset 8: payload length, crc32
 _HEADER = _SEQ.size + _BODY.size
-_BEAT = struct.Struct("<QQQd")  # samples, extra, acked, time.monotonic() then; then the counters' JSON
+
+
+class Activity(NamedTuple):
+    """What one worker is doing at one instant."""
+
+    running: tuple  # ((key, job, dag), ...) in start order
+    nthreads: int
+    managed_bytes: int
+    last_job: int
+    scheduler_delay: float = 0.0  # the worker's raw clock-offset estimate (Dask's scheduler_delay)
+
+    @property
+    def executing(self) -> int:
+        return len(self.running)
+
+    @property
+    def job_tag(self) -> str:
+        """Jobs of executing tasks ('1,2'), else the last job run here.
+
+        Tasks submitted while no session ran carry job 0 and are left out."""
+        return jobtags.format((job for _, job, _ in self.running), idle=self.last_job)
+
+    @property
+    def dag_tag(self) -> str:
+        """DAGs of executing tasks ('3,5'); '0' when idle."""
+        return jobtags.format(dag for _, _, dag in self.running)
+
+
+def plain_key(k):
+    """A task key as JSON-ready data: tuples become lists, numbers stay, anything else is ``str``.
+
+    >>> plain_key(("x", 1, b"y"))
+    ['x', 1, "b'y'"]
+    """
+    return [plain_key(p) for p in k] if isinstance(k, tuple) else (k if isinstance(k, (int, float)) else str(k))
 
 
 class SnapshotBuffer:
@@ -81,15 +112,28 @@ class SnapshotBuffer:
         self._seq = _SEQ.unpack_from(self._mm, 0)[0]
 
     @classmethod
-    def create(cls, size: int = BUFFER_BYTES) -> "SnapshotBuffer":
-        """A new zeroed buffer in anonymous memory (an unlinked temporary file without memfd)."""
-        if hasattr(os, "memfd_create"):
-            fd = os.memfd_create("influx-metrics-activity")
+    def create(cls, size: int = BUFFER_BYTES, path: str | None = None) -> "SnapshotBuffer":
+        """A new zeroed buffer: the file ``path`` (created 0600, replaced if there), else anonymous memory."""
+        if path is not None:
+            tmp = f"{path}.{os.getpid()}.new"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.ftruncate(fd, size)
+            os.replace(tmp, path)  # readers never see a file shorter than ``size``
         else:
             with tempfile.TemporaryFile() as f:
                 fd = os.dup(f.fileno())
-        os.ftruncate(fd, size)
+            os.ftruncate(fd, size)
         return cls(fd, size, writable=True)
+
+    @classmethod
+    def open(cls, path: str, size: int) -> "SnapshotBuffer":
+        """Another process's buffer, read-only."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return cls(fd, size, writable=False)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def write(self, data: bytes) -> None:
         if len(data) > self.capacity:
@@ -197,35 +241,53 @@ def decode_snapshot(data: bytes) -> Snapshot:
                     tuple((_tuples(k), j, g, s) for k, j, g, s in d["recent"]))
 
 
-class Beat(NamedTuple):
-    samples: int
-    extra: int
-    acked: int
-    time: float  # time.monotonic() of the latest write (a sample, or new counters)
-    counters: bytes  # the sidecar sink's delivery counters as JSON (:func:`.sinks.counters`)
+def write_beat(buffer: SnapshotBuffer, beat: dict) -> None:
+    """The agent's beat (see the module docstring); what does not fit drops its reports, then counters."""
+    data = json.dumps(beat, separators=(",", ":")).encode()
+    if len(data) > buffer.capacity:
+        data = json.dumps({**beat, "reports": [], "counters": []}, separators=(",", ":")).encode()
+    buffer.write(data)
 
 
-def read_beat(buffer: SnapshotBuffer) -> Beat | None:
-    data = buffer.read()
-    if data is None or len(data) < _BEAT.size:
-        return None
-    return Beat(*_BEAT.unpack_from(data), data[_BEAT.size:])
+class BeatReader:
+    """A worker's view of the agent's beat, decoded again only when it was rewritten."""
+
+    def __init__(self, buffer: SnapshotBuffer, worker_id: str):
+        self.buffer, self.worker_id = buffer, worker_id
+        self._seq, self._last = -1, None
+
+    def __call__(self) -> dict | None:
+        seq = self.buffer.version()
+        if seq != self._seq or seq % 2:
+            data = self.buffer.read()
+            try:
+                self._last = json.loads(data) if data else None
+            except ValueError:
+                self._last = None
+            # cached under the version seen before the read; a failed read is read again next time
+            self._seq = seq if self._last is not None or not seq else -1
+        return self._last
+
+    def acked(self) -> int:
+        """The ``seq`` of this worker's snapshot that the agent's latest sample used (0: none yet)."""
+        beat = self()
+        return int(beat.get("acked", {}).get(self.worker_id, 0)) if beat else 0
 
 
 class Publisher:
     """The worker's side: its executing and recent tasks as encoded entries; writes the snapshot
-    on each change. Called on the event loop only; never raises (an error is logged once)."""
+    on each change. Called on the event loop only; never raises (an error is logged once).
+    ``acked()``: the ``seq`` the agent's latest sample used (:meth:`BeatReader.acked`)."""
 
-    def __init__(self, buffer: SnapshotBuffer, beat: SnapshotBuffer, nthreads: int, running=(), last_job: int = 0,
-                 keep: int = RECENT):
-        self._buffer, self._beat, self._keep = buffer, beat, keep
+    def __init__(self, buffer: SnapshotBuffer, acked: Callable[[], int], nthreads: int, running=(),
+                 last_job: int = 0, keep: int = RECENT):
+        self._buffer, self._agent_acked, self._keep = buffer, acked, keep
         self.seq, self.nthreads, self.last_job = 0, nthreads, last_job
         self.managed_bytes, self.delay, self._delay_json = 0, 0.0, b"0.0"
         self._running: dict = {}  # key -> (start seq, entry, job, dag)
         self._recent: list = []  # the same, of ended tasks
         self._recent_json = b""  # their entries joined: what a publish writes
         self._acked = 0
-        self._beat_seq, self._beat_last = -1, None  # the heartbeat's version when last read, and what it held
         self._failed = False
         for key, job, dag in running:
             self.seq += 1
@@ -267,31 +329,25 @@ class Publisher:
         self._recent_json = b",".join([t[1] for t in self._recent])
 
     def update(self, managed_bytes: int, delay: float) -> None:
-        """Bytes held and the clock offset (the plugin's ticker); published if they changed."""
+        """Bytes held and the clock offset (once a second); published if they changed."""
         if (managed_bytes, delay) != (self.managed_bytes, self.delay):
             self.managed_bytes, self.delay, self._delay_json = managed_bytes, delay, _delay(delay)
             self.acked()
             self.publish()
 
-    def beat(self) -> Beat | None:
-        """The latest heartbeat (:func:`read_beat`), read again only when it was rewritten since."""
-        seq = self._beat.version()
-        if seq != self._beat_seq or seq % 2:
-            self._beat_last = read_beat(self._beat)
-            # cached under the version seen before the read (a later write is read again next time);
-            # a failed read (a writer kept writing) is not cached
-            self._beat_seq = seq if self._beat_last is not None or not seq else -1
-        return self._beat_last
-
     def acked(self) -> int:
-        """The ``seq`` of the snapshot the sidecar's latest sample used; prunes what it has seen."""
-        beat = self.beat()
-        if beat is not None and beat.acked > self._acked:
-            self._acked = beat.acked
+        """The ``seq`` of the snapshot the agent's latest sample used; prunes what it has seen."""
+        acked = self._agent_acked()
+        if acked > self._acked:
+            self._acked = acked
             if self._recent:
-                self._recent = [t for t in self._recent if t[0] > beat.acked]
+                self._recent = [t for t in self._recent if t[0] > acked]
                 self._recent_json = b",".join([t[1] for t in self._recent])
         return self._acked
+
+    def unsampled(self) -> bool:
+        """Whether tasks that no sample has seen are carried (then a last sample is due at leave)."""
+        return any(t[0] > self.acked() for t in self._recent)
 
     def publish(self) -> None:
         running = [t[1] for t in self._running.values()]
@@ -315,33 +371,14 @@ IDLE = Activity((), 0, 0, 0)
 
 
 class SnapshotReader:
-    """The sidecar's side, like :class:`~.sources.activity.CachedActivity`: ``refresh()`` once per
-    sample (the running tasks plus the recent ones no sample has seen; a failed read keeps the
-    previous snapshot, without the recent ones), then ``reader()`` is that snapshot.
+    """The agent's side for one worker: ``refresh()`` once per sample (the running tasks plus the
+    recent ones no sample has seen; a failed read keeps the previous snapshot, without the recent
+    ones), then ``reader()`` is that snapshot and :attr:`acked` the ``seq`` it used."""
 
-    With ``beat``, each refresh writes the heartbeat: ``sampler``'s counts (set it once built),
-    the ``seq`` it acknowledges and the sink's counters (:meth:`set_counters`)."""
-
-    def __init__(self, buffer: SnapshotBuffer, beat: SnapshotBuffer | None = None):
-        self._buffer, self._beat = buffer, beat
+    def __init__(self, buffer: SnapshotBuffer):
+        self._buffer = buffer
         self._snap = self._base = IDLE  # the latest snapshot, and it without the recent tasks
         self.acked = 0
-        self.sampler = None
-        self.counters = b"[]"
-        self._lock = threading.Lock()  # two writers of the heartbeat: the sampler and the main thread
-
-    def set_counters(self, data: bytes) -> None:
-        """The sink's counters as JSON; the heartbeat is rewritten when they changed."""
-        if data != self.counters and len(data) <= BEAT_BYTES - _HEADER - _BEAT.size:
-            self.counters = data
-            self._write_beat()
-
-    def _write_beat(self) -> None:
-        if self._beat is not None:
-            s = self.sampler
-            with self._lock:
-                self._beat.write(_BEAT.pack(*((s.samples, s.extra) if s else (0, 0)), self.acked, time.monotonic())
-                                 + self.counters)
 
     def refresh(self) -> None:
         data = self._buffer.read()
@@ -352,12 +389,9 @@ class SnapshotReader:
             self.acked = seq
         else:  # no stable copy: the previous one, its brief tasks already counted
             self._snap = self._base
-        self._write_beat()
-
-    def unsampled(self) -> bool:
-        """Whether the latest snapshot carries tasks no sample has seen (for a last sample at exit)."""
-        data = self._buffer.read()
-        return data is not None and any(start > self.acked for *_, start in decode_snapshot(data).recent)
 
     def __call__(self) -> Activity:
         return self._snap
+
+    def close(self) -> None:
+        self._buffer.close()

@@ -24,7 +24,7 @@ The same seed and the same activity give the same readings.
 
 Example
 -------
->>> from dask_influx_metrics.worker.sources.activity import Activity
+>>> from dask_influx_metrics.snapshot import Activity
 >>> idle = lambda: Activity(running=(), nthreads=2, managed_bytes=0, last_job=0)
 >>> src = SimulatedGpuSource(1, frozenset({("gpu", "utilization_gpu"), ("gpu", "power_draw")}), idle)
 >>> src.read()[0].fields
@@ -40,7 +40,7 @@ import socket
 from typing import Callable, NamedTuple
 
 from ...schema import GPU, Reading
-from .activity import Activity
+from ...snapshot import Activity
 
 NAME = "Simulated GPU"
 BASE_MIB = 400.0
@@ -76,7 +76,7 @@ class SimulatedGpuSource:
 
     ``fields`` holds ``(measurement, field)`` pairs; only the requested ``gpu``
     fields are computed and returned. ``pid``: the worker process the UUIDs
-    belong to (default this one; a sidecar passes its worker's).
+    belong to (default this one; the agent passes the worker's).
     """
 
     def __init__(

@@ -3,7 +3,7 @@
 psutil opens, reads and closes a file (and for disks ``access()``es
 ``/sys/block/<name>`` per disk) on every call; here each file is opened once
 and re-read with one ``pread`` (``/proc`` regenerates it at offset 0), so a
-sample makes one system call per file, with the GIL held (:mod:`..heldcalls`). Values equal psutil 7's:
+sample makes one system call per file. Values equal psutil 7's:
 
 * CPU seconds: ``/proc/stat``'s first line in clock ticks / ``SC_CLK_TCK``.
 * memory: ``total`` = MemTotal, ``used`` = total - MemAvailable,
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 
-from ..heldcalls import Reader
 
 SECTOR = 512  # psutil's DISK_SECTOR_SIZE: /proc/diskstats counts 512-byte sectors whatever the device
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -45,14 +44,14 @@ class ProcFile:
     def __init__(self, path: str):
         self.path = path
         self._fd = os.open(path, os.O_RDONLY)
-        self._reader = Reader(4096)
+        self._size = 4096
 
     def read(self) -> bytes:
         while True:
-            data = self._reader.pread(self._fd)  # the GIL stays held (see ..heldcalls)
-            if len(data) < self._reader.size:
+            data = os.pread(self._fd, self._size, 0)
+            if len(data) < self._size:
                 return data
-            self._reader = Reader(2 * self._reader.size)  # did not fit: read again, bigger
+            self._size *= 2  # did not fit: read again, bigger
 
     def close(self) -> None:
         os.close(self._fd)

@@ -1,0 +1,234 @@
+"""The sampling agent: one process per host, OS user and session (``python -m dask_influx_metrics.agent``).
+
+Started by the first worker of the session on the host that finds none
+(:mod:`..worker.agentlink`; ``start.lock`` decides, so two starting at once
+leave exactly one), with its settings as one JSON line on stdin (never argv:
+credentials) and ``agent.lock`` already locked on an inherited descriptor, so
+no moment passes without a holder. Each tick it lists the workers registered in
+the run folder (:mod:`.workers`), takes their task snapshots, writes its beat
+(:mod:`..snapshot`: the snapshots it used, its sink's counters, what it
+reports), samples every GPU the workers use once, the host once and each worker
+process (:mod:`.collect`), and sends to its one sink (UDP to the node's
+Telegraf, HTTP, spool: ``sink: auto`` decided from its settings). A datagram on
+``agent.sock`` naming a worker whose last sample saw it idle asks for a sample
+at once (a short graph still gets a busy sample).
+
+A worker leaving removes its ``.json``; the agent samples its last snapshot,
+flushes, then removes its ``.snap``, which the worker waits for. With no worker
+left (or none registered 30 s after start, or SIGTERM) it takes ``start.lock``,
+checks again, flushes, closes its sink and removes the session's run folder.
+A killed agent frees ``agent.lock`` at once; a worker then starts another,
+which keeps its predecessor's counters (``Monitor.delivery()``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from .. import runfolder
+from ..config import Settings
+from ..names import GpuState
+from ..reports import Reporter
+from ..sampler import Sampler
+from ..schema import HOST
+from ..sinks import counters, make_sink
+from ..snapshot import BEAT_BYTES, SnapshotBuffer, write_beat
+from .collect import HostCollector
+from .gpus import open_gpus
+from .sources.host import HostSource, refresh_seconds
+from .workers import FolderWorkers, WorkerView
+
+logger = logging.getLogger(__name__)
+FIRST_WORKER_S = 30.0  # an agent nobody registers with exits after this
+KEEP_REPORTS = 32
+
+
+def agent_role() -> str:
+    """The agent's name in sinks and spool folders: ``agent-<host>``."""
+    return f"agent-{socket.gethostname()}"
+
+
+def flush(sink) -> None:
+    """Push what ``sink`` (each sink of a fan-out) buffers to its destination now, where it can."""
+    for one in getattr(sink, "sinks", [sink]):
+        if callable(getattr(one, "flush", None)):
+            one.flush()
+
+
+class Agent:
+    """Samples the workers registered in ``folder`` (see the module docstring)."""
+
+    def __init__(self, settings: Settings, session: str, folder: str):
+        self.settings, self.session, self.folder = settings, session, folder
+        self.reports: list = []  # [number, event] of the latest reports, relayed by a worker
+        self._reported = 0
+        self.report = Reporter(self._keep)
+        self.previous = self._predecessor()  # counters of an agent that died before this one
+        self.gpus, self.gpu_state, self.gpu_why = open_gpus(settings, report=self.report.once)
+        host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
+        refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
+        self.host = HostSource(host_fields, refresh=refresh) if host_fields else None
+        self.collector = HostCollector(settings.fields, self.gpus, self.host)
+        self.workers = FolderWorkers(folder, self._view)
+        self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
+        self.sink = make_sink(settings, role=agent_role(), session=session, report=self.report.once)
+        self.beat = SnapshotBuffer.create(BEAT_BYTES, path=os.path.join(folder, runfolder.BEAT))
+        self.sampler = Sampler(self.collect, self.sink, interval=settings.polling_interval / 1000.0,
+                               name="influx-metrics-agent", field_tags=() if settings.dag_tag else ("dag",))
+        self._left: list[WorkerView] = []
+        self._said_shared: set[str] = set()
+        self._lock = threading.Lock()  # the sampler thread and the main thread both write the beat
+
+    def _keep(self, event: dict) -> None:
+        self._reported += 1
+        self.reports = (self.reports + [[self._reported, event]])[-KEEP_REPORTS:]
+
+    def _predecessor(self) -> list:
+        path = os.path.join(self.folder, runfolder.BEAT)
+        try:
+            with open(path, "rb") as f:
+                data = SnapshotBuffer(os.dup(f.fileno()), BEAT_BYTES, writable=False)
+            beat = json.loads(data.read() or b"null")
+            data.close()
+        except (OSError, ValueError):
+            return []
+        if not beat or beat.get("pid") == os.getpid():
+            return []
+        self.report("agent", f"the previous sampling agent (pid {beat.get('pid')}) stopped without a last "
+                    "sample; this one took over", pid=beat.get("pid"))
+        return [{**c, "agent": beat.get("pid"), "dead": True} for c in beat.get("counters", []) if not c.get("dead")] \
+            + [c for c in beat.get("counters", []) if c.get("dead")]
+
+    def _view(self, wid: str, info: dict, activity) -> WorkerView:
+        view = WorkerView(wid, info, activity, self.settings.fields)
+        state, why = self.gpu_state, self.gpu_why
+        if self.gpus is not None:
+            try:
+                view.uuids = self.gpus.resolve(view)
+            except Exception as e:  # a malformed CUDA_VISIBLE_DEVICES, NVML failing
+                state, why = GpuState.ERROR, f"{type(e).__name__}: {e}"
+            if state == GpuState.NVML and not view.uuids:
+                state, why = GpuState.NONE_VISIBLE, ("no GPU is visible to this worker (CUDA_VISIBLE_DEVICES="
+                                                     f"{view.visible!r})")
+        self.found[wid] = {"gpu": state.value, "devices": list(view.uuids), "why": why}
+        return view
+
+    def collect(self, now_ns: int) -> list:
+        """One sample (the sampler's ``collect``): see the module docstring."""
+        flush(self.sink)  # the previous sample's lines reach disk: a killed agent loses one sample at most
+        for view in self._left:  # sampled one last time and flushed: the worker may go
+            self.workers.forget(view.id)
+            self.found.pop(view.id, None)
+            view.close()
+        self._left = self.workers.refresh()
+        live = self.workers.live()
+        for w in live + self._left:
+            w.activity.refresh()
+        self.write_beat()
+        points = self.collector.collect(live + self._left, now_ns)
+        for uuid, users in self.collector.shared.items():
+            if uuid not in self._said_shared:
+                self._said_shared.add(uuid)
+                addresses = [w.address for w in users]
+                self.report("shared-gpu", f"GPU {uuid} is used by {len(users)} workers of this host ({addresses}); "
+                            "its device-wide readings are written once, tagged with all their jobs",
+                            uuid=uuid, workers=addresses, host=socket.gethostname())
+        return points
+
+    def write_beat(self) -> None:
+        views = self.workers.live() + self._left
+        beat = {"pid": os.getpid(), "samples": self.sampler.samples, "extra": self.sampler.extra,
+                "time": time.monotonic(), "acked": {w.id: w.activity.acked for w in views},
+                "relay": min(self.workers.views, default=None), "found": self.found,
+                "counters": [{**c, "agent": os.getpid()} for c in counters(self.sink)] + self.previous,
+                "reports": self.reports}
+        with self._lock:
+            write_beat(self.beat, beat)
+
+    def wake(self, worker_id: str) -> None:
+        """A task started on worker ``worker_id``: sample now if its last sample saw it idle."""
+        view = self.workers.views.get(worker_id)
+        if view is None or not view.activity().executing:
+            self.sampler.wake()
+
+    def idle_for_good(self, started: float) -> bool:
+        """Whether the session is over here: every worker left (or none came)."""
+        if self.workers.views or self._left:
+            return False
+        return self.workers.ever or time.monotonic() - started > FIRST_WORKER_S
+
+    def close(self, remove: bool) -> None:
+        """Last sample's lines out, sink closed; the run folder removed when ``remove``."""
+        self.sampler.stop()
+        self.sink.close()
+        if self.gpus is not None:
+            self.gpus.close()
+        self.workers.close()
+        self.write_beat()
+        self.beat.close()
+        if remove:
+            runfolder.remove_session(self.folder)
+
+
+def _listen(sock: socket.socket, agent: Agent) -> None:
+    while True:
+        try:
+            data = sock.recv(256)
+        except OSError:  # closed at exit
+            return
+        agent.wake(data.decode(errors="replace"))
+
+
+def main(stdin: int = 0) -> int:
+    """The agent process, its config as one JSON line on ``stdin``; "ready" on stdout once sampling."""
+    ready = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything else printed goes to the log
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the workers decide
+    with os.fdopen(os.dup(stdin), "rb") as f:
+        config = json.loads(f.readline() or b"null")
+    if not config:
+        return 2
+    logging.raiseExceptions = False  # a log whose reader is gone must not stop sampling
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s - influx-metrics agent "
+                        f"{os.getpid()} - %(levelname)s - %(message)s")
+    folder = config["folder"]
+    agent = Agent(Settings.from_dict(config["settings"]), config["session"], folder)
+    path = os.path.join(folder, runfolder.SOCKET)
+    if os.path.exists(path):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    threading.Thread(target=_listen, args=(sock, agent), name="wake", daemon=True).start()
+    agent.write_beat()
+    agent.sampler.start()
+    ready.write(b"ready\n")
+    ready.close()
+    for stale in runfolder.remove_stale(os.path.dirname(folder), keep=config["session"]):
+        logger.info("removed the run folder of a session whose processes are gone: %s", stale)
+    started, remove = time.monotonic(), False
+    while not stop.wait(0.1):
+        if not os.path.isdir(folder):
+            break
+        if agent.idle_for_good(started):
+            with runfolder.locked(folder, runfolder.START_LOCK):
+                if not runfolder.worker_files(folder):  # nobody arrived meanwhile
+                    remove = True
+                    agent.close(remove=True)
+                    break
+    if not remove:
+        agent.close(remove=False)
+    sock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

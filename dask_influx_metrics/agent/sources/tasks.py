@@ -1,0 +1,52 @@
+"""The ``worker`` measurement's task fields (``tasks``, ``running``, ``managed_bytes``) from a snapshot.
+
+Example
+-------
+>>> from dask_influx_metrics.snapshot import Activity
+>>> src = TaskSource(frozenset({("worker", "tasks")}), lambda: Activity(((("x", 0), 1, 3),), 2, 0, 1))
+>>> src.read()
+{'tasks': 1}
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+from ...schema import WORKER
+from ...snapshot import Activity, plain_key
+
+def key_json(keys) -> str:
+    """Task keys as a JSON list; tuple keys become lists, any string survives.
+
+    >>> key_json([("a, b", 1), 'say "hi"'])
+    '[["a, b", 1], "say \\\\"hi\\\\""]'
+    """
+    return json.dumps([plain_key(k) for k in keys], ensure_ascii=False)
+
+
+class TaskSource:
+    """The ``worker`` measurement's task fields, from an activity snapshot.
+
+    The ``running`` JSON is made again only when the executing keys change."""
+
+    def __init__(self, fields: frozenset, activity: Callable[[], Activity]):
+        self._want = {name for m, name in fields if m == WORKER} & {"tasks", "running", "managed_bytes"}
+        self._activity = activity
+        self._running: tuple = (None, "")  # (keys, their JSON) of the last read
+
+    def read(self) -> dict:
+        if not self._want:
+            return {}
+        snap = self._activity()
+        values = {}
+        if "tasks" in self._want:
+            values["tasks"] = snap.executing
+        if "running" in self._want:
+            keys = tuple(k for k, _, _ in snap.running if k is not None)  # None: a key a full buffer left out
+            if keys != self._running[0]:
+                self._running = (keys, key_json(keys))
+            values["running"] = self._running[1]
+        if "managed_bytes" in self._want:
+            values["managed_bytes"] = snap.managed_bytes
+        return values

@@ -1,0 +1,131 @@
+"""The workers a sampler serves: one :class:`WorkerView` each; the agent finds them in the run folder.
+
+A worker registers in the session's host folder (:mod:`..runfolder`):
+``workers/<id>.json`` (address, pid, tags, ``CUDA_VISIBLE_DEVICES``) and its task
+snapshot ``workers/<id>.snap``. :class:`FolderWorkers` lists the folder again
+only when it changed (one ``stat`` per sample) and checks once a second that
+each worker's process still lives; a worker whose ``.json`` is gone is leaving
+(it waits until the agent has sampled it and flushed, then the agent removes
+its snapshot); one whose process died is forgotten and its files removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Callable
+
+from .. import runfolder
+from ..clock import SteadyOffset
+from ..schema import WORKER
+from ..snapshot import BUFFER_BYTES, SnapshotBuffer, SnapshotReader
+from .sources.gpuprocs import ProcessTree
+from .sources.host import HostSource
+from .sources.tasks import TaskSource
+
+logger = logging.getLogger(__name__)
+LIVENESS_S = 1.0  # how often the workers' processes are checked
+
+
+class WorkerView:
+    """One worker: ``activity`` (``refresh()`` per sample, then ``activity()``), its tags and
+    ``worker`` fields. ``offset()``: seconds to add to this host's time (default: the worker's
+    published clock-offset estimate, steadied)."""
+
+    def __init__(self, worker_id: str, info: dict, activity, fields: frozenset,
+                 offset: Callable[[], float] | None = None):
+        self.id, self.info = worker_id, info
+        self.address, self.pid, self.visible = info["address"], int(info["pid"]), info.get("visible")
+        self.tags = dict(info["tags"])
+        self.activity = activity
+        self.offset = offset or SteadyOffset(lambda: activity().scheduler_delay)
+        self.uuids: list[str] = []
+        self._process = HostSource(frozenset(f for f in fields if f[0] == WORKER), pid=self.pid)
+        self._tasks = TaskSource(fields, activity)
+        self._tree = ProcessTree(self.pid)
+
+    def read(self) -> dict:
+        """This worker's ``worker`` fields now: its process's CPU and RSS, its tasks."""
+        return {**self._process.read(WORKER), **self._tasks.read()}
+
+    def pids(self) -> frozenset:
+        return self._tree.pids()
+
+    def close(self) -> None:
+        self._process.close()
+        close = getattr(self.activity, "close", None)
+        if close is not None:
+            close()
+
+
+class FolderWorkers:
+    """The workers registered in ``folder``; ``make(id, info, activity) -> WorkerView``."""
+
+    def __init__(self, folder: str, make: Callable[..., WorkerView]):
+        self.folder, self._make = folder, make
+        self._dir = os.path.join(folder, runfolder.WORKERS)
+        self.views: dict[str, WorkerView] = {}
+        self._stamp = None
+        self._checked = 0.0
+        self.ever = False  # whether any worker has registered yet
+
+    def refresh(self) -> list[WorkerView]:
+        """The workers leaving since the last call (their ``.json`` removed); :attr:`views` the rest."""
+        try:
+            stamp = os.stat(self._dir).st_mtime_ns
+        except FileNotFoundError:
+            stamp = None
+        now = time.monotonic()
+        if stamp == self._stamp and now - self._checked < LIVENESS_S:
+            return []
+        self._stamp = stamp
+        left = []
+        if now - self._checked >= LIVENESS_S:
+            self._checked = now
+            for wid, view in list(self.views.items()):
+                if not runfolder.alive(view.pid):  # killed: nothing to wait for
+                    self._remove(wid)
+                    logger.info("worker %s (pid %d) is gone", view.address, view.pid)
+        files = runfolder.worker_files(self.folder)
+        for wid in set(self.views) - set(files):
+            left.append(self.views.pop(wid))
+        for wid in sorted(set(files) - set(self.views)):
+            view = self._open(wid, files[wid])
+            if view is not None:
+                self.views[wid] = view
+                self.ever = True
+        return left
+
+    def live(self) -> list[WorkerView]:
+        return [self.views[k] for k in sorted(self.views)]
+
+    def _open(self, wid: str, path: str) -> WorkerView | None:
+        info = runfolder.read_worker(path)
+        if not info:
+            return None
+        try:
+            buffer = SnapshotBuffer.open(os.path.join(self._dir, f"{wid}.snap"), BUFFER_BYTES)
+        except (OSError, ValueError):  # not there yet: next time
+            self._stamp = None
+            return None
+        return self._make(wid, info, SnapshotReader(buffer))
+
+    def _remove(self, wid: str) -> None:
+        view = self.views.pop(wid, None)
+        if view is not None:
+            view.close()
+        self.forget(wid)
+
+    def forget(self, wid: str) -> None:
+        """Remove worker ``wid``'s files (its snapshot last: the worker waits for that)."""
+        for suffix in (".json", ".snap"):
+            try:
+                os.unlink(os.path.join(self._dir, wid + suffix))
+            except FileNotFoundError:
+                pass
+
+    def close(self) -> None:
+        for view in self.views.values():
+            view.close()
+        self.views = {}

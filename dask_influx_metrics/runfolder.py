@@ -1,0 +1,155 @@
+"""The session's folder on one host, shared by its workers and its sampling agent.
+
+``<run dir>/<session>/``, where the run dir is this OS user's private
+``/dev/shm/dask-influx-metrics-<uid>`` (0700; the temporary directory where
+there is no ``/dev/shm``)::
+
+    start.lock          serialises agent starts, worker arrivals and the agent's exit (flock)
+    agent.lock          held (flock) by the live agent for its whole life
+    agent.beat          the agent's beat (:mod:`.snapshot`)
+    agent.sock          the agent's wake socket (datagram: the id of a worker whose task started while idle)
+    workers/<id>.json   what the agent needs of worker ``<id>``: address, pid, tags, GPUs (written once)
+    workers/<id>.snap   its task snapshot (:class:`.snapshot.Publisher`)
+
+Workers that cannot see one another's folder (separate containers without a
+shared ``/dev/shm``) each get an agent of their own. The kernel drops a flock
+when its holder dies, so a killed agent frees ``agent.lock`` at once.
+
+Example
+-------
+>>> import tempfile
+>>> folder = os.path.join(tempfile.mkdtemp(), "s1")
+>>> with locked(folder, START_LOCK):
+...     held = try_lock(folder, AGENT_LOCK)
+>>> held is not None, try_lock(folder, AGENT_LOCK) is None
+(True, True)
+>>> os.close(held); remove_session(folder); os.path.exists(folder)
+False
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+
+from .sinks.spool import private_folder
+
+START_LOCK, AGENT_LOCK, BEAT, SOCKET, WORKERS = "start.lock", "agent.lock", "agent.beat", "agent.sock", "workers"
+
+
+def run_directory() -> str:
+    """This OS user's private folder for host-local coordination (``/dev/shm`` when present).
+
+    Created 0700; a folder of that name owned by another user, or open to
+    others, is refused with ``PermissionError`` naming it.
+    """
+    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    return private_folder(os.path.join(base, f"dask-influx-metrics-{os.getuid()}"))
+
+
+def session_folder(session_id: str) -> str:
+    """``<run dir>/<session>`` (not created here: see :func:`locked`)."""
+    return os.path.join(run_directory(), session_id)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as e:
+        return e.errno == errno.EPERM
+    return True
+
+
+def try_lock(folder: str, name: str) -> int | None:
+    """An fd holding ``flock`` on ``folder/name`` (created 0600), or None when another open file holds it."""
+    fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def locked(folder: str, name: str):
+    """Hold ``flock`` on ``folder/name``, creating the folder (0700) and its ``workers/`` as needed.
+
+    The agent removes the whole folder under this lock when it exits: whoever
+    waited meanwhile holds the lock of a removed file, sees that and starts over.
+    """
+    while True:
+        os.makedirs(os.path.join(folder, WORKERS), mode=0o700, exist_ok=True)
+        path = os.path.join(folder, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def worker_files(folder: str) -> dict[str, str]:
+    """Worker id -> its ``.json`` path, for every registered worker."""
+    try:
+        names = os.listdir(os.path.join(folder, WORKERS))
+    except FileNotFoundError:
+        return {}
+    return {n[:-5]: os.path.join(folder, WORKERS, n) for n in names if n.endswith(".json")}
+
+
+def read_worker(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):  # gone, or being replaced
+        return None
+
+
+def write_worker(folder: str, worker_id: str, info: dict) -> str:
+    """Register worker ``worker_id`` (atomically: the agent never reads half a file)."""
+    path = os.path.join(folder, WORKERS, f"{worker_id}.json")
+    tmp = f"{path}.{os.getpid()}.new"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+    return path
+
+
+def remove_session(folder: str) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_stale(run_dir: str, keep: str = "") -> list[str]:
+    """Remove the session folders of ``run_dir`` that no agent holds and no live worker is in
+    (sessions whose processes were killed); returns them. ``keep``: a session name left alone."""
+    removed = []
+    for name in os.listdir(run_dir):
+        folder = os.path.join(run_dir, name)
+        if name == keep or not os.path.isdir(folder) or os.path.islink(folder):
+            continue
+        try:
+            held = [try_lock(folder, START_LOCK), try_lock(folder, AGENT_LOCK)]
+        except OSError:  # not ours to lock (another layout): leave it
+            continue
+        if None not in held:  # no worker arriving, no agent
+            pids = {(read_worker(p) or {}).get("pid") for p in worker_files(folder).values()}
+            if not any(isinstance(pid, int) and alive(pid) for pid in pids):
+                remove_session(folder)
+                removed.append(folder)
+        for fd in held:
+            if fd is not None:
+                os.close(fd)
+    return removed

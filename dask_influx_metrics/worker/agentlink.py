@@ -1,0 +1,203 @@
+"""A worker's link to its host's sampling agent: register, publish, wake, watch, leave.
+
+On :class:`AgentLink` construction the worker, under the session folder's
+``start.lock`` (:mod:`..runfolder`), writes its task snapshot and its
+registration, and starts the agent if none holds ``agent.lock``
+(``python -m dask_influx_metrics.agent``, in a session of its own so it outlives
+this worker; the lock is taken here and handed over on an inherited
+descriptor). From then on:
+
+* :attr:`publisher` publishes the worker's task starts and ends (event loop);
+* :meth:`wake` sends one datagram to the agent when a task starts on an idle worker;
+* a watcher thread checks four times a second that the agent lives: a free
+  ``agent.lock`` (the agent was killed) or a beat older than 3 polling
+  intervals + 0.25 s (it hangs: it is killed) makes it start another, at most
+  one per host (the lock again), and say so once per gap;
+* :meth:`leave` removes the registration, wakes the agent and waits (bounded)
+  until it has sampled this worker one last time and flushed (it then removes
+  the snapshot).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from .. import runfolder
+from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher, SnapshotBuffer
+
+START_TIMEOUT = 30.0  # s for an agent to start sampling (it imports this package and NVML)
+WATCH_S = 0.25  # how often the watcher looks at the agent
+STALL_MARGIN = 0.25  # s: a beat 3 intervals + this old means a hung agent
+_ids = itertools.count(1)
+_in_use: set[str] = set()  # ids taken in this process (several workers in one process)
+
+
+class AgentLink:
+    """See the module docstring. ``config``: what the agent is started with (settings, session);
+    ``info``: this worker's registration (address, tags, CUDA_VISIBLE_DEVICES, ...);
+    ``activity``: its tasks now (the first snapshot); ``report(what, message, **details)``."""
+
+    def __init__(self, config: dict, info: dict, activity, report):
+        self.config, self.report = config, report
+        self.interval = config["settings"]["polling_interval"] / 1000.0
+        self.folder = runfolder.session_folder(config["session"])
+        self.id = str(os.getpid())
+        while self.id in _in_use:
+            self.id = f"{os.getpid()}.{next(_ids)}"
+        _in_use.add(self.id)
+        self._dir = os.path.join(self.folder, runfolder.WORKERS)
+        self._agents: list[subprocess.Popen] = []
+        self._beat = None
+        self._closed = threading.Event()
+        self.gaps = 0  # agents replaced while this worker ran
+        with runfolder.locked(self.folder, runfolder.START_LOCK):
+            self._snap = SnapshotBuffer.create(BUFFER_BYTES, path=os.path.join(self._dir, f"{self.id}.snap"))
+            self.publisher = Publisher(self._snap, self.acked, activity.nthreads, activity.running, activity.last_job)
+            runfolder.write_worker(self.folder, self.id, {**info, "pid": os.getpid()})
+            held = runfolder.try_lock(self.folder, runfolder.AGENT_LOCK)
+            if held is not None:
+                self._start(held)
+        self._probe = os.open(os.path.join(self.folder, runfolder.AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        self._watcher = threading.Thread(target=self._watch, name="influx-metrics-agent-watch", daemon=True)
+        self._watcher.start()
+
+    # --- the agent's beat ---------------------------------------------------------------
+    def beat(self) -> dict | None:
+        if self._beat is None:
+            try:
+                self._beat = BeatReader(SnapshotBuffer.open(os.path.join(self.folder, runfolder.BEAT), BEAT_BYTES),
+                                        self.id)
+            except (OSError, ValueError):
+                return None
+        return self._beat()
+
+    def acked(self) -> int:
+        return self._beat.acked() if self._beat is not None or self.beat() is not None else 0
+
+    def found(self, timeout: float) -> dict | None:
+        """What the agent found of this worker's GPUs (``{"gpu", "devices", "why"}``), waiting up to
+        ``timeout`` s for its first sample of this worker; None if it has not sampled it by then."""
+        deadline = time.monotonic() + timeout
+        while True:
+            beat = self.beat()
+            if beat and self.id in beat.get("found", {}):
+                return beat["found"][self.id]
+            if time.monotonic() > deadline or self._closed.is_set():
+                return None
+            self.wake()
+            time.sleep(0.01)
+
+    # --- starting and watching the agent --------------------------------------------------
+    def _start(self, held: int) -> None:
+        """Start an agent, handing it ``held`` (our lock on ``agent.lock``); caller holds ``start.lock``."""
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "dask_influx_metrics.agent"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, pass_fds=(held,), start_new_session=True)
+            self._agents.append(proc)
+            proc.stdin.write(json.dumps({**self.config, "folder": self.folder}).encode() + b"\n")
+            proc.stdin.close()
+            ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
+            line = proc.stdout.readline() if ready else b""
+            proc.stdout.close()
+        finally:
+            os.close(held)
+        if line != b"ready\n":
+            self.report("agent", f"the sampling agent did not start (exit code {proc.poll()}); "
+                        "this host's samples are missing until it does")
+        if self._beat is not None:  # the new agent's beat is a new file
+            self._beat.buffer.close()
+            self._beat = None
+
+    def _watch(self) -> None:
+        while not self._closed.wait(WATCH_S):
+            self._agents = [p for p in self._agents if p.poll() is None]  # reap those that exited
+            try:
+                fcntl.flock(self._probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: alive, unless its beat stopped
+                self._check_hung()
+                continue
+            except OSError:
+                continue
+            if self._closed.is_set():
+                fcntl.flock(self._probe, fcntl.LOCK_UN)
+                return
+            self._replace()
+
+    def _check_hung(self) -> None:
+        beat = self.beat()
+        if beat is None:
+            return
+        stalled = time.monotonic() - beat["time"]
+        if stalled > 3 * self.interval + STALL_MARGIN:
+            try:
+                os.kill(beat["pid"], signal.SIGKILL)  # a stopped process ignores SIGTERM
+            except OSError:
+                pass
+
+    def _replace(self) -> None:
+        """The agent is gone and this worker holds ``agent.lock``: start the next one."""
+        beat = self.beat()
+        old = beat.get("pid") if beat else None
+        with runfolder.locked(self.folder, runfolder.START_LOCK):
+            if not os.path.exists(os.path.join(self._dir, f"{self.id}.json")):  # leaving
+                fcntl.flock(self._probe, fcntl.LOCK_UN)
+                return
+            # the lock goes to the new agent with this descriptor's open file (closed here, never unlocked)
+            self._start(self._probe)
+            self._probe = os.open(os.path.join(self.folder, runfolder.AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        self.gaps += 1
+        self.report("agent", f"the sampling agent (pid {old}) stopped; another was started (samples of this "
+                    "host are missing for the gap)", pid=old)
+
+    # --- what the worker does ---------------------------------------------------------------
+    def wake(self) -> None:
+        """A task started on an idle worker: the agent samples now unless its last sample saw tasks."""
+        try:
+            self._sock.sendto(self.id.encode(), os.path.join(self.folder, runfolder.SOCKET))
+        except OSError:  # no agent listening right now: the next tick sees the task anyway
+            pass
+
+    def leave(self, timeout: float | None = None) -> None:
+        """Leave the session on this host: the agent samples this worker once more (tasks no sample
+        saw) and flushes; waits up to ``timeout`` s (default 3 intervals + 2 s) for that."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self.publisher.publish()
+        try:
+            os.unlink(os.path.join(self._dir, f"{self.id}.json"))
+        except FileNotFoundError:
+            pass
+        snap = os.path.join(self._dir, f"{self.id}.snap")
+        deadline = time.monotonic() + (3 * self.interval + 2.0 if timeout is None else timeout)
+        while os.path.exists(snap) and time.monotonic() < deadline:
+            self.wake()
+            time.sleep(0.01)
+        self._watcher.join(WATCH_S * 4)
+        for fd_owner in (self._snap, self._beat and self._beat.buffer):
+            if fd_owner is not None:
+                fd_owner.close()
+        try:
+            os.unlink(snap)
+        except FileNotFoundError:
+            pass
+        os.close(self._probe)
+        self._sock.close()
+        _in_use.discard(self.id)
+
+    def counters(self) -> list[dict]:
+        """The agent's sink counters (and those of agents that died) as of its latest sample."""
+        beat = self.beat()
+        return list(beat.get("counters", [])) if beat else []
