@@ -174,4 +174,6 @@ class JobPlugin(SchedulerPlugin):
         if msg.get("what") == DESTINATIONS and self.session is not None and msg.get("session") == self.session["id"]:
             self._record(msg["worker"], {k: v for k, v in msg.items() if k not in ("what", "session", "worker")})
         elif msg.get("what") == SHARED_GPU:
-            self.shared_gpus.setdefault((msg.get("host"), msg.get("uuid")), set()).add(msg.get("worker"))
+            # from the host's agent, relayed by a worker: every worker using the GPU is named
+            self.shared_gpus.setdefault((msg.get("host"), msg.get("uuid")), set()).update(
+                msg.get("workers") or [msg.get("worker")])

@@ -57,8 +57,9 @@ class AgentLink:
         _in_use.add(self.id)
         self._dir = os.path.join(self.folder, runfolder.WORKERS)
         self._agents: list[subprocess.Popen] = []
-        self._beat = None
+        self._beat, self._beat_inode = None, None
         self._closed = threading.Event()
+        self._held = False  # this worker holds agent.lock (the agent is gone)
         self.gaps = 0  # agents replaced while this worker ran
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             self._snap = SnapshotBuffer.create(BUFFER_BYTES, path=os.path.join(self._dir, f"{self.id}.snap"))
@@ -76,12 +77,24 @@ class AgentLink:
     # --- the agent's beat ---------------------------------------------------------------
     def beat(self) -> dict | None:
         if self._beat is None:
+            path = os.path.join(self.folder, runfolder.BEAT)
             try:
-                self._beat = BeatReader(SnapshotBuffer.open(os.path.join(self.folder, runfolder.BEAT), BEAT_BYTES),
-                                        self.id)
+                self._beat = BeatReader(SnapshotBuffer.open(path, BEAT_BYTES), self.id)
+                self._beat_inode = os.fstat(self._beat.buffer.fd).st_ino
             except (OSError, ValueError):
                 return None
         return self._beat()
+
+    def _follow_beat(self) -> None:
+        """A new agent writes a new beat file: read that one from now on."""
+        try:
+            inode = os.stat(os.path.join(self.folder, runfolder.BEAT)).st_ino
+        except OSError:
+            return
+        if self._beat is not None and inode != self._beat_inode:
+            old, self._beat = self._beat, None
+            self.beat()
+            old.buffer.close()
 
     def acked(self) -> int:
         return self._beat.acked() if self._beat is not None or self.beat() is not None else 0
@@ -116,35 +129,43 @@ class AgentLink:
         if line != b"ready\n":
             self.report("agent", f"the sampling agent did not start (exit code {proc.poll()}); "
                         "this host's samples are missing until it does")
-        if self._beat is not None:  # the new agent's beat is a new file
-            self._beat.buffer.close()
-            self._beat = None
+        self._follow_beat()
 
     def _watch(self) -> None:
         while not self._closed.wait(WATCH_S):
             self._agents = [p for p in self._agents if p.poll() is None]  # reap those that exited
-            try:
-                fcntl.flock(self._probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:  # held: alive, unless its beat stopped
-                self._check_hung()
-                continue
-            except OSError:
-                continue
-            if self._closed.is_set():
-                fcntl.flock(self._probe, fcntl.LOCK_UN)
-                return
-            self._replace()
+            self._follow_beat()
+            if not self._free() and self._killed_hung():
+                deadline = time.monotonic() + 1.0
+                while not self._free() and time.monotonic() < deadline:  # the kernel frees its lock
+                    time.sleep(0.005)
+            if self._held:
+                self._held = False
+                if self._closed.is_set():
+                    fcntl.flock(self._probe, fcntl.LOCK_UN)
+                    return
+                self._replace()
 
-    def _check_hung(self) -> None:
+    def _free(self) -> bool:
+        """Whether ``agent.lock`` is free (no agent): then this worker holds it."""
+        try:
+            fcntl.flock(self._probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: an agent lives
+            return False
+        self._held = True
+        return True
+
+    def _killed_hung(self) -> bool:
+        """Kill an agent whose beat is older than 3 intervals + :data:`STALL_MARGIN` (a stopped process
+        ignores SIGTERM); whether one was."""
         beat = self.beat()
-        if beat is None:
-            return
-        stalled = time.monotonic() - beat["time"]
-        if stalled > 3 * self.interval + STALL_MARGIN:
-            try:
-                os.kill(beat["pid"], signal.SIGKILL)  # a stopped process ignores SIGTERM
-            except OSError:
-                pass
+        if beat is None or time.monotonic() - beat["time"] <= 3 * self.interval + STALL_MARGIN:
+            return False
+        try:
+            os.kill(beat["pid"], signal.SIGKILL)
+        except OSError:
+            return False
+        return True
 
     def _replace(self) -> None:
         """The agent is gone and this worker holds ``agent.lock``: start the next one."""

@@ -1,0 +1,208 @@
+"""The sampling agent with a real LocalCluster: one per host and session, tags, lifetime, replacement.
+
+The run folder and the agent process on their own: ``test_agent_link.py``; who gets which reading:
+``test_gpu_attribution.py``.
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+from distributed import Client
+
+from dask_influx_metrics import Monitor, custom_metric, lineprotocol, runfolder
+from dask_influx_metrics.agent.sources.simulated import simulated_uuid
+from dask_influx_metrics.sinks.spool import read_lines
+
+POLL_MS = 50
+
+
+def wait_until(predicate, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout} s")
+        time.sleep(0.02)
+
+
+def points(directory, measurement=None):
+    out = [lineprotocol.parse(line) for line in read_lines(str(directory))]
+    return [p for p in out if measurement is None or p.measurement == measurement]
+
+
+def slow(x, delay=0.3):
+    threading.Event().wait(delay)  # a task that takes a while (simulated work)
+    return x
+
+
+@custom_metric("index-plus-one", per_device=True)
+def index_plus_one(worker, handle):
+    return handle.index + 1
+
+
+@pytest.fixture
+def monitor(client, tmp_path):
+    m = Monitor(client, sink="spool", spool_directory=str(tmp_path), gpu_source="simulated", gpu_count=2,
+                flush_interval=0.1)
+    yield m
+    if m.jobs()["session"]:  # the test did not stop it
+        m.stop()
+
+
+def agents(client) -> dict:
+    """{worker address: (worker pid, agent pid from its beat, or None)}."""
+    def get(dask_worker):
+        link = dask_worker.plugins["influx-metrics"].link
+        beat = link.beat() if link else None
+        return os.getpid(), beat["pid"] if beat else None
+
+    found = client.run(get, on_error="return")  # a worker just killed answers with an error
+    return {w: r for w, r in found.items() if not isinstance(r, BaseException)}
+
+
+def alive(pid) -> bool:
+    try:
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_one_agent_samples_every_worker_with_its_own_tags(cluster, client, monitor, tmp_path):
+    monitor.attach(polling_interval=POLL_MS)
+    session = monitor.start()
+    found = agents(client)
+    (agent,) = {a for _, a in found.values()}
+    assert agent not in {w for w, _ in found.values()} and "dask_influx_metrics.agent" in " ".join(
+        psutil.Process(agent).cmdline()), "one agent process for the host's workers"
+    assert {d["gpu"]["gpu"] for w, d in session["destinations"].items() if w != "scheduler"} == {"simulated"}
+    ballast = next(iter(found))  # this worker grows by 300 MiB; the others do not
+    client.run(lambda dask_worker: setattr(dask_worker, "_ballast", bytearray(b"\1") * (300 << 20)),
+               workers=[ballast])
+    with Client(cluster) as a, Client(cluster) as b:
+        fa = a.map(slow, range(6), key=[f"a-{i}" for i in range(6)])
+        fb = b.map(slow, range(6), key=[f"b-{i}" for i in range(6)])
+        a.gather(fa), b.gather(fb)
+    monitor.stop()
+    client.run(lambda dask_worker: delattr(dask_worker, "_ballast"), workers=[ballast])
+    dags = monitor.jobs()["dags"]
+    owner = {("a" if d["client"] == a.id else "b"): (str(d["job"]), str(n)) for n, d in dags.items()}
+    busy = [p for p in points(tmp_path, "worker") if p.fields.get("tasks")]
+    assert busy
+    for p in busy:  # a sample lists its running keys' jobs and DAGs, and only those
+        running = {owner[key[0]] for key in json.loads(p.fields["running"])}
+        assert p.tags["job"] == ",".join(sorted({j for j, _ in running}, key=int)), p
+        assert p.tags["dag"] == ",".join(sorted({d for _, d in running}, key=int)), p
+    rss = {w: max(p.fields["rss"] for p in points(tmp_path, "worker") if p.tags["worker"] == w) for w in found}
+    assert rss[ballast] > 300 << 20 > max(r for w, r in rss.items() if w != ballast)
+    uuids = client.run(simulated_uuid, 1)
+    assert {(p.tags["worker"], p.tags["uuid"]) for p in points(tmp_path, "gpu") if p.tags["index"] == "1"} == \
+        set(uuids.items())  # each worker's own simulated devices
+    hosts = points(tmp_path, "host")
+    assert len(hosts) == len({p.time_ns for p in hosts}), "the host is written once per sample"
+    jobs = {p.tags["job"] for p in hosts if p.tags["dag"] != "0"}
+    assert {"1,2"} <= jobs or {"1", "2"} <= jobs, "host points carry every worker's jobs"
+
+
+def test_stop_leaves_no_agent_and_no_run_folder(client, monitor):
+    monitor.attach(polling_interval=POLL_MS, tracking=["tasks"])
+    session = monitor.start()
+    (agent,) = {a for _, a in agents(client).values()}
+    folder = runfolder.session_folder(session["id"])
+    assert alive(agent) and os.path.isdir(folder)
+    monitor.stop()
+    wait_until(lambda: not alive(agent), timeout=10, what="the agent to exit")
+    wait_until(lambda: not os.path.exists(folder), timeout=10, what="the run folder removed")
+
+
+def test_custom_metrics_stay_in_the_worker_with_the_same_tags(client, monitor, tmp_path):
+    monitor.attach(polling_interval=POLL_MS, tracking=["compute-util"], custom_metrics=[index_plus_one])
+    monitor.start()
+    client.gather(client.map(slow, range(4), pure=False))
+    monitor.stop()
+    custom, gpu = points(tmp_path, "custom"), points(tmp_path, "gpu")
+    assert {p.fields["index-plus-one"] for p in custom} == {1.0, 2.0}
+    series = lambda ps: {(p.tags["worker"], p.tags["index"], p.tags["uuid"]) for p in ps}  # noqa: E731
+    assert series(custom) == series(gpu) and len(series(gpu)) == 4
+    assert {p.tags["dag"] for p in custom} >= {"0", "1"}
+
+
+def _gap_after(tmp_path, worker, since_ns) -> float:
+    """Seconds from the last sample of ``worker`` before ``since_ns`` to its first after it."""
+    times = sorted(p.time_ns for p in points(tmp_path, "worker") if p.tags["worker"] == worker)
+    before = max(t for t in times if t <= since_ns)
+    return (min(t for t in times if t > since_ns) - before) / 1e9
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_a_dead_or_hung_agent_is_replaced_within_3_intervals_and_1_s(client, monitor, tmp_path, how):
+    monitor.attach(polling_interval=POLL_MS, tracking=["tasks", "worker-mem"])
+    monitor.start()
+    worker, (_, agent) = next(iter(agents(client).items()))
+    wait_until(lambda: len(points(tmp_path, "worker")) >= 4, what="samples before")
+    since, at = time.time(), time.time_ns()
+    os.kill(agent, how)
+    try:
+        wait_until(lambda: {a for _, a in agents(client).values()} - {agent, None}, timeout=10, what="a new agent")
+        wait_until(lambda: any(p.time_ns > at for p in points(tmp_path, "worker") if p.tags["worker"] == worker),
+                   timeout=10, what="samples after")
+    finally:
+        if alive(agent):
+            os.kill(agent, signal.SIGKILL)
+    gap = _gap_after(tmp_path, worker, at)
+    print(f"agent {signal.Signals(how).name}: gap {gap:.3f} s (limit {3 * POLL_MS / 1000 + 1:.2f} s)")
+    assert gap <= 3 * POLL_MS / 1000 + 1.0
+    wait_until(lambda: any(c.get("dead") and c["agent"] == agent for c in monitor.delivery()[worker]),
+               timeout=5, what="the dead agent's counters kept")
+    monitor.stop()
+    events = [e for t, e in client.get_events("influx-metrics") if e.get("what") == "agent" and t >= since]
+    assert events and len({e["message"] for e in events}) <= 2, events  # said once (per worker that saw it)
+
+
+def test_an_agent_that_cannot_start_is_reported_and_the_worker_samples_itself(client, monitor, tmp_path):
+    def break_python(dask_worker, path):
+        sys.executable, old = path, sys.executable
+        return old
+
+    old = client.run(break_python, path="/nonexistent/python")
+    try:
+        monitor.attach(polling_interval=POLL_MS, tracking=["tasks"])
+        monitor.start()
+        wait_until(lambda: {p.tags["worker"] for p in points(tmp_path, "worker")} == set(old), what="samples")
+        monitor.stop()
+    finally:
+        for address, path in old.items():
+            client.run(break_python, path=path, workers=[address])
+    events = [e for _, e in client.get_events("influx-metrics") if e.get("what") == "agent"]
+    assert events and all("sampling in-process" in e["message"] for e in events[-2:]), events
+
+
+def test_thread_mode_samples_in_the_worker(client, tmp_path):
+    m = Monitor(client, sink="spool", spool_directory=str(tmp_path), gpu_source="simulated", flush_interval=0.1,
+                sampler_mode="thread")
+    m.attach(polling_interval=POLL_MS, tracking=["tasks", "compute-util", "host-cpu"])
+    m.start()
+    assert {a for _, a in agents(client).values()} == {None}
+    client.gather(client.map(slow, range(4), pure=False))
+    m.stop()
+    assert {p.tags["worker"] for p in points(tmp_path, "gpu")} == set(client.scheduler_info()["workers"])
+    assert len({p.tags["worker"] for p in points(tmp_path, "host")}) == 2, "thread mode: each worker its own"
+
+
+def test_a_killed_worker_is_forgotten_and_its_restart_joins_the_agent(cluster, client, monitor, tmp_path):
+    monitor.attach(polling_interval=POLL_MS, tracking=["tasks"])
+    monitor.start()
+    before = agents(client)
+    (agent,) = {a for _, a in before.values()}
+    victim, (victim_pid, _) = next(iter(before.items()))
+    os.kill(victim_pid, signal.SIGKILL)  # the nanny starts a new worker process
+    wait_until(lambda: victim_pid not in {w for w, _ in agents(client).values()} and len(agents(client)) == 2,
+               timeout=60, what="the restarted worker")
+    assert {a for _, a in agents(client).values()} == {agent}, "the same agent samples the new worker"
+    folder = runfolder.session_folder(monitor.jobs()["session"]["id"])
+    wait_until(lambda: str(victim_pid) not in runfolder.worker_files(folder), timeout=5, what="the dead one forgotten")
+    monitor.stop()
