@@ -173,8 +173,8 @@ def read_worker_csv(path, metrics=None) -> pd.DataFrame:
     if "tasks" in table.columns:
         table["tasks"] = table["tasks"].astype("Int64")
     number = re.search(r"_(\d+)\.csv$", os.path.basename(path))
-    worker = head["worker"].iloc[0] if "worker" in head.columns and len(head) else ""
-    ours = "worker" in head.columns
+    ours = "worker" in head.columns  # the column we always write; the old tool never did
+    worker = head["worker"].iloc[0] if ours and len(head) else ""
     table.attrs = {"worker": worker or os.path.basename(path),
                    "worker_index": int(number.group(1)) if number else 0, "units": {},
                    jobtags.RULE: jobtags.Rule.BUSY if ours else jobtags.Rule.EVERY_ROW}
