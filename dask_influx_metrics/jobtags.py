@@ -10,6 +10,11 @@ A sample **counts for job n** only when it is busy (``dag != "0"``) and its
 Per-job peaks, summaries and plots all use this rule (:func:`counts_for`;
 :data:`INFLUXQL_BUSY` and :data:`FLUX_BUSY` say the same on the server).
 
+CSV files the older dask-metrics tool wrote are the one exception
+(:class:`Rule`): their ``dag`` column is unreliable (it lagged behind the work),
+so every row of a job counts for it, as that tool counted. A table names its
+rule in ``table.attrs["job_rule"]``; absent means ours.
+
 >>> tag = format([2, 1, 2])
 >>> tag, parse(tag), contains(tag, 2), contains(tag, 12)
 ('1,2', (1, 2), True, False)
@@ -19,6 +24,7 @@ Per-job peaks, summaries and plots all use this rule (:func:`counts_for`;
 
 from __future__ import annotations
 
+import enum
 import operator
 import re
 
@@ -89,14 +95,43 @@ def busy(dags):
     return dags.astype(str) != IDLE
 
 
+class Rule(str, enum.Enum):
+    """Which rows of a table count for the jobs in their ``job`` tag."""
+
+    BUSY = "busy"  # ours: busy samples only (dag != "0")
+    EVERY_ROW = "every-row"  # the old dask-metrics tool's CSVs: every row of the job, as it counted
+
+
+RULE = "job_rule"  # the DataFrame.attrs key naming a table's Rule
+
+
+def counting(frame):
+    """Boolean mask of a frame's rows that count for the jobs in their tag, by the frame's :class:`Rule`.
+
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"job": ["1", "1"], "dag": ["1", "0"]})
+    >>> counting(t).tolist()
+    [True, False]
+    >>> t.attrs[RULE] = Rule.EVERY_ROW
+    >>> counting(t).tolist()
+    [True, True]
+    """
+    if Rule(frame.attrs.get(RULE, Rule.BUSY)) is Rule.EVERY_ROW:
+        import pandas as pd
+
+        return pd.Series(True, index=frame.index)
+    return busy(frame["dag"])
+
+
 def counts_for(frame, n: int):
-    """Boolean mask of a frame's rows (``job`` and ``dag`` columns) that count for job ``n``: busy, ``n`` in ``job``.
+    """Boolean mask of a frame's rows (``job`` and ``dag`` columns) that count for job ``n``: ``n`` in ``job``,
+    and busy unless the frame's :class:`Rule` counts every row.
 
     >>> import pandas as pd
     >>> counts_for(pd.DataFrame({"job": ["1", "1", "1,2"], "dag": ["1", "0", "2,3"]}), 1).tolist()
     [True, False, True]
     """
-    return busy(frame["dag"]) & series_contains(frame["job"], n)
+    return counting(frame) & series_contains(frame["job"], n)
 
 
 def explode(frame, column: str = "job", zero: bool = False):

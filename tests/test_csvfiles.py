@@ -1,4 +1,8 @@
-"""CSV files in the old dask-metrics layout: numbering, round trip, malformed input."""
+"""CSV files in the old dask-metrics layout: numbering, round trip, malformed input, the old tool's job rule."""
+
+import glob
+import os
+import tarfile
 
 import pandas as pd
 import pytest
@@ -33,6 +37,68 @@ def test_reads_the_old_tools_own_files(tmp_path):
     assert Monitor.peaks_from_csv(tmp_path, "compute-util", workers=[0], per_job=False)[0][0] == 11
 
 
+# job 1's peak (90 on GPU 0) is in a row whose dag still reads 0, as the old tool's counter lagged
+LAGGING = ('job,dag,timestamp,compute-util\n'
+           '0,0,0.0,"99, 0"\n'
+           '1,0,0.5,"90, 5"\n'
+           '1,1,1.0,"40, 6"\n'
+           '2,0,1.5,"70, 7"\n'
+           '2,2,2.0,"20, 8"\n')
+
+
+def test_old_tools_files_count_every_row_of_a_job(tmp_path):
+    (tmp_path / "worker_0.csv").write_text(LAGGING)
+    assert Monitor.peaks_from_csv(tmp_path, "compute-util", per_job=True) == [{1: [90, 6], 2: [70, 8]}]
+    assert Monitor.peaks_from_csv(tmp_path, "compute-util", per_job=False) == [[99, 8]]
+
+
+def test_our_files_keep_the_busy_only_rule(tmp_path):
+    ours = LAGGING.replace("compute-util\n", "compute-util,worker\n").replace('"\n', '",tcp://h:1\n')
+    (tmp_path / "worker_0.csv").write_text(ours)
+    assert Monitor.peaks_from_csv(tmp_path, "compute-util", per_job=True) == [{1: [40, 6], 2: [20, 8]}]
+    assert Monitor.peaks_from_csv(tmp_path, "compute-util", per_job=False) == [[99, 8]]
+
+
+ARCHIVE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "..", "shared", "data", "gpubdb-csv.tgz")
+
+
+@pytest.fixture(scope="module")
+def gpubdb(tmp_path_factory):
+    """The old tool's real GPU-BDB output (16 ``worker_<i>.csv``, 8 GPUs each), unpacked."""
+    if not os.path.isfile(ARCHIVE):
+        pytest.skip(f"{os.path.normpath(ARCHIVE)} is not there (the old tool's real GPU-BDB CSV output, "
+                    "expected in shared/data/ beside the checkout)")
+    directory = tmp_path_factory.mktemp("gpubdb")
+    with tarfile.open(ARCHIVE) as tar:
+        tar.extractall(directory, filter="data")
+    (first,) = glob.glob(os.path.join(directory, "**", "worker_0.csv"), recursive=True)
+    return os.path.dirname(first)
+
+
+def _old_rule(path, metric):
+    """Peaks by the old tool's rule in plain pandas: per job every row of it (job 0 left out), whole run every row."""
+    raw = pd.read_csv(path, dtype={"job": str, "dag": str})
+    values = raw[metric].str.split(",", expand=True).astype(float)
+    jobs = raw["job"].astype(int)
+    per_job = values[jobs != 0].groupby(jobs[jobs != 0]).max()
+    return {j: row.tolist() for j, row in per_job.iterrows()}, values.max().tolist()
+
+
+@pytest.mark.parametrize("metric", ["total-mem", "compute-util"])
+def test_gpubdb_peaks_are_the_old_tools(gpubdb, metric):
+    files = csvfiles.csv_files(gpubdb)
+    assert list(files) == list(range(16))
+    expected = [_old_rule(files[i], metric) for i in files]
+    assert Monitor.peaks_from_csv(gpubdb, metric, per_job=True) == [e[0] for e in expected]
+    assert Monitor.peaks_from_csv(gpubdb, metric, per_job=False) == [e[1] for e in expected]
+
+
+def test_gpubdb_job_1_reads_what_the_old_tools_users_saw(gpubdb):
+    """Worker 0, job 1: rows at 4.4-5.7 s carry dag 0 while GPU 5 ran at up to 81 %; busy-only read 71."""
+    assert Monitor.peaks_from_csv(gpubdb, "compute-util", workers=[0])[0][1][5] == 81
+
+
 def test_workers_2_means_worker_2_not_worker_10(tmp_path):
     tables = [_table(i, [float(i), 0.0, 0.0]) for i in range(11)]
     csvfiles.write_tables(tables, tmp_path)
@@ -53,7 +119,7 @@ def test_round_trip_keeps_values_and_address(tmp_path):
     t["running"] = ['["a, b", 1]', "[]", '["x"]']
     (path,) = csvfiles.write_tables([t], tmp_path)
     back = csvfiles.read_worker_csv(path)
-    assert back.attrs == {"worker": "tcp://[::1]:8786", "worker_index": 3, "units": {}}
+    assert back.attrs == {"worker": "tcp://[::1]:8786", "worker_index": 3, "units": {}, "job_rule": "busy"}
     pd.testing.assert_frame_equal(back[t.columns], t, check_dtype=False)
 
 

@@ -295,6 +295,15 @@ def test_lines_from_old_csv(old_csv, tmp_path, as_str):
     np.testing.assert_array_equal(compute.lines[1].get_ydata(), [60, 62])
 
 
+def test_old_csv_plots_every_row_of_the_job(tmp_path):
+    """The old tool's dag column lagged (job 1's first rows read dag 0): its files count every row of a job."""
+    path = tmp_path / "worker_0.csv"
+    path.write_text(OLD_CSV.replace("1,1,0.0,", "1,0,0.0,").replace("1,1,0.5,", "1,0,0.5,"))
+    fig = lines(path, 1, ["compute-util"])
+    np.testing.assert_array_equal(fig.axes[0].lines[0].get_xdata(), [0.0, 0.5, 1.0])
+    assert spans(fig.axes[0]) == [(-0.25, 1.25)]
+
+
 def test_boxes_from_old_csv(old_csv):
     fig = boxes(old_csv, 1, ["compute-util"], freq=2)
     stats = box_stats(fig.axes[0])

@@ -8,6 +8,11 @@ write come last: ``running`` (the executing task keys, JSON) when collected,
 and ``worker`` (the address). ``workers.csv`` beside them maps index ->
 address -> file.
 
+The ``worker`` column, which we always write, tells our files from the old
+tool's: a file without it is read with the old tool's job rule (every row of a
+job counts for it, :class:`~dask_influx_metrics.jobtags.Rule`), because that
+tool's ``dag`` column lagged behind the work; ours keep the busy-only rule.
+
 >>> import pandas as pd, tempfile, os
 >>> t = pd.DataFrame({"job": ["1"], "dag": ["1"], "timestamp": [0.5], "x[0]": [1.0], "x[1]": [2.5]})
 >>> t.attrs = {"worker": "tcp://h:1", "worker_index": 0}
@@ -32,7 +37,7 @@ from typing import Callable, Optional
 import numpy as np
 import pandas as pd
 
-from .. import schema
+from .. import jobtags, schema
 from .tables import BASE_COLUMNS, device_columns, table_metrics
 
 MANIFEST = "workers.csv"
@@ -134,8 +139,9 @@ def read_worker_csv(path, metrics=None) -> pd.DataFrame:
     """One worker's CSV (old layout, or ours) -> a table with ``<metric>[<i>]`` columns.
 
     ``metrics`` (names) reads only those columns besides ``job, dag,
-    timestamp``; default: every column. Raises ``ValueError`` naming the file
-    and line of the first malformed row.
+    timestamp``; default: every column. ``attrs["job_rule"]`` says which rows
+    count for a job (see the module docstring). Raises ``ValueError`` naming
+    the file and line of the first malformed row.
     """
     path = os.fspath(path)
     try:
@@ -167,9 +173,11 @@ def read_worker_csv(path, metrics=None) -> pd.DataFrame:
     if "tasks" in table.columns:
         table["tasks"] = table["tasks"].astype("Int64")
     number = re.search(r"_(\d+)\.csv$", os.path.basename(path))
-    worker = head["worker"].iloc[0] if "worker" in head.columns and len(head) else ""
+    ours = "worker" in head.columns  # the column we always write; the old tool never did
+    worker = head["worker"].iloc[0] if ours and len(head) else ""
     table.attrs = {"worker": worker or os.path.basename(path),
-                   "worker_index": int(number.group(1)) if number else 0, "units": {}}
+                   "worker_index": int(number.group(1)) if number else 0, "units": {},
+                   jobtags.RULE: jobtags.Rule.BUSY if ours else jobtags.Rule.EVERY_ROW}
     return table
 
 

@@ -5,6 +5,8 @@ and J is in its ``job`` tag (``"1,2"`` counts for 1 and 2): idle samples count
 for no job, so a job is never charged what a device showed while its worker
 waited (another worker's job on a shared GPU, memory left behind). Job ``0``
 is never a job. Whole-session peaks (``per_job=False``) use every sample.
+Tables read from the old dask-metrics tool's CSVs count every row of a job
+instead (their ``dag`` column is unreliable; :class:`~dask_influx_metrics.jobtags.Rule`).
 Because a maximum of maxima is the maximum, the server can group busy samples
 by the raw ``job`` tag and the client splits the lists: server-side and
 client-side peaks are equal by construction, and tested so.
@@ -54,7 +56,7 @@ def from_tables(tables: list[pd.DataFrame], metric: str, per_job: bool = True, u
         cols = device_columns(table, metric)
         if not cols:
             continue
-        rows = table[jobtags.busy(table["dag"])] if per_job else table  # idle samples count for no job
+        rows = table[jobtags.counting(table)] if per_job else table  # ours: idle samples count for no job
         # the maximum per raw job tag first, in C over the wide table (a maximum of maxima is the
         # maximum); only those few rows are melted and their tags split
         keys = rows["job"].to_numpy() if per_job else pd.Series("", index=rows.index).to_numpy()

@@ -116,7 +116,7 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | No
             if table is None:
                 continue
             interval = interval_seconds(table)
-            jobs = jobtags.distinct(table.loc[jobtags.busy(table["dag"]), "job"].unique()) if per_job else []
+            jobs = jobtags.distinct(table.loc[jobtags.counting(table), "job"].unique()) if per_job else []
             cols = device_columns(table, metric)
             if not cols:
                 continue

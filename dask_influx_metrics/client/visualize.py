@@ -128,7 +128,7 @@ def _select(source, job, metrics):
         raise ValueError(f"{name}: the table has no samples")
 
     table = table.sort_values("timestamp", kind="stable")
-    present = jobtags.distinct(table.loc[jobtags.busy(table["dag"]), "job"].unique())
+    present = jobtags.distinct(table.loc[jobtags.counting(table), "job"].unique())
     number = int(str(job).strip()) if str(job).strip().isdecimal() else None  # 2 or "2"
     if number not in present:
         raise ValueError(f"job {job!r} not in {name}; jobs present: {', '.join(map(str, present))}")
