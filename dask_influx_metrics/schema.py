@@ -227,3 +227,17 @@ def fields_for(tracking) -> frozenset[tuple[str, str]]:
     chosen = {pair for name in tracking for pair in TRACKING[name]}
     measurements = {m for m, _ in chosen}
     return frozenset(chosen | {p for p in ALWAYS if p[0] in measurements})
+
+# NVML's clock-event reason bits in ``clocks_event_reasons`` (nvidia-smi's names, shortened).
+CLOCK_EVENT_REASONS = {
+    0x1: "idle", 0x2: "application clocks", 0x4: "software power cap", 0x8: "hardware slowdown",
+    0x10: "sync boost", 0x20: "software thermal", 0x40: "hardware thermal", 0x80: "power brake",
+    0x100: "display clocks",
+}
+
+# Sampling health: each sender's sink counters (integers, cumulative since the sender started),
+# one point per sender and sink every ~10 s. Minimal declaration for the dashboard and alerts;
+# the sink-counters change declares these in full (fields, units, the ``sink`` tag).
+DELIVERY = "delivery"
+DELIVERY_TAGS = ("host", "worker", "sink")  # worker: the sending role; sink: udp, http or spool
+DELIVERY_COUNTERS = ("points_sent", "points_dropped", "points_refused", "points_spooled", "errors")

@@ -20,7 +20,7 @@ K8S = os.path.join(DEPLOY, "k8s")
 COMPOSE = os.path.join(DEPLOY, "compose", "compose.yaml")
 BIN = os.path.dirname(sys.executable)
 GRAFANA_MOUNTS = {"/etc/grafana/provisioning/datasources", "/etc/grafana/provisioning/dashboards",
-                  "/var/lib/grafana/dashboards"}
+                  "/etc/grafana/provisioning/alerting", "/var/lib/grafana/dashboards"}
 
 
 def _tool(name: str) -> str:
@@ -283,7 +283,8 @@ def _datasource_uids(node) -> set[str]:
 def test_rendered_kustomization_validates_strictly(rendered):
     path, docs = rendered
     assert sorted(f"{d['kind']}/{_generated_name(d)}" for d in docs) == [
-        "ConfigMap/grafana-dashboard-provider", "ConfigMap/grafana-dashboards", "ConfigMap/grafana-datasources",
+        "ConfigMap/grafana-alerting", "ConfigMap/grafana-dashboard-provider", "ConfigMap/grafana-dashboards",
+        "ConfigMap/grafana-datasources",
         "ConfigMap/influxdb-init", "ConfigMap/telegraf-config", "DaemonSet/telegraf", "Deployment/grafana",
         "NetworkPolicy/telegraf-udp", "Service/grafana", "Service/influxdb", "StatefulSet/influxdb"]
     assert {d["metadata"].get("namespace") for d in docs} == {"dask-metrics"}

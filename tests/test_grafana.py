@@ -24,8 +24,11 @@ GRAFANA = os.path.join(ROOT, "grafana")
 DASHBOARDS = os.path.join(GRAFANA, "dashboards")
 DATASOURCES = os.path.join(GRAFANA, "provisioning", "datasources", "influxdb.yaml")
 PROVIDER = os.path.join(GRAFANA, "provisioning", "dashboards", "dask.yaml")
+ALERTS = os.path.join(GRAFANA, "provisioning", "alerting", "dask-alerts.yaml")
 BUILTIN_VARS = {"timeFilter", "__interval", "__interval_ms", "__timeFilter", "__from", "__to",
-                "tag_worker", "tag_index", "tag_host", "tag_job", "tag_activity", "col"}
+                "tag_worker", "tag_index", "tag_host", "tag_job", "tag_activity", "tag_sink", "col"}
+# Names a query may use besides the schema's FIELDS and TAGS (see schema.DELIVERY).
+DELIVERY_FIELDS = {(schema.DELIVERY, n) for n in schema.DELIVERY_COUNTERS}
 
 
 def _dashboards() -> dict[str, dict]:
@@ -47,16 +50,23 @@ def _queries(dash: dict) -> list[tuple[str, str]]:
     return found
 
 
-def test_generated_dashboard_is_committed():
-    """The committed JSON is what build_dashboard.py writes from the schema."""
+def _build():
     sys.path.insert(0, GRAFANA)
     try:
         import build_dashboard
     finally:
         sys.path.remove(GRAFANA)
-    with open(build_dashboard.OUT) as f:
-        assert json.load(f) == json.loads(json.dumps(build_dashboard.dashboard())), \
+    return build_dashboard
+
+
+def test_generated_dashboard_is_committed():
+    """The committed JSON and alert rules are what build_dashboard.py writes from the schema."""
+    build = _build()
+    with open(build.OUT) as f:
+        assert json.load(f) == json.loads(json.dumps(build.dashboard())), \
             "run grafana/build_dashboard.py and commit its output"
+    with open(build.ALERTS_OUT) as f:
+        assert yaml.safe_load(f) == build.alerts(), "run grafana/build_dashboard.py and commit its output"
 
 
 @pytest.mark.parametrize("name", list(_dashboards()))
@@ -86,18 +96,39 @@ def test_dashboard_structure(name):
         assert used <= defined, f"{where}: undefined {used - defined}"
 
 
+def _check_names(where: str, q: str) -> None:
+    """Every quoted name of an InfluxQL query is the schema's (its measurement's field, a tag) or an alias
+    the query itself defines (``AS "x"``)."""
+    fields = set(schema.FIELDS) | DELIVERY_FIELDS
+    measurements = {m for m, _ in fields}
+    used = re.findall(r'FROM "(\w+)"', q)
+    assert all(m in measurements for m in used), f"{where}: unknown measurement in {used}"
+    if q.startswith("SELECT"):
+        (m,) = used
+        tags = schema.DELIVERY_TAGS if m == schema.DELIVERY else schema.TAGS
+        known = {f for mm, f in fields if mm == m} | set(tags) | set(re.findall(r'AS "([^"]+)"', q))
+        for name in re.findall(r'"(\w+)"', re.sub(r'FROM "\w+"', "", q)):
+            assert name in known, f"{where}: {m} has no field or tag {name}"
+
+
 def test_dashboard_uses_only_schema_names():
-    measurements = {m for m, _ in schema.FIELDS}
     for dash in _dashboards().values():
         for where, q in _queries(dash):
-            for m in re.findall(r'FROM "(\w+)"', q):
-                assert m in measurements, f"{where}: unknown measurement {m}"
-            if q.startswith("SELECT"):
-                (m,) = re.findall(r'FROM "(\w+)"', q)
-                known = {f for mm, f in schema.FIELDS if mm == m} | set(schema.TAGS)
-                for name in re.findall(r'"(\w+)"', q.split(" FROM ")[0]):
-                    if not name.startswith(("peak_", "mean_")):
-                        assert name in known, f"{where}: {m} has no field {name}"
+            _check_names(where, q)
+
+
+def test_name_check_catches_a_misspelt_field():
+    with pytest.raises(AssertionError, match="gpu has no field or tag power_drew"):
+        _check_names("panel", 'SELECT mean("power_drew") FROM "gpu" WHERE $timeFilter')
+    with pytest.raises(AssertionError, match="delivery has no field or tag index"):
+        _check_names("panel", 'SELECT last("errors") FROM "delivery" WHERE $timeFilter GROUP BY "index"')
+
+
+def test_a_panel_for_every_gpu_field():
+    """Every collected gpu field (memory_total only as the denominator of memory_used_percent) is drawn."""
+    queries = " ".join(q for _, q in _queries(_dashboards()["dask-influx-metrics.json"]))
+    drawn = {name for m, name in schema.FIELDS if m == schema.GPU and f'"{name}"' in queries}
+    assert drawn == {name for m, name in schema.FIELDS if m == schema.GPU} - {"memory_total"}
 
 
 def test_provider_path_is_where_dashboards_are_mounted():
@@ -113,12 +144,38 @@ def _regex_escape(value: str) -> str:
     return re.sub(r"([\\^$*+?.()|{}\[\]/])", r"\\\1", value)
 
 
-def substitute(query: str, values: dict[str, list[str]]) -> str:
-    """What Grafana sends: multi-value variables as ``(a|b)``, time macros filled in."""
-    query = query.replace("$timeFilter", "time > now() - 1h").replace("$__interval", "10s")
+def substitute(query: str, values: dict[str, list[str] | str], since: str = "now() - 1h") -> str:
+    """What Grafana sends: multi-value variables (lists) as ``(a|b)``, a single-value one (a string) as
+    it is, time macros filled in."""
+    query = query.replace("$timeFilter", f"time > {since}").replace("$__interval", "10s")
     for name, vals in sorted(values.items(), key=lambda kv: -len(kv[0])):
-        query = query.replace(f"${name}", "(" + "|".join(_regex_escape(v) for v in vals) + ")")
+        text = vals if isinstance(vals, str) else "(" + "|".join(_regex_escape(v) for v in vals) + ")"
+        query = query.replace(f"${name}", text)
     return query
+
+
+def variable_values(influxd, dash: dict, database: str, since: str = "now() - 1h") -> dict:
+    """Each variable's values, in order (later variables use earlier ones), as Grafana reads them: the
+    first column of each row (SHOW TAG VALUES: ``value``)."""
+    values: dict[str, list[str] | str] = {}
+    for var in dash["templating"]["list"]:
+        rows = influxd.query(substitute(var["query"], values, since), db=database)
+        assert rows, f"variable {var['name']}: no values"
+        found = sorted({str(r["value"] if "value" in r else [v for k, v in r.items() if k != "time"][0])
+                        for r in rows})
+        if var["multi"]:
+            values[var["name"]] = found
+        else:
+            (values[var["name"]],) = found
+    return values
+
+
+def _is_delivery(query: str) -> bool:
+    return f'FROM "{schema.DELIVERY}"' in query
+
+
+# Written by NVML only, not by the simulated GPU of the monitored run: test_gpu_panels_on_written_points.
+NOT_SIMULATED = ("clocks_event_reasons", "worker_memory_used")
 
 
 @pytest.fixture(scope="module")
@@ -129,15 +186,14 @@ def monitored(monitored_both):
 
 @pytest.mark.parametrize("name", list(_dashboards()))
 def test_every_query_returns_rows(monitored, name):
+    """Every query but sampling health's (the sinks' counters; test_delivery_panels) on a real run."""
     influxd = monitored.influxd
     dash = _dashboards()[name]
-    values: dict[str, list[str]] = {}
-    for var in dash["templating"]["list"]:  # in order: later variables use earlier ones
-        rows = influxd.query(substitute(var["query"], values), db=monitored.database)
-        assert rows, f"variable {var['name']}: no values"
-        values[var["name"]] = sorted({r.get("value", r.get("distinct")) for r in rows})  # SHOW TAG VALUES, DISTINCT
+    values = variable_values(influxd, dash, monitored.database)
     failures = []
     for where, q in _queries(dash):
+        if _is_delivery(q) or any(f'"{name}"' in q for name in NOT_SIMULATED):
+            continue
         sent = substitute(q, values)
         assert "$" not in sent.replace("$/", "").replace("(,|$)", ""), sent
         if not influxd.query(sent, db=monitored.database):
@@ -206,3 +262,108 @@ def test_grafana_schema_check_catches_wrong_types_and_unknown_fields(tmp_path):
     assert "'string' is not assignable to type 'number'" in out.stdout
     assert "'\"rawquery\"' does not exist in type 'InfluxQLQuery'" in out.stdout
     assert "'\"definition\"' does not exist in type 'VariableModel'" in out.stdout
+
+
+# --- panels on hand-written points: exact figures -----------------------------------------
+T0 = 1_763_900_000_000_000_000
+SINCE = str(T0 - 1)
+WORKER = "tcp://127.0.0.1:1001"
+
+
+def _gpu_lines() -> list[str]:
+    """One worker, 2 GPUs, a sample every 200 ms: job 1 busy for samples 0-29 (GPU 0 at 50 %, software
+    power cap in every other sample; GPU 1 at 0 % with 1000 MiB in use: held idle), idle 30-39, job 2
+    busy 40-59 (both GPUs at 80 %, GPU 1 hardware slowdown)."""
+    lines = []
+    for i in range(60):
+        job, dag = ("1", "1") if i < 30 else ("1", "0") if i < 40 else ("2", "2")
+        for index in (0, 1):
+            util = 80.0 if job == "2" and dag != "0" else 50.0 if index == 0 and dag == "1" else 0.0
+            reasons = (4 if i % 2 else 0) if index == 0 and dag == "1" else 8 if index == 1 and dag == "2" else 0
+            fields = (f"utilization_gpu={util},utilization_memory={util / 2},memory_used=1000,memory_total=8000,"
+                      f"memory_used_percent=12.5,power_draw={60 + util},temperature_gpu=40,clocks_current_sm=1410,"
+                      f"worker_memory_used=600,clocks_event_reasons={reasons}i")
+            lines.append(f"gpu,host=node1,worker={WORKER},job={job},dag={dag},index={index},"
+                         f"uuid=GPU-{index},nvml_index={index},name=Test {fields} {T0 + i * 200_000_000}")
+    return lines
+
+
+@pytest.fixture(scope="module")
+def written_gpu(influxd):
+    database = influxd.create_database("grafana_gpu")
+    influxd.write(_gpu_lines(), db=database)
+    return database
+
+
+def _panel(title: str) -> dict:
+    (panel,) = [p for p in _dashboards()["dask-influx-metrics.json"]["panels"] if p["title"] == title]
+    return panel
+
+
+def _run(influxd, database, panel_title, values, since=SINCE):
+    return influxd.query(substitute(_panel(panel_title)["targets"][0]["query"], values, since), db=database)
+
+
+def _gpu_values(influxd, database) -> dict:
+    values = {"host": ["node1"], "worker": [WORKER], "job": ["1", "2"], "dag": ["1", "2"]}
+    (var,) = [v for v in _dashboards()["dask-influx-metrics.json"]["templating"]["list"] if v["name"] == "sample_ms"]
+    (row,) = influxd.query(substitute(var["query"], values, SINCE), db=database)
+    return {**values, "sample_ms": str(row["round"])}
+
+
+def test_gpu_panels_on_written_points(influxd, written_gpu):
+    """Every gpu panel returns rows on points with every NVML field, the sampling interval is read from
+    the data, and GPU-hours, held-idle GPU-hours and clock-event reasons are exact."""
+    values = _gpu_values(influxd, written_gpu)
+    assert values["sample_ms"] == "200"
+    for where, q in _queries(_dashboards()["dask-influx-metrics.json"]):
+        if where.startswith("panel") and 'FROM "gpu"' in q:
+            assert influxd.query(substitute(q, values, SINCE), db=written_gpu), where
+    hours = {r["job"]: r for r in _run(influxd, written_gpu, "GPU-hours and held-idle GPU-hours per job", values)}
+    assert set(hours) == {"1", "2"}  # the idle samples (dag 0, job 1) count for no job
+    assert hours["1"]["gpu_hours"] == pytest.approx(30 * 2 * 0.2 / 3600)
+    assert hours["1"]["held_idle_gpu_hours"] == pytest.approx(30 * 0.2 / 3600)  # GPU 1 only
+    assert hours["2"]["gpu_hours"] == pytest.approx(20 * 2 * 0.2 / 3600)
+    assert hours["2"]["held_idle_gpu_hours"] == 0
+    slowed = _run(influxd, written_gpu, "Clock-event reasons: % of samples slowed down, per reason", values,
+                  since=str(T0 + 40 * 200_000_000 - 1))  # job 2 only: GPU 1 in hardware slowdown throughout
+    assert {(r["index"], r["hardware slowdown"], r["software power cap"]) for r in slowed} == {("0", 0, 0), ("1", 100, 0)}
+    slowed = _run(influxd, written_gpu, "Clock-event reasons: % of samples slowed down, per reason",
+                  {**values, "job": ["1"], "dag": ["1"]})
+    assert sum(r["software power cap"] for r in slowed if r["index"] == "0") / len(
+        [r for r in slowed if r["index"] == "0"]) == pytest.approx(50)
+    held = _run(influxd, written_gpu, "GPU held idle while a job runs (% of busy samples)", {**values, "job": ["1"],
+                                                                                            "dag": ["1"]})
+    assert {(r["index"], r["mean"]) for r in held} == {("0", 0), ("1", 100)}
+
+
+def _delivery_lines() -> list[str]:
+    """Two senders' counters every 10 s for 2 minutes: a worker's UDP sink that drops 5 points per
+    step after 1 minute, and the scheduler's HTTP sink that restarts (counters back to 0) at 1 minute."""
+    lines = []
+    for i in range(13):
+        t = T0 + i * 10_000_000_000
+        dropped = 5 * max(0, i - 6)
+        lines.append(f"delivery,host=node1,worker={WORKER},sink=udp points_sent={100 * i}i,"
+                     f"points_dropped={dropped}i,points_refused=0i,points_spooled=0i,errors=0i {t}")
+        sent = 50 * (i if i < 6 else i - 6)
+        lines.append(f"delivery,host=node0,worker=scheduler,sink=http points_sent={sent}i,points_dropped=0i,"
+                     f"points_refused={2 if i == 3 else 0}i,points_spooled=0i,errors=0i {t}")
+    return lines
+
+
+def test_delivery_panels(influxd):
+    """Sampling health: rates per sender and sink, totals over the range across a sender restart."""
+    database = influxd.create_database("grafana_delivery")
+    influxd.write(_delivery_lines(), db=database)
+    values = {"host": ["node1"], "worker": ["x"], "job": ["1"], "dag": ["1"]}  # ignored: every sender counts
+    sent = _run(influxd, database, "Points sent per second, per sender and sink", values)
+    assert {(r["worker"], r["sink"]) for r in sent} == {("tcp://127.0.0.1:1001", "udp"), ("scheduler", "http")}
+    assert {r["points_sent"] for r in sent if r["sink"] == "udp"} == {10}  # 100 points per 10 s
+    lost = _run(influxd, database, "Points dropped, refused, spooled and sink errors per second", values)
+    assert max(r["points_dropped"] for r in lost if r["sink"] == "udp") == 0.5
+    totals = {r["sink"]: r for r in _run(influxd, database,
+                                         "Sampling health: points per sender and sink in the time range", values)}
+    assert (totals["udp"]["points_sent"], totals["udp"]["points_dropped"]) == (1200, 30)
+    # http: 0..250 before the restart, 50..300 after it (the step across the reset is left out)
+    assert (totals["http"]["points_sent"], totals["http"]["points_refused"]) == (250 + 300, 2)

@@ -131,3 +131,24 @@ def test_demo_report_in_headless_chromium(demo_report, tmp_path):
     shutil.copyfile(shot, "/tmp/gpu-report.png")
     print(f"\nscreenshot of the demo report: {shot} (copy: /tmp/gpu-report.png); report: {demo_report}")
     assert os.path.getsize(demo_report) > 1_000_000  # BokehJS inline
+
+
+def test_timelines_start_at_0_and_equal_lines_differ():
+    """Utilization on 0-100, memory from 0, and two GPUs with equal readings drawn with different dashes."""
+    import math
+
+    import pandas as pd
+
+    from dask_influx_metrics.client import reportfigs
+
+    table = pd.DataFrame({"job": ["1"] * 4, "dag": ["1"] * 4, "timestamp": [0.0, 0.5, 1.0, 1.5],
+                          "compute-util[0]": [50.0, 51.0, 50.0, 51.0], "compute-util[1]": [50.0, 51.0, 50.0, 51.0],
+                          "total-mem[0]": [3e9] * 4})
+    tables = {"w": table}
+    data = reportfigs.sources(tables, {"compute-util": 1.0, "total-mem": 2**30})
+    util = reportfigs.timeline(tables, data, 1, "compute-util", "GPU utilization (%)")
+    assert (util.y_range.start, util.y_range.end) == (0, 100)
+    dashes = [r.glyph.line_dash for r in util.renderers if hasattr(r.glyph, "line_dash")]
+    assert len(dashes) == 2 and dashes[0] != dashes[1]
+    mem = reportfigs.timeline(tables, data, 1, "total-mem", "GPU memory used (GiB)")
+    assert mem.y_range.start == 0 and math.isnan(mem.y_range.end)  # the top follows the data

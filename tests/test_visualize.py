@@ -355,3 +355,53 @@ def test_busy_intervals_are_shaded_and_lines_break_between_them(table):
     x = ax.lines[0].get_xdata()
     assert len(x) == 5 + 1 + 12 and np.isnan(x[5]) and np.isnan(ax.lines[0].get_ydata()[5])
     assert not boxes(table, 1, ["compute-util"], freq=5).axes[0].patches  # boxes: samples of the job, no shading
+
+
+# --- axes and styles: no 4 % band that makes noise look dramatic, no line hiding another ---------------
+
+def _flat_table() -> pd.DataFrame:
+    """Job 1 on 2 GPUs with equal readings: utilization in a narrow band (50-52 %), equal memory."""
+    table = make_table()
+    n = len(table)
+    band = 50 + 2 * (np.arange(n) % 2)
+    for gpu in (0, 1):
+        table[f"compute-util[{gpu}]"] = band.astype(float)
+        table[f"total-mem[{gpu}]"] = np.full(n, 3.0 * GIB) + np.arange(n) * 1e6
+    return table
+
+
+@pytest.mark.parametrize("plot", [lines, boxes])
+def test_utilization_axes_span_0_to_100_and_memory_starts_at_0(plot):
+    fig = plot(_flat_table(), 1, ["compute-util", "total-mem", "host-cpu"])
+    util, mem, cpu = fig.axes[:3]
+    assert util.get_ylim() == (0, 100)
+    assert cpu.get_ylim() == (0, 100)
+    assert mem.get_ylim()[0] == 0 and mem.get_ylim()[1] >= 3.0  # GiB
+
+
+def test_percent_axis_grows_past_100_when_a_value_does():
+    table = _flat_table()
+    table["worker.cpu_percent"] = 250.0  # several cores
+    (ax,) = lines(table, 1, ["worker.cpu_percent"]).axes
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 250
+
+
+def test_negative_custom_metric_keeps_autoscale():
+    table = _flat_table()
+    table["my-metric"] = np.linspace(-5, -1, len(table))
+    (ax,) = lines(table, 1, ["my-metric"]).axes
+    assert ax.get_ylim()[0] < -4
+
+
+def test_equal_lines_stay_distinguishable():
+    """Two GPUs with equal readings: different dashes and markers, markers at different samples."""
+    (ax,) = lines(_flat_table(), 1, ["compute-util"]).axes
+    gpu0, gpu1 = ax.lines
+    assert gpu0.get_ydata().tolist() == gpu1.get_ydata().tolist()
+    assert gpu0.get_linestyle() != gpu1.get_linestyle()
+    assert gpu0.get_marker() != gpu1.get_marker()
+    assert gpu0.get_markevery() != gpu1.get_markevery()
+    start0, stride = gpu0.get_markevery()
+    start1, _ = gpu1.get_markevery()
+    assert {i for i in range(start0, len(gpu0.get_xdata()), stride)}.isdisjoint(
+        range(start1, len(gpu1.get_xdata()), stride))

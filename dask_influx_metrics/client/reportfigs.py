@@ -18,11 +18,13 @@ import pandas as pd
 from .. import jobtags
 from .summary import interval_seconds
 from .tables import device_columns
+from .visualize import unit_of
 
 EXTRA = "pip install dask-influx-metrics[report]"
 COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
           "#bcbd22", "#17becf"]
 BUSY_COLOR = "#2ca02c"
+DASHES = ("solid", "dashed", "dotted", "dotdash", "dashdot")  # equal lines stay distinguishable
 TOOLS = "pan,xwheel_zoom,box_zoom,reset,save"
 
 
@@ -78,7 +80,8 @@ def sources(tables: dict, metrics: dict) -> dict:
 
 
 def timeline(tables: dict, data: dict, job: int, metric: str, label: str, x_range=None):
-    """One line per worker and GPU of ``metric`` over the session, the job's busy intervals shaded."""
+    """One line per worker and GPU of ``metric`` over the session, the job's busy intervals shaded; the
+    y axis from 0 (percentages: 0-100), each line its own color and dash."""
     from bokeh.models import BoxAnnotation, HoverTool
     from bokeh.plotting import figure
 
@@ -91,11 +94,14 @@ def timeline(tables: dict, data: dict, job: int, metric: str, label: str, x_rang
             device = column[len(metric):].strip("[]")
             name = f"worker {table.attrs.get('worker_index', worker)}" + (f" GPU {device}" if device else "")
             fig.line("t", column, source=data[worker], legend_label=name, color=COLORS[k % len(COLORS)],
-                     line_width=1.5)
+                     line_dash=DASHES[k % len(DASHES)], line_width=1.5)
             k += 1
         for left, right in busy_intervals(table, job):
             fig.add_layout(BoxAnnotation(left=left, right=right, fill_color=BUSY_COLOR, fill_alpha=0.12,
                                          line_alpha=0))
+    fig.y_range.start = 0
+    if unit_of(metric) == "%":
+        fig.y_range.end = 100
     fig.add_tools(HoverTool(tooltips=[("t", "@t{0.0} s"), ("value", "$y{0.0}")]))
     fig.legend.click_policy = "hide"
     fig.legend.location = "top_left"

@@ -10,7 +10,9 @@ write the figure (the format follows the file extension).
 A job's plot shows the samples that count for it: busy (``dag != "0"``) with
 the job in the ``job`` tag; samples in which the worker was idle, which carry
 its last job, are left out. Byte and MiB quantities (``total-mem``,
-``worker-gpu-mem``, ``gpu.memory_used``, ...) are drawn in GiB.
+``worker-gpu-mem``, ``gpu.memory_used``, ...) are drawn in GiB. Percentages
+are drawn on 0-100 and other quantities that are never negative from 0, so
+noise in a narrow band does not look like a swing.
 
 matplotlib is optional: ``pip install dask-influx-metrics[plot]``.
 
@@ -47,6 +49,11 @@ _UNIT_OVERRIDES = {**{m: "bytes" for m in BYTES_METRICS}, "tasks": "count"}
 # Units drawn in GiB instead, and the divisor that gets there.
 _GIB = {"bytes": float(2**30), "MiB": float(2**10)}
 BUSY_SHADE = {"color": "tab:green", "alpha": 0.12, "linewidth": 0}
+# Each line of a subplot gets its own dash and marker, markers offset per line, so equal lines
+# (two idle GPUs) stay distinguishable instead of hiding each other.
+LINESTYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+MARKS_PER_LINE = 12
 _DEVICE_COLUMN = re.compile(r"^(?P<metric>.+)\[(?P<index>\d+)\]$")
 
 
@@ -178,6 +185,7 @@ def _plot(source, job, metrics, width, height, save, draw):
             [pd.to_numeric(rows[col], errors="coerce").to_numpy(dtype=float) for _, col in columns]
         ) / divisor
         draw(ax, x, values, [label for label, _ in columns], runs, step)
+        _y_limits(ax, unit, values)
         ax.set_title(f"{metric} ({unit})" if unit else metric)
         ax.set_ylabel(unit or metric)
         ax.grid(True, alpha=0.3)
@@ -186,6 +194,19 @@ def _plot(source, job, metrics, width, height, save, draw):
     if save is not None:
         fig.savefig(save, bbox_inches="tight")
     return fig
+
+
+def _y_limits(ax, unit: str, values) -> None:
+    """Percentages on 0-100 (more if a value is above, e.g. several cores), other quantities that
+    are never negative from 0: noise in a narrow band must not look like a swing."""
+    import numpy as np
+
+    finite = values[np.isfinite(values)]
+    if unit == "%":
+        top = float(finite.max()) if finite.size else 0.0
+        ax.set_ylim(0, 100.0 if top <= 100 else top * 1.05)
+    elif finite.size and finite.min() >= 0:
+        ax.set_ylim(bottom=0)
 
 
 def lines(source, job, metrics=None, width=20, height=10, save=None):
@@ -198,7 +219,8 @@ def lines(source, job, metrics=None, width=20, height=10, save=None):
     ("GPU 0", ...); x is the job's own ``timestamp`` values (seconds since
     collection start). The job's busy intervals are shaded (each sample
     +- half a sampling interval) and lines break between them, so no line
-    crosses time in which the job ran nothing on this worker.
+    crosses time in which the job ran nothing on this worker. Each line has
+    its own dash and markers (offset per line), so equal lines stay visible.
     ``width``/``height`` are in inches; ``save`` is a file name to write.
     Returns the :class:`~matplotlib.figure.Figure`. Raises ``ValueError`` for a
     job or metric not in the table.
@@ -213,8 +235,11 @@ def lines(source, job, metrics=None, width=20, height=10, save=None):
             ax.axvspan(x[runs == run].min() - step / 2, x[runs == run].max() + step / 2, **BUSY_SHADE)
         cut = np.flatnonzero(np.diff(runs)) + 1  # a NaN between busy intervals breaks the lines
         x, values = np.insert(x, cut, np.nan), np.insert(values, cut, np.nan, axis=0)
+        stride = max(len(labels), len(x) // MARKS_PER_LINE)  # line k marks samples k*stride/n + j*stride
         for k, label in enumerate(labels):
-            ax.plot(x, values[:, k], label=label)
+            ax.plot(x, values[:, k], label=label, linestyle=LINESTYLES[k % len(LINESTYLES)],
+                    marker=MARKERS[k % len(MARKERS)], markersize=4,
+                    markevery=(k * stride // len(labels), stride))
         if labels[0].startswith("GPU "):
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
