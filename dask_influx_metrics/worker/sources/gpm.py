@@ -82,15 +82,17 @@ class GpmReader:
 
     ``nvml``: the pynvml module; ``handle``: the GPU's handle (for a MIG instance,
     the parent's, with ``gpu_instance_id``; see :meth:`for_mig`). ``interval_s``:
-    how often :meth:`read` is called. ``fields``: the wanted ones (default all).
+    how often :meth:`read` is called; ``window_s``: the GPM window (at least, and
+    by default, 100 ms). ``fields``: the wanted ones (default all).
     ``label`` names the device in the one message about missing support.
     """
 
     def __init__(self, nvml, handle, *, gpu_instance_id: int | None = None, interval_s: float = MIN_WINDOW_S,
-                 fields=FIELDS, label: str = "GPU"):
+                 window_s: float = MIN_WINDOW_S, fields=FIELDS, label: str = "GPU"):
         self._nvml, self._handle, self._gi = nvml, handle, gpu_instance_id
         self._label = label
-        self.every = max(1, math.ceil(MIN_WINDOW_S / interval_s - 1e-9))  # k: a sample every k-th call
+        window_s = max(window_s, MIN_WINDOW_S)  # a longer window costs less (one ~39 us sample per window)
+        self.every = max(1, math.ceil(window_s / interval_s - 1e-9))  # k: a sample every k-th call
         self._calls = 0
         self._metrics = [(m, getattr(nvml, "NVML_GPM_METRIC_" + m.gpm, None)) for m in METRICS if m.field in fields]
         self._metrics = [(m, i) for m, i in self._metrics if i is not None]  # ids this pynvml names
@@ -123,7 +125,17 @@ class GpmReader:
             self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
         except nvml.NVMLError as e:
             return f"NVML: {type(e).__name__}: {e}"
+        self._request = self._new_request()
         return None
+
+    def _new_request(self):
+        """The nvmlGpmMetricsGet argument, built once: only its two samples change per call."""
+        request = self._nvml.c_nvmlGpmMetricsGet_t()
+        request.version = self._nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(self._metrics)
+        for i, (_, metric_id) in enumerate(self._metrics):
+            request.metrics[i].metricId = metric_id
+        return request
 
     def read(self) -> dict:
         """The wanted metrics for the window since the previous GPM sample, on every k-th call; else {}."""
@@ -155,18 +167,13 @@ class GpmReader:
             self._nvml.nvmlGpmMigSampleGet(self._handle, self._gi, sample)
 
     def _metrics_between(self, first, second) -> dict:
-        nvml = self._nvml
-        request = nvml.c_nvmlGpmMetricsGet_t()
-        request.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(self._metrics)
+        nvml, request = self._nvml, self._request
         request.sample1, request.sample2 = first, second
-        for i, (_, metric_id) in enumerate(self._metrics):
-            request.metrics[i].metricId = metric_id
         nvml.nvmlGpmMetricsGet(request)
-        fields = {}
+        fields, results, ok = {}, request.metrics, nvml.NVML_SUCCESS
         for i, (metric, _) in enumerate(self._metrics):
-            result = request.metrics[i]
-            if result.nvmlReturn == nvml.NVML_SUCCESS:
+            result = results[i]
+            if result.nvmlReturn == ok:
                 fields[metric.field] = metric.convert(result.value)
             elif metric.field not in self._reported:  # not offered here (NVLink on a PCIe card): said once
                 self._reported.add(metric.field)
