@@ -69,6 +69,13 @@ def test_sample_every_kth_call_for_a_window_of_100_ms(interval_s, every):
     assert nvml.calls_to("nvmlGpmSampleGet") == 4  # one sample per window, none in between
 
 
+def test_a_longer_window_samples_less_often():
+    nvml, handle = h100()
+    reader = GpmReader(nvml, handle, interval_s=0.05, window_s=0.4)
+    assert reader.every == 8
+    assert GpmReader(nvml, handle, interval_s=0.05, window_s=0.01).every == 2  # never below 100 ms
+
+
 def test_only_the_wanted_metrics_are_asked_for():
     nvml, handle = h100()
     reader = GpmReader(nvml, handle, fields={"sm_active", "sm_occupancy"})
