@@ -111,6 +111,48 @@ _FIELDS = (
     Field(GPU, "worker_memory_used", float, "MiB", "device memory held by the sampling worker's own process tree "
           "(NVML compute-process list); written by every worker for each device it uses"),
     Field(GPU, "clocks_event_reasons", int, "bitmask", "NVML clock-event (throttle) reasons active at sample time"),
+    Field(GPU, "clocks_current_memory", float, "MHz", "current memory clock"),
+    Field(GPU, "pstate", int, "", "performance state: 0 (P0, maximum performance) to 15 (minimum); "
+          "Telegraf writes it as a tag 'P0'"),
+    Field(GPU, "utilization_encoder", float, "%", "time the video encoder was busy over NVML's sample period"),
+    Field(GPU, "utilization_decoder", float, "%", "time the video decoder was busy over NVML's sample period"),
+    Field(GPU, "utilization_jpeg", float, "%", "time the JPEG decoder was busy over NVML's sample period"),
+    Field(GPU, "utilization_ofa", float, "%", "time the optical-flow accelerator was busy over NVML's sample period"),
+    Field(GPU, "fan_speed", float, "%", "fan speed, percent of maximum (read at most once a second)"),
+    Field(GPU, "total_energy_consumption", int, "mJ", "energy used since the driver loaded (counter; read at most "
+          "once a second, ~3.4 ms per call on an H100)"),
+    Field(GPU, "ecc_errors_volatile_correctable", int, "count", "corrected ECC errors since the driver loaded, all "
+          "memory locations (counter; at most once a second)"),
+    Field(GPU, "ecc_errors_volatile_uncorrectable", int, "count", "uncorrected ECC errors since the driver loaded "
+          "(counter; at most once a second)"),
+    Field(GPU, "ecc_errors_aggregate_correctable", int, "count", "corrected ECC errors over the GPU's lifetime "
+          "(counter; at most once a second)"),
+    Field(GPU, "ecc_errors_aggregate_uncorrectable", int, "count", "uncorrected ECC errors over the GPU's lifetime "
+          "(counter; at most once a second)"),
+    Field(GPU, "gr_engine_active", float, "%", "GPM (Hopper+): time the graphics/compute engine was active over the "
+          "GPM window (DCGM GR_ENGINE_ACTIVE)"),
+    Field(GPU, "sm_active", float, "%", "GPM: share of SM time with at least one warp resident, averaged over all SMs "
+          "(DCGM SM_ACTIVE): low when kernels use few SMs, even at utilization_gpu 100"),
+    Field(GPU, "sm_occupancy", float, "%", "GPM: resident warps relative to the SMs' maximum, over the window "
+          "(DCGM SM_OCCUPANCY)"),
+    Field(GPU, "pipe_tensor_active", float, "%", "GPM: time any tensor pipe was active (DCGM PIPE_TENSOR_ACTIVE)"),
+    Field(GPU, "pipe_tensor_hmma_active", float, "%", "GPM: time the half-precision (FP16/BF16) tensor pipe was active"),
+    Field(GPU, "pipe_tensor_imma_active", float, "%", "GPM: time the integer tensor pipe was active"),
+    Field(GPU, "pipe_tensor_dfma_active", float, "%", "GPM: time the FP64 DFMA tensor pipe was active"),
+    Field(GPU, "pipe_tensor_dmma_active", float, "%", "GPM: time the FP64 DMMA tensor pipe was active"),
+    Field(GPU, "dram_active", float, "%", "GPM: device-memory bandwidth used, relative to the maximum (DCGM DRAM_ACTIVE)"),
+    Field(GPU, "pipe_fp64_active", float, "%", "GPM: time the FP64 (non-tensor) pipe was active"),
+    Field(GPU, "pipe_fp32_active", float, "%", "GPM: time the FP32 (non-tensor) pipe was active"),
+    Field(GPU, "pipe_fp16_active", float, "%", "GPM: time the FP16 (non-tensor) pipe was active"),
+    Field(GPU, "pipe_int_active", float, "%", "GPM: time the integer pipe was active"),
+    Field(GPU, "pcie_tx_bytes", float, "bytes/s", "GPM: PCIe bytes sent by the GPU per second over the window"),
+    Field(GPU, "pcie_rx_bytes", float, "bytes/s", "GPM: PCIe bytes received by the GPU per second over the window"),
+    Field(GPU, "nvlink_tx_bytes", float, "bytes/s", "GPM: NVLink bytes sent per second, all links"),
+    Field(GPU, "nvlink_rx_bytes", float, "bytes/s", "GPM: NVLink bytes received per second, all links"),
+    Field(GPU, "worker_utilization_gpu", float, "%", "time kernels of the sampling worker's process tree ran, over the "
+          "window since the previous such point (NVML per-process smUtil, summed; at most once a second)"),
+    Field(GPU, "worker_utilization_memory", float, "%", "memory-controller busy time caused by the worker's process "
+          "tree over that window (NVML per-process memUtil, summed)"),
     Field(HOST, "cpu_percent", float, "%", "whole-host CPU use since the previous sample (all cores = 100)"),
     Field(HOST, "memory_used", int, "bytes", "host memory in use (psutil virtual_memory.used)"),
     Field(HOST, "memory_total", int, "bytes", "host memory capacity"),
@@ -202,6 +244,19 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "worker-mem": ((WORKER, "rss"), (WORKER, "managed_bytes")),
     "worker-gpu-mem": ((GPU, "worker_memory_used"),),
     "throttle": ((GPU, "clocks_event_reasons"),),
+    "mem-clock": ((GPU, "clocks_current_memory"),),
+    "pstate": ((GPU, "pstate"),),
+    "codec-util": tuple((GPU, f"utilization_{e}") for e in ("encoder", "decoder", "jpeg", "ofa")),
+    "fan": ((GPU, "fan_speed"),),
+    "energy": ((GPU, "total_energy_consumption"),),
+    "ecc": tuple((GPU, f"ecc_errors_{c}_{k}") for c in ("volatile", "aggregate")
+                 for k in ("correctable", "uncorrectable")),
+    "gpm": tuple((GPU, f) for f in (
+        "gr_engine_active", "sm_active", "sm_occupancy", "pipe_tensor_active", "pipe_tensor_hmma_active",
+        "pipe_tensor_imma_active", "pipe_tensor_dfma_active", "pipe_tensor_dmma_active", "dram_active",
+        "pipe_fp64_active", "pipe_fp32_active", "pipe_fp16_active", "pipe_int_active",
+        "pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes", "nvlink_rx_bytes")),
+    "worker-gpu-util": ((GPU, "worker_utilization_gpu"), (GPU, "worker_utilization_memory")),
     "task-stream": tuple((TASK, n) for n in ("key", "start", "duration", "compute", "transfer",
                                              "disk_read", "disk_write", "nbytes")),
     "fine-metrics": ((ACTIVITY, "value"), (ACTIVITY, "jobs")),

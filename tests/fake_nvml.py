@@ -1,9 +1,16 @@
 """A stand-in for the ``pynvml`` module that replays recorded NVML output.
 
-Only the calls ``worker/sources/nvml.py`` makes are implemented, with the real
-signatures; constants and exception classes come from the installed pynvml, so
-the code under test catches the exact classes it would on a GPU. Every call is
-counted in ``calls[(function, handle)]``.
+Only the calls the sources make are implemented, with the real signatures;
+constants, exception classes and the GPM ctypes structures come from the
+installed pynvml, so the code under test catches the exact classes it would on
+a GPU. Every call is counted in ``calls[(function, handle)]``. ``phase`` picks
+one of the recording's ``phases`` (the H100 one has idle, shared, after).
+
+GPM replays the recorded ``gpm.metrics`` for any two samples taken in order
+(metrics not recorded answer NotSupported, per metric, as NVML does); a device
+without a ``gpm`` record is a pre-Hopper GPU (``isSupportedDevice`` 0). Process
+utilization replays one recorded answer per call, keeping only samples newer
+than the ``timeStamp`` argument, NotFound when none is left, as the driver does.
 
 >>> fake = FakeNvml()
 >>> fake.nvmlInit(); fake.nvmlDeviceGetCount()
@@ -15,6 +22,8 @@ counted in ``calls[(function, handle)]``.
 from __future__ import annotations
 
 import copy
+import ctypes
+import itertools
 import json
 import pathlib
 from collections import Counter
@@ -33,16 +42,19 @@ class Handle(NamedTuple):
 
 
 class FakeNvml:
-    def __init__(self, recording: str = RECORDING, as_bytes: bool = False):
+    def __init__(self, recording: str = RECORDING, as_bytes: bool = False, phase: str | None = None):
         self.data = json.loads((DATA / recording).read_text())
-        self.devices = self.data["devices"]
+        self.devices = self.data["devices"] if phase is None else self.data["phases"][phase]["devices"]
         self.as_bytes = as_bytes  # pynvml < 11.5 returned bytes for names and UUIDs
         self.calls: Counter = Counter()
         self.initialised = False
+        self._gpm_ids = itertools.count(1)
+        self._gpm_samples: dict[int, tuple | None] = {}  # sample id -> (entity record, order) once taken
+        self._gpm_order = itertools.count()
 
     def __getattr__(self, name):
-        # Constants and error classes only: a function the fake lacks must fail.
-        if name.startswith(("NVML_", "NVMLError", "nvmlMemory_v", "nvmlTemperature_v")):
+        # Constants, error classes and GPM structures only: a function the fake lacks must fail.
+        if name.startswith(("NVML_", "NVMLError", "nvmlMemory_v", "nvmlTemperature_v", "c_nvmlGpm")):
             return getattr(pynvml, name)
         raise AttributeError(f"FakeNvml has no {name!r}")
 
@@ -129,8 +141,30 @@ class FakeNvml:
         return self._value("nvmlDeviceGetTemperature", handle, "temperature")
 
     def nvmlDeviceGetClockInfo(self, handle, type):
-        assert type == pynvml.NVML_CLOCK_SM
-        return self._value("nvmlDeviceGetClockInfo", handle, "clock_sm")
+        key = {pynvml.NVML_CLOCK_SM: "clock_sm", pynvml.NVML_CLOCK_MEM: "clock_mem"}[type]
+        return self._value("nvmlDeviceGetClockInfo", handle, key)
+
+    def nvmlDeviceGetPerformanceState(self, handle):
+        return self._value("nvmlDeviceGetPerformanceState", handle, "pstate")
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return self._value("nvmlDeviceGetTotalEnergyConsumption", handle, "energy_mj")
+
+    def nvmlDeviceGetEncoderUtilization(self, handle):
+        return self._value("nvmlDeviceGetEncoderUtilization", handle, "encoder_utilization")  # [util, period_us]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle):
+        return self._value("nvmlDeviceGetDecoderUtilization", handle, "decoder_utilization")
+
+    def nvmlDeviceGetJpgUtilization(self, handle):
+        return self._value("nvmlDeviceGetJpgUtilization", handle, "jpg_utilization")
+
+    def nvmlDeviceGetOfaUtilization(self, handle):
+        return self._value("nvmlDeviceGetOfaUtilization", handle, "ofa_utilization")
+
+    def nvmlDeviceGetTotalEccErrors(self, handle, errorType, counterType):
+        counts = self._value("nvmlDeviceGetTotalEccErrors", handle, "ecc_errors")  # {"volatile": [corr, uncorr], ...}
+        return counts[("volatile", "aggregate")[counterType]][errorType]
 
     def nvmlDeviceGetFanSpeed(self, handle):
         return self._value("nvmlDeviceGetFanSpeed", handle, "fan")
@@ -150,3 +184,94 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
         return self._value("nvmlDeviceGetCurrentClocksThrottleReasons", handle, "clocks_throttle_reasons")
+
+    # -- MIG instances ---------------------------------------------------------
+    def nvmlDeviceGetGpuInstanceId(self, device):
+        self._check_init()
+        if device.mig is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return self._record(device).get("gpu_instance_id", device.mig)  # the position unless recorded
+
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, migDevice):
+        self._check_init()
+        if migDevice.mig is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return Handle(migDevice.gpu)
+
+    # -- per-process utilization -------------------------------------------------
+    def nvmlDeviceGetProcessUtilization(self, handle, timeStamp):
+        return self._process_samples("nvmlDeviceGetProcessUtilization", handle, "process_utilization", timeStamp)
+
+    def nvmlDeviceGetProcessesUtilizationInfo(self, handle, timeStamp):
+        return self._process_samples(
+            "nvmlDeviceGetProcessesUtilizationInfo", handle, "processes_utilization_info", timeStamp)
+
+    def _process_samples(self, function, handle, key, since):
+        fresh = [s for s in self._value(function, handle, key) if s["timeStamp"] > since]
+        if not fresh:  # the driver's answer when no process ran a kernel since ``since``
+            raise pynvml.NVMLError_NotFound()
+        return [SimpleNamespace(**s) for s in fresh]
+
+    # -- GPM ---------------------------------------------------------------------
+    def nvmlGpmQueryDeviceSupport(self, device):
+        self._check_init()
+        self.calls["nvmlGpmQueryDeviceSupport", device] += 1
+        if device.mig is not None:
+            raise pynvml.NVMLError_InvalidArgument()
+        support = self._record(device).get("gpm", {}).get("query_device_support", {"version": 1, "isSupportedDevice": 0})
+        return SimpleNamespace(**support)
+
+    def nvmlGpmSampleAlloc(self):
+        self._check_init()
+        sample_id = next(self._gpm_ids)
+        self._gpm_samples[sample_id] = None
+        return ctypes.cast(ctypes.c_void_p(sample_id), pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, gpmSample):
+        self._gpm_samples.pop(self._sample_id(gpmSample))
+
+    def nvmlGpmSampleGet(self, device, gpmSample):
+        self.calls["nvmlGpmSampleGet", device] += 1
+        if device.mig is not None:  # a MIG instance is sampled through its parent: nvmlGpmMigSampleGet
+            raise pynvml.NVMLError_InvalidArgument()
+        return self._gpm_take(self._record(device), gpmSample)
+
+    def nvmlGpmMigSampleGet(self, device, gpuInstanceId, gpmSample):
+        self.calls["nvmlGpmMigSampleGet", device] += 1
+        if device.mig is not None:
+            raise pynvml.NVMLError_InvalidArgument()
+        instances = [m for i, m in enumerate(self._record(device).get("mig", []))
+                     if m.get("gpu_instance_id", i) == gpuInstanceId]
+        if not instances:
+            raise pynvml.NVMLError_NotFound()
+        if not self._record(device).get("gpm", {}).get("query_device_support", {}).get("isSupportedDevice"):
+            raise pynvml.NVMLError_NotSupported()
+        return self._gpm_take(instances[0], gpmSample)
+
+    def _gpm_take(self, record, sample):
+        self._check_init()
+        if "gpm" not in record:
+            raise pynvml.NVMLError_NotSupported()
+        self._gpm_samples[self._sample_id(sample)] = (id(record), next(self._gpm_order), record["gpm"]["metrics"])
+        return sample
+
+    def nvmlGpmMetricsGet(self, metricsGet):
+        self.calls["nvmlGpmMetricsGet", None] += 1
+        first = self._gpm_samples.get(self._sample_id(metricsGet.sample1))
+        second = self._gpm_samples.get(self._sample_id(metricsGet.sample2))
+        if (metricsGet.version != pynvml.NVML_GPM_METRICS_GET_VERSION or first is None or second is None
+                or first[0] != second[0] or first[1] >= second[1]):  # two samples of one entity, in order
+            raise pynvml.NVMLError_InvalidArgument()
+        names = {getattr(pynvml, "NVML_GPM_METRIC_" + name): name for name in second[2]}
+        for i in range(metricsGet.numMetrics):
+            metric = metricsGet.metrics[i]
+            name = names.get(metric.metricId)
+            metric.nvmlReturn = pynvml.NVML_SUCCESS if name else pynvml.NVML_ERROR_NOT_SUPPORTED
+            metric.value = second[2][name]["value"] if name else 0.0
+        return metricsGet
+
+    def _sample_id(self, sample) -> int:
+        sample_id = ctypes.cast(sample, ctypes.c_void_p).value
+        if sample_id not in self._gpm_samples:
+            raise pynvml.NVMLError_InvalidArgument()
+        return sample_id

@@ -12,7 +12,9 @@ import pytest
 
 from dask_influx_metrics.schema import FIELDS, GPU
 from dask_influx_metrics.worker.sources import nvml as nvml_mod
+from dask_influx_metrics.worker.sources.gpm import FIELDS as GPM_FIELDS
 from dask_influx_metrics.worker.sources.nvml import NvmlSource, nvml_available, parse_visible
+from dask_influx_metrics.worker.sources.slowfields import SLOW, SLOW_FIELDS, SlowFields
 from fake_nvml import FakeNvml
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
@@ -238,7 +240,7 @@ def test_type_error_from_a_call_is_reported_not_taken_for_unsupported(fake, monk
         return real(handle) if broken else real(handle, type)  # TypeError while broken
 
     monkeypatch.setattr(fake, "nvmlDeviceGetClockInfo", clock, raising=False)
-    src = NvmlSource(ALL, visible="0", nvml=fake)
+    src = NvmlSource(ALL - {(GPU, "clocks_current_memory")}, visible="0", nvml=fake)  # one ClockInfo entry
     for _ in range(2):
         assert "clocks_current_sm" not in src.read()[0].fields
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -257,8 +259,11 @@ def test_pynvml_without_a_function_or_constant_uses_the_next_variant(fake, monke
 
 
 def test_table_covers_exactly_the_schema_gpu_fields():
+    """Every gpu field has one reader: TABLE (each sample), SLOW (at most 1/s), GPM, or per-process utilization."""
     in_table = [f for group in nvml_mod.TABLE.values() for f in group.fields]
-    assert sorted(in_table) == sorted(name for _, name in ALL)  # each once
+    slow = [f for group in SLOW.values() for f in group.fields]
+    per_process = ["worker_utilization_gpu", "worker_utilization_memory"]
+    assert sorted(in_table + slow + sorted(GPM_FIELDS) + per_process) == sorted(name for _, name in ALL)  # each once
 
 
 def test_replay_of_a_real_h100_with_two_processes():
@@ -276,9 +281,89 @@ def test_replay_of_a_real_h100_with_two_processes():
         "clocks_current_sm": 1200.0,
         "clocks_event_reasons": 4,  # issue 10: software power cap, as recorded
         "worker_memory_used": 0.0,  # this test process holds nothing on the recorded GPU
-    }
+        "clocks_current_memory": 2619.0,  # issue 25: Telegraf's clocks_current_memory
+        "pstate": 0,  # P0, as nvidia-smi showed
+    }  # no encoder/decoder/jpeg/ofa utilization: not recorded, so never written
     assert [s["power_draw"] for s in samples] == [694.497, 698.252, 700.78, 693.983, 700.293]
     assert [s["clocks_current_sm"] for s in samples] == [1200.0, 1410.0, 1305.0, 1380.0, 1365.0]
+
+
+def test_video_engine_utilization_where_nvml_gives_it(fake):
+    """Issue 25: [percent, NVML's period in us] -> percent; a device without the engine leaves the field out."""
+    fake.devices[0]["encoder_utilization"] = [[12, 167000]]
+    fake.devices[0]["decoder_utilization"] = [[0, 167000], [35, 167000]]
+    src = NvmlSource(ALL, visible="0,1", nvml=fake)
+    first, idle = src.read()
+    assert first.fields["utilization_encoder"] == 12.0 and first.fields["utilization_decoder"] == 0.0
+    assert not {"utilization_encoder", "utilization_decoder", "utilization_jpeg", "utilization_ofa"} & set(idle.fields)
+    assert src.read()[0].fields["utilization_decoder"] == 35.0
+
+
+def test_table_fields_follow_telegraf_names():
+    """Issue 25: where Telegraf's nvidia_smi input has the field with this meaning and unit, the same name."""
+    telegraf = {"clocks_current_memory", "utilization_encoder", "utilization_decoder", "utilization_jpeg",
+                "utilization_ofa", "fan_speed", "utilization_gpu", "utilization_memory", "memory_used",
+                "memory_total", "power_draw", "temperature_gpu", "clocks_current_sm"}
+    ours = {name for _, name in ALL}
+    assert telegraf <= ours
+
+
+# -- fields read at most once a second (slowfields.py) -----------------------------
+
+class Clock:
+    t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_slow_fields_once_a_second_and_only_when_read():
+    """Issue 25: total energy costs ~3.4 ms per call on the H100: read at most once a second, never repeated."""
+    nvml = FakeNvml("nvml_h100_shared.json")
+    nvml.nvmlInit()
+    clock = Clock()
+    slow = SlowFields(nvml, nvml.nvmlDeviceGetHandleByIndex(0), SLOW_FIELDS, clock=clock)
+    got = []
+    for _ in range(40):  # two seconds at 50 ms
+        got.append(slow.read())
+        clock.t += 0.05
+    read = [g for g in got if g]
+    assert [g["total_energy_consumption"] for g in read] == [4389581, 4748435]  # as recorded, in mJ
+    assert all(set(g) == {"total_energy_consumption"} for g in read)  # fan NotSupported, ECC not recorded
+    assert nvml.calls_to("nvmlDeviceGetTotalEnergyConsumption") == 2
+    assert nvml.calls_to("nvmlDeviceGetFanSpeed") == 1  # NotSupported: never asked again
+
+
+def test_slow_fields_ecc_counters_and_types(fake):
+    fake.devices[0]["ecc_errors"] = {"volatile": [3, 0], "aggregate": [17, 1]}
+    fake.devices[0]["fan"] = 41
+    fake.nvmlInit()
+    got = SlowFields(fake, fake.nvmlDeviceGetHandleByIndex(0), SLOW_FIELDS).read()
+    assert got == {"ecc_errors_volatile_correctable": 3, "ecc_errors_volatile_uncorrectable": 0,
+                   "ecc_errors_aggregate_correctable": 17, "ecc_errors_aggregate_uncorrectable": 1,
+                   "fan_speed": 41.0}  # the A100 recording has no energy reading: left out
+    for name, value in got.items():
+        assert type(value) is FIELDS[GPU, name].type, name
+
+
+def test_slow_fields_mig_instance_gets_nothing_of_its_parent(fake):
+    fake.devices[3]["energy_mj"] = 123456
+    fake.nvmlInit()
+    mig = fake.nvmlDeviceGetMigDeviceHandleByIndex(fake.nvmlDeviceGetHandleByIndex(3), 0)
+    assert SlowFields(fake, mig, SLOW_FIELDS).read() == {}
+
+
+def test_slow_fields_other_errors_skip_one_read(fake, monkeypatch, caplog):
+    fake.devices[0]["energy_mj"] = 5
+    fake.nvmlInit()
+    clock = Clock()
+    slow = SlowFields(fake, fake.nvmlDeviceGetHandleByIndex(0), {"total_energy_consumption"}, clock=clock)
+    monkeypatch.setitem(fake.devices[0], "energy_mj", {"error": "Unknown"})
+    assert slow.read() == {}
+    monkeypatch.setitem(fake.devices[0], "energy_mj", 7)
+    clock.t = 1.0
+    assert slow.read() == {"total_energy_consumption": 7}
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
 
 
 def test_names_as_bytes_from_old_pynvml():
@@ -335,10 +420,12 @@ def test_handles_and_close(fake):
 # -- the real pynvml has every name nvml.py uses ------------------------------------
 
 def nvml_names_used() -> set[str]:
-    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in worker/sources/nvml*.py,
-    and every name the calls in ``nvml.TABLE`` need."""
-    names = {n for group in nvml_mod.TABLE.values() for call in group.calls for n in call.names()}
-    for path in pathlib.Path(nvml_mod.__file__).parent.glob("nvml*.py"):
+    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in worker/sources/nvml*.py (and the
+    GPM, per-process and slow-field modules), and every name the calls in ``nvml.TABLE``/``SLOW`` need."""
+    groups = [*nvml_mod.TABLE.values(), *SLOW.values()]
+    names = {n for group in groups for call in group.calls for n in call.names()}
+    here = pathlib.Path(nvml_mod.__file__).parent
+    for path in [*here.glob("nvml*.py"), here / "gpm.py", here / "procutil.py", here / "slowfields.py"]:
         names |= names_in(ast.parse(path.read_text()))
     return names
 

@@ -109,6 +109,14 @@ TABLE: dict[str, Group] = {
         {"temperature_gpu": float},  # C
     ),
     "clock": Group((Call("nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",)),), {"clocks_current_sm": float}),  # MHz
+    "clock_memory": Group(  # ~1 us on an H100
+        (Call("nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",)),), {"clocks_current_memory": float}),  # MHz
+    "pstate": Group((Call("nvmlDeviceGetPerformanceState"),), {"pstate": int}),  # ~1 us; 0 (P0, fastest) to 15
+    # Video engines: [percent, sampling period in us] each; the period is NVML's, not ours
+    "encoder": Group((Call("nvmlDeviceGetEncoderUtilization"),), {"utilization_encoder": lambda u: float(u[0])}),
+    "decoder": Group((Call("nvmlDeviceGetDecoderUtilization"),), {"utilization_decoder": lambda u: float(u[0])}),
+    "jpeg": Group((Call("nvmlDeviceGetJpgUtilization"),), {"utilization_jpeg": lambda u: float(u[0])}),
+    "ofa": Group((Call("nvmlDeviceGetOfaUtilization"),), {"utilization_ofa": lambda u: float(u[0])}),
     "clock_events": Group(  # 1-3 us on an H100; the older name before pynvml 12.535
         (Call("nvmlDeviceGetCurrentClocksEventReasons"), Call("nvmlDeviceGetCurrentClocksThrottleReasons")),
         {"clocks_event_reasons": int},  # NVML's bitmask, as is

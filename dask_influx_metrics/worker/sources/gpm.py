@@ -1,0 +1,199 @@
+"""GPU performance metrics (GPM, Hopper and newer): how busy the SMs, tensor cores and memory were.
+
+``utilization_gpu`` says only that *some* kernel ran; GPM says how much of the
+GPU it used. NVML computes each metric from TWO samples (``nvmlGpmSampleGet``,
+~39 us on an H100) and needs them at least ~100 ms apart, so
+:class:`GpmReader` keeps the previous sample and takes a new one every k-th
+call, k = ceil(0.1 s / polling interval): every call at 100 ms and slower,
+every 2nd call at 50 ms. It returns ``{}`` on the calls in between and until
+two samples exist: a value is written only when NVML computed one, for the
+window since the previous GPM sample.
+
+Field names follow DCGM's profiling fields (``DCGM_FI_PROF_SM_ACTIVE`` ->
+``sm_active``) where GPM measures the same thing; DCGM reports ratios 0-1, we
+write percent like ``utilization_gpu``, and bytes per second for PCIe/NVLink
+(GPM gives MiB/s). :data:`METRICS` is the table.
+
+A MIG instance is sampled through its parent GPU and GPU-instance id
+(``nvmlGpmMigSampleGet``): :meth:`GpmReader.for_mig`. Its metrics describe the
+instance only; nothing of the parent is ever charged to it.
+
+A device or driver without GPM (``nvmlGpmQueryDeviceSupport`` says no, or this
+pynvml/driver lacks the calls) returns ``{}`` forever and says so once.
+A metric one device does not offer (per-metric NVML status) is left out.
+
+>>> import sys; sys.path.insert(0, "tests"); from fake_nvml import FakeNvml
+>>> nvml = FakeNvml("nvml_h100_shared.json"); nvml.nvmlInit()
+>>> gpm = GpmReader(nvml, nvml.nvmlDeviceGetHandleByIndex(0), interval_s=0.05)
+>>> gpm.read(), gpm.read(), round(gpm.read()["sm_occupancy"], 1)
+({}, {}, 14.2)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Callable, NamedTuple
+
+logger = logging.getLogger(__name__)
+
+MIN_WINDOW_S = 0.1  # NVML's GPM refresh: shorter windows give no new data
+_MIB = float(2**20)
+
+
+class Metric(NamedTuple):
+    field: str  # ours, in schema.FIELDS
+    gpm: str  # the NVML_GPM_METRIC_<name>
+    convert: Callable[[float], float]
+
+
+def _percent(v: float) -> float:
+    return float(v)
+
+
+def _mib_per_s(v: float) -> float:
+    return v * _MIB  # -> bytes/s
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("gr_engine_active", "GRAPHICS_UTIL", _percent),  # DCGM_FI_PROF_GR_ENGINE_ACTIVE
+    Metric("sm_active", "SM_UTIL", _percent),  # DCGM_FI_PROF_SM_ACTIVE
+    Metric("sm_occupancy", "SM_OCCUPANCY", _percent),  # DCGM_FI_PROF_SM_OCCUPANCY
+    Metric("pipe_tensor_active", "ANY_TENSOR_UTIL", _percent),  # DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
+    Metric("pipe_tensor_hmma_active", "HMMA_TENSOR_UTIL", _percent),  # DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE
+    Metric("pipe_tensor_imma_active", "IMMA_TENSOR_UTIL", _percent),  # DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE
+    Metric("pipe_tensor_dfma_active", "DFMA_TENSOR_UTIL", _percent),  # DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE
+    Metric("pipe_tensor_dmma_active", "DMMA_TENSOR_UTIL", _percent),  # GPM only
+    Metric("dram_active", "DRAM_BW_UTIL", _percent),  # DCGM_FI_PROF_DRAM_ACTIVE
+    Metric("pipe_fp64_active", "FP64_UTIL", _percent),  # DCGM_FI_PROF_PIPE_FP64_ACTIVE
+    Metric("pipe_fp32_active", "FP32_UTIL", _percent),  # DCGM_FI_PROF_PIPE_FP32_ACTIVE
+    Metric("pipe_fp16_active", "FP16_UTIL", _percent),  # DCGM_FI_PROF_PIPE_FP16_ACTIVE
+    Metric("pipe_int_active", "INTEGER_UTIL", _percent),  # DCGM_FI_PROF_PIPE_INT_ACTIVE
+    Metric("pcie_tx_bytes", "PCIE_TX_PER_SEC", _mib_per_s),  # DCGM_FI_PROF_PCIE_TX_BYTES
+    Metric("pcie_rx_bytes", "PCIE_RX_PER_SEC", _mib_per_s),  # DCGM_FI_PROF_PCIE_RX_BYTES
+    Metric("nvlink_tx_bytes", "NVLINK_TOTAL_TX_PER_SEC", _mib_per_s),  # DCGM_FI_PROF_NVLINK_TX_BYTES
+    Metric("nvlink_rx_bytes", "NVLINK_TOTAL_RX_PER_SEC", _mib_per_s),  # DCGM_FI_PROF_NVLINK_RX_BYTES
+)
+FIELDS = frozenset(m.field for m in METRICS)
+
+
+class GpmReader:
+    """GPM metrics of one GPU (or one MIG instance), from consecutive samples.
+
+    ``nvml``: the pynvml module; ``handle``: the GPU's handle (for a MIG instance,
+    the parent's, with ``gpu_instance_id``; see :meth:`for_mig`). ``interval_s``:
+    how often :meth:`read` is called; ``window_s``: the GPM window (at least, and
+    by default, 100 ms). ``fields``: the wanted ones (default all).
+    ``label`` names the device in the one message about missing support.
+    """
+
+    def __init__(self, nvml, handle, *, gpu_instance_id: int | None = None, interval_s: float = MIN_WINDOW_S,
+                 window_s: float = MIN_WINDOW_S, fields=FIELDS, label: str = "GPU"):
+        self._nvml, self._handle, self._gi = nvml, handle, gpu_instance_id
+        self._label = label
+        window_s = max(window_s, MIN_WINDOW_S)  # a longer window costs less (one ~39 us sample per window)
+        self.every = max(1, math.ceil(window_s / interval_s - 1e-9))  # k: a sample every k-th call
+        self._calls = 0
+        self._metrics = [(m, getattr(nvml, "NVML_GPM_METRIC_" + m.gpm, None)) for m in METRICS if m.field in fields]
+        self._metrics = [(m, i) for m, i in self._metrics if i is not None]  # ids this pynvml names
+        self._samples: list = []  # [previous, spare] once allocated
+        self._have_previous = False
+        self._reported: set[str] = set()
+        self.unsupported: str | None = self._support()
+        if self.unsupported:
+            logger.info("%s: GPM metrics left out (%s)", label, self.unsupported)
+
+    @classmethod
+    def for_mig(cls, nvml, mig_handle, **kw) -> "GpmReader":
+        """The reader of one MIG instance: sampled through its parent and GPU-instance id."""
+        parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig_handle)
+        return cls(nvml, parent, gpu_instance_id=nvml.nvmlDeviceGetGpuInstanceId(mig_handle), **kw)
+
+    def _support(self) -> str | None:
+        """Why this device has no GPM, or None."""
+        nvml = self._nvml
+        needed = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmMetricsGet", "c_nvmlGpmMetricsGet_t",
+                  "nvmlGpmMigSampleGet" if self._gi is not None else "nvmlGpmSampleGet")
+        missing = [n for n in needed if getattr(nvml, n, None) is None]
+        if missing:
+            return f"this pynvml lacks {', '.join(missing)}; nvidia-ml-py >= 12.535 has them"
+        if not self._metrics:
+            return "no wanted GPM metric is known to this pynvml"
+        try:
+            if not nvml.nvmlGpmQueryDeviceSupport(self._handle).isSupportedDevice:
+                return "the device does not support GPM (Hopper or newer needed)"
+            self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+        except nvml.NVMLError as e:
+            return f"NVML: {type(e).__name__}: {e}"
+        self._request = self._new_request()
+        return None
+
+    def _new_request(self):
+        """The nvmlGpmMetricsGet argument, built once: only its two samples change per call."""
+        request = self._nvml.c_nvmlGpmMetricsGet_t()
+        request.version = self._nvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(self._metrics)
+        for i, (_, metric_id) in enumerate(self._metrics):
+            request.metrics[i].metricId = metric_id
+        return request
+
+    def read(self) -> dict:
+        """The wanted metrics for the window since the previous GPM sample, on every k-th call; else {}."""
+        if self.unsupported:
+            return {}
+        due = self._calls % self.every == 0
+        self._calls += 1
+        if not due:
+            return {}
+        previous, current = self._samples
+        try:
+            self._take(current)
+        except self._nvml.NVMLError as e:
+            self._have_previous = False  # a gap: the next window starts afresh
+            return self._fail("sample", e)
+        self._samples = [current, previous]
+        if not self._have_previous:
+            self._have_previous = True
+            return {}
+        try:
+            return self._metrics_between(previous, current)
+        except self._nvml.NVMLError as e:
+            return self._fail("metrics", e)
+
+    def _take(self, sample) -> None:
+        if self._gi is None:
+            self._nvml.nvmlGpmSampleGet(self._handle, sample)
+        else:
+            self._nvml.nvmlGpmMigSampleGet(self._handle, self._gi, sample)
+
+    def _metrics_between(self, first, second) -> dict:
+        nvml, request = self._nvml, self._request
+        request.sample1, request.sample2 = first, second
+        nvml.nvmlGpmMetricsGet(request)
+        fields, results, ok = {}, request.metrics, nvml.NVML_SUCCESS
+        for i, (metric, _) in enumerate(self._metrics):
+            result = results[i]
+            if result.nvmlReturn == ok:
+                fields[metric.field] = metric.convert(result.value)
+            elif metric.field not in self._reported:  # not offered here (NVLink on a PCIe card): said once
+                self._reported.add(metric.field)
+                logger.info("%s: GPM metric %s not available (NVML status %d); left out", self._label,
+                            metric.gpm, result.nvmlReturn)
+        return fields
+
+    def _fail(self, what: str, error: Exception) -> dict:
+        if what not in self._reported:
+            self._reported.add(what)
+            logger.warning("%s: GPM %s failed (%s: %s); left out of this sample (reported once)",
+                           self._label, what, type(error).__name__, error)
+        return {}
+
+    def close(self) -> None:
+        """Free the two GPM samples NVML allocated."""
+        for sample in self._samples:
+            try:
+                self._nvml.nvmlGpmSampleFree(sample)
+            except self._nvml.NVMLError:
+                pass
+        self._samples = []
+        self.unsupported = self.unsupported or "closed"

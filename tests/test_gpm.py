@@ -1,0 +1,174 @@
+"""GpmReader against the recorded H100 GPM pair (tests/data/nvml_h100_shared.json) and the MIG fixture."""
+
+from __future__ import annotations
+
+import logging
+
+import pynvml
+import pytest
+from fake_nvml import FakeNvml
+
+from dask_influx_metrics import schema
+from dask_influx_metrics.worker.sources.gpm import FIELDS, METRICS, GpmReader
+
+MIB = 2**20
+
+
+def h100(phase=None):
+    nvml = FakeNvml("nvml_h100_shared.json", phase=phase)
+    nvml.nvmlInit()
+    return nvml, nvml.nvmlDeviceGetHandleByIndex(0)
+
+
+def reads(reader, n):
+    return [reader.read() for _ in range(n)]
+
+
+def test_recorded_matmul_loop_is_tensor_bound_at_low_occupancy():
+    nvml, handle = h100()
+    first, second = reads(GpmReader(nvml, handle, interval_s=0.2), 2)
+    assert first == {}  # one sample: no window yet
+    recorded = nvml.devices[0]["gpm"]["metrics"]
+    assert second == pytest.approx({
+        "gr_engine_active": recorded["GRAPHICS_UTIL"]["value"],
+        "sm_active": 96.19118036660457,
+        "sm_occupancy": 14.215301385462014,
+        "pipe_tensor_active": 93.35882858142543,
+        "pipe_tensor_hmma_active": recorded["HMMA_TENSOR_UTIL"]["value"],
+        "dram_active": 26.0522261752282,
+        "pipe_fp16_active": 0.0,
+        "pipe_fp32_active": 0.0,
+        "pipe_int_active": recorded["INTEGER_UTIL"]["value"],
+        "pcie_tx_bytes": recorded["PCIE_TX_PER_SEC"]["value"] * MIB,  # MiB/s -> bytes/s
+        "pcie_rx_bytes": recorded["PCIE_RX_PER_SEC"]["value"] * MIB,
+    })
+
+
+def test_no_field_without_a_value_from_nvml(caplog):
+    """FP64, IMMA/DFMA/DMMA tensor and NVLink were not recorded (NVML status per metric): left out, said once."""
+    nvml, handle = h100()
+    reader = GpmReader(nvml, handle, label="GPU 0")
+    with caplog.at_level(logging.INFO):
+        got = reads(reader, 4)
+    recorded = {m.field for m in METRICS if m.gpm in nvml.devices[0]["gpm"]["metrics"]}
+    assert got[0] == {} and all(set(g) == recorded for g in got[1:])
+    absent = FIELDS - recorded
+    assert absent == {"pipe_fp64_active", "pipe_tensor_imma_active", "pipe_tensor_dfma_active",
+                      "pipe_tensor_dmma_active", "nvlink_tx_bytes", "nvlink_rx_bytes"}
+    said = [r.getMessage() for r in caplog.records if "not available" in r.getMessage()]
+    assert len(said) == len(absent)  # once each, not once per sample
+
+
+@pytest.mark.parametrize("interval_s, every", [(0.05, 2), (0.1, 1), (0.2, 1), (0.02, 5), (0.03, 4)])
+def test_sample_every_kth_call_for_a_window_of_100_ms(interval_s, every):
+    nvml, handle = h100()
+    reader = GpmReader(nvml, handle, interval_s=interval_s)
+    assert reader.every == every
+    got = reads(reader, 1 + 3 * every)
+    assert [bool(g) for g in got] == [i > 0 and i % every == 0 for i in range(len(got))]
+    assert nvml.calls_to("nvmlGpmSampleGet") == 4  # one sample per window, none in between
+
+
+def test_a_longer_window_samples_less_often():
+    nvml, handle = h100()
+    reader = GpmReader(nvml, handle, interval_s=0.05, window_s=0.4)
+    assert reader.every == 8
+    assert GpmReader(nvml, handle, interval_s=0.05, window_s=0.01).every == 2  # never below 100 ms
+
+
+def test_only_the_wanted_metrics_are_asked_for():
+    nvml, handle = h100()
+    reader = GpmReader(nvml, handle, fields={"sm_active", "sm_occupancy"})
+    assert reads(reader, 2)[1].keys() == {"sm_active", "sm_occupancy"}
+
+
+def test_idle_phase_reads_zero_activity():
+    nvml, handle = h100("idle")
+    got = reads(GpmReader(nvml, handle), 2)[1]
+    assert got["sm_active"] == got["sm_occupancy"] == got["pipe_tensor_active"] == 0.0
+
+
+def test_gpu_without_gpm_returns_nothing_and_says_so_once(caplog):
+    nvml = FakeNvml()  # A100s and a K80: no GPM
+    nvml.nvmlInit()
+    with caplog.at_level(logging.INFO):
+        reader = GpmReader(nvml, nvml.nvmlDeviceGetHandleByIndex(0), label="GPU 0")
+        assert reads(reader, 5) == [{}] * 5
+    assert "Hopper or newer" in reader.unsupported
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "GPU 0: GPM metrics left out" in said[0]
+    assert nvml.calls_to("nvmlGpmSampleGet") == 0
+
+
+def test_pynvml_without_gpm_calls_returns_nothing(monkeypatch):
+    nvml, handle = h100()
+    monkeypatch.setattr(nvml, "nvmlGpmSampleAlloc", None, raising=False)  # nvidia-ml-py < 12.535
+    reader = GpmReader(nvml, handle)
+    assert reads(reader, 3) == [{}] * 3 and "nvidia-ml-py" in reader.unsupported
+
+
+def test_a_failed_sample_restarts_the_window(monkeypatch, caplog):
+    nvml, handle = h100()
+    reader = GpmReader(nvml, handle)
+    assert reads(reader, 2)[1]
+    real = nvml.nvmlGpmSampleGet
+
+    def busy(device, sample):
+        raise pynvml.NVMLError_GpuIsLost()
+
+    monkeypatch.setattr(nvml, "nvmlGpmSampleGet", busy, raising=False)
+    assert reads(reader, 2) == [{}, {}]
+    monkeypatch.setattr(nvml, "nvmlGpmSampleGet", real, raising=False)
+    assert reads(reader, 2)[0] == {}  # never a window spanning the gap
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+# -- MIG -------------------------------------------------------------------------
+
+def mig_fixture(parent_gpm: bool, instance_gpm: bool):
+    """The recorded A100 in MIG mode (device 3), given GPM as a Hopper would have it."""
+    nvml = FakeNvml()
+    nvml.nvmlInit()
+    recorded = FakeNvml("nvml_h100_shared.json").devices[0]["gpm"]
+    if parent_gpm:
+        nvml.devices[3]["gpm"] = recorded
+    if instance_gpm:
+        nvml.devices[3]["mig"][0]["gpm"] = {"metrics": {"SM_UTIL": {"value": 12.5, "unit": "%"}}}
+    return nvml, nvml.nvmlDeviceGetMigDeviceHandleByIndex(nvml.nvmlDeviceGetHandleByIndex(3), 0)
+
+
+def test_mig_instance_is_sampled_through_its_parent():
+    nvml, mig = mig_fixture(parent_gpm=True, instance_gpm=True)
+    reader = GpmReader.for_mig(nvml, mig)
+    assert reads(reader, 2) == [{}, {"sm_active": 12.5}]  # the instance's own figure, nothing else
+    assert nvml.calls_to("nvmlGpmMigSampleGet") == 2 and nvml.calls_to("nvmlGpmSampleGet") == 0
+
+
+def test_mig_instance_never_gets_the_parents_figures():
+    nvml, mig = mig_fixture(parent_gpm=True, instance_gpm=False)  # NVML has nothing for this instance
+    assert reads(GpmReader.for_mig(nvml, mig), 3) == [{}] * 3
+    nvml, mig = mig_fixture(parent_gpm=False, instance_gpm=False)  # the recorded A100: no GPM at all
+    reader = GpmReader.for_mig(nvml, mig)
+    assert reads(reader, 3) == [{}] * 3 and reader.unsupported
+
+
+def test_close_frees_the_samples():
+    nvml, handle = h100()
+    reader = GpmReader(nvml, handle)
+    reads(reader, 2)
+    reader.close()
+    assert nvml._gpm_samples == {} and reader.read() == {}
+
+
+def test_fields_are_in_the_data_contract():
+    for name in FIELDS:
+        assert schema.FIELDS[schema.GPU, name].type is float
+    assert {f for _, f in schema.TRACKING["gpm"]} == FIELDS
+
+
+def test_real_pynvml_has_every_gpm_name():
+    names = {"NVML_GPM_METRIC_" + m.gpm for m in METRICS} | {
+        "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree", "nvmlGpmSampleGet",
+        "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet", "c_nvmlGpmMetricsGet_t", "NVML_GPM_METRICS_GET_VERSION",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetGpuInstanceId"}
+    assert not sorted(n for n in names if not hasattr(pynvml, n))
