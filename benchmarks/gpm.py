@@ -32,7 +32,7 @@ from dask_influx_metrics import config, schema
 from dask_influx_metrics.schema import GPU, Reading
 from dask_influx_metrics.worker.sampler import Sampler
 from dask_influx_metrics.worker.sources.activity import CachedActivity, TaskRegistry, TaskSource
-from dask_influx_metrics.worker.sources.gpm import FIELDS as GPM_FIELDS, GpmReader
+from dask_influx_metrics.agent.sources.gpm import FIELDS as GPM_FIELDS, GpmReader
 from dask_influx_metrics.worker.sources.host import HostSource, refresh_seconds
 from dask_influx_metrics.worker.sources.nvml import NvmlSource
 

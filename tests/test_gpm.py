@@ -9,7 +9,7 @@ import pytest
 from fake_nvml import FakeNvml
 
 from dask_influx_metrics import schema
-from dask_influx_metrics.worker.sources.gpm import FIELDS, METRICS, GpmReader
+from dask_influx_metrics.agent.sources.gpm import FIELDS, METRICS, GpmReader
 
 MIB = 2**20
 

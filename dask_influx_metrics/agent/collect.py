@@ -11,7 +11,8 @@ The rules (README "What a number means"):
   Only where no ``gpu`` or ``worker`` field is tracked does each worker get its
   own copy (tagged with its own jobs), since it has no other rows.
 * **Per-worker** readings (the worker process's CPU and RSS, its tasks, the GPU
-  memory its process tree holds) carry that worker's own tags. When the owner's
+  memory its process tree holds and, on a GPU several workers use, its share of
+  the GPU's time) carry that worker's own tags. When the owner's
   own tags equal the union, its per-worker GPU fields join the device point.
 * Every point of a worker is timed on the scheduler's clock through that
   worker's steadied offset; device and host points through their owner's.
@@ -29,7 +30,7 @@ Example
 >>> class Gpus:
 ...     def start_sample(self): pass
 ...     def read(self, uuid): return {"utilization_gpu": 50.0}
-...     def read_worker(self, uuid, pids): return {}
+...     def read_worker(self, uuid, pids, shared): return {}
 ...     def tags(self, uuid, index): return {"index": str(index), "uuid": uuid}
 >>> c = HostCollector(frozenset({("gpu", "utilization_gpu")}), Gpus(), host=None)
 >>> [p] = c.collect([W(1, ((("a", 0), 2, 7),)), W(2, ((("b", 0), 3, 8),))], now_ns=0)
@@ -64,7 +65,7 @@ class HostCollector:
         self.gpus, self.host = gpus, host
         self._gpu_fields = any(m == GPU for m, _ in fields)
         self._host_each = not any(m in (GPU, WORKER) for m, _ in fields)  # a worker has no other rows
-        self._per_worker_gpu = any(m == GPU and f == "worker_memory_used" for m, f in fields)
+        self._per_worker_gpu = any(m == GPU and f.startswith("worker_") for m, f in fields)
         self.shared: dict[str, list] = {}  # uuid -> the workers using it now, when more than one
 
     def collect(self, workers: list, now_ns: int) -> list[Point]:
@@ -103,7 +104,7 @@ class HostCollector:
             (owner, index), device = ws[0], self.gpus.read(uuid)
             job, dag = union_tags([w for w, _ in ws]) if len(ws) > 1 else (own[owner.id]["job"], own[owner.id]["dag"])
             for w, i in ws:
-                mine = self.gpus.read_worker(uuid, w.pids()) if self._per_worker_gpu else {}
+                mine = self.gpus.read_worker(uuid, w.pids(), len(ws) > 1) if self._per_worker_gpu else {}
                 tags = {**own[w.id], **self.gpus.tags(uuid, i)}
                 if w is owner and (job, dag) == (tags["job"], tags["dag"]):
                     mine = {**device, **mine}  # nobody else runs a task on it now: one point

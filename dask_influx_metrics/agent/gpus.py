@@ -49,7 +49,7 @@ class SimulatedDevices:
         readings = self._readings[id(source)]
         return dict(readings[i].fields) if readings else {}
 
-    def read_worker(self, uuid: str, pids) -> dict:
+    def read_worker(self, uuid: str, pids, shared: bool = False) -> dict:
         return {}
 
     def handle(self, uuid: str):
@@ -81,7 +81,7 @@ def open_gpus(settings, report=None, nvml=None) -> tuple[object | None, GpuState
 
     try:
         return NvmlDevices(settings.fields if wanted else frozenset(), settings.gpu_devices, nvml=nvml,
-                           report=report), GpuState.NVML, ""
+                           report=report, interval_s=settings.polling_interval / 1000.0), GpuState.NVML, ""
     except ImportError as e:
         return None, GpuState.NO_NVML, str(e)
     except Exception as e:  # RuntimeError: NVML could not start (no driver, no GPU)

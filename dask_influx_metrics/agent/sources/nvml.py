@@ -47,6 +47,8 @@ import os
 from typing import Callable, NamedTuple
 
 from ...schema import GPU
+from . import gpm, procutil, slowfields
+from .nvmlcalls import Call, Group
 from .gpuprocs import host_pid_problem, tree_memory_mib
 from .nvml_devices import as_text, choose, import_nvml, init_once, parse_visible, visible_handles
 
@@ -56,37 +58,6 @@ logger = logging.getLogger(__name__)
 
 def _mib(nbytes) -> float:
     return nbytes / 2**20
-
-
-class Call(NamedTuple):
-    """One variant of an NVML call: ``nvml.<function>(handle, *args, **keywords)``.
-
-    ``args`` and the keyword values name pynvml constants.
-    """
-
-    function: str
-    args: tuple[str, ...] = ()
-    keywords: tuple[tuple[str, str], ...] = ()
-
-    def names(self) -> tuple[str, ...]:
-        """The pynvml names this variant needs."""
-        return (self.function, *self.args, *(v for _, v in self.keywords))
-
-
-class Group(NamedTuple):
-    """One NVML call per device and sample, and the fields its result gives.
-
-    ``calls``: the variants, best first. ``fields``: field -> its value from the
-    result, in the unit of ``schema.FIELDS`` (``None``: no value this time).
-    ``static``: fields read once per device and kept. ``per_worker``: the
-    fields describe this worker, not the device; each converter then also gets
-    the worker's process ids (host PIDs).
-    """
-
-    calls: tuple[Call, ...]
-    fields: dict[str, Callable]
-    static: frozenset = frozenset()
-    per_worker: bool = False
 
 
 TABLE: dict[str, Group] = {
@@ -156,13 +127,15 @@ def _variants(nvml, group: Group) -> list[Callable]:
 
 
 class _Device:
-    __slots__ = ("handle", "uuid", "name", "nvml_index", "static", "calls", "results")
+    __slots__ = ("handle", "uuid", "name", "nvml_index", "static", "calls", "results", "readers", "procs")
 
     def __init__(self, handle, uuid, name, calls, nvml_index=None):
         self.handle, self.uuid, self.name, self.nvml_index = handle, uuid, name, nvml_index
         self.static: dict = {}  # static fields read so far (memory_total)
         self.calls = calls  # TABLE key -> remaining variants of its NVML call
         self.results: dict = {}  # TABLE key -> this sample's NVML result (one call for every worker)
+        self.readers: list = []  # GPM and the slow fields: read() -> the fields they have this sample
+        self.procs = None  # per-process utilization (:mod:`.procutil`), for a device several processes use
 
     def tags(self, index: int) -> dict:
         """The device tags of a ``gpu`` point, ``index`` being its position in a worker's list."""
@@ -186,9 +159,9 @@ class NvmlDevices:
     {'utilization_gpu': 87.0}
     """
 
-    def __init__(self, fields: frozenset, devices: str = "auto", nvml=None, report=None):
+    def __init__(self, fields: frozenset, devices: str = "auto", nvml=None, report=None, interval_s: float = 0.2):
         self._nvml = nvml = import_nvml(nvml)
-        self._mode = devices
+        self._mode, self._interval = devices, interval_s
         want = frozenset(name for m, name in fields if m == GPU)
         problem = host_pid_problem() if want & _worker_fields() else None
         if problem and report is not None:
@@ -238,6 +211,7 @@ class NvmlDevices:
                 calls = {key: list(v) for key, v in self._variants.items()}
                 dev = self._devices[uuid] = _Device(handle, uuid, name, calls, _nvml_index(nvml, handle))
                 self._fields(dev, static_only=True)
+                self._readers(dev)
             uuids.append(uuid)
         return uuids
 
@@ -253,13 +227,45 @@ class NvmlDevices:
         for dev in self._devices.values():
             dev.results.clear()
 
+    def _readers(self, dev: _Device) -> None:
+        """GPM (Hopper+; a MIG instance through its parent), the slow fields (at most once a second)
+        and per-process utilization, where wanted."""
+        nvml, label = self._nvml, f"GPU {dev.uuid}"
+        if self._want & gpm.FIELDS:
+            mig = dev.nvml_index is None and dev.uuid.startswith("MIG-")
+            make = gpm.GpmReader.for_mig if mig else gpm.GpmReader
+            try:
+                dev.readers.append(make(nvml, dev.handle, interval_s=self._interval, fields=self._want, label=label))
+            except Exception as e:  # this pynvml lacks the MIG calls: no GPM for the instance
+                logger.info("%s: GPM metrics left out (%s: %s)", label, type(e).__name__, e)
+        if self._want & slowfields.SLOW_FIELDS:
+            dev.readers.append(slowfields.SlowFields(nvml, dev.handle, self._want, label=label))
+        if self._want & PROCESS_UTILIZATION:
+            dev.procs = procutil.ProcessUtilization(nvml, dev.handle, label=label)
+
     def read(self, uuid: str) -> dict:
         """The wanted device-wide fields of ``uuid`` now (static ones included)."""
-        return self._fields(self._devices[uuid])
+        dev = self._devices[uuid]
+        fields = self._fields(dev)
+        for reader in dev.readers:
+            fields.update(reader.read())
+        return fields
 
-    def read_worker(self, uuid: str, pids: frozenset) -> dict:
-        """The wanted per-worker fields of ``uuid`` for the process tree ``pids`` (host PIDs)."""
-        return self._fields(self._devices[uuid], per_worker=pids)
+    def read_worker(self, uuid: str, pids: frozenset, shared: bool = False) -> dict:
+        """The wanted per-worker fields of ``uuid`` for the process tree ``pids`` (host PIDs). Its share of
+        the GPU's time (``worker_utilization_*``) only where ``shared`` (several workers use the GPU):
+        NVML's per-process call costs ~2 ms, read at most once a second; absent from its answer = 0 %."""
+        dev = self._devices[uuid]
+        fields = self._fields(dev, per_worker=pids)
+        if shared and dev.procs is not None:
+            if "procutil" not in dev.results:
+                dev.results["procutil"] = dev.procs.read()
+            per_pid = dev.results["procutil"]
+            if per_pid is not None:  # a window ended this sample
+                sm, mem = procutil.worker_utilization(per_pid, {"w": pids})["w"]
+                fields.update({k: v for k, v in (("worker_utilization_gpu", sm), ("worker_utilization_memory", mem))
+                               if k in self._want})
+        return fields
 
     def _static(self, fn, handle, default: str) -> str:
         try:
@@ -321,7 +327,11 @@ class NvmlDevices:
         )
 
     def close(self) -> None:
-        """Drop the handles; NVML itself stays initialised."""
+        """Drop the handles (and GPM samples); NVML itself stays initialised."""
+        for dev in self._devices.values():
+            for reader in dev.readers:
+                if callable(getattr(reader, "close", None)):
+                    reader.close()
         self._devices = {}
 
 
@@ -333,5 +343,9 @@ def _nvml_index(nvml, handle) -> int | None:
         return None
 
 
+PROCESS_UTILIZATION = frozenset({"worker_utilization_gpu", "worker_utilization_memory"})
+
+
 def _worker_fields() -> frozenset:
-    return frozenset(f for g in TABLE.values() if g.per_worker for f in g.fields)
+    """The fields that describe a worker's process tree (host PIDs needed)."""
+    return frozenset(f for g in TABLE.values() if g.per_worker for f in g.fields) | PROCESS_UTILIZATION

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .nvml import Call, Group
+from .nvmlcalls import Call, Group
 
 logger = logging.getLogger(__name__)
 
