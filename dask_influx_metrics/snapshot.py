@@ -21,10 +21,11 @@ snapshot too big for the buffer drops keys (``null``), then the oldest recent
 tasks; counts and tags stay exact while entries remain.
 
 **The beat** (agent -> workers, ``agent.beat``, :data:`BEAT_BYTES`), written by
-the agent before each sample as JSON: its ``pid``, ``samples``, ``extra`` (on a
-wake), ``time`` (``time.monotonic()``, one clock for all processes on Linux),
-``acked`` (worker id -> the ``seq`` of the snapshot that sample used), its
-sink's delivery ``counters`` and its latest ``reports``.
+the agent before each sample: its ``pid``, ``samples``, ``extra`` (on a wake) and
+``time`` (``time.monotonic()``, one clock for all processes on Linux) packed,
+then JSON that changes less often: ``acked`` (worker id -> the ``seq`` of the
+snapshot that sample used), what it ``found`` of each worker's GPUs, its sink's
+delivery ``counters`` (once a second) and its latest ``reports``.
 
 Example
 -------
@@ -36,7 +37,7 @@ Example
 >>> snap = reader()
 >>> [k for k, _, _ in snap.running], snap.job_tag, snap.dag_tag
 ([('x', 0), 'short'], '1', '3,4')
->>> write_beat(beat, {"acked": {"w1": reader.acked}}); pub.acked()
+>>> write_beat(beat, 1234, 1, 0, json.dumps({"acked": {"w1": reader.acked}}).encode()); pub.acked()
 3
 >>> reader.refresh(); reader().dag_tag  # the brief task was sampled once
 '3'
@@ -241,29 +242,40 @@ def decode_snapshot(data: bytes) -> Snapshot:
                     tuple((_tuples(k), j, g, s) for k, j, g, s in d["recent"]))
 
 
-def write_beat(buffer: SnapshotBuffer, beat: dict) -> None:
-    """The agent's beat (see the module docstring); what does not fit drops its reports, then counters."""
-    data = json.dumps(beat, separators=(",", ":")).encode()
-    if len(data) > buffer.capacity:
-        data = json.dumps({**beat, "reports": [], "counters": []}, separators=(",", ":")).encode()
-    buffer.write(data)
+_BEAT = struct.Struct("<qQQd")  # pid, samples, extra samples, time.monotonic(); then the rest as JSON
+
+
+def write_beat(buffer: SnapshotBuffer, pid: int, samples: int, extra: int, doc: bytes) -> None:
+    """The agent's beat: its liveness (packed, cheap to write every sample) and ``doc``, the JSON of
+    the rest (``acked``, ``counters``, ``reports``, ...), which the agent encodes only when it changed."""
+    if len(doc) > buffer.capacity - _BEAT.size:  # reports and counters are what grows: drop them
+        doc = json.dumps({**json.loads(doc), "reports": [], "counters": []}, separators=(",", ":")).encode()
+    buffer.write(_BEAT.pack(pid, samples, extra, time.monotonic()) + doc)
 
 
 class BeatReader:
-    """A worker's view of the agent's beat, decoded again only when it was rewritten."""
+    """A worker's view of the agent's beat (a dict: ``pid``, ``samples``, ``extra``, ``time`` and the
+    JSON part's keys), read again only when it was rewritten and its JSON decoded only when it changed."""
 
     def __init__(self, buffer: SnapshotBuffer, worker_id: str):
         self.buffer, self.worker_id = buffer, worker_id
         self._seq, self._last = -1, None
+        self._doc, self._decoded = None, {}
 
     def __call__(self) -> dict | None:
         seq = self.buffer.version()
         if seq != self._seq or seq % 2:
             data = self.buffer.read()
-            try:
-                self._last = json.loads(data) if data else None
-            except ValueError:
-                self._last = None
+            self._last = None
+            if data and len(data) >= _BEAT.size:
+                doc = data[_BEAT.size:]
+                if doc != self._doc:
+                    try:
+                        self._doc, self._decoded = doc, json.loads(doc)
+                    except ValueError:
+                        self._doc, self._decoded = None, {}
+                pid, samples, extra, when = _BEAT.unpack_from(data)
+                self._last = {**self._decoded, "pid": pid, "samples": samples, "extra": extra, "time": when}
             # cached under the version seen before the read; a failed read is read again next time
             self._seq = seq if self._last is not None or not seq else -1
         return self._last
@@ -379,16 +391,22 @@ class SnapshotReader:
         self._buffer = buffer
         self._snap = self._base = IDLE  # the latest snapshot, and it without the recent tasks
         self.acked = 0
+        self._version = None
 
     def refresh(self) -> None:
+        version = self._buffer.version()
+        if version == self._version:  # unchanged since the last sample (an idle worker): its brief tasks counted
+            self._snap = self._base
+            return
+        self._version = version if version % 2 == 0 else None
         data = self._buffer.read()
         if data is not None:
             seq, self._base, recent = decode_snapshot(data)
             brief = tuple((k, j, d) for k, j, d, start in recent if start > self.acked)
             self._snap = self._base._replace(running=self._base.running + brief) if brief else self._base
             self.acked = seq
-        else:  # no stable copy: the previous one, its brief tasks already counted
-            self._snap = self._base
+        else:  # no stable copy: the previous one, its brief tasks already counted; read again next time
+            self._snap, self._version = self._base, None
 
     def __call__(self) -> Activity:
         return self._snap

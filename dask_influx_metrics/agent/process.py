@@ -39,7 +39,7 @@ from ..reports import Reporter
 from ..sampler import Sampler
 from ..schema import HOST
 from ..sinks import counters, make_sink
-from ..snapshot import BEAT_BYTES, SnapshotBuffer, write_beat
+from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
 from .collect import HostCollector
 from .gpus import open_gpus
 from .sources.host import HostSource, refresh_seconds
@@ -47,7 +47,9 @@ from .workers import FolderWorkers, WorkerView
 
 logger = logging.getLogger(__name__)
 FIRST_WORKER_S = 30.0  # an agent nobody registers with exits after this
+EXIT_CHECK_S = 0.5  # how often the agent looks whether its session is over here
 KEEP_REPORTS = 32
+COUNTERS_S = 1.0  # the sink's counters go into the beat this often
 
 
 def agent_role() -> str:
@@ -85,20 +87,19 @@ class Agent:
         self._left: list[WorkerView] = []
         self._said_shared: set[str] = set()
         self._lock = threading.Lock()  # the sampler thread and the main thread both write the beat
+        self._counted, self._counters, self._doc_key, self._doc = -COUNTERS_S, [], None, b"{}"
 
     def _keep(self, event: dict) -> None:
         self._reported += 1
         self.reports = (self.reports + [[self._reported, event]])[-KEEP_REPORTS:]
 
     def _predecessor(self) -> list:
-        path = os.path.join(self.folder, runfolder.BEAT)
         try:
-            with open(path, "rb") as f:
-                data = SnapshotBuffer(os.dup(f.fileno()), BEAT_BYTES, writable=False)
-            beat = json.loads(data.read() or b"null")
-            data.close()
+            reader = BeatReader(SnapshotBuffer.open(os.path.join(self.folder, runfolder.BEAT), BEAT_BYTES), "")
         except (OSError, ValueError):
             return []
+        beat = reader()
+        reader.buffer.close()
         if not beat or beat.get("pid") == os.getpid():
             return []
         self.report("agent", f"the previous sampling agent (pid {beat.get('pid')}) stopped without a last "
@@ -143,14 +144,20 @@ class Agent:
         return points
 
     def write_beat(self) -> None:
+        """Liveness every sample; the rest encoded again only when it changed (counters: once a second)."""
         views = self.workers.live() + self._left
-        beat = {"pid": os.getpid(), "samples": self.sampler.samples, "extra": self.sampler.extra,
-                "time": time.monotonic(), "acked": {w.id: w.activity.acked for w in views},
-                "relay": min(self.workers.views, default=None), "found": self.found,
-                "counters": [{**c, "agent": os.getpid()} for c in counters(self.sink)] + self.previous,
-                "reports": self.reports}
+        now = time.monotonic()
+        if now - self._counted >= COUNTERS_S:
+            self._counted, self._counters = now, [{**c, "agent": os.getpid()} for c in counters(self.sink)]
+        acked = {w.id: w.activity.acked for w in views}
+        key = (acked, self._counters, self._reported, len(self.found), min(self.workers.views, default=None))
+        if key != self._doc_key:
+            self._doc_key = key
+            self._doc = json.dumps({"acked": acked, "relay": key[-1], "found": self.found,
+                                    "counters": self._counters + self.previous, "reports": self.reports},
+                                   separators=(",", ":")).encode()
         with self._lock:
-            write_beat(self.beat, beat)
+            write_beat(self.beat, os.getpid(), self.sampler.samples, self.sampler.extra, self._doc)
 
     def wake(self, worker_id: str) -> None:
         """A task started on worker ``worker_id``: sample now if its last sample saw it idle."""
@@ -215,7 +222,7 @@ def main(stdin: int = 0) -> int:
     for stale in runfolder.remove_stale(os.path.dirname(folder), keep=config["session"]):
         logger.info("removed the run folder of a session whose processes are gone: %s", stale)
     started, remove = time.monotonic(), False
-    while not stop.wait(0.1):
+    while not stop.wait(EXIT_CHECK_S):
         if not os.path.isdir(folder):
             break
         if agent.idle_for_good(started):
