@@ -144,6 +144,7 @@ def test_a_dead_or_hung_agent_is_replaced_within_3_intervals_and_1_s(client, mon
     monitor.start()
     worker, (_, agent) = next(iter(agents(client).items()))
     wait_until(lambda: len(points(tmp_path, "worker")) >= 4, what="samples before")
+    beat = next(iter(client.run(lambda dask_worker: dask_worker.plugins["influx-metrics"].link.beat()).values()))
     since, at = time.time(), time.time_ns()
     os.kill(agent, how)
     try:
@@ -153,6 +154,8 @@ def test_a_dead_or_hung_agent_is_replaced_within_3_intervals_and_1_s(client, mon
     finally:
         if alive(agent):
             os.kill(agent, signal.SIGKILL)
+    before = [p for p in points(tmp_path, "worker") if p.tags["worker"] == worker and p.time_ns <= at]
+    assert len(before) >= beat["samples"] - 1, "every sample the agent took before it died is on disk"
     gap = _gap_after(tmp_path, worker, at)
     print(f"agent {signal.Signals(how).name}: gap {gap:.3f} s (limit {3 * POLL_MS / 1000 + 1:.2f} s)")
     assert gap <= 3 * POLL_MS / 1000 + 1.0

@@ -82,7 +82,7 @@ class Agent:
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
         self.sink = make_sink(settings, role=agent_role(), session=session, report=self.report.once)
         self.beat = SnapshotBuffer.create(BEAT_BYTES, path=os.path.join(folder, runfolder.BEAT))
-        self.sampler = Sampler(self.collect, self.sink, interval=settings.polling_interval / 1000.0,
+        self.sampler = Sampler(self.collect, self, interval=settings.polling_interval / 1000.0,
                                name="influx-metrics-agent", field_tags=() if settings.dag_tag else ("dag",))
         self._left: list[WorkerView] = []
         self._said_shared: set[str] = set()
@@ -121,9 +121,14 @@ class Agent:
         self.found[wid] = {"gpu": state.value, "devices": list(view.uuids), "why": why}
         return view
 
+    def send(self, lines: list) -> None:
+        """The sampler's sink: each sample written through (a killed agent loses nothing it sampled
+        to the spool; HTTP batches as its sink does)."""
+        self.sink.send(lines)
+        flush(self.sink)
+
     def collect(self, now_ns: int) -> list:
         """One sample (the sampler's ``collect``): see the module docstring."""
-        flush(self.sink)  # the previous sample's lines reach disk: a killed agent loses one sample at most
         for view in self._left:  # sampled one last time and flushed: the worker may go
             self.workers.forget(view.id)
             self.found.pop(view.id, None)

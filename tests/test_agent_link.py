@@ -1,0 +1,116 @@
+"""The run folder, a worker's link to the agent and the agent process, without Dask.
+
+"Workers" here are :class:`AgentLink` s in this process (ids ``<pid>.<n>``), as
+several workers of one ``processes=False`` cluster are.
+"""
+
+import dataclasses
+import os
+import threading
+import time
+
+import psutil
+import pytest
+
+from dask_influx_metrics import lineprotocol, runfolder
+from dask_influx_metrics.config import Settings
+from dask_influx_metrics.sinks.spool import read_lines
+from dask_influx_metrics.snapshot import Activity
+from dask_influx_metrics.worker.agentlink import AgentLink
+
+
+def wait_until(predicate, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached in {timeout} s")
+        time.sleep(0.01)
+
+
+def points(directory, measurement="worker"):
+    return [p for p in map(lineprotocol.parse, read_lines(str(directory))) if p.measurement == measurement]
+
+
+@pytest.fixture
+def config(tmp_path):
+    def make(**overrides):
+        settings = Settings.resolve({"sink": "spool", "spool.directory": str(tmp_path), "gpu.source": "simulated",
+                                     "polling-interval": 50, "spool.flush-interval": 0.1, **overrides})
+        return {"settings": dataclasses.asdict(settings), "session": f"test-{os.getpid()}-{time.time_ns()}"}
+    return make
+
+
+def link(config, n, reports=None, running=()):
+    info = {"address": f"tcp://w:{n}", "tags": {"host": "h", "worker": f"tcp://w:{n}"}, "visible": None,
+            "nthreads": 2}
+    return AgentLink(config, info, Activity(running, 2, 0, 0),
+                     lambda what, message, **d: (reports if reports is not None else []).append((what, message)))
+
+
+def agent_processes(folder):
+    return [p for p in psutil.process_iter(["cmdline"]) if "dask_influx_metrics.agent" in " ".join(p.info["cmdline"] or [])
+            and p.status() != psutil.STATUS_ZOMBIE and os.path.exists(os.path.join(folder, runfolder.BEAT))]
+
+
+def test_workers_starting_at_once_leave_exactly_one_agent_which_exits_with_the_last(config):
+    cfg = config()
+    barrier, links = threading.Barrier(4), []
+
+    def join(n):
+        barrier.wait()
+        links.append(link(cfg, n))
+
+    threads = [threading.Thread(target=join, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(len(x._agents) for x in links) == 1, "one of them started the agent"
+    wait_until(lambda: all(x.beat() for x in links), what="every worker sees the beat")
+    (pid,) = {x.beat()["pid"] for x in links}
+    wait_until(lambda: all(x.id in x.beat()["found"] for x in links), what="the agent sampled every worker")
+    folder = links[0].folder
+    for x in links[:-1]:
+        x.leave()
+    assert psutil.pid_exists(pid), "the agent outlives any one worker"
+    links[-1].leave()
+    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+               what="the agent exits with the last worker")
+    wait_until(lambda: not os.path.exists(folder), what="its run folder removed")
+
+
+def test_a_task_on_an_idle_worker_wakes_the_agent_and_leave_samples_unsampled_tasks(config, tmp_path):
+    w = link(config(**{"polling-interval": 5000}), 1)  # ticks 5 s apart: anything sooner is a wake
+    try:
+        wait_until(lambda: w.beat() and w.beat()["samples"] >= 1, what="the first (idle) sample")
+        w.publisher.started("first", 1, 5)
+        w.wake()
+        wait_until(lambda: any(p.tags["dag"] == "5" for p in points(tmp_path)), timeout=4,
+                   what="the woken sample, long before the next tick")
+        w.publisher.ended("first")
+        w.publisher.started("brief", 2, 6)
+        w.publisher.ended("brief")
+        assert w.publisher.unsampled()
+    finally:
+        w.leave()
+    last = [p for p in points(tmp_path) if p.tags["dag"] == "6"]
+    assert [p.fields["running"] for p in last] == ['["brief"]'], "leaving, the agent samples the brief task"
+
+
+def test_stale_session_folders_are_removed_and_live_ones_kept(tmp_path):
+    import subprocess
+    import sys
+
+    run = str(tmp_path)
+    dead, live, busy = (os.path.join(run, n) for n in ("dead", "live", "busy"))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for folder, pid in ((dead, 999999999), (live, proc.pid)):
+            with runfolder.locked(folder, runfolder.START_LOCK):
+                runfolder.write_worker(folder, "1", {"pid": pid})
+        with runfolder.locked(busy, runfolder.START_LOCK):  # a worker arriving right now
+            assert runfolder.remove_stale(run) == [dead]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(os.listdir(run)) == ["busy", "live"]
