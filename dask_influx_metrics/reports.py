@@ -20,6 +20,25 @@ from typing import Callable
 logger = logging.getLogger("dask_influx_metrics")
 
 
+class Once:
+    """Things said already: ``once(key)`` is True the first time for each ``key`` (thread-safe).
+
+    >>> once = Once(); once("gpu"), once("gpu")
+    (True, False)
+    """
+
+    def __init__(self):
+        self._said: set = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, key) -> bool:
+        with self._lock:
+            if key in self._said:
+                return False
+            self._said.add(key)
+            return True
+
+
 class Reporter:
     """``report(what, message, **details)`` logs a warning and passes ``{what, message, **details,
     **context}`` to ``send`` (a scheduler event, the agent's beat), which must not raise;
@@ -27,8 +46,7 @@ class Reporter:
 
     def __init__(self, send: Callable[[dict], None] | None = None, **context):
         self._send, self.context = send, context
-        self._said: set = set()
-        self._lock = threading.Lock()
+        self._once = Once()
 
     def __call__(self, what: str, message: str, **details) -> None:
         logger.warning("influx-metrics%s: %s", f" on {self.context['worker']}" if "worker" in self.context else "",
@@ -41,10 +59,7 @@ class Reporter:
 
     def once(self, what: str, message: str, key=None, **details) -> bool:
         """Report unless ``key`` was reported before; whether it was reported now."""
-        key = (what, message) if key is None else key
-        with self._lock:
-            if key in self._said:
-                return False
-            self._said.add(key)
+        if not self._once((what, message) if key is None else key):
+            return False
         self(what, message, **details)
         return True

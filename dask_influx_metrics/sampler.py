@@ -30,6 +30,7 @@ import time
 from typing import Callable
 
 from . import lineprotocol
+from .reports import Once
 from .schema import Point, tags_as_fields
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Sampler:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._broken: set[tuple] = set()
+        self._once = Once()
         self.samples = 0
         self.skipped = 0
         self.extra = 0  # samples taken on wake()
@@ -122,6 +123,5 @@ class Sampler:
 
     def _report_once(self, where, error: Exception) -> None:
         key = (type(where).__name__, type(error).__name__)
-        if key not in self._broken:
-            self._broken.add(key)
+        if self._once(key):
             logger.warning("influx-metrics: %s failed: %r (reported once)", key[0], error, exc_info=error)

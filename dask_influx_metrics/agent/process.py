@@ -85,7 +85,6 @@ class Agent:
         self.sampler = Sampler(self.collect, self, interval=settings.polling_interval / 1000.0,
                                name="influx-metrics-agent", field_tags=() if settings.dag_tag else ("dag",))
         self._left: list[WorkerView] = []
-        self._said_shared: set[str] = set()
         self._lock = threading.Lock()  # the sampler thread and the main thread both write the beat
         self._counted, self._counters, self._doc_key, self._doc = -COUNTERS_S, [], None, b"{}"
 
@@ -140,12 +139,10 @@ class Agent:
         self.write_beat()
         points = self.collector.collect(live + self._left, now_ns)
         for uuid, users in self.collector.shared.items():
-            if uuid not in self._said_shared:
-                self._said_shared.add(uuid)
-                addresses = [w.address for w in users]
-                self.report("shared-gpu", f"GPU {uuid} is used by {len(users)} workers of this host ({addresses}); "
-                            "its device-wide readings are written once, tagged with all their jobs",
-                            uuid=uuid, workers=addresses, host=socket.gethostname())
+            addresses = [w.address for w in users]
+            self.report.once("shared-gpu", f"GPU {uuid} is used by {len(users)} workers of this host ({addresses}); "
+                             "its device-wide readings are written once, tagged with all their jobs",
+                             key=("shared-gpu", uuid), uuid=uuid, workers=addresses, host=socket.gethostname())
         return points
 
     def write_beat(self) -> None:

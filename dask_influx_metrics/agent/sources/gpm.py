@@ -35,6 +35,8 @@ import logging
 import math
 from typing import Callable, NamedTuple
 
+from ...reports import Once
+
 logger = logging.getLogger(__name__)
 
 MIN_WINDOW_S = 0.1  # NVML's GPM refresh: shorter windows give no new data
@@ -98,7 +100,7 @@ class GpmReader:
         self._metrics = [(m, i) for m, i in self._metrics if i is not None]  # ids this pynvml names
         self._samples: list = []  # [previous, spare] once allocated
         self._have_previous = False
-        self._reported: set[str] = set()
+        self._once = Once()
         self.unsupported: str | None = self._support()
         if self.unsupported:
             logger.info("%s: GPM metrics left out (%s)", label, self.unsupported)
@@ -175,15 +177,13 @@ class GpmReader:
             result = results[i]
             if result.nvmlReturn == ok:
                 fields[metric.field] = metric.convert(result.value)
-            elif metric.field not in self._reported:  # not offered here (NVLink on a PCIe card): said once
-                self._reported.add(metric.field)
+            elif self._once(metric.field):  # not offered here (NVLink on a PCIe card): said once
                 logger.info("%s: GPM metric %s not available (NVML status %d); left out", self._label,
                             metric.gpm, result.nvmlReturn)
         return fields
 
     def _fail(self, what: str, error: Exception) -> dict:
-        if what not in self._reported:
-            self._reported.add(what)
+        if self._once(what):
             logger.warning("%s: GPM %s failed (%s: %s); left out of this sample (reported once)",
                            self._label, what, type(error).__name__, error)
         return {}

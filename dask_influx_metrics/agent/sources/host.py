@@ -40,6 +40,7 @@ import time
 
 import psutil
 
+from ...reports import Once
 from ...schema import FIELDS, HOST, WORKER
 from . import procfs as procfs_mod
 
@@ -92,7 +93,7 @@ class HostSource:
             for key, names in _GROUPS.items()
         }
         self._groups = {k: v for k, v in self._groups.items() if v}
-        self._reported: set = set()
+        self._once = Once()
         self._process = process
         self._last_cpu = None  # (busy, total) at the previous read
         self._last_percent = 0.0
@@ -165,8 +166,7 @@ class HostSource:
             return None
 
     def _report(self, key, e: Exception) -> None:
-        if key not in self._reported:
-            self._reported.add(key)
+        if self._once(key):
             logger.warning(
                 "%s %s unavailable (%s: %s); omitted while it fails (reported once)",
                 key[0], "/".join(_GROUPS[key]), type(e).__name__, e,

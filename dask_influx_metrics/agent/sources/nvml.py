@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
-from typing import Callable, NamedTuple
+from typing import Callable
 
+from ...reports import Once
 from ...schema import GPU
 from . import gpm, procutil, slowfields
 from .nvmlcalls import Call, Group
@@ -173,7 +173,7 @@ class NvmlDevices:
              [f for f in g.static if f in self._want])
             for key, g in TABLE.items() if self._want.intersection(g.fields)
         ]
-        self._reported: set[tuple[str, str]] = set()
+        self._once = Once()
         self._unsupported = tuple(  # NVML's own "this device or driver cannot"
             e for e in (
                 nvml.NVMLError_NotSupported,
@@ -317,9 +317,8 @@ class NvmlDevices:
         return dev.results[key]
 
     def _report(self, dev: _Device, what: str, error: Exception) -> None:
-        if (dev.uuid, what) in self._reported:
+        if not self._once((dev.uuid, what)):
             return
-        self._reported.add((dev.uuid, what))
         logger.warning(
             "GPU %s: reading %s failed (%s: %s); omitted from this sample (reported once)",
             dev.uuid, what, type(error).__name__, error,

@@ -29,6 +29,8 @@ import time
 from collections import defaultdict
 from typing import Iterable, Mapping
 
+from ...reports import Once
+
 logger = logging.getLogger(__name__)
 
 READ_INTERVAL_S = 1.0
@@ -54,7 +56,7 @@ class ProcessUtilization:
                              nvml.NVMLError_NoPermission)
         self._last_seen = 0  # us; never 0 again after the first answer
         self._read_at: float | None = None
-        self._reported: set[str] = set()
+        self._once = Once()
         if not self._calls:
             self._say_once("off", "this pynvml has no per-process utilization call; per-worker GPU "
                            "utilization left out")
@@ -100,8 +102,7 @@ class ProcessUtilization:
         return None
 
     def _say_once(self, what: str, message: str, level: int = logging.INFO) -> None:
-        if what not in self._reported:
-            self._reported.add(what)
+        if self._once(what):
             logger.log(level, "%s: %s", self._label, message)
 
 

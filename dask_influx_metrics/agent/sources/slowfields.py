@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import time
 
+from ...reports import Once
 from .nvmlcalls import Call, Group
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class SlowFields:
                 fn, args = getattr(nvml, call.function), tuple(getattr(nvml, a) for a in call.args)
                 self._plan.append((name, group, wanted, lambda h, fn=fn, args=args: fn(h, *args)))
         self._read_at: float | None = None
-        self._reported: set[str] = set()
+        self._once = Once()
 
     def read(self) -> dict:
         now = self._clock()
@@ -94,8 +95,7 @@ class SlowFields:
                 logger.info("%s: %s not available (%s); omitted from now on", self._label, "/".join(wanted),
                             type(e).__name__)
             except Exception as e:  # another NVML error, or a result unlike the documented one: this time only
-                if name not in self._reported:
-                    self._reported.add(name)
+                if self._once(name):
                     logger.warning("%s: reading %s failed (%s: %s); omitted from this sample (reported once)",
                                    self._label, "/".join(wanted), type(e).__name__, e)
         return fields
