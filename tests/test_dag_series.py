@@ -14,8 +14,8 @@ import pytest
 
 from dask_influx_metrics import Monitor, lineprotocol, query
 from dask_influx_metrics.config import Settings
-from dask_influx_metrics.schema import Point, Reading
-from dask_influx_metrics.worker.sampler import Sampler
+from dask_influx_metrics.schema import Point
+from dask_influx_metrics.sampler import Sampler
 
 N_DAGS = 12
 
@@ -79,20 +79,21 @@ def test_series_count_per_dag_mode(client, influxd, fresh_db, dag_tag):
         assert db.peaks("compute-util", per_job=True)["job"].tolist()
 
 
-class Readings:
-    def read(self):
-        return [Reading("gpu", {"index": "0"}, {"utilization_gpu": 1.0}),
-                Reading("task", {"prefix": "sum", "state": "memory"}, {"duration": 0.5})]
+def collect(tags):
+    def points(now_ns):
+        return [Point("gpu", {**tags, "index": "0"}, {"utilization_gpu": 1.0}, now_ns),
+                Point("task", {**tags, "prefix": "sum", "state": "memory"}, {"duration": 0.5}, now_ns)]
+    return points
 
 
 def test_dag_tag_false_moves_dag_into_the_fields_of_every_sample_point():
     tags = {"host": "h", "worker": "w", "job": "1", "dag": "2,3"}
-    points = Sampler([Readings()], None, lambda: tags, field_tags=("dag",)).sample()
+    points = Sampler(collect(tags), None, field_tags=("dag",)).sample()
     assert [p.measurement for p in points] == ["gpu", "task"]
     assert all("dag" not in p.tags and p.fields["dag"] == "2,3" and p.tags["job"] == "1" for p in points)
     line = lineprotocol.encode_many(points)[0]
     assert line.split(b" ")[0] == b"gpu,host=h,index=0,job=1,worker=w" and line.split(b" ")[1].endswith(b',dag="2,3"')
-    assert all(p.tags["dag"] == "2,3" for p in Sampler([Readings()], None, lambda: tags).sample())
+    assert all(p.tags["dag"] == "2,3" for p in Sampler(collect(tags), None).sample())
 
 
 @pytest.mark.parametrize("value, expected", [(False, False), ("false", False), ("true", True), ("off", False)])

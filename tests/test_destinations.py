@@ -119,15 +119,15 @@ def test_old_example_flow(private_tmp_cluster, tmp_path):
     client.close()
 
 
-@pytest.mark.parametrize("isolate", [True, False], ids=["sidecar", "in-process"])
-def test_refused_udp_is_counted_and_reachable_from_the_client(client, isolate):
+@pytest.mark.parametrize("mode", ["agent", "thread"])
+def test_refused_udp_is_counted_and_reachable_from_the_client(client, mode):
     import socket
 
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()  # nothing listens there
-    monitor = Monitor(client, telegraf_address=f"127.0.0.1:{port}", gpu_source="simulated", isolate=isolate)
+    monitor = Monitor(client, telegraf_address=f"127.0.0.1:{port}", gpu_source="simulated", sampler_mode=mode)
     monitor.attach(polling_interval=20, tracking=["tasks", "compute-util"])  # no task stream: one sink each
     started = monitor.start()
     try:

@@ -3,7 +3,8 @@ import time
 
 import pytest
 
-from dask_influx_metrics.worker.sampler import Sampler
+from dask_influx_metrics.sampler import Sampler
+from dask_influx_metrics.schema import Point
 from dask_influx_metrics.worker.sources.custom import CustomSource, custom_metric, validate
 
 
@@ -98,11 +99,13 @@ def test_a_hung_metric_never_blocks_stop_and_leaks_no_thread_per_cycle():
     try:
         for _ in range(5):
             src = CustomSource([hung], worker, lambda: [], timeout=0.01)
-            sampler = Sampler([src], None, lambda: {}, interval=0.01)
+            sampler = Sampler(lambda now_ns, src=src: [Point("custom", {}, r.fields, now_ns) for r in src.read()],
+                              None, interval=0.01)
             sampler.start()
             threading.Event().wait(0.05)
             started = time.monotonic()
             sampler.stop()
+            src.stop()
             assert time.monotonic() - started < 0.5 and not sampler.running
             assert threads() == 1  # the one call still hung, not one per cycle
     finally:

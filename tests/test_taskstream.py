@@ -152,8 +152,8 @@ def test_erred_and_cancelled_tasks_get_their_state_and_tracking_turns_the_stream
     assert not influxd.query("SELECT * FROM task WHERE \"key\" = 'total-untracked'", db=fresh_db)
 
 
-def test_isolated_sampler_still_writes_the_task_stream(spilling_cluster, monitor, influxd, fresh_db):
-    monitor.attach(polling_interval=POLL_MS, tracking=["task-stream", "fine-metrics", "tasks"], isolate=True)
+def test_the_task_stream_is_written_beside_the_agent(spilling_cluster, monitor, influxd, fresh_db):
+    monitor.attach(polling_interval=POLL_MS, tracking=["task-stream", "fine-metrics", "tasks"], sampler_mode="agent")
     monitor.start()
     with Client(spilling_cluster) as c:
         c.gather(c.map(block, range(8), mb=1, seconds=0.3, key=[f"iso-{i}" for i in range(8)]))

@@ -63,11 +63,11 @@ def test_teardown_with_a_frozen_influxdb_never_blocks_the_event_loops(tmp_path):
 
 
 def sampler_counts(dask_worker) -> tuple[int, int]:
-    """(samples, extra samples) of whatever samples the worker's tasks: its sidecar, else its sampler."""
+    """(samples, extra samples) of whatever samples the worker's tasks: its host's agent, else its sampler."""
     plugin = dask_worker.plugins["influx-metrics"]
-    if plugin.sidecar is not None:
-        stats = plugin.sidecar.stats()
-        return stats["samples"], stats["extra"]
+    if plugin.link is not None:
+        beat = plugin.link.beat()
+        return beat["samples"], beat["extra"]
     return plugin.sampler.samples, plugin.sampler.extra
 
 
@@ -78,14 +78,14 @@ def wait_for(predicate, timeout=10.0, what="condition"):
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("isolate", [True, False], ids=["sidecar", "in-process"])
-def test_an_extra_sample_for_a_graph_after_idleness_not_between_back_to_back_short_tasks(isolate):
+@pytest.mark.parametrize("mode", ["agent", "thread"])
+def test_an_extra_sample_for_a_graph_after_idleness_not_between_back_to_back_short_tasks(mode):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
             LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         receiver.bind(("127.0.0.1", 0))
         monitor = Monitor(client, sink="udp", telegraf_address="127.0.0.1:%d" % receiver.getsockname()[1],
-                          gpu_source="simulated", isolate=isolate)
+                          gpu_source="simulated", sampler_mode=mode)
         monitor.attach(polling_interval=500, tracking=["tasks", "compute-util"])
         monitor.start()
         counts = lambda: next(iter(client.run(sampler_counts).values()))  # noqa: E731
@@ -118,9 +118,9 @@ def hold(event_name: str, timeout: float = 30.0):
     Event(event_name).wait(timeout)
 
 
-@pytest.mark.parametrize("isolate", [True, False], ids=["sidecar", "in-process"])
+@pytest.mark.parametrize("mode", ["agent", "thread"])
 def test_brief_tasks_leave_a_trace_and_a_last_sample_shows_those_that_ended_after_the_last_tick(
-        isolate, cluster, tmp_path):
+        mode, cluster, tmp_path):
     """A task that starts and ends between two samples counts as executing at the next one; one
     that ends after the last sample gets a last sample at stop. The worker is kept busy by another
     task, so no wake samples them."""
@@ -140,11 +140,11 @@ def test_brief_tasks_leave_a_trace_and_a_last_sample_shows_those_that_ended_afte
 
     with Client(cluster) as client:
         monitor = Monitor(client, sink="spool", spool_directory=str(tmp_path), gpu_source="none",
-                          isolate=isolate, flush_interval=0.1)
+                          sampler_mode=mode, flush_interval=0.1)
         monitor.attach(polling_interval=400, tracking=["tasks"])
         monitor.start()
         [worker, *_] = sorted(client.scheduler_info()["workers"])
-        go = Event("go-" + str(isolate))
+        go = Event("go-" + mode)
         try:
             holder = client.submit(hold, go.name, key="holder", workers=[worker])
             wait_for(lambda: any(client.processing(workers=[worker]).values()), what="the holder running")
