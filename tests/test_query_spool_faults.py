@@ -129,7 +129,7 @@ def test_cli_replay_writes_the_undelivered_samples(influxd, fresh_db, tmp_path):
     assert spool_files(session) == []
     _session(tmp_path / "spool", _lines(2))
     result = CliRunner().invoke(cli, ["replay", str(session), "--source", str(tmp_path / "spool")])
-    assert result.exit_code == 2 and "error: replay writes into InfluxDB over its v1 /write API" in result.stderr
+    assert result.exit_code == 2 and "error: replay writes into InfluxDB (InfluxQL over http(s)://), not spool" in result.stderr
 
 
 def test_the_spool_reader_counts_undelivered_samples(influxd, fresh_db, tmp_path):
@@ -141,5 +141,5 @@ def test_the_spool_reader_counts_undelivered_samples(influxd, fresh_db, tmp_path
 
 
 def test_undelivered_needs_an_influxdb_source(tmp_path):
-    with pytest.raises(ValueError, match="undelivered= names a spool folder to check"):
+    with pytest.raises(ValueError, match="undelivered= names samples not in InfluxDB"):
         query.connect(tmp_path, undelivered=os.fspath(tmp_path))

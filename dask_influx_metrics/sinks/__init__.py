@@ -236,3 +236,57 @@ def remove_spool(folders, keep=()) -> int:
             except OSError:  # not empty: someone else's files, or the session's other workers
                 pass
     return removed
+
+
+class _KeptInFile:
+    """The fallback of a replay: lines not delivered stay in the file they came from."""
+
+    def send(self, lines) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def pending_folders(folder) -> list[str]:
+    """Every ``undelivered/`` and ``refused/`` folder under ``folder`` that holds spool files.
+
+    >>> pending_folders("/nonexistent")
+    []
+    """
+    from .spool import spool_files
+
+    return sorted(root for root, _, _ in os.walk(os.fspath(folder))
+                  if os.path.basename(root) in (UNDELIVERED_DIR, REFUSED_DIR) and spool_files(root))
+
+
+def replay_folders(folder, url: str, database: str, **options) -> dict:
+    """Write the lines under every ``undelivered/`` and ``refused/`` folder below ``folder`` to InfluxDB.
+
+    The explicit replay (reading never writes). A file is deleted once each of its lines was written or
+    refused again; lines refused again go to the ``refused/`` folder beside (with the new reason), and
+    files the server did not take (down) are kept. ``options`` go to :class:`HttpSink` (credentials,
+    ``retention_policy``, ``timeout``, ``session``). Returns counts: ``files``, ``lines``, ``written``,
+    ``refused``, ``kept`` (not delivered, left in their files). Replay only folders no sink writes to.
+    """
+    from .http import REASONS_FILE, HttpSink
+    from .spool import replay, spool_files
+
+    out = {"files": 0, "lines": 0, "written": 0, "refused": 0, "kept": 0}
+    for root in pending_folders(folder):
+        refused = os.path.join(os.path.dirname(root), REFUSED_DIR)
+        out["files"] += len(spool_files(root))
+        sink = HttpSink(url, database, fallback=_KeptInFile(), refused=refused, flush_interval=0.05, **options)
+        try:
+            out["lines"] += replay(root, sink, remove=True)
+        finally:
+            sink.close()
+        out["written"] += sink.points_written
+        out["refused"] += sink.points_refused
+        out["kept"] += sink.points_failed
+        if not spool_files(refused):
+            try:
+                os.remove(os.path.join(refused, REASONS_FILE))  # nothing refused is left: no stale reasons
+            except FileNotFoundError:
+                pass
+    return out

@@ -29,7 +29,7 @@ dropped=N``; it names each line it could not parse, and for a field type
 conflict the measurement and field, so only the lines it refused are kept when
 they can be told apart, else the whole batch (replaying it rewrites the
 accepted points: an idempotent overwrite in InfluxDB). Replaying is always an
-explicit call (:func:`replay_folders`). A 413 (a proxy's body limit) halves the
+explicit call (:func:`~dask_influx_metrics.sinks.replay_folders`). A 413 (a proxy's body limit) halves the
 batch and the batch size, down to one line, said once and counted in
 ``batches_split``. After a connection error or 5xx the sink backs off
 (1 s, then 2 s, then :data:`MAX_BACKOFF` = 3 s between tries): batches go
@@ -57,8 +57,7 @@ from typing import Optional
 import requests
 
 from .. import credentials, lineprotocol
-from . import REFUSED_DIR, UNDELIVERED_DIR
-from .spool import SpoolSink, replay, spool_files
+from .spool import SpoolSink
 
 logger = logging.getLogger(__name__)
 
@@ -385,52 +384,3 @@ def _has_field(line: bytes, measurement: str, field: str) -> bool:
     except ValueError:
         return False
     return point.measurement == measurement and field in point.fields
-
-
-class _KeptInFile:
-    """The fallback of a replay: lines not delivered stay in the file they came from."""
-
-    def send(self, lines) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def pending_folders(folder) -> list[str]:
-    """Every ``undelivered/`` and ``refused/`` folder under ``folder`` that holds spool files.
-
-    >>> pending_folders("/nonexistent")
-    []
-    """
-    return sorted(root for root, _, _ in os.walk(os.fspath(folder))
-                  if os.path.basename(root) in (UNDELIVERED_DIR, REFUSED_DIR) and spool_files(root))
-
-
-def replay_folders(folder, url: str, database: str, **options) -> dict:
-    """Write the lines under every ``undelivered/`` and ``refused/`` folder below ``folder`` to InfluxDB.
-
-    The explicit replay (reading never writes). A file is deleted once each of its lines was written or
-    refused again; lines refused again go to the ``refused/`` folder beside (with the new reason), and
-    files the server did not take (down) are kept. ``options`` go to :class:`HttpSink` (credentials,
-    ``retention_policy``, ``timeout``, ``session``). Returns counts: ``files``, ``lines``, ``written``,
-    ``refused``, ``kept`` (not delivered, left in their files). Replay only folders no sink writes to.
-    """
-    out = {"files": 0, "lines": 0, "written": 0, "refused": 0, "kept": 0}
-    for root in pending_folders(folder):
-        refused = os.path.join(os.path.dirname(root), REFUSED_DIR)
-        out["files"] += len(spool_files(root))
-        sink = HttpSink(url, database, fallback=_KeptInFile(), refused=refused, flush_interval=0.05, **options)
-        try:
-            out["lines"] += replay(root, sink, remove=True)
-        finally:
-            sink.close()
-        out["written"] += sink.points_written
-        out["refused"] += sink.points_refused
-        out["kept"] += sink.points_failed
-        if not spool_files(refused):
-            try:
-                os.remove(os.path.join(refused, REASONS_FILE))  # nothing refused is left: no stale reasons
-            except FileNotFoundError:
-                pass
-    return out

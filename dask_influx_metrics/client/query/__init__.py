@@ -30,7 +30,7 @@ from .. import peaks as _peaks, summary as _summary, tables as _tables
 from ..hosts import HostQuestions
 from ..tasks import TaskQuestions
 from ... import jobtags, schema
-from .base import DEVICE_MEASUREMENTS, Backend, QueryError
+from .base import DEVICE_MEASUREMENTS, Backend, QueryError, pending_notes
 
 __all__ = ["connect", "Store", "QueryError"]
 
@@ -71,12 +71,9 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
     bucket, e.g. ``dask_metrics/autogen``). For a spool, ``session`` picks a
     session folder (default: the latest). Credentials (``username``/``password``,
     ``token``, or ``http://user:password@host``) travel only in the
-    ``Authorization`` header; URLs shown anywhere carry none. ``undelivered``
-    (an InfluxDB source): a spool folder to look into for samples an HTTP sink
-    kept on disk (``undelivered/``: an outage; ``refused/``: InfluxDB refused
-    them); ``notes`` says how many are not in the answers. Reading never
-    writes: :meth:`Store.replay_undelivered` (or ``dask-influx-metrics replay``)
-    writes them. Raises :class:`QueryError` naming the URL or folder when it
+    ``Authorization`` header; URLs shown anywhere carry none. ``undelivered``: a spool folder whose
+    ``undelivered/``, ``refused/`` samples (not in InfluxDB) ``notes`` names; reading never writes them
+    (:meth:`Store.replay_undelivered` does). Raises :class:`QueryError` naming the URL or folder when it
     cannot be read. The :class:`Store` holds HTTP connections: ``close()`` it,
     or use it as ``with connect(...) as db:``.
 
@@ -92,8 +89,7 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
     window = {"tags": tags, "start_ns": to_ns(start), "stop_ns": to_ns(stop)}
     source = os.fspath(source)
     if undelivered is not None and not source.startswith(("http://", "https://")):
-        raise ValueError("undelivered= names a spool folder to check for samples not in InfluxDB: "
-                         "it needs an http(s):// source")
+        raise ValueError("undelivered= names samples not in InfluxDB: it needs an http(s):// source")
     if source.startswith(("http://", "https://")):
         if language == "influxql":
             from .influxql import InfluxQLBackend
@@ -115,34 +111,8 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
         from .spool import SpoolBackend
 
         backend = SpoolBackend(source, session=session, **window)
-    store = Store(backend, origin_ns=window["start_ns"])
-    if undelivered is not None:
-        store.extra_notes += pending_notes(undelivered)
-    return store
-
-
-def pending_notes(folder) -> list[str]:
-    """One note per ``undelivered/`` or ``refused/`` folder under ``folder`` that holds samples
-    (not in InfluxDB), saying how to write them.
-
-    >>> pending_notes("/nonexistent")
-    []
-    """
-    from ...sinks import REFUSED_DIR
-    from ...sinks.http import REASONS_FILE, pending_folders
-    from ...sinks.spool import read_lines
-
-    notes = []
-    for root in pending_folders(folder):
-        count = sum(1 for _ in read_lines(root))
-        if os.path.basename(root) == REFUSED_DIR:
-            why = f"InfluxDB refused them; its reasons: {os.path.join(root, REASONS_FILE)}"
-        else:
-            why = "not delivered over HTTP at the time"
-        notes.append(f"{count} sample(s) under {root} are not in InfluxDB ({why}); write them with "
-                     f"db.replay_undelivered({os.fspath(folder)!r}) or `dask-influx-metrics replay "
-                     f"{os.fspath(folder)} --source URL`")
-    return notes
+    backend.notes.extend(pending_notes(undelivered) if undelivered is not None else ())  # http(s) only
+    return Store(backend, origin_ns=window["start_ns"])
 
 
 def _iso(ns: int) -> str:
@@ -173,7 +143,6 @@ class Store(TaskQuestions, HostQuestions):
         self._origin_ns = origin_ns
         self._workers: Optional[list[str]] = None
         self._fields: Optional[dict] = None
-        self.extra_notes: list[str] = []  # samples kept on disk, not in the source (see connect(undelivered=))
         self.closed = False
 
     def __repr__(self) -> str:
@@ -182,30 +151,15 @@ class Store(TaskQuestions, HostQuestions):
     @property
     def notes(self) -> list[str]:
         """One line per thing to read the answers with: corrupt spool lines skipped (file:line),
-        samples taken from ``undelivered/`` or ``refused/``, or kept there and not in InfluxDB.
-        Empty when there is nothing to say."""
-        return list(self.backend.notes) + self.extra_notes
+        samples taken from (or kept in) ``undelivered/`` or ``refused/``. Empty when there is nothing to say."""
+        return list(self.backend.notes)
 
     def replay_undelivered(self, folder) -> dict:
-        """Write the samples an HTTP sink kept under ``folder`` (a spool session or root: every
-        ``undelivered/`` and ``refused/`` below it) into this InfluxDB; the explicit replay, never done
-        by reading. Each file is deleted once all its lines were written, or refused again (those go to
-        ``refused/`` with InfluxDB's new reason); files InfluxDB did not take stay. Returns counts:
-        ``files``, ``lines``, ``written``, ``refused``, ``kept``. Run it once the session has stopped.
-
-        >>> db.replay_undelivered("/tmp/dask-influx-metrics-1000/20261121T100000-000001")  # doctest: +SKIP
-        {'files': 1, 'lines': 255, 'written': 255, 'refused': 0, 'kept': 0}
-        """
-        replay = getattr(self.backend, "replay_undelivered", None)
-        if replay is None:
-            raise QueryError(f"replay writes into InfluxDB over its v1 /write API: connect to an http(s):// "
-                             f"InfluxDB with InfluxQL, not {self.backend.describe()}")
-        if not os.path.isdir(folder):
-            raise QueryError(f"spool folder {os.fspath(folder)!r} does not exist")
-        counts = replay(folder)
+        """Write what an HTTP sink kept under ``folder`` into this InfluxDB (:func:`~dask_influx_metrics.sinks.replay_folders`)."""
+        if not hasattr(self.backend, "replay_undelivered"):
+            raise QueryError(f"replay writes into InfluxDB (InfluxQL over http(s)://), not {self.backend.describe()}")
         self._workers = self._fields = None  # the answers may change
-        self.extra_notes = [n for n in self.extra_notes if os.fspath(folder) not in n] + pending_notes(folder)
-        return counts
+        return self.backend.replay_undelivered(folder)
 
     def scope(self) -> str:
         """Where this Store looks, in words: the source, the time range and the tags."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import re
 from typing import Optional
 
@@ -22,7 +23,7 @@ import requests
 
 from ... import jobtags, schema
 from ... import credentials
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
+from .base import pending_notes, DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
 
 
 logger = logging.getLogger(__name__)
@@ -180,11 +181,16 @@ class InfluxQLBackend:
 
     def replay_undelivered(self, folder) -> dict:
         """Write the samples kept under ``folder``'s ``undelivered/`` and ``refused/`` folders into the
-        database (:func:`~dask_influx_metrics.sinks.http.replay_folders`); returns its counts."""
-        from ...sinks.http import replay_folders
+        database (:func:`~dask_influx_metrics.sinks.replay_folders`); returns its counts. The notes then
+        name what is still kept there."""
+        from ...sinks import replay_folders
 
-        return replay_folders(folder, self.url, self.database, retention_policy=self.rp, timeout=self.timeout,
-                              **self._credentials)
+        if not os.path.isdir(folder):
+            raise QueryError(f"spool folder {os.fspath(folder)!r} does not exist")
+        counts = replay_folders(folder, self.url, self.database, retention_policy=self.rp, timeout=self.timeout,
+                                **self._credentials)
+        self.notes = pending_notes(folder)
+        return counts
 
     def _where(self, **kw) -> str:
         return where_clause(self.tags, self.start_ns, self.stop_ns, **kw)
