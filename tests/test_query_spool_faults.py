@@ -143,3 +143,21 @@ def test_the_spool_reader_counts_undelivered_samples(influxd, fresh_db, tmp_path
 def test_undelivered_needs_an_influxdb_source(tmp_path):
     with pytest.raises(ValueError, match="undelivered= names samples not in InfluxDB"):
         query.connect(tmp_path, undelivered=os.fspath(tmp_path))
+
+
+def test_the_spool_reader_reads_refused_samples_once(tmp_path):
+    """refused/ holds the only copy with the http sink alone, a second one beside a spool sink's own files."""
+    session = tmp_path / "20240501T120000-000001"
+    alone = session / "tcp-10.0.0.1-1" / "refused"
+    sink = SpoolSink(alone)
+    sink.send(_lines(5))
+    sink.close()
+    with query.connect(tmp_path) as db:
+        assert len(db.worker_tables()[W]) == 5
+        assert db.notes == ["5 sample(s) came from refused/ (InfluxDB refused them; its reasons are in "
+                            "refused/reasons.txt)"]
+    beside = SpoolSink(session / "tcp-10.0.0.1-1")
+    beside.send(_lines(5))
+    beside.close()
+    with query.connect(tmp_path) as db:
+        assert len(db.worker_tables()[W]) == 5 and db.notes == []
