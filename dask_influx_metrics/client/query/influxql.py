@@ -119,7 +119,6 @@ class InfluxQLBackend:
         self.timeout, self.page_rows = timeout, int(page_rows)
         self._session = requests.Session()
         self._session.headers.update(credentials.auth_header(username, password, token))
-        self._credentials = {"username": username, "password": password, "token": token}
         self.notes: list[str] = []
         self._inventory: Optional[list[dict]] = None
         try:
@@ -188,7 +187,7 @@ class InfluxQLBackend:
         if not os.path.isdir(folder):
             raise QueryError(f"spool folder {os.fspath(folder)!r} does not exist")
         counts = replay_folders(folder, self.url, self.database, retention_policy=self.rp, timeout=self.timeout,
-                                **self._credentials)
+                                session=self._session)  # its Authorization header: credentials kept nowhere else
         self.notes = pending_notes(folder)
         return counts
 
