@@ -59,6 +59,7 @@ CUSTOM = "custom"
 DAG = "dag"
 TASK = "task"
 ACTIVITY = "activity"
+DELIVERY = "delivery"
 
 # Tags on every worker point, in this order.
 COMMON_TAGS = ("host", "worker", "job", "dag")
@@ -85,6 +86,7 @@ TAGS = {
     "activity": "activity points: the activity as Dask's fine performance metrics name it "
     "('thread-cpu', 'thread-noncpu', 'disk-read', custom context_meter labels, ...; never fixed here)",
     "unit": "activity points: the activity's unit as Dask names it ('seconds', 'bytes', 'count')",
+    "sink": "delivery points: the sink the counters are of ('udp', 'http' or 'spool')",
 }
 
 # The tags each measurement carries, besides the extra ``influx-metrics.tags``.
@@ -97,6 +99,8 @@ MEASUREMENT_TAGS = {
     TASK: COMMON_TAGS + ("prefix", "state"),
     # Dask's digests are per prefix, not per task, so activity points have no dag (see README).
     ACTIVITY: ("host", "worker", "job", "prefix", "activity", "unit"),
+    # worker = the sending role: a worker address, "scheduler", or the host's sampling agent
+    DELIVERY: ("host", "worker", "sink"),
 }
 
 _FIELDS = (
@@ -186,8 +190,20 @@ _FIELDS = (
           "this worker, job and prefix (delta of Dask's worker digests_total 'execute' entries)"),
     Field(ACTIVITY, "jobs", int, "count", "jobs the interval's delta was split across by their tasks' "
           "execution time (1 = exact)"),
+    # delivery: each sender's sink counters, cumulative since the sender started (a restart starts at 0)
+    Field(DELIVERY, "points_sent", int, "count", "points handed over: sent in UDP datagrams (not refused), "
+          "written by InfluxDB over HTTP (the accepted part of a partial write too), or written to the spool"),
+    Field(DELIVERY, "points_dropped", int, "count", "points lost for good: UDP send buffer full, too long, socket "
+          "error or refused by a loopback address; HTTP not written and not spooled; spool disk errors"),
+    Field(DELIVERY, "points_refused", int, "count", "points InfluxDB refused as data (HTTP 400/413/422), kept "
+          "under <spool>/<session>/<role>/refused/ with its reason"),
+    Field(DELIVERY, "points_spooled", int, "count", "points the HTTP sink could not deliver (an outage) and "
+          "kept under <spool>/<session>/<role>/undelivered/ for replay"),
+    Field(DELIVERY, "errors", int, "count", "failed sends: UDP socket errors, failed HTTP requests (unreachable, "
+          "5xx, auth)"),
 )
 FIELDS: dict[tuple[str, str], Field] = {(f.measurement, f.name): f for f in _FIELDS}
+DELIVERY_FIELDS = tuple(f.name for f in _FIELDS if f.measurement == DELIVERY)
 
 
 def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
@@ -289,10 +305,3 @@ CLOCK_EVENT_REASONS = {
     0x10: "sync boost", 0x20: "software thermal", 0x40: "hardware thermal", 0x80: "power brake",
     0x100: "display clocks",
 }
-
-# Sampling health: each sender's sink counters (integers, cumulative since the sender started),
-# one point per sender and sink every ~10 s. Minimal declaration for the dashboard and alerts;
-# the sink-counters change declares these in full (fields, units, the ``sink`` tag).
-DELIVERY = "delivery"
-DELIVERY_TAGS = ("host", "worker", "sink")  # worker: the sending role; sink: udp, http or spool
-DELIVERY_COUNTERS = ("points_sent", "points_dropped", "points_refused", "points_spooled", "errors")

@@ -149,15 +149,15 @@ def gpu_panels() -> list[list[tuple[dict, int]]]:
 def delivery_panels() -> list[list[tuple[dict, int]]]:
     """Sampling health: each sender's sink counters (cumulative), as rates and as totals over the range."""
     senders = '"host", "worker", "sink"'
-    sent, dropped, refused, spooled, errors = schema.DELIVERY_COUNTERS
+    sent, dropped, refused, spooled, errors = schema.DELIVERY_FIELDS
 
     def rates(*names: str) -> str:
         cols = ", ".join(f'non_negative_derivative(last("{n}"), 1s) AS "{n}"' for n in names)
         return (f'SELECT {cols} FROM "{schema.DELIVERY}" WHERE $timeFilter '
                 f"GROUP BY time($__interval), {senders} fill(none)")
 
-    increases = ", ".join(f'non_negative_difference("{n}") AS "{n}"' for n in schema.DELIVERY_COUNTERS)
-    sums = ", ".join(f'sum("{n}") AS "{n}"' for n in schema.DELIVERY_COUNTERS)
+    increases = ", ".join(f'non_negative_difference("{n}") AS "{n}"' for n in schema.DELIVERY_FIELDS)
+    sums = ", ".join(f'sum("{n}") AS "{n}"' for n in schema.DELIVERY_FIELDS)
     totals = (f'SELECT {sums} FROM (SELECT {increases} FROM "{schema.DELIVERY}" WHERE $timeFilter GROUP BY {senders}) '
               f"WHERE $timeFilter GROUP BY {senders}")
     every = "Every sender (worker, agent or scheduler, whatever the host/worker selection), per sink; "
@@ -314,7 +314,7 @@ def held_idle_rule() -> dict:
 
 def dropped_rule() -> dict:
     """Points dropped or refused by any sender's sink within the window: one alert per sender and sink."""
-    dropped, refused = schema.DELIVERY_COUNTERS[1:3]
+    dropped, refused = schema.DELIVERY_FIELDS[1:3]
     senders = '"host", "worker", "sink"'
     lost = (f'SELECT sum("{dropped}") + sum("{refused}") AS "lost" FROM (SELECT '
             f'non_negative_difference("{dropped}") AS "{dropped}", non_negative_difference("{refused}") AS "{refused}" '

@@ -28,7 +28,7 @@ ALERTS = os.path.join(GRAFANA, "provisioning", "alerting", "dask-alerts.yaml")
 BUILTIN_VARS = {"timeFilter", "__interval", "__interval_ms", "__timeFilter", "__from", "__to",
                 "tag_worker", "tag_index", "tag_host", "tag_job", "tag_activity", "tag_sink", "col"}
 # Names a query may use besides the schema's FIELDS and TAGS (see schema.DELIVERY).
-DELIVERY_FIELDS = {(schema.DELIVERY, n) for n in schema.DELIVERY_COUNTERS}
+DELIVERY_FIELDS = {(schema.DELIVERY, n) for n in schema.DELIVERY_FIELDS}
 
 
 def _dashboards() -> dict[str, dict]:
@@ -105,7 +105,7 @@ def _check_names(where: str, q: str) -> None:
     assert all(m in measurements for m in used), f"{where}: unknown measurement in {used}"
     if q.startswith("SELECT"):
         (m,) = used
-        tags = schema.DELIVERY_TAGS if m == schema.DELIVERY else schema.TAGS
+        tags = schema.MEASUREMENT_TAGS[schema.DELIVERY] if m == schema.DELIVERY else schema.TAGS
         known = {f for mm, f in fields if mm == m} | set(tags) | set(re.findall(r'AS "([^"]+)"', q))
         for name in re.findall(r'"(\w+)"', re.sub(r'FROM "\w+"', "", q)):
             assert name in known, f"{where}: {m} has no field or tag {name}"

@@ -10,7 +10,7 @@ import pytest
 from dask_influx_metrics import lineprotocol, query
 from dask_influx_metrics.schema import Point
 from dask_influx_metrics.sinks.http import HttpSink
-from dask_influx_metrics.sinks.spool import SpoolSink, spool_files
+from dask_influx_metrics.sinks.spool import SpoolSink, read_lines, spool_files
 
 W = "tcp://10.0.0.1:1"
 T0 = 1_714_564_800_000_000_000
@@ -73,19 +73,63 @@ def _outage(influxd, db: str, session) -> int:
     return len(spool_files(undelivered))
 
 
-def test_undelivered_samples_are_written_first_and_counted(influxd, fresh_db, tmp_path):
+def test_reading_never_writes_undelivered_samples_it_names_them_and_replay_is_explicit(influxd, fresh_db, tmp_path):
     session = tmp_path / "20240501T120000-000001"
     assert _outage(influxd, fresh_db, session) >= 1
-    with query.connect(influxd.url, fresh_db) as db:
-        assert db.get_peaks("compute-util", per_job=False) == [[9]]  # the outage is missing
+    undelivered = session / "tcp-10.0.0.1-1" / "undelivered"
     with query.connect(influxd.url, fresh_db, undelivered=session) as db:
-        assert len(db.worker_tables()[W]) == 30
-        assert db.get_peaks("compute-util", per_job=False) == [[29]]
-        assert db.notes == [f"20 undelivered sample(s) from undelivered/ under {session} were written into "
-                            f"database '{fresh_db}' at {influxd.url} first"]
-    assert spool_files(session) == []  # written: removed, never replayed twice
-    with query.connect(influxd.url, fresh_db, undelivered=session) as db:
+        assert db.get_peaks("compute-util", per_job=False) == [[9]]  # the outage is missing, and said so
+        assert db.notes == [f"20 sample(s) under {undelivered} are not in InfluxDB (not delivered over HTTP at "
+                            f"the time); write them with db.replay_undelivered({str(session)!r}) or "
+                            f"`dask-influx-metrics replay {session} --source URL`"]
+        assert len(spool_files(session)) >= 1  # reading deleted nothing
+        assert db.replay_undelivered(session) == {"files": 1, "lines": 20, "written": 20, "refused": 0, "kept": 0}
         assert db.notes == [] and len(db.worker_tables()[W]) == 30
+        assert db.get_peaks("compute-util", per_job=False) == [[29]]
+    assert spool_files(session) == []  # written: removed, never replayed twice
+
+
+def test_a_partial_write_stays_refused_on_disk_until_a_replay_writes_it(influxd, fresh_db, tmp_path):
+    """Issue 23 item 1: a foreign string in gpu.utilization_gpu makes every batch a 400 partial write."""
+    influxd.write(b'gpu,host=other utilization_gpu="foreign" %d' % (T0 - 1), db=fresh_db)  # the same shard
+    session = tmp_path / "20240501T120000-000001"
+    role = session / "tcp-10.0.0.1-1"
+    sink = HttpSink(influxd.url, fresh_db, flush_interval=0.05, fallback=SpoolSink(role / "undelivered"),
+                    refused=role / "refused")
+    lines = _lines(30) + [b"host,host=h,worker=%s cpu_percent=5.0 %d" % (W.encode(), T0)]
+    sink.send(lines)
+    sink.close()
+    assert (sink.points_written, sink.points_refused, sink.points_failed) == (1, 30, 0)
+    refused = role / "refused"
+    assert list(read_lines(refused)) == lines[:30]
+    with query.connect(influxd.url, fresh_db, undelivered=session) as db:
+        assert "30 sample(s) under " + str(refused) in db.notes[0]
+        assert "InfluxDB refused them; its reasons: " + str(refused / "reasons.txt") in db.notes[0]
+        again = db.replay_undelivered(session)  # the conflict is still there: nothing is lost
+        assert again == {"files": 1, "lines": 30, "written": 0, "refused": 30, "kept": 0}
+        assert sorted(read_lines(refused)) == sorted(lines[:30]) and len(db.notes) == 1
+    influxd.query("DROP MEASUREMENT gpu", db=fresh_db)  # the foreign point goes, and its field type with it
+    with query.connect(influxd.url, fresh_db, undelivered=session) as db:
+        assert db.replay_undelivered(session)["written"] == 30
+        assert db.get_peaks("compute-util", per_job=False) == [[29]] and db.notes == []
+    assert spool_files(session) == [] and not (refused / "reasons.txt").exists()
+
+
+def test_cli_replay_writes_the_undelivered_samples(influxd, fresh_db, tmp_path):
+    from click.testing import CliRunner
+
+    from dask_influx_metrics.client.cli import cli
+
+    session = tmp_path / "20240501T120000-000001"
+    _outage(influxd, fresh_db, session)
+    result = CliRunner().invoke(cli, ["replay", str(session), "--source", influxd.url, "--database", fresh_db,
+                                      "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["files,lines,written,refused,kept", "1,20,20,0,0"]
+    assert spool_files(session) == []
+    _session(tmp_path / "spool", _lines(2))
+    result = CliRunner().invoke(cli, ["replay", str(session), "--source", str(tmp_path / "spool")])
+    assert result.exit_code == 2 and "error: replay writes into InfluxDB (InfluxQL over http(s)://), not spool" in result.stderr
 
 
 def test_the_spool_reader_counts_undelivered_samples(influxd, fresh_db, tmp_path):
@@ -96,6 +140,24 @@ def test_the_spool_reader_counts_undelivered_samples(influxd, fresh_db, tmp_path
         assert db.notes == ["20 sample(s) came from undelivered/ (not delivered over HTTP at the time)"]
 
 
-def test_undelivered_needs_influxql(tmp_path):
-    with pytest.raises(ValueError, match="undelivered= writes samples into InfluxDB"):
+def test_undelivered_needs_an_influxdb_source(tmp_path):
+    with pytest.raises(ValueError, match="undelivered= names samples not in InfluxDB"):
         query.connect(tmp_path, undelivered=os.fspath(tmp_path))
+
+
+def test_the_spool_reader_reads_refused_samples_once(tmp_path):
+    """refused/ holds the only copy with the http sink alone, a second one beside a spool sink's own files."""
+    session = tmp_path / "20240501T120000-000001"
+    alone = session / "tcp-10.0.0.1-1" / "refused"
+    sink = SpoolSink(alone)
+    sink.send(_lines(5))
+    sink.close()
+    with query.connect(tmp_path) as db:
+        assert len(db.worker_tables()[W]) == 5
+        assert db.notes == ["5 sample(s) came from refused/ (InfluxDB refused them; its reasons are in "
+                            "refused/reasons.txt)"]
+    beside = SpoolSink(session / "tcp-10.0.0.1-1")
+    beside.send(_lines(5))
+    beside.close()
+    with query.connect(tmp_path) as db:
+        assert len(db.worker_tables()[W]) == 5 and db.notes == []

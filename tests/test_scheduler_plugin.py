@@ -74,3 +74,38 @@ def test_shutdown_after_stop_logs_no_error_on_the_scheduler(small_cluster, tmp_p
             monitor.shutdown()
         assert client.run_on_scheduler(lambda dask_scheduler: "influx-metrics-jobs" in dask_scheduler.plugins) is False
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+def test_idle_processes_spool_within_the_flush_interval_and_the_scheduler_writes_its_delivery_counts(
+        small_cluster, tmp_path, monkeypatch):
+    """Issue 23 items 2 and 9, delivery health: while the session still runs, the scheduler's last DAG point
+    and the worker's task points reach the disk within ~flush-interval; every folder is 0700; the
+    scheduler's sink writes its ``delivery`` counters (every HEALTH_INTERVAL s, and at stop)."""
+    from dask_influx_metrics import lineprotocol, sinks
+    from dask_influx_metrics.sinks.spool import read_lines
+
+    monkeypatch.setattr(sinks, "HEALTH_INTERVAL", 0.5, raising=False)  # LocalCluster: the scheduler runs in this process
+    with Client(small_cluster) as client:
+        m = Monitor(client, spool_directory=str(tmp_path / "spool"), gpu_source="none", flush_interval=0.5)
+        m.attach(polling_interval=100, tracking=["task-stream"])
+        session = m.start()["id"]
+        try:
+            assert client.gather(client.map(slow, range(40), delay=0.0)) == list(range(40))
+            ended = time.monotonic()
+            while True:
+                points = [lineprotocol.parse(line) for line in read_lines(tmp_path / "spool")]
+                ends = [p for p in points if p.measurement == "dag" and p.fields["event"] == "end"]
+                tasks = [p for p in points if p.measurement == "task"]
+                health = [p for p in points if p.measurement == "delivery" and p.fields["points_sent"] > 0]
+                if ends and len(tasks) == 40 and health:
+                    break
+                assert time.monotonic() - ended < 5, f"on disk: {len(ends)} dag end, {len(tasks)} of 40 tasks"
+                threading.Event().wait(0.05)
+            assert m.jobs()["session"] is not None  # still running: no teardown flushed them
+        finally:
+            m.stop()
+            m.shutdown()
+    assert health[0].tags | {"host": "h"} == {"host": "h", "worker": "scheduler", "sink": "spool"}
+    assert set(health[0].fields) == {"points_sent", "points_dropped", "points_refused", "points_spooled", "errors"}
+    folders = [tmp_path / "spool" / session] + [p for p in (tmp_path / "spool" / session).iterdir()]
+    assert len(folders) >= 3 and all(oct(f.stat().st_mode & 0o777) == "0o700" for f in folders)

@@ -9,6 +9,7 @@ import time
 import requests
 
 from dask_influx_metrics.sinks.http import HttpSink
+from dask_influx_metrics.sinks.spool import read_lines
 
 BASE_NS = 1_700_000_000_000_000_000
 
@@ -67,15 +68,111 @@ def test_dead_url_sends_every_line_to_the_fallback(caplog):
     assert len([r for r in caplog.records if "cannot reach" in r.message]) == 1  # once, not per batch
 
 
-def test_bad_data_is_logged_with_the_server_message_and_kept(influxd, fresh_db, caplog):
-    fallback = Collect()
-    sink = HttpSink(influxd.url, fresh_db, fallback=fallback, flush_interval=0.01)
+def test_a_line_influxd_cannot_parse_is_kept_alone_with_the_reason_never_counted_written(influxd, fresh_db, tmp_path,
+                                                                                     caplog):
+    fallback, refused = Collect(), tmp_path / "refused"
+    sink = HttpSink(influxd.url, fresh_db, fallback=fallback, flush_interval=0.01, refused=refused)
     batch = [b"m,t=x v=1i 1", b"this is not line protocol"]
     with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
         sink.send(batch)
         sink.close()
-    assert fallback.lines == batch and sink.points_failed == 2
-    assert any("HTTP 400" in r.message and "unable to parse" in r.message for r in caplog.records)
+    assert (sink.points_written, sink.points_refused, sink.points_failed) == (1, 1, 0) and fallback.lines == []
+    assert list(read_lines(refused)) == [b"this is not line protocol"]
+    reasons = (refused / "reasons.txt").read_text()
+    assert "HTTP 400" in reasons and "unable to parse 'this is not line protocol'" in reasons
+    assert any("HTTP 400" in r.message and "unable to parse" in r.message and str(refused) in r.message
+               for r in caplog.records)
+
+
+def test_a_field_type_conflict_keeps_exactly_the_refused_lines(influxd, fresh_db, tmp_path):
+    """Issue 23 item 1: a foreign string in gpu.utilization_gpu; our float points are refused, not 'written'."""
+    influxd.write(b'gpu,host=other utilization_gpu="foreign" %d' % (BASE_NS - 1), db=fresh_db)  # same shard
+    gpu = [b"gpu,host=h,index=0 utilization_gpu=%d.5 %d" % (i, BASE_NS + i) for i in range(10)]
+    host = [b"host,host=h cpu_percent=%d.0 %d" % (i, BASE_NS + i) for i in range(5)]
+    refused = tmp_path / "refused"
+    sink = HttpSink(influxd.url, fresh_db, flush_interval=0.01, refused=refused, fallback=Collect())
+    sink.send([line for pair in zip(gpu, host + [b""] * 5) for line in pair if line])
+    sink.close()
+    assert (sink.points_written, sink.points_refused, sink.points_failed) == (5, 10, 0)
+    assert list(read_lines(refused)) == gpu
+    assert 'field type conflict: input field "utilization_gpu" on measurement "gpu"' in (
+        refused / "reasons.txt").read_text()
+    assert influxd.query("SELECT count(cpu_percent) FROM host", db=fresh_db)[0]["count"] == 5
+
+
+class BodyLimit:
+    """A proxy on 127.0.0.1 in front of influxd that answers 413 to bodies over ``limit`` bytes."""
+
+    def __init__(self, target: str, limit: int):
+        import http.server
+        import threading
+
+        outer = self
+        self.posts, self.too_large = 0, 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.posts += 1
+                if len(body) > limit:
+                    outer.too_large += 1
+                    self.send_response(413)
+                    self.end_headers()
+                    self.wfile.write(b"<html>413 Request Entity Too Large</html>")
+                    return
+                r = requests.post(target + self.path, data=body, timeout=10)
+                self.send_response(r.status_code)
+                self.end_headers()
+                self.wfile.write(r.content)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+def test_http_413_splits_batches_down_to_what_fits_says_so_once_and_counts_it(influxd, fresh_db, tmp_path, caplog):
+    """Issue 23 item 10: behind a 4 kB body limit every line lands; one line over the limit is kept as refused."""
+    proxy = BodyLimit(influxd.url, 4096)
+    try:
+        refused = tmp_path / "refused"
+        sink = HttpSink(proxy.url, fresh_db, batch_size=500, flush_interval=0.05, refused=refused, fallback=Collect(),
+                        max_pending=10_000)
+        lines = numbered(2000)
+        huge = b'm,t=x s="%s" %d' % (b"x" * 5000, BASE_NS + 10**6)
+        with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
+            for i in range(0, 2000, 100):
+                sink.send(lines[i:i + 100])
+            sink.send([huge])
+            sink.close()
+    finally:
+        proxy.close()
+    assert influxd.query("SELECT count(v) FROM m", db=fresh_db)[0]["count"] == 2000
+    assert (sink.points_written, sink.points_refused, sink.points_failed) == (2000, 1, 0)
+    assert sink.batches_split >= 1 and sink.batch_size <= 250
+    assert list(read_lines(refused)) == [huge] and "HTTP 413" in (refused / "reasons.txt").read_text()
+    splits = [r for r in caplog.records if "HTTP 413" in r.message and "splitting" in r.message]
+    assert len(splits) == 1
+
+
+def test_counters_name_the_failed_refused_and_spooled_lines(tmp_path):
+    from dask_influx_metrics.sinks import counters
+    from dask_influx_metrics.sinks.spool import SpoolSink
+
+    sink = HttpSink(dead_url(), "db", timeout=1, flush_interval=0.01, fallback=SpoolSink(tmp_path / "undelivered"))
+    sink.send(numbered(7))
+    sink.close()
+    [http] = counters(sink)
+    assert http["kind"] == "http" and http["points_failed"] == 7 and http["points_spooled"] == 7
+    assert http["points_refused"] == 0 and http["batches_split"] == 0 and http["errors"] == 1
 
 
 def test_send_never_blocks_on_a_hung_server_and_close_is_bounded():

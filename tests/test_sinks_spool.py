@@ -6,6 +6,8 @@ import logging
 import os
 import re
 import socket
+import threading
+import time
 
 from dask_influx_metrics import lineprotocol as lp
 from dask_influx_metrics.schema import Point
@@ -203,3 +205,30 @@ def test_a_partial_write_counts_the_whole_lines_that_reached_the_disk(tmp_path):
     [(name, size)] = got["files"].items()
     assert size == 100  # two whole lines, then a torn one that readers ignore and nobody appends to
     assert list(read_lines(tmp_path / "spool")) == [b"m,n=000 v=%03di 1700000000000000000" % i for i in range(2)]
+
+
+def test_an_idle_sink_reaches_the_disk_within_the_flush_interval(tmp_path):
+    """Issue 23 item 2: lines never wait in memory for the next send."""
+    sink = SpoolSink(tmp_path, mem_limit=1000, flush_interval=0.2)
+    sink.send([b"m v=1i 1"])
+    sent = time.monotonic()
+    while not list(read_lines(tmp_path)):
+        assert time.monotonic() - sent < 2.0, "the line is still in memory"
+        time.sleep(0.01)
+    assert time.monotonic() - sent < 1.0 and sink.buffered == 0
+    timers = [t for t in threading.enumerate() if t.name == "influx-spool-flush"]
+    sink.close()
+    deadline = time.monotonic() + 2
+    while len([t for t in timers if t.is_alive()]) >= len(timers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len([t for t in timers if t.is_alive()]) < len(timers), "close() stops the flush timer"
+
+
+def test_every_folder_it_creates_is_private(tmp_path):
+    """Issue 23 item 9: <root>/<session>/<worker> under a configured spool.directory, all 0700."""
+    root = tmp_path / "root"
+    sink = SpoolSink(root / "20261121T100000-000001" / "tcp-127.0.0.1-1", flush_interval=0.01)
+    sink.send([b"m v=1i 1"])
+    sink.close()
+    for folder in (root, root / "20261121T100000-000001", root / "20261121T100000-000001" / "tcp-127.0.0.1-1"):
+        assert oct(folder.stat().st_mode & 0o777) == "0o700", folder

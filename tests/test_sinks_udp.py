@@ -191,3 +191,38 @@ def test_refusals_on_loopback_are_counted_and_reported_once():
     finally:
         listener.close()
         sink.close()
+
+
+def test_each_refusal_outage_is_told_when_it_starts_and_when_it_ends():
+    """Issue 23 item 13: a second outage of the Telegraf listener is reported too, and each end once."""
+    import socket as _socket
+
+    probe = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    reports = []
+    sink = UdpSink(("127.0.0.1", port), report=lambda what, message: reports.append((what, message)))
+
+    def send_until(done):
+        deadline = time.monotonic() + 10
+        while not done() and time.monotonic() < deadline:
+            sink.send([b"m v=1i 1"])
+            time.sleep(0.002)  # let the ICMP port-unreachable come back
+        assert done(), reports
+
+    try:
+        for outage in (1, 2):
+            send_until(lambda: [w for w, _ in reports].count("udp-refused") == outage)
+            listener = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+            listener.bind(("127.0.0.1", port))
+            try:
+                send_until(lambda: [w for w, _ in reports].count("udp-listening") == outage)
+                for _ in range(20):
+                    sink.send([b"m v=2i 2"])
+            finally:
+                listener.close()
+    finally:
+        sink.close()
+    assert [w for w, _ in reports] == ["udp-refused", "udp-listening"] * 2
+    assert "datagram(s) were refused meanwhile" in reports[1][1] and f"127.0.0.1:{port}" in reports[3][1]

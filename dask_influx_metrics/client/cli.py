@@ -304,6 +304,28 @@ def report(open_store, path, title):
     click.echo(open_store().report(path, title=title))
 
 
+@cli.command()
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@format_option
+@store_options
+def replay(open_store, folder, fmt):
+    """Write the samples an HTTP sink kept under FOLDER into the InfluxDB of --source.
+
+    FOLDER is a spool session (or root); every undelivered/ (an outage) and
+    refused/ (InfluxDB refused them; reasons.txt says why) folder below it is
+    replayed. A file is deleted once all its lines were written or refused
+    again (those stay in refused/ with the new reason); files InfluxDB did not
+    take stay. Run it once the session has stopped.
+
+    \b
+    Example:
+      dask-influx-metrics replay /tmp/dask-influx-metrics-1000/20261121T100000-000001 --source http://127.0.0.1:8086
+    """
+    import pandas as pd
+
+    _emit(pd.DataFrame([open_store().replay_undelivered(folder)]), fmt)
+
+
 def main(argv=None):
     """Console-script entry point (``dask-influx-metrics``)."""
     return cli.main(args=argv)

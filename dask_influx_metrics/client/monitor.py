@@ -209,10 +209,10 @@ class Monitor:
         ``source="cluster"`` forces that), narrowed to the session's time range
         (from the last :meth:`clear_metrics`) and extra tags.
         ``source`` (a URL or spool folder) and ``kwargs`` go to
-        :func:`~dask_influx_metrics.query.connect` instead. Once the session
-        has stopped, samples the HTTP sink could not deliver (under the spool's
-        ``undelivered/``, when this machine sees it) are written into InfluxDB
-        first; ``query().notes`` says how many.
+        :func:`~dask_influx_metrics.query.connect` instead. Samples the HTTP
+        sink kept on disk (the spool's ``undelivered/`` and ``refused/``, when
+        this machine sees it) are not in InfluxDB: ``query().notes`` says how
+        many; ``query().replay_undelivered(folder)`` writes them (reading never does).
 
         Once the session has stopped, the Store (and its HTTP connections) is
         kept for the next call with the same ``source`` and ``kwargs``
@@ -274,7 +274,7 @@ class Monitor:
             options.update(retention_policy=influxdb["retention_policy"] or reader.retention_policy,
                            username=reader.username, password=reader.password, token=reader.token)
             spool = os.path.join(reader.spool_directory, session["id"])
-            if state["session"] is None and os.path.isdir(spool):  # an HTTP outage's samples, once stopped
+            if os.path.isdir(spool):  # samples an HTTP sink kept on disk: named in the notes
                 options["undelivered"] = spool
             return (influxdb["url"], influxdb["database"])
         return (CLUSTER,)

@@ -32,7 +32,7 @@ from .. import _dask, lineprotocol, schema
 from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, JOBS_PLUGIN, NEW_JOB_OP, SHARED_GPU
 from ..config import Settings
 from .jobs import JobBook
-from ..sinks import destinations, make_sink
+from ..sinks import HealthWriter, destinations, make_sink
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class JobPlugin(SchedulerPlugin):
         self.last_session: dict | None = None
         self.book = JobBook(self.overrides.get("job-type", "client"))
         self.sink = None
+        self.health = None  # writes the scheduler sink's delivery counters every ~10 s
         self.shared_gpus: dict[tuple, set] = {}  # (host, uuid) -> worker addresses
         self.destinations: dict[str, dict] = {}  # worker address (or "scheduler") -> where its samples go
         self.spooled: dict[str, bool] = {}  # spool folders written since attach (or the last clear) -> temporary
@@ -78,10 +79,14 @@ class JobPlugin(SchedulerPlugin):
         self._record("scheduler", {"host": socket.gethostname(), **destinations(settings, sid, "scheduler")})
         self._tags = {**settings.tags, "host": socket.gethostname()}
         self._last_ns = 0
+        self.health = HealthWriter(self.sink, {**self._tags, "worker": "scheduler"})
         return dict(self.session)
 
     def stop_session(self) -> dict | None:
         session, self.session = self.session, None
+        if self.health is not None:
+            self.health.stop()  # the final counts, before the sink closes
+            self.health = None
         if self.sink is not None:
             self.sink.close()
             self.sink = None

@@ -16,12 +16,22 @@ one table; those go to the fallback like any refused batch.
 default ``2 * batch_size``: about 3 MB at 5000 lines of ~300 bytes) and returns; a thread posts batches of up to
 ``batch_size`` lines when a batch is full or ``flush_interval`` seconds after
 its first line. Lines the server did not take go to ``fallback`` (a sink,
-normally a :class:`~.spool.SpoolSink`) so nothing is lost: after a connection
-error or 5xx, after a 4xx (bad data or auth; logged with the server's
-message), and when the queue is full. InfluxDB 1.x answers 400 to a
-*partial* write too; the whole batch then goes to the fallback, and
-replaying it later rewrites the accepted points, which InfluxDB treats as an
-idempotent overwrite. After a connection error or 5xx the sink backs off
+normally a :class:`~.spool.SpoolSink` in ``undelivered/``) so nothing is lost:
+after a connection error, a 5xx or a 4xx that is not about the data (auth, no
+such database), and when the queue is full; they count in ``points_failed``.
+
+What the server refuses as data (400, 422; 413 for a single line) is never
+counted as written: those lines go to ``refused`` (a folder, normally
+``<worker>/refused/``), with the server's reason appended to
+``refused/reasons.txt``, and count in ``points_refused``. InfluxDB 1.x
+writes the rest of such a batch and answers 400 ``partial write: ...
+dropped=N``; it names each line it could not parse, and for a field type
+conflict the measurement and field, so only the lines it refused are kept when
+they can be told apart, else the whole batch (replaying it rewrites the
+accepted points: an idempotent overwrite in InfluxDB). Replaying is always an
+explicit call (:func:`~dask_influx_metrics.sinks.replay_folders`). A 413 (a proxy's body limit) halves the
+batch and the batch size, down to one line, said once and counted in
+``batches_split``. After a connection error or 5xx the sink backs off
 (1 s, then 2 s, then :data:`MAX_BACKOFF` = 3 s between tries): batches go
 straight to the fallback until the next try, so a dead server costs neither a
 request per batch nor memory, and writing resumes at most ~4 s (back-off +
@@ -38,17 +48,22 @@ Example (needs a server)::
 from __future__ import annotations
 
 import logging
+import os
+import re
 import threading
 import time
 from typing import Optional
 
 import requests
 
-from .. import credentials
+from .. import credentials, lineprotocol
+from .spool import SpoolSink
 
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF = 3.0  # s between tries while the server is down; bounds the recovery time
+REFUSED_STATUS = (400, 413, 422)  # the server refuses the data itself: retrying the same lines cannot help
+REASONS_FILE = "reasons.txt"
 
 
 def write_url(url: str) -> str:
@@ -67,7 +82,7 @@ class HttpSink:
                  username: Optional[str] = None, password: Optional[str] = None,
                  token: Optional[str] = None, batch_size: int = 5000, timeout: float = 5.0,
                  flush_interval: float = 1.0, fallback=None, max_pending: Optional[int] = None,
-                 session: Optional[requests.Session] = None):
+                 session: Optional[requests.Session] = None, refused=None):
         url, username, password = credentials.take(url, username, password)  # user:password@ out of the URL
         self.url = write_url(url)
         self.params = {"db": database, "precision": "ns"}
@@ -84,8 +99,14 @@ class HttpSink:
         self.flush_interval = float(flush_interval)
         self.max_pending = int(max_pending or 2 * self.batch_size)
         self.fallback = fallback
+        self.refused_dir = None if refused is None else os.fspath(refused)
+        self._refused = None if refused is None else SpoolSink(refused, flush_interval=3600)  # written through
         self.points_written = 0
-        self.points_failed = 0
+        self.points_failed = 0  # not written: handed to the fallback (or lost without one)
+        self.points_refused = 0  # refused by the server as data: kept under ``refused`` (or the fallback)
+        self.batches_split = 0  # halved after an HTTP 413
+        self.errors = 0  # failed requests: unreachable, 5xx, 4xx not about the data
+        self._splitting = False
         self._session = session or requests.Session()
         self._buffer: list[bytes] = []
         self._first_at = 0.0
@@ -180,6 +201,7 @@ class HttpSink:
             r = self._session.post(self.url, params=self.params, data=b"\n".join(batch),
                                    headers=self.headers, auth=self.auth, timeout=self.timeout)
         except requests.RequestException as e:
+            self.errors += 1
             self._back_off()
             self._give_up(batch, f"cannot reach {self.url}: {e}", "unreachable")
             return
@@ -191,10 +213,63 @@ class HttpSink:
                 logger.info("HTTP sink: writing to %s again", self.url)
                 self._failure = None
             return
+        if r.status_code == 413 and len(batch) > 1:
+            return self._split(batch)
+        if r.status_code in REFUSED_STATUS:
+            return self._refuse(batch, r.status_code, _reason(r))
+        self.errors += 1
         if r.status_code >= 500:
             self._back_off()
-        kind = "rejected (bad data or auth)" if r.status_code < 500 else "server error"
-        self._give_up(batch, f"HTTP {r.status_code} {kind} from {self.url}: {r.text.strip()[:500]}", f"HTTP {r.status_code}")
+        kind = "rejected (auth or database)" if r.status_code < 500 else "server error"
+        self._give_up(batch, f"HTTP {r.status_code} {kind} from {self.url}: {_reason(r)[:500]}", f"HTTP {r.status_code}")
+
+    def _split(self, batch: list[bytes]) -> None:
+        """HTTP 413 (a body limit, e.g. a proxy's): post each half, and send smaller batches from now on."""
+        half = len(batch) // 2
+        with self._stats_lock:
+            self.batches_split += 1
+            self.batch_size = min(self.batch_size, max(1, half))
+        if not self._splitting:
+            self._splitting = True
+            logger.warning("HTTP sink: HTTP 413 (request body too large) from %s for %d line(s); splitting "
+                           "batches (now at most %d line(s) each)", self.url, len(batch), self.batch_size)
+        self._post(batch[:half])
+        self._post(batch[half:])
+
+    def _refuse(self, batch: list[bytes], status: int, reason: str) -> None:
+        """Count what the server refused (never as written) and keep it with the server's reason."""
+        kept, dropped = refused_lines(batch, reason)
+        with self._stats_lock:
+            self.points_written += len(batch) - dropped
+            self.points_refused += dropped
+            new = self._failure != f"HTTP {status} refused"
+            self._failure = f"HTTP {status} refused"
+        if not kept:
+            return
+        where = self._keep_refused(kept, f"HTTP {status} from {self.url}: InfluxDB refused {dropped} of "
+                                         f"{len(batch)} line(s) ({len(kept)} kept here): {reason}")
+        (logger.warning if new else logger.debug)(
+            "HTTP sink: HTTP %d from %s: %d of %d line(s) refused, %d kept in %s: %s", status, self.url, dropped,
+            len(batch), len(kept), where, reason[:500])
+
+    def _keep_refused(self, lines: list[bytes], reason: str) -> str:
+        """Write ``lines`` (flushed now: they are the only copy) and the reason into the refused folder,
+        or hand them to the fallback without one; returns where they went, in words."""
+        if self._refused is None:
+            if self.fallback is not None:
+                self.fallback.send(lines)
+                return "the fallback"
+            return "nowhere (LOST: no refused folder, no fallback)"
+        self._refused.send(lines)
+        self._refused.flush()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        text = " | ".join(reason.splitlines())[:4000]
+        try:
+            with open(os.path.join(self.refused_dir, REASONS_FILE), "a", encoding="utf-8") as f:
+                f.write(f"{stamp} {text}\n")
+        except OSError as e:
+            logger.warning("HTTP sink: cannot write the refusal reason into %s: %s", self.refused_dir, e)
+        return self.refused_dir + "/"
 
     def _back_off(self) -> None:
         """After a failed post, hand batches straight to the fallback for a while
@@ -236,3 +311,76 @@ class HttpSink:
             self._session.close()
         if self.fallback is not None:
             self.fallback.close()
+        if self._refused is not None:
+            self._refused.close()
+
+    @property
+    def points_spooled(self) -> int:
+        """Lines the fallback spool wrote to disk (``undelivered/``, for replay)."""
+        return getattr(self.fallback, "points_written", 0)
+
+
+def _reason(response: requests.Response) -> str:
+    """The server's error text: InfluxDB's JSON ``error`` (1.x, 3.x) or ``message`` (2.x), else the body."""
+    try:
+        body = response.json()
+        text = body.get("error") or body.get("message") if isinstance(body, dict) else None
+    except ValueError:
+        text = None
+    return (text or response.text or f"HTTP {response.status_code}").strip()
+
+
+_PARTIAL = re.compile(r"partial write")
+_DROPPED = re.compile(r"dropped=(\d+)\s*$")
+_WRITTEN = re.compile(r"\((\d+) written\)")  # 2.x: "partial write error (5 written): ..."
+_CONFLICT = re.compile(r'field type conflict: input field "((?:[^"\\]|\\.)*)" on measurement "((?:[^"\\]|\\.)*)"')
+_UNPARSABLE = "unable to parse '"
+
+
+def refused_lines(batch: list[bytes], reason: str) -> tuple[list[bytes], int]:
+    """Which lines of ``batch`` to keep as refused, and how many the server dropped, from its error text.
+
+    Not a partial write: all of them. A partial write (InfluxDB 1.x: ``partial write: <why> dropped=N``,
+    lines that did not parse named as ``unable to parse '<line>': <why>``; a field type conflict names its
+    measurement and field): the named lines plus the conflicting ones when those are exactly the N
+    dropped, else the whole batch (the accepted lines in it are rewritten, idempotently, on replay).
+
+    >>> batch = [b"gpu,h=a u=1 1", b"host,h=a m=2 1", b"gpu,h=a u=3 2"]
+    >>> reason = 'partial write: field type conflict: input field "u" on measurement "gpu" is type float, ' \\
+    ...     'already exists as type string dropped=2'
+    >>> refused_lines(batch, reason)
+    ([b'gpu,h=a u=1 1', b'gpu,h=a u=3 2'], 2)
+    >>> refused_lines(batch, "partial write: unable to parse 'host,h=a m=2 1': bad dropped=0")
+    ([b'host,h=a m=2 1'], 1)
+    >>> refused_lines(batch, "points beyond retention policy")[1]
+    3
+    """
+    if not _PARTIAL.search(reason):
+        return list(batch), len(batch)
+    text = {line.decode("utf-8", "replace"): line for line in batch}
+    named = []
+    for part in reason.split("\n"):
+        at = part.find(_UNPARSABLE)
+        if at >= 0:
+            line = part[at + len(_UNPARSABLE):].rpartition("': ")[0]
+            if line in text:
+                named.append(text[line])
+    m, w = _DROPPED.search(reason), _WRITTEN.search(reason)
+    dropped = int(m.group(1)) if m else (len(batch) - len(named) - int(w.group(1)) if w else len(batch) - len(named))
+    dropped = max(0, min(dropped, len(batch) - len(named)))
+    conflict = _CONFLICT.search(reason)
+    others = [line for line in batch if line not in named]
+    if conflict and dropped:
+        field, measurement = (re.sub(r"\\(.)", r"\1", g) for g in conflict.groups())
+        suspects = [line for line in others if _has_field(line, measurement, field)]
+        if len(suspects) == dropped:
+            return named + suspects, len(named) + dropped
+    return (named + others if dropped else named), len(named) + dropped
+
+
+def _has_field(line: bytes, measurement: str, field: str) -> bool:
+    try:
+        point = lineprotocol.parse(line)
+    except ValueError:
+        return False
+    return point.measurement == measurement and field in point.fields

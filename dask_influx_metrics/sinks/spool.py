@@ -1,9 +1,11 @@
 """Spool sink: line protocol on local disk, for replay into InfluxDB later.
 
 ``SpoolSink`` holds at most ``mem_limit`` lines in memory and appends them to
-``<directory>/spool-<pid>-<NNNNNN>.lp`` when that many are buffered, when
-``flush_interval`` seconds have passed since the last flush (checked on each
-``send``), on :meth:`SpoolSink.flush` and on ``close``. A file is rotated
+``<directory>/spool-<pid>-<NNNNNN>.lp`` when that many are buffered, at least
+every ``flush_interval`` seconds (checked on each ``send``, and by a small
+timer thread so that an idle process flushes too: what a killed process loses
+is bounded by that interval), on :meth:`SpoolSink.flush` and on ``close``.
+Every folder it creates is 0700. A file is rotated
 once it would exceed ``max_file_bytes``. Each flush is one ``write`` of whole
 newline-terminated lines to a file opened with ``O_APPEND``, so a reader
 sees only whole lines plus, at worst, one unterminated last line, which
@@ -44,6 +46,28 @@ SUFFIX = ".lp"
 _READ_CHUNK = 1 << 20
 
 
+def make_private_dirs(path) -> str:
+    """Create ``path`` and every missing folder above it with mode 0700 (``os.makedirs`` gives
+    ``mode`` to the last one only, so a session folder would be 0755); returns ``path``.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> oct(os.stat(make_private_dirs(os.path.join(d, "s", "w")) + "/..").st_mode & 0o777)
+    '0o700'
+    """
+    path = os.fspath(path)
+    missing = []
+    here = os.path.abspath(path)
+    while not os.path.isdir(here) and os.path.dirname(here) != here:
+        missing.append(here)
+        here = os.path.dirname(here)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+    return path
+
+
 def private_folder(path) -> str:
     """Create ``path`` 0700 if missing and return it; ``PermissionError`` naming it when it is not
     a folder of this OS user closed to others (another user could read or plant samples).
@@ -79,6 +103,8 @@ class SpoolSink:
         self._closed = False
         self._failing = False
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._timer_pid = None  # the process whose timer thread flushes (started on the first send)
 
     @property
     def buffered(self) -> int:
@@ -93,6 +119,8 @@ class SpoolSink:
     def send(self, lines: list[bytes]) -> None:
         """Buffer ``lines``, writing to disk whenever the buffer fills or is due; never raises."""
         try:
+            if self._timer_pid != os.getpid() and not self._closed:
+                self._start_timer()
             with self._lock:
                 i = 0
                 while i < len(lines):
@@ -112,10 +140,30 @@ class SpoolSink:
             self._flush()
 
     def close(self) -> None:
-        """Flush. Later sends still work, written straight through."""
+        """Flush and stop the timer. Later sends still work, written straight through."""
         with self._lock:
             self._closed = True
             self._flush()
+        self._stop.set()
+
+    def _start_timer(self) -> None:
+        """Flush every ``flush_interval`` s from a daemon thread of this process, so lines never
+        wait in memory for the next ``send`` (an idle worker, the scheduler's last DAG point)."""
+        with self._lock:
+            if self._timer_pid == os.getpid():
+                return
+            self._timer_pid = os.getpid()
+            self._stop = threading.Event()  # a forked child gets a fresh one (and a thread of its own)
+        threading.Thread(target=self._tick, args=(self._stop,), name="influx-spool-flush", daemon=True).start()
+
+    def _tick(self, stop: threading.Event) -> None:
+        while not stop.wait(self.flush_interval):
+            try:
+                with self._lock:
+                    if self._buffer:
+                        self._flush()
+            except Exception:
+                logger.exception("spool sink: unexpected error in the flush timer")
 
     def _flush(self) -> None:
         self._last_flush = self._clock()
@@ -143,7 +191,7 @@ class SpoolSink:
         created and could not write a byte to is removed (a full disk leaves no empty files)."""
         self._attempt = (self.path, 0)
         if self._pid != os.getpid():  # first write, or a forked child: never share a file
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            make_private_dirs(self.directory)
             self._pid = os.getpid()
             self._seq = _next_sequence(self.directory, self._pid)
         while True:

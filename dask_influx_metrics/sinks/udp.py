@@ -16,8 +16,11 @@ restarted Telegraf pod can black-hole UDP.
 On loopback the socket is connected, so the kernel reports a refused datagram
 (ICMP port unreachable: nothing listens) as ``ECONNREFUSED`` on the next send:
 that earlier datagram is moved from sent to dropped and counted in ``refused``,
-the current one is sent again, and ``report("udp-refused", message)`` is called
-once (and logged once). Off-host refusals are not visible (unconnected socket).
+and the current one is sent again. Each such outage is told once when it starts
+(a warning, and ``report("udp-refused", message)``) and once when it ends (the
+next send that finds no refusal: info, and ``report("udp-listening", message)``
+with the datagrams refused meanwhile). Off-host refusals are not visible
+(unconnected socket).
 
 >>> class Fake:
 ...     def __init__(self): self.sent = []
@@ -135,6 +138,7 @@ class UdpSink:
         self._report = report
         self._last_count = 0  # lines in the last datagram sent, lost if the next send is refused
         self._refusing = False
+        self._refused_before = 0  # refused count when the current outage began
         self._clock = clock
         is_factory = isinstance(sock, type) or (callable(sock) and not hasattr(sock, "sendto"))
         self._factory = sock if is_factory else None
@@ -172,6 +176,9 @@ class UdpSink:
             except ConnectionRefusedError:  # the previous datagram was refused; this one was not sent
                 self._refused()
                 sock.sendto(payload, self._target)
+            else:
+                if self._refusing:  # the previous datagram was not refused: a listener is back
+                    self._listening()
         except BlockingIOError:  # send buffer full: drop this datagram, keep going
             self.points_dropped += count
             return True
@@ -197,11 +204,20 @@ class UdpSink:
         self._last_count = 0
         if not self._refusing:
             self._refusing = True
+            self._refused_before = self.refused - 1
             message = (f"nothing listens at the Telegraf address {self.address[0]}:{self.address[1]} (datagrams "
                        "refused); samples are dropped until a listener starts")
             logger.warning("UDP sink: %s", message)
             if self._report is not None:
                 self._report("udp-refused", message)
+
+    def _listening(self) -> None:
+        self._refusing = False
+        message = (f"a listener is back at the Telegraf address {self.address[0]}:{self.address[1]}; "
+                   f"{self.refused - self._refused_before} datagram(s) were refused meanwhile")
+        logger.info("UDP sink: %s", message)
+        if self._report is not None:
+            self._report("udp-listening", message)
 
     def _socket(self):
         now = self._clock()

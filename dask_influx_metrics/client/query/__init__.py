@@ -30,7 +30,7 @@ from .. import peaks as _peaks, summary as _summary, tables as _tables
 from ..hosts import HostQuestions
 from ..tasks import TaskQuestions
 from ... import jobtags, schema
-from .base import DEVICE_MEASUREMENTS, Backend, QueryError
+from .base import DEVICE_MEASUREMENTS, Backend, QueryError, pending_notes
 
 __all__ = ["connect", "Store", "QueryError"]
 
@@ -71,10 +71,9 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
     bucket, e.g. ``dask_metrics/autogen``). For a spool, ``session`` picks a
     session folder (default: the latest). Credentials (``username``/``password``,
     ``token``, or ``http://user:password@host``) travel only in the
-    ``Authorization`` header; URLs shown anywhere carry none. ``undelivered``
-    (InfluxQL): a spool folder whose ``undelivered/`` samples (an HTTP sink's
-    outage) are written into the database first and then deleted; ``notes``
-    says how many. Raises :class:`QueryError` naming the URL or folder when it
+    ``Authorization`` header; URLs shown anywhere carry none. ``undelivered``: a spool folder whose
+    ``undelivered/``, ``refused/`` samples (not in InfluxDB) ``notes`` names; reading never writes them
+    (:meth:`Store.replay_undelivered` does). Raises :class:`QueryError` naming the URL or folder when it
     cannot be read. The :class:`Store` holds HTTP connections: ``close()`` it,
     or use it as ``with connect(...) as db:``.
 
@@ -89,14 +88,14 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
     """
     window = {"tags": tags, "start_ns": to_ns(start), "stop_ns": to_ns(stop)}
     source = os.fspath(source)
-    if undelivered is not None and not (source.startswith(("http://", "https://")) and language == "influxql"):
-        raise ValueError("undelivered= writes samples into InfluxDB: it needs an http(s):// source and InfluxQL")
+    if undelivered is not None and not source.startswith(("http://", "https://")):
+        raise ValueError("undelivered= names samples not in InfluxDB: it needs an http(s):// source")
     if source.startswith(("http://", "https://")):
         if language == "influxql":
             from .influxql import InfluxQLBackend
 
             backend = InfluxQLBackend(source, database, retention_policy, username, password, token,
-                                      timeout, **window, undelivered=undelivered)
+                                      timeout, **window)
         elif language == "flux":
             from .flux import FluxBackend
 
@@ -112,6 +111,7 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
         from .spool import SpoolBackend
 
         backend = SpoolBackend(source, session=session, **window)
+    backend.notes.extend(pending_notes(undelivered) if undelivered is not None else ())  # http(s) only
     return Store(backend, origin_ns=window["start_ns"])
 
 
@@ -151,8 +151,15 @@ class Store(TaskQuestions, HostQuestions):
     @property
     def notes(self) -> list[str]:
         """One line per thing to read the answers with: corrupt spool lines skipped (file:line),
-        samples taken from ``undelivered/`` (an HTTP outage). Empty when there is nothing to say."""
+        samples taken from (or kept in) ``undelivered/`` or ``refused/``. Empty when there is nothing to say."""
         return list(self.backend.notes)
+
+    def replay_undelivered(self, folder) -> dict:
+        """Write what an HTTP sink kept under ``folder`` into this InfluxDB (:func:`~dask_influx_metrics.sinks.replay_folders`)."""
+        if not hasattr(self.backend, "replay_undelivered"):
+            raise QueryError(f"replay writes into InfluxDB (InfluxQL over http(s)://), not {self.backend.describe()}")
+        self._workers = self._fields = None  # the answers may change
+        return self.backend.replay_undelivered(folder)
 
     def scope(self) -> str:
         """Where this Store looks, in words: the source, the time range and the tags."""

@@ -22,6 +22,7 @@ tags, and ``close()`` releases its connections. Everything else is built on thos
 from __future__ import annotations
 
 import copy
+import os
 from typing import Optional, Protocol
 
 import pandas as pd
@@ -76,3 +77,28 @@ def widened(backend, **fresh):
     for name, value in fresh.items():
         setattr(wide, name, value)
     return wide
+
+
+def pending_notes(folder) -> list[str]:
+    """One note per ``undelivered/`` or ``refused/`` folder under ``folder`` that holds samples
+    (not in InfluxDB), saying how to write them.
+
+    >>> pending_notes("/nonexistent")
+    []
+    """
+    from ...sinks import REFUSED_DIR
+    from ...sinks import pending_folders
+    from ...sinks.http import REASONS_FILE
+    from ...sinks.spool import read_lines
+
+    notes = []
+    for root in pending_folders(folder):
+        count = sum(1 for _ in read_lines(root))
+        if os.path.basename(root) == REFUSED_DIR:
+            why = f"InfluxDB refused them; its reasons: {os.path.join(root, REASONS_FILE)}"
+        else:
+            why = "not delivered over HTTP at the time"
+        notes.append(f"{count} sample(s) under {root} are not in InfluxDB ({why}); write them with "
+                     f"db.replay_undelivered({os.fspath(folder)!r}) or `dask-influx-metrics replay "
+                     f"{os.fspath(folder)} --source URL`")
+    return notes

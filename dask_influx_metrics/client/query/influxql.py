@@ -23,12 +23,10 @@ import requests
 
 from ... import jobtags, schema
 from ... import credentials
-from ...sinks.spool import replay
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
+from .base import pending_notes, DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
 
 
 logger = logging.getLogger(__name__)
-UNDELIVERED_DIR = "undelivered"
 INVENTORY_TAGS = ("worker", "job")  # what the first question groups by: workers, jobs, and (with them) fields
 FIELD_SUFFIX = "_field"  # a name that may be a tag or a field: the field is selected as <name>_field
 DAG_FIELD = "dag" + FIELD_SUFFIX  # the dag written as a field (dag-tag: false), selected beside the dag tag
@@ -114,7 +112,7 @@ class InfluxQLBackend:
 
     def __init__(self, url: str, database: str, retention_policy=None, username=None, password=None,
                  token=None, timeout: float = 30.0, tags=None, start_ns=None, stop_ns=None,
-                 page_rows: int = 10_000, undelivered=None):
+                 page_rows: int = 10_000):
         url, username, password = credentials.take(url, username, password)  # user:password@: into the header
         self.url, self.database, self.rp = url.rstrip("/"), database, retention_policy
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
@@ -125,8 +123,6 @@ class InfluxQLBackend:
         self._inventory: Optional[list[dict]] = None
         try:
             self._check_database()
-            if undelivered is not None:
-                self.write_undelivered(undelivered)
         except BaseException:
             self.close()
             raise
@@ -182,34 +178,18 @@ class InfluxQLBackend:
         if names and self.database not in names:
             raise QueryError(f"database {self.database!r} not found at {self.url}; databases: {sorted(names)}")
 
-    def write_undelivered(self, folder) -> int:
-        """Write the samples under each ``undelivered/`` folder below ``folder`` (an HTTP sink's
-        fallback during an outage) into the database, deleting each file once written; returns how many.
+    def replay_undelivered(self, folder) -> dict:
+        """Write the samples kept under ``folder``'s ``undelivered/`` and ``refused/`` folders into the
+        database (:func:`~dask_influx_metrics.sinks.replay_folders`); returns its counts. The notes then
+        name what is still kept there."""
+        from ...sinks import replay_folders
 
-        Call it only when no sink writes there any more (the session has stopped).
-        """
-        total = 0
-        for root, _, _ in os.walk(os.fspath(folder)):
-            if os.path.basename(root) == UNDELIVERED_DIR:
-                total += replay(root, self, remove=True)
-        if total:
-            self.notes.append(f"{total} undelivered sample(s) from {UNDELIVERED_DIR}/ under {os.fspath(folder)} "
-                              f"were written into {self.describe()} first")
-            logger.info("%s", self.notes[-1])
-        return total
-
-    def send(self, lines: list[bytes]) -> None:
-        """``POST /write`` (what :func:`~dask_influx_metrics.sinks.spool.replay` calls); raises when refused."""
-        params = {"db": self.database, "precision": "ns", **({"rp": self.rp} if self.rp else {})}
-        try:
-            r = self._session.post(self.url + "/write", params=params, data=b"\n".join(lines), timeout=self.timeout)
-        except requests.RequestException as e:
-            raise QueryError(f"cannot reach InfluxDB at {self.url}: {e}") from None
-        if r.status_code == 400 and "partial write" in r.text:  # the good lines were written
-            self.notes.append(f"InfluxDB at {self.url} refused part of the undelivered samples: {r.text.strip()}")
-        elif r.status_code >= 300:
-            raise QueryError(f"InfluxDB at {self.url} refused undelivered samples (HTTP {r.status_code}): "
-                             f"{r.text.strip()}")
+        if not os.path.isdir(folder):
+            raise QueryError(f"spool folder {os.fspath(folder)!r} does not exist")
+        counts = replay_folders(folder, self.url, self.database, retention_policy=self.rp, timeout=self.timeout,
+                                session=self._session)  # its Authorization header: credentials kept nowhere else
+        self.notes = pending_notes(folder)
+        return counts
 
     def _where(self, **kw) -> str:
         return where_clause(self.tags, self.start_ns, self.stop_ns, **kw)

@@ -10,7 +10,9 @@ then kept.
 A line that does not parse is skipped, counted and named (``file:line``) in
 :attr:`SpoolBackend.notes` and a log warning; an unterminated last line (a
 write torn by a crash) is ignored silently. Samples an HTTP sink could not
-deliver (``<worker>/undelivered/``) are read with the rest and counted.
+deliver (``<worker>/undelivered/``) or InfluxDB refused (``<worker>/refused/``)
+are read with the rest and counted in the notes; ``refused/`` only where the
+worker had no spool sink (else its spool files hold those lines already).
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ import pandas as pd
 
 from ... import jobtags, lineprotocol, schema
 from ...lineprotocol import split_lines
-from ...sinks.spool import read_lines, spool_files
+from ...sinks import REFUSED_DIR, UNDELIVERED_DIR
+from ...sinks.spool import spool_files
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
 
 logger = logging.getLogger(__name__)
 
 SCHEDULER_DIR = "scheduler"
-UNDELIVERED_DIR = "undelivered"
 
 
 def sessions(root) -> list[str]:
@@ -81,22 +83,27 @@ def _parses(line: bytes) -> bool:
     return True
 
 
-def read_points(folder: str) -> tuple[list, list[str], int]:
+def read_points(folder: str) -> tuple[list, list[str], dict[str, int]]:
     """Points of every spool file under ``folder``; the lines skipped as ``"file:line: why"``;
-    how many points came from an ``undelivered/`` folder."""
-    points, skipped, undelivered = [], [], 0
-    for path in spool_files(folder):
-        outage = UNDELIVERED_DIR in os.path.relpath(path, folder).split(os.sep)
+    how many points came from its ``undelivered/`` and ``refused/`` folders (``{name: count}``)."""
+    points, skipped, kept = [], [], {UNDELIVERED_DIR: 0, REFUSED_DIR: 0}
+    files = spool_files(folder)
+    spooled = any(os.path.dirname(path) == os.path.normpath(folder) for path in files)  # a spool sink wrote here
+    for path in files:
+        where = os.path.relpath(path, folder).split(os.sep)[0]
+        if where == REFUSED_DIR and spooled:
+            continue  # the spool sink's own files hold these lines
         for line, record in _records(path):
             try:
                 points.append(lineprotocol.parse(record))
             except ValueError as e:
                 skipped.append(f"{path}:{line}: {e}")
                 continue
-            undelivered += outage
+            if where in kept:
+                kept[where] += 1
     if skipped:
         logger.warning("spool: skipped %d corrupt line(s) under %s: %s", len(skipped), folder, _first(skipped))
-    return points, skipped, undelivered
+    return points, skipped, kept
 
 
 def _first(items: list[str], n: int = 3) -> str:
@@ -134,7 +141,7 @@ class SpoolBackend:
         self._cache: dict[str, dict[str, pd.DataFrame]] = {}
         self._workers: dict[str, dict[str, pd.DataFrame]] | None = None  # worker -> measurement -> its points
         self.skipped: dict[str, list[str]] = {}  # folder -> "file:line: why" of each corrupt line
-        self.undelivered: dict[str, int] = {}  # folder -> points read from its undelivered/
+        self.undelivered: dict[str, dict] = {}  # folder -> points read from its undelivered/ and refused/
         # one folder per sampling process: a host's agent (every worker of the host), a worker's own
         # (custom metrics, the task stream), or a worker of versions before the agent
         self._paths = [os.path.join(self.path, n) for n in sorted(os.listdir(self.path))
@@ -155,9 +162,13 @@ class SpoolBackend:
         """One line per thing the answers should be read with: corrupt lines skipped, undelivered samples read."""
         skipped = [s for lines in self.skipped.values() for s in lines]
         out = [f"skipped {len(skipped)} corrupt spool line(s): {_first(skipped)}"] if skipped else []
-        undelivered = sum(self.undelivered.values())
+        undelivered = sum(kept[UNDELIVERED_DIR] for kept in self.undelivered.values())
         if undelivered:
             out.append(f"{undelivered} sample(s) came from {UNDELIVERED_DIR}/ (not delivered over HTTP at the time)")
+        refused = sum(kept[REFUSED_DIR] for kept in self.undelivered.values())
+        if refused:
+            out.append(f"{refused} sample(s) came from {REFUSED_DIR}/ (InfluxDB refused them; its reasons are in "
+                       f"{REFUSED_DIR}/reasons.txt)")
         return out
 
     def _filter(self, frame: pd.DataFrame) -> pd.DataFrame:
