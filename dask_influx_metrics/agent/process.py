@@ -38,7 +38,7 @@ from ..names import GpuState
 from ..reports import Reporter
 from ..sampler import Sampler
 from ..schema import HOST
-from ..sinks import counters, make_sink
+from ..sinks import HEALTH_INTERVAL, counters, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
 from .collect import HostCollector
 from .gpus import open_gpus
@@ -87,6 +87,7 @@ class Agent:
         self._left: list[WorkerView] = []
         self._lock = threading.Lock()  # the sampler thread and the main thread both write the beat
         self._counted, self._counters, self._doc_key, self._doc = -COUNTERS_S, [], None, b"{}"
+        self._health_at, self._health_tags = 0.0, {**settings.tags, "host": socket.gethostname(), "worker": agent_role()}
 
     def _keep(self, event: dict) -> None:
         self._reported += 1
@@ -122,7 +123,11 @@ class Agent:
 
     def send(self, lines: list) -> None:
         """The sampler's sink: each sample written through (a killed agent loses nothing it sampled
-        to the spool; HTTP batches as its sink does)."""
+        to the spool; HTTP batches as its sink does), the sink's ``delivery`` counters every 10 s."""
+        now = time.time()
+        if now - self._health_at >= HEALTH_INTERVAL:
+            self._health_at = now
+            lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9))
         self.sink.send(lines)
         flush(self.sink)
 
@@ -176,6 +181,8 @@ class Agent:
     def close(self, remove: bool) -> None:
         """Last sample's lines out, sink closed; the run folder removed when ``remove``."""
         self.sampler.stop()
+        self._health_at = 0.0
+        self.send([])  # the last delivery counts
         self.sink.close()
         if self.gpus is not None:
             self.gpus.close()

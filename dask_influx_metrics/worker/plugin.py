@@ -57,7 +57,7 @@ from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN
 from ..reports import Reporter
 from ..sampler import Sampler
 from ..schema import GPU, HOST
-from ..sinks import counters, destinations, make_sink
+from ..sinks import HealthWriter, counters, destinations, make_sink
 from . import extras
 from .registry import CachedActivity, TaskRegistry
 from .sources import taskstream
@@ -179,6 +179,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
             timeout=self.settings.polling_interval / 2000.0)  # deadline per sample
         role = agent_role() if self.link is not None else self.worker.address
         self.sink = make_sink(self.settings, role=role, session=self.session["id"], report=self.report.once)
+        self.health = HealthWriter(self.sink, {**self.settings.tags, "host": self.base_tags["host"],
+                                               "worker": self.worker.address})
         collect = self.extras.collect if self.link is not None else self._collect_all
         self.sampler = Sampler(_refreshing(self.activity, collect) if refresh else collect, self.sink, interval,
                                field_tags=() if self.settings.dag_tag else ("dag",))
@@ -212,6 +214,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if sampler is not None:
             sampler.stop(final_sample=final)
             self.extras.stop()
+            self.health.stop()
             self.sink.close()
         if self.gpus is not None:
             self.gpus.close()

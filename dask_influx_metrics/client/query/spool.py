@@ -30,6 +30,7 @@ from ...sinks.spool import spool_files
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
 
 logger = logging.getLogger(__name__)
+WORKER_MEASUREMENTS = (*SAMPLE_MEASUREMENTS, schema.TASK, schema.ACTIVITY)  # what a worker's tables read
 
 SCHEDULER_DIR = "scheduler"
 
@@ -197,7 +198,7 @@ class SpoolBackend:
             parts: dict[str, dict[str, list]] = {}
             for folder in self._paths:
                 for m, frame in self._frames(folder).items():
-                    if "worker" not in frame.columns:
+                    if m not in WORKER_MEASUREMENTS or "worker" not in frame.columns:  # not delivery counters
                         continue
                     for worker, rows in frame.groupby("worker", sort=False):
                         parts.setdefault(worker, {}).setdefault(m, []).append(rows)
