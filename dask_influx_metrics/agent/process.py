@@ -157,7 +157,7 @@ class Agent:
         if now - self._counted >= COUNTERS_S:
             self._counted, self._counters = now, [{**c, "agent": os.getpid()} for c in counters(self.sink)]
         acked = {w.id: w.activity.acked for w in views}
-        key = (acked, self._counters, self._reported, len(self.found), min(self.workers.views, default=None))
+        key = (acked, self._counters, self._reported, len(self.found), next(iter(self.workers.views), None))
         if key != self._doc_key:
             self._doc_key = key
             self._doc = json.dumps({"acked": acked, "relay": key[-1], "found": self.found,

@@ -98,7 +98,9 @@ class FolderWorkers:
         return left
 
     def live(self) -> list[WorkerView]:
-        return [self.views[k] for k in sorted(self.views)]
+        """The workers in the order they arrived: the first of them owns the host's and its GPUs'
+        points (the owner changes only when it leaves)."""
+        return list(self.views.values())
 
     def _open(self, wid: str, path: str) -> WorkerView | None:
         info = runfolder.read_worker(path)

@@ -175,7 +175,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 self.view.uuids = _resolved(self.gpus, self.view)
         self.extras = extras.WorkerExtras(
             self.custom, self.worker, self.base_tags, self.activity, self.offset, self.tasks, self._devices,
-            report=lambda name, message: self.report("custom-metric", message, metric=name),
+            report=self.report,  # what: the metric's name
             timeout=self.settings.polling_interval / 2000.0)  # deadline per sample
         role = agent_role() if self.link is not None else self.worker.address
         self.sink = make_sink(self.settings, role=role, session=self.session["id"], report=self.report.once)
