@@ -34,7 +34,7 @@ ALERTS_OUT = os.path.join(HERE, "provisioning", "alerting", "dask-alerts.yaml")
 UID = "dask-influx-metrics"
 INFLUXQL = {"type": "influxdb", "uid": "dask-influxql"}
 UNITS = {"%": "percent", "MiB": "decmbytes", "bytes": "bytes", "W": "watt", "C": "celsius",
-         "MHz": "rothz", "count": "short", "s": "s"}
+         "MHz": "rothz", "count": "short", "s": "s", "bytes/s": "Bps", "mJ": "short"}
 
 HOST_WORKER = '"host" =~ /^$host$/ AND "worker" =~ /^$worker$/'
 JOB = f'"job" =~ {jobtags.influxql_regex("$job")}'  # activity points have no dag
@@ -174,6 +174,44 @@ def delivery_panels() -> list[list[tuple[dict, int]]]:
     ]
 
 
+def several(title: str, names: tuple, agg: str = "mean", group: tuple = ("worker", "index"),
+            where: str = SAMPLES) -> tuple[dict, int]:
+    """One panel of several gpu fields of one unit, one line per field and GPU (or ``group``)."""
+    fields = [field(schema.GPU, n) for n in names]
+    select = ", ".join(f'{agg}("{f.name}") AS "{f.name}"' for f in fields)
+    tags = "".join(f', "{t}"' for t in group)
+    query = (f'SELECT {select} FROM "{schema.GPU}" WHERE {where} AND $timeFilter '
+             f"GROUP BY time($__interval){tags} fill(none)")
+    description = "; ".join(f"{f.name}: {f.description}" for f in fields)
+    alias = "$tag_worker " + ("GPU $tag_index " if "index" in group else "") + ("job $tag_job " if "job" in group else "")
+    return graph(title, description, query, alias + "$col", unit(fields[0]),
+                 y_max=100 if fields[0].unit == "%" else None), 12
+
+
+def depth_panels() -> list[list[tuple[dict, int]]]:
+    """Why the GPU was slow and whose work it was: GPM (Hopper+), per-worker shares, the Telegraf extras."""
+    return [
+        [several("Was the GPU busy? utilization vs SM active vs occupancy vs tensor vs DRAM (GPM)",
+                 ("utilization_gpu", "sm_active", "sm_occupancy", "pipe_tensor_active", "dram_active")),
+         several("Each worker's share of a shared GPU (SM and memory-controller time)",
+                 ("worker_utilization_gpu", "worker_utilization_memory"), group=("worker", "index", "job"))],
+        [several("Pipes active (GPM)", ("gr_engine_active", "pipe_tensor_hmma_active", "pipe_tensor_imma_active",
+                                        "pipe_tensor_dfma_active", "pipe_tensor_dmma_active", "pipe_fp64_active",
+                                        "pipe_fp32_active", "pipe_fp16_active", "pipe_int_active")),
+         several("PCIe and NVLink traffic (GPM)", ("pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes",
+                                                    "nvlink_rx_bytes"))],
+        [several("Video engines busy", ("utilization_encoder", "utilization_decoder", "utilization_jpeg",
+                                         "utilization_ofa")),
+         several("Memory clock", ("clocks_current_memory",))],
+        [several("Performance state (0 = P0, fastest)", ("pstate",), agg="max"),
+         several("Fan speed", ("fan_speed",), agg="max")],
+        [several("Energy used since the driver loaded (mJ)", ("total_energy_consumption",), agg="max"),
+         several("ECC errors (counters)", ("ecc_errors_volatile_correctable", "ecc_errors_volatile_uncorrectable",
+                                           "ecc_errors_aggregate_correctable", "ecc_errors_aggregate_uncorrectable"),
+                 agg="max")],
+    ]
+
+
 def panels() -> list[dict]:
     gpu_util = field(schema.GPU, "utilization_gpu")
     gpu_mem = field(schema.GPU, "memory_used")
@@ -198,6 +236,7 @@ def panels() -> list[dict]:
          (table("Peak GPU memory per job", "Busy samples only (dag != '0'); a job tag such as '1,2' "
                 "means the jobs shared the worker at that time.", peak), 12)],
         *gpu_panels(),
+        *depth_panels(),
         [(timeseries("Running tasks per worker", tasks, "max", SAMPLES, ["worker"], "$tag_worker",
                      stack=True), 12),
          (timeseries("Worker memory (RSS)", rss, "max", SAMPLES, ["worker"], "$tag_worker"), 12)],

@@ -175,7 +175,9 @@ def _is_delivery(query: str) -> bool:
 
 
 # Written by NVML only, not by the simulated GPU of the monitored run: test_gpu_panels_on_written_points.
-NOT_SIMULATED = ("clocks_event_reasons", "worker_memory_used")
+SIMULATED = ("utilization_gpu", "utilization_memory", "memory_used", "memory_total", "memory_used_percent",
+             "power_draw", "temperature_gpu", "clocks_current_sm")
+NOT_SIMULATED = tuple(n for m, n in schema.FIELDS if m == schema.GPU and n not in SIMULATED)
 
 
 @pytest.fixture(scope="module")
@@ -282,7 +284,9 @@ def _gpu_lines() -> list[str]:
             reasons = (4 if i % 2 else 0) if index == 0 and dag == "1" else 8 if index == 1 and dag == "2" else 0
             fields = (f"utilization_gpu={util},utilization_memory={util / 2},memory_used=1000,memory_total=8000,"
                       f"memory_used_percent=12.5,power_draw={60 + util},temperature_gpu=40,clocks_current_sm=1410,"
-                      f"worker_memory_used=600,clocks_event_reasons={reasons}i")
+                      f"worker_memory_used=600,clocks_event_reasons={reasons}i,"
+                      + ",".join(f"{n}=1{'i' if schema.FIELDS[schema.GPU, n].type is int else ''}"
+                                 for n in NOT_SIMULATED if n not in ("worker_memory_used", "clocks_event_reasons")))
             lines.append(f"gpu,host=node1,worker={WORKER},job={job},dag={dag},index={index},"
                          f"uuid=GPU-{index},nvml_index={index},name=Test {fields} {T0 + i * 200_000_000}")
     return lines
