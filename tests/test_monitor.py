@@ -157,9 +157,18 @@ def test_custom_metrics_land_and_a_broken_one_is_reported_once(client, monitor, 
     influxd.wait_for(f"SELECT count(utilization_gpu) FROM gpu WHERE run='{run_id}'",
                      lambda r: r and r[0]["count"] > before + 8, timeout=15)  # still sampling
     monitor.stop()
-    events = [e for _, e in client.get_events("influx-metrics") if e.get("what") == "always-broken"]
+    events = [e for _, e in client.get_events("influx-metrics")
+              if e.get("what") == "custom-metric" and e.get("metric") == "always-broken"]
     assert len(events) == 2  # once per worker
-    assert all("custom metric exploded" in e["message"] for e in events)
+    assert all("custom metric exploded" in e["message"] and e["problem"] == "failed" for e in events)
+    # issue 24 item 4: readers name it as failed, with the first error, not as "unknown"
+    failed = monitor.jobs()["last_session"]["failed_metrics"]
+    assert list(failed) == ["always-broken"] and failed["always-broken"]["worker"] in {e["worker"] for e in events}
+    with pytest.raises(ValueError, match=r"custom metric 'always-broken' failed: RuntimeError: custom metric "
+                       r"exploded \(first report, on tcp://.*\); no samples of it in"):
+        monitor.get_peaks("always-broken", source=influxd.url)
+    assert any("'always-broken' failed" in n for n in monitor.query(source=influxd.url).notes)
+    assert monitor.get_peaks("device-count", source=influxd.url, per_job=False) == [[2.0], [2.0]]
 
 
 # A trailing backslash cannot be stored by InfluxDB 1.x; lineprotocol's policy

@@ -81,10 +81,7 @@ class Monitor:
             tracking=list(tracking) if tracking is not None else None, job_type=job_type,
             polling_interval=polling_interval, mem_limit=mem_limit, dump_loc=dump_loc, **settings)}
         resolved = Settings.for_session(overrides)  # raises on anything invalid
-        metrics = custom.validate(custom_metrics)
-        clash = {m.name for m in metrics} & {"tasks", "running"}
-        if clash:
-            raise ValueError(f"custom metric name(s) {sorted(clash)} are reserved")
+        metrics = custom.validate(custom_metrics)  # names and signatures
         state = self._state(required=False)
         if state and state["session"]:
             raise RuntimeError(f"monitoring session {state['session']['id']} is running; stop() it before attach()")
@@ -242,6 +239,7 @@ class Monitor:
             if args == (CLUSTER,):
                 args = (self._copy_spool(state, session),)
             self._store, self._store_key = query.connect(*args, **options), key
+        self._store.failed_metrics = dict(session.get("failed_metrics") or {})
         return self._store
 
     _copy = None  # the local copy of a spool read through the cluster, removed with its Store

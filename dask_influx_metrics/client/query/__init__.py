@@ -115,6 +115,12 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
     return Store(backend, origin_ns=window["start_ns"])
 
 
+def _failed(name: str, failure: dict) -> str:
+    """One line naming a custom metric that failed on the workers, with its first error (the worker's words:
+    ``custom metric 'x' failed: TypeError: ...``)."""
+    return f"{failure.get('message') or f'custom metric {name!r} failed'} (first report, on {failure.get('worker')})"
+
+
 def _iso(ns: int) -> str:
     """Epoch ns as an ISO time in UTC.
 
@@ -144,6 +150,9 @@ class Store(TaskQuestions, HostQuestions):
         self._workers: Optional[list[str]] = None
         self._fields: Optional[dict] = None
         self.closed = False
+        #: ``{custom metric: {"worker", "message"}}``: the first failure of each custom metric on the workers,
+        #: as the session recorded it (set by ``Monitor.query()``); named by :attr:`notes` and by reads of it
+        self.failed_metrics: dict[str, dict] = {}
 
     def __repr__(self) -> str:
         return f"<Store {self.backend.language} {self.backend.describe()}>"
@@ -151,8 +160,9 @@ class Store(TaskQuestions, HostQuestions):
     @property
     def notes(self) -> list[str]:
         """One line per thing to read the answers with: corrupt spool lines skipped (file:line),
-        samples taken from ``undelivered/`` (an HTTP outage). Empty when there is nothing to say."""
-        return list(self.backend.notes)
+        samples taken from ``undelivered/`` (an HTTP outage), custom metrics that failed on the workers.
+        Empty when there is nothing to say."""
+        return list(self.backend.notes) + [_failed(name, f) for name, f in sorted(self.failed_metrics.items())]
 
     def scope(self) -> str:
         """Where this Store looks, in words: the source, the time range and the tags."""
@@ -275,6 +285,10 @@ class Store(TaskQuestions, HostQuestions):
         else:
             names = [names] if isinstance(names, str) else list(names)
             unknown = _tables.unknown(names, fields.get(schema.CUSTOM, ()))
+            failed = [n for n in unknown if n in self.failed_metrics]
+            if failed:
+                raise ValueError("; ".join(_failed(n, self.failed_metrics[n]) for n in failed)
+                                 + f"; no samples of it {self.scope()}")
             if unknown:
                 raise ValueError(f"unknown metric(s) {unknown}; present {self.scope()}: {self.metrics()} (known: "
                                  "tracking names, measurement.field, custom metrics; see `metrics`)")
