@@ -220,6 +220,29 @@ def test_stop_from_a_second_client_stops_sampling_everywhere(cluster, client, in
         Monitor(client).stop()
 
 
+def test_interleaved_attach_from_two_clients_starts_with_the_starters_settings(cluster, client, tmp_path):
+    # issue 23 item 3: A.attach, B.attach, A.start ran A's session with B's tags, spool and interval
+    a = Monitor(client, sink="spool", spool_directory=str(tmp_path / "a"), gpu_source="simulated",
+                tags={"run": "a"})
+    a.attach(polling_interval=POLL_MS, tracking=["compute-util"], custom_metrics=[device_count])
+    with Client(cluster) as other:
+        b = Monitor(other, sink="spool", spool_directory=str(tmp_path / "b"), gpu_source="none", tags={"run": "b"})
+        b.attach(polling_interval=400, tracking=["host-cpu"])
+        session = a.start()
+        try:
+            client.gather(client.map(slow, range(4), delay=0.2, pure=False))
+        finally:
+            a.stop()
+    assert all(where["spool"].startswith(str(tmp_path / "a")) for where in session["destinations"].values())
+    assert not (tmp_path / "b").exists()
+    db = a.query()
+    assert db.scope().endswith("tags {'run': 'a'}") and len(db.workers()) == 2
+    assert {"compute-util", "device-count"} <= set(db.metrics()) and "host-cpu" not in db.metrics()
+    steps = db.worker_tables(metrics=["compute-util"])[db.workers()[0]]["timestamp"].diff().dropna()
+    assert steps.median() < 0.2  # A's 50 ms, not B's 400 ms
+    a.shutdown()
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"tracking": ["compute-util", "gpu-fun"]}, ValueError, "gpu-fun"),
     ({"polling_interval": 0}, ValueError, "polling-interval"),
