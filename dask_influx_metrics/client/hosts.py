@@ -17,9 +17,10 @@ never by worker:
 - **Older data** (every worker wrote its own host series, or ``host-once: false``)
   reads the same way: a worker's row takes its own reading of the same instant
   (the host series is all of the host's points), and a host's figures cover every
-  worker's readings, each tagged with its own worker's jobs. Summaries then count
-  each reading as 1/N of an interval (N writers at once): means, maxima and shares
-  are right, a job's host hours are an undercount where it ran on fewer workers.
+  worker's readings, each tagged with its own worker's jobs. Summaries weight each
+  reading by the time to the next one of the host (:func:`.summary.weights`), so the
+  interleaved readings of N writers share the host's time instead of each counting
+  a whole interval.
 
 A worker's host comes from its own points' ``host`` tag (:meth:`HostQuestions.hosts`).
 """
@@ -73,8 +74,8 @@ class HostQuestions:
     def host_tables(self, metrics=None, job: Optional[int] = None, hosts=None) -> dict[str, pd.DataFrame]:
         """``{host: table}``: one table per host of its host metrics (default all present), like a
         worker's table but with the host points' own ``job``/``dag`` (every worker of the host);
-        ``attrs["interval"]`` is the seconds one row stands for (1/N of an interval where N workers
-        wrote the host at once: older data). ``job``: points whose ``job`` tag holds it only."""
+        ``attrs["interval"]`` is the seconds a row stands for where no later row tells (1/N of an
+        interval where N workers wrote the host at once: older data). ``job``: points whose ``job`` tag holds it only."""
         chosen = [m for m in self._metrics(metrics) if m.measurement == schema.HOST] if metrics is not None else \
             [m for m in _tables.default_metrics(self.fields()) if m.measurement == schema.HOST]
         out = {}
