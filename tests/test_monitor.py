@@ -1,6 +1,7 @@
 """End to end: a real LocalCluster, the real influxd, its UDP listener standing in for Telegraf."""
 
 import json
+import os
 import socket
 import threading
 import time
@@ -241,6 +242,46 @@ def test_interleaved_attach_from_two_clients_starts_with_the_starters_settings(c
     steps = db.worker_tables(metrics=["compute-util"])[db.workers()[0]]["timestamp"].diff().dropna()
     assert steps.median() < 0.2  # A's 50 ms, not B's 400 ms
     a.shutdown()
+
+
+def test_readers_take_only_the_sessions_own_series(client, influxd, fresh_db, tmp_path):
+    # issue 23 item 5: another tool's worker series was listed as a Dask worker (renumbering every index
+    # and CSV file), and a foreign host point crashed host_tables
+    from dask_influx_metrics import query
+
+    m = Monitor(client, sink="http", influxdb_url=influxd.url, database=fresh_db, gpu_source="simulated",
+                gpu_count=1, spool_directory=str(tmp_path / "spool"))
+    m.attach(polling_interval=POLL_MS, tracking=["compute-util", "host-cpu", "tasks"])
+    m.start()
+    try:
+        client.gather(client.map(slow, range(4), delay=0.2, pure=False))
+        now = time.time_ns()
+        for line in (f"worker,host=elsewhere,worker=celery@host,job=x,dag=y tasks=3i {now}",
+                     f"gpu,host=elsewhere,worker=celery@host,index=0 utilization_gpu=1000.0 {now}",
+                     f"host,host={socket.gethostname()},worker=celery@host cpu_percent=1000.0 {now}",
+                     f"host,host=elsewhere cpu_percent=1000.0 {now}"):  # no tags at all
+            influxd.write(line, db=fresh_db)
+        influxd.wait_for('SELECT count(cpu_percent) FROM host WHERE cpu_percent > 999',
+                         lambda r: r and r[0]["count"] == 2, timeout=10, db=fresh_db)
+        threading.Event().wait(0.2)
+    finally:
+        m.stop()
+    ours = sorted(client.scheduler_info()["workers"])
+    db = m.query()
+    assert sorted(db.workers()) == ours and len(db.worker_tables()) == 2
+    assert list(db.host_tables()) == [socket.gethostname()]
+    assert (db.host_tables()[socket.gethostname()]["host-cpu"] < 999).all()
+    assert set(db.summary()["worker"]) == set(ours)
+    assert [os.path.basename(p) for p in m.to_csv(tmp_path / "csv")] == ["worker_0.csv", "worker_1.csv"]
+    assert all(max(p) < 999 for p in db.get_peaks("host-cpu", per_job=False))
+    assert all(max(p) < 999 for p in db.get_peaks("compute-util", per_job=False))
+    assert any("'celery@host'" in n and "not a worker of this session" in n for n in db.notes)
+    # without the session's record: only Dask addresses are workers
+    with query.connect(influxd.url, fresh_db) as plain:
+        assert sorted(plain.workers()) == ours
+        assert any("'celery@host'" in n and "not a Dask worker address" in n for n in plain.notes)
+        assert (plain.host_tables()[socket.gethostname()]["host-cpu"] < 999).all()
+    m.shutdown()
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

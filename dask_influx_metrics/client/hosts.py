@@ -49,7 +49,8 @@ class HostQuestions:
                     continue
                 rows = self.backend.max_by(m, numeric[0], ("host", "worker"))
                 for w, h in zip(rows["worker"], rows["host"]):
-                    out.setdefault(w, h)
+                    if w in workers:
+                        out.setdefault(w, h)
             self._hosts = out
         return dict(self._hosts)
 
@@ -68,8 +69,16 @@ class HostQuestions:
         return rows.sort_values(["worker_index", "uuid"])[["host", "worker_index", "worker", "uuid", "shared"]]
 
     def host_series(self, host: str, fields: list[str], job: Optional[int] = None) -> pd.DataFrame:
-        """Every ``host`` point of ``host`` in range (long: ``time``, ``job``, ``dag``, ``worker``, fields)."""
-        return self.backend.frame(schema.HOST, list(dict.fromkeys(fields)), None, job, host=host)
+        """Every ``host`` point of ``host`` in range written by this Store's workers (long: ``time``, ``job``,
+        ``dag``, ``worker``, fields); other points of that host (another tool's) are skipped with a note."""
+        long = self.backend.frame(schema.HOST, list(dict.fromkeys(fields)), None, job, host=host)
+        if long.empty or "worker" not in long.columns:
+            return long
+        ours = long["worker"].map(self.ours).astype(bool)
+        if not ours.all():
+            self._skip(f"skipped the host points of host {host!r} not written by this session's workers "
+                       f"(worker tags {sorted(str(w) for w in long.loc[~ours, 'worker'].unique())[:5]})")
+        return long[ours].reset_index(drop=True)
 
     def host_tables(self, metrics=None, job: Optional[int] = None, hosts=None) -> dict[str, pd.DataFrame]:
         """``{host: table}``: one table per host of its host metrics (default all present), like a
@@ -102,10 +111,11 @@ class HostQuestions:
         """Peaks of a host metric: per host (server- or client-side), then one row set per worker."""
         where = self.hosts()
         hosts = sorted({where.get(w) for _, w in chosen} - {None})
-        if server:
-            groups = self.backend.max_by(schema.HOST, metric.field, ("host",) + (("job",) if per_job else ()),
-                                         None, job, busy=per_job)
-            groups = groups[groups["host"].isin(hosts)].rename(columns={"host": "worker"})
+        if server:  # by writer too, to leave out another tool's points of the host
+            by = ("host",) + (("job",) if per_job else ())
+            groups = self.backend.max_by(schema.HOST, metric.field, by + ("worker",), None, job, busy=per_job)
+            groups = groups[groups["host"].isin(hosts) & groups["worker"].map(self.ours).astype(bool)]
+            groups = groups.groupby(list(by), as_index=False)["max"].max().rename(columns={"host": "worker"})
             tidy = _peaks.from_groups(groups, metric, {h: 0 for h in hosts}, per_job)
         else:
             tables = self.host_tables([metric.name], job, hosts=hosts)

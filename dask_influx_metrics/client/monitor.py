@@ -237,6 +237,9 @@ class Monitor:
         options = {"start": session.get("cleared") or session["start"],
                    "stop": stop + CLOCK_SLACK if stop is not None else None, "tags": reader.tags or None}
         args = (source,) if source is not None else self._where(state, session, reader, options)
+        own = sorted(w for w in state.get("destinations") or {} if w != "scheduler")
+        if own:  # only the session's own series: another tool may write to the same database
+            options["workers"] = tuple(own)
         options.update(kwargs)
         key = (session["id"], args, options)
         running = state["session"] is not None  # samples still arriving: the Store's caches would go stale

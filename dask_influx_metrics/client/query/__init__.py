@@ -58,12 +58,14 @@ def to_ns(when) -> Optional[int]:
         raise ValueError(f"not a time: {when!r} (use a datetime, an ISO string or epoch seconds)") from None
 
 
+# How every Dask address starts (tcp://, tls://, inproc://, ucx://): a worker tag without it is another tool's.
+_DASK_ADDRESS = re.compile(r"^[A-Za-z][\w+.-]*://")
 _HOST_PORT = re.compile(r"^[\w.-]+:\d+(/.*)?$|^[a-zA-Z][\w+.-]*://")
 
 
 def connect(source, database: str = "dask_metrics", *, language: str = "influxql", session=None,
             tags=None, start=None, stop=None, retention_policy=None, username=None, password=None,
-            token=None, org=None, timeout: float = 30.0, undelivered=None) -> "Store":
+            token=None, org=None, timeout: float = 30.0, undelivered=None, workers=None) -> "Store":
     """Open collected metrics: an InfluxDB URL (``http(s)://...``) or a spool folder.
 
     ``language`` is ``"influxql"`` (InfluxDB 1.x, 2.x through DBRP, 3.x) or
@@ -74,7 +76,10 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
     ``Authorization`` header; URLs shown anywhere carry none. ``undelivered``
     (InfluxQL): a spool folder whose ``undelivered/`` samples (an HTTP sink's
     outage) are written into the database first and then deleted; ``notes``
-    says how many. Raises :class:`QueryError` naming the URL or folder when it
+    says how many. ``workers``: the worker addresses whose series are read (a session's own;
+    ``Monitor.query()`` passes those its session recorded); by default every series whose
+    ``worker`` tag is a Dask address (``scheme://...``). Other series (another tool's points in
+    the same database) are skipped, and ``notes`` names them. Raises :class:`QueryError` naming the URL or folder when it
     cannot be read. The :class:`Store` holds HTTP connections: ``close()`` it,
     or use it as ``with connect(...) as db:``.
 
@@ -112,7 +117,7 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
         from .spool import SpoolBackend
 
         backend = SpoolBackend(source, session=session, **window)
-    return Store(backend, origin_ns=window["start_ns"])
+    return Store(backend, origin_ns=window["start_ns"], workers=workers)
 
 
 def _failed(name: str, failure: dict) -> str:
@@ -144,9 +149,11 @@ class Store(TaskQuestions, HostQuestions):
     #: workers fetched at once by :meth:`worker_tables`
     parallel = 4
 
-    def __init__(self, backend: Backend, origin_ns: Optional[int] = None):
+    def __init__(self, backend: Backend, origin_ns: Optional[int] = None, workers=None):
         self.backend = backend
         self._origin_ns = origin_ns
+        self._own = None if workers is None else set(workers)  # the session's workers, when known
+        self._skipped: list[str] = []  # notes on series skipped as not this session's
         self._workers: Optional[list[str]] = None
         self._fields: Optional[dict] = None
         self.closed = False
@@ -162,7 +169,17 @@ class Store(TaskQuestions, HostQuestions):
         """One line per thing to read the answers with: corrupt spool lines skipped (file:line),
         samples taken from ``undelivered/`` (an HTTP outage), custom metrics that failed on the workers.
         Empty when there is nothing to say."""
-        return list(self.backend.notes) + [_failed(name, f) for name, f in sorted(self.failed_metrics.items())]
+        return list(self.backend.notes) + self._skipped + [_failed(name, f) for name, f in sorted(self.failed_metrics.items())]
+
+    def ours(self, worker) -> bool:
+        """Whether ``worker`` (a ``worker`` tag) is one whose series this Store reads (see :func:`connect`)."""
+        if self._own is not None:
+            return worker in self._own
+        return isinstance(worker, str) and bool(_DASK_ADDRESS.match(worker))
+
+    def _skip(self, note: str) -> None:
+        if note not in self._skipped:
+            self._skipped.append(note)
 
     def scope(self) -> str:
         """Where this Store looks, in words: the source, the time range and the tags."""
@@ -198,7 +215,13 @@ class Store(TaskQuestions, HostQuestions):
     def workers(self) -> list[str]:
         """Worker addresses in index order (natural sort of the address)."""
         if self._workers is None:
-            self._workers = sorted(self.backend.tag_values("worker"), key=_tables.natural_key)
+            found = self.backend.tag_values("worker")
+            foreign = sorted(w for w in found if not self.ours(w))
+            if foreign:
+                why = "not a worker of this session" if self._own is not None else "not a Dask worker address"
+                self._skip(f"skipped the series of {len(foreign)} worker tag(s) ({why}; another tool's points?): "
+                           + ", ".join(repr(w) for w in foreign[:5]) + (" ..." if len(foreign) > 5 else ""))
+            self._workers = sorted((w for w in found if self.ours(w)), key=_tables.natural_key)
         return list(self._workers)
 
     def worker_map(self) -> dict[int, str]:
