@@ -76,10 +76,9 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
     ``Authorization`` header; URLs shown anywhere carry none. ``undelivered``
     (InfluxQL): a spool folder whose ``undelivered/`` samples (an HTTP sink's
     outage) are written into the database first and then deleted; ``notes``
-    says how many. ``workers``: the worker addresses whose series are read (a session's own;
-    ``Monitor.query()`` passes those its session recorded); by default every series whose
-    ``worker`` tag is a Dask address (``scheme://...``). Other series (another tool's points in
-    the same database) are skipped, and ``notes`` names them. Raises :class:`QueryError` naming the URL or folder when it
+    says how many. ``workers``: the worker addresses whose series are read (``Monitor.query()``
+    passes its session's; default: every ``worker`` tag that is a Dask address, ``scheme://...``);
+    ``notes`` names what is skipped (another tool's points). Raises :class:`QueryError` naming the URL or folder when it
     cannot be read. The :class:`Store` holds HTTP connections: ``close()`` it,
     or use it as ``with connect(...) as db:``.
 
@@ -121,8 +120,7 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
 
 
 def _failed(name: str, failure: dict) -> str:
-    """One line naming a custom metric that failed on the workers, with its first error (the worker's words:
-    ``custom metric 'x' failed: TypeError: ...``)."""
+    """A custom metric that failed on the workers, in the worker's words (``custom metric 'x' failed: ...``)."""
     return f"{failure.get('message') or f'custom metric {name!r} failed'} (first report, on {failure.get('worker')})"
 
 
@@ -157,8 +155,7 @@ class Store(TaskQuestions, HostQuestions):
         self._workers: Optional[list[str]] = None
         self._fields: Optional[dict] = None
         self.closed = False
-        #: ``{custom metric: {"worker", "message"}}``: the first failure of each custom metric on the workers,
-        #: as the session recorded it (set by ``Monitor.query()``); named by :attr:`notes` and by reads of it
+        #: ``{custom metric: {"worker", "message"}}``: its first failure on the workers (``Monitor.query()``)
         self.failed_metrics: dict[str, dict] = {}
 
     def __repr__(self) -> str:
@@ -166,20 +163,16 @@ class Store(TaskQuestions, HostQuestions):
 
     @property
     def notes(self) -> list[str]:
-        """One line per thing to read the answers with: corrupt spool lines skipped (file:line),
-        samples taken from ``undelivered/`` (an HTTP outage), custom metrics that failed on the workers.
-        Empty when there is nothing to say."""
+        """One line per thing to read the answers with: corrupt spool lines skipped (file:line), samples taken
+        from ``undelivered/`` (an HTTP outage), series skipped, custom metrics that failed on the workers."""
         return list(self.backend.notes) + self._skipped + [_failed(name, f) for name, f in sorted(self.failed_metrics.items())]
 
     def ours(self, worker) -> bool:
         """Whether ``worker`` (a ``worker`` tag) is one whose series this Store reads (see :func:`connect`)."""
-        if self._own is not None:
-            return worker in self._own
-        return isinstance(worker, str) and bool(_DASK_ADDRESS.match(worker))
+        return worker in self._own if self._own is not None else bool(_DASK_ADDRESS.match(str(worker)))
 
     def _skip(self, note: str) -> None:
-        if note not in self._skipped:
-            self._skipped.append(note)
+        self._skipped += [] if note in self._skipped else [note]
 
     def scope(self) -> str:
         """Where this Store looks, in words: the source, the time range and the tags."""
@@ -216,11 +209,10 @@ class Store(TaskQuestions, HostQuestions):
         """Worker addresses in index order (natural sort of the address)."""
         if self._workers is None:
             found = self.backend.tag_values("worker")
-            foreign = sorted(w for w in found if not self.ours(w))
-            if foreign:
+            if foreign := sorted(w for w in found if not self.ours(w)):
                 why = "not a worker of this session" if self._own is not None else "not a Dask worker address"
-                self._skip(f"skipped the series of {len(foreign)} worker tag(s) ({why}; another tool's points?): "
-                           + ", ".join(repr(w) for w in foreign[:5]) + (" ..." if len(foreign) > 5 else ""))
+                self._skip(f"skipped the series of worker tag(s) {foreign[:5]}{' ...' if foreign[5:] else ''} "
+                           f"({why}; another tool's points?)")
             self._workers = sorted((w for w in found if self.ours(w)), key=_tables.natural_key)
         return list(self._workers)
 
@@ -308,10 +300,8 @@ class Store(TaskQuestions, HostQuestions):
         else:
             names = [names] if isinstance(names, str) else list(names)
             unknown = _tables.unknown(names, fields.get(schema.CUSTOM, ()))
-            failed = [n for n in unknown if n in self.failed_metrics]
-            if failed:
-                raise ValueError("; ".join(_failed(n, self.failed_metrics[n]) for n in failed)
-                                 + f"; no samples of it {self.scope()}")
+            if failed := [_failed(n, self.failed_metrics[n]) for n in unknown if n in self.failed_metrics]:
+                raise ValueError("; ".join(failed) + f"; no samples of it {self.scope()}")
             if unknown:
                 raise ValueError(f"unknown metric(s) {unknown}; present {self.scope()}: {self.metrics()} (known: "
                                  "tracking names, measurement.field, custom metrics; see `metrics`)")
