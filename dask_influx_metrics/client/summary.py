@@ -80,11 +80,11 @@ def interval_seconds(table: pd.DataFrame) -> float:
     return float(np.median(steps)) if len(steps) else 0.0
 
 
-def weights(seconds: np.ndarray, values: np.ndarray, last: float) -> np.ndarray:
+def weights(seconds: np.ndarray, values: np.ndarray, last: float | None = None) -> np.ndarray:
     """Seconds each of ``values`` (samples x devices, at sample times ``seconds``, sorted) stands for:
     the time to the next non-NaN value of the same device, at most :data:`CAP_INTERVALS` regular
     steps (a high quantile of that device's steps: wake samples make many steps short); the last
-    value ``last`` (the sampling interval, :func:`interval_seconds`); NaN values 0.
+    value ``last`` (the sampling interval, :func:`interval_seconds`; default: the median step); NaN values 0.
 
     >>> t = np.append(np.arange(60) * 0.1, 60.0)  # every 0.1 s, then a minute's gap
     >>> values = np.ones((61, 1)); values[1] = np.nan
@@ -97,8 +97,10 @@ def weights(seconds: np.ndarray, values: np.ndarray, last: float) -> np.ndarray:
         if not len(valid):
             continue
         steps = np.diff(seconds[valid])
-        regular = np.quantile(steps[steps > 0], REGULAR_STEP_QUANTILE) if (steps > 0).any() else last
-        out[valid, d] = np.minimum(np.append(steps, last), CAP_INTERVALS * regular)
+        positive = steps[steps > 0]
+        end = last if last is not None else float(np.median(positive)) if len(positive) else 0.0
+        regular = np.quantile(positive, REGULAR_STEP_QUANTILE) if len(positive) else end
+        out[valid, d] = np.minimum(np.append(steps, end), CAP_INTERVALS * regular)
     return out
 
 
