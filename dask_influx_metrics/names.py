@@ -8,6 +8,7 @@ WORKER_PLUGIN = "influx-metrics"  # the worker plugin
 ANNOTATION = "influx_metrics"  # task annotation key: {"session", "job", "dag"}
 EVENT_TOPIC = "influx-metrics"  # worker and agent reports: {"worker", "what", "message", ...}
 SHARED_GPU = "shared-gpu"  # a report's "what" when workers of a host use one GPU
+CUSTOM_METRIC = "custom-metric"  # a report's "what": a custom metric failed or overran ("metric", "problem")
 DESTINATIONS = "destinations"  # a report's "what": where a worker's samples go (sinks.destinations)
 NEW_JOB_OP = "influx-metrics-new-job"  # the client's stream op behind Monitor.new_job()
 

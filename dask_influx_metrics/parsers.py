@@ -145,6 +145,10 @@ def _tag_text(what: str, text) -> str:
         raise ValueError(f"{what} has {size} bytes; at most {MAX_TAG_BYTES} are allowed")
     if text.endswith("\\"):
         raise ValueError(f"{what} ends in a backslash, which InfluxDB 1.x cannot store")
+    bad = sorted({c for c in text if ord(c) < 0x20 or ord(c) == 0x7F})
+    if bad:  # line protocol stores them as spaces: reads filtering on the tag would find nothing
+        raise ValueError(f"{what} contains control character(s) {', '.join(repr(c) for c in bad)}; "
+                         "line protocol stores them as spaces, so the value could not be read back")
     return text
 
 

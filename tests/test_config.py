@@ -205,6 +205,10 @@ def test_telegraf_host_is_only_looked_up_for_the_udp_sink():
     ({"k" * 1025: "x"}, "1025 bytes.*1024"),
     ({"run": "ends in \\"}, "'run'.*backslash"),
     ({"run": {"nested": 1}}, "'run'.*str"),
+    # issue 23 item 11: stored as a space, the Monitor could no longer read its own session
+    ({"run": "a\nb"}, r"'run'.*control character\(s\) '\\n'.*read back"),
+    ({"run": "tab\there\x7f"}, r"'run'.*'\\t', '\\x7f'"),
+    ({"r\x01un": "x"}, "tag key.*control character"),
     (["run"], "mapping"),
 ])
 def test_bad_tags_are_refused_naming_the_tag(tags, message):

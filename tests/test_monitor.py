@@ -1,6 +1,7 @@
 """End to end: a real LocalCluster, the real influxd, its UDP listener standing in for Telegraf."""
 
 import json
+import os
 import socket
 import threading
 import time
@@ -157,9 +158,18 @@ def test_custom_metrics_land_and_a_broken_one_is_reported_once(client, monitor, 
     influxd.wait_for(f"SELECT count(utilization_gpu) FROM gpu WHERE run='{run_id}'",
                      lambda r: r and r[0]["count"] > before + 8, timeout=15)  # still sampling
     monitor.stop()
-    events = [e for _, e in client.get_events("influx-metrics") if e.get("what") == "always-broken"]
+    events = [e for _, e in client.get_events("influx-metrics")
+              if e.get("what") == "custom-metric" and e.get("metric") == "always-broken"]
     assert len(events) == 2  # once per worker
-    assert all("custom metric exploded" in e["message"] for e in events)
+    assert all("custom metric exploded" in e["message"] and e["problem"] == "failed" for e in events)
+    # issue 24 item 4: readers name it as failed, with the first error, not as "unknown"
+    failed = monitor.jobs()["last_session"]["failed_metrics"]
+    assert list(failed) == ["always-broken"] and failed["always-broken"]["worker"] in {e["worker"] for e in events}
+    with pytest.raises(ValueError, match=r"custom metric 'always-broken' failed: RuntimeError: custom metric "
+                       r"exploded \(first report, on tcp://.*\); no samples of it in"):
+        monitor.get_peaks("always-broken", source=influxd.url)
+    assert any("'always-broken' failed" in n for n in monitor.query(source=influxd.url).notes)
+    assert monitor.get_peaks("device-count", source=influxd.url, per_job=False) == [[2.0], [2.0]]
 
 
 # A trailing backslash cannot be stored by InfluxDB 1.x; lineprotocol's policy
@@ -209,6 +219,69 @@ def test_stop_from_a_second_client_stops_sampling_everywhere(cluster, client, in
     assert session["id"] and set(samplers().values()) == {0}
     with pytest.raises(RuntimeError, match="no monitoring session"):
         Monitor(client).stop()
+
+
+def test_interleaved_attach_from_two_clients_starts_with_the_starters_settings(cluster, client, tmp_path):
+    # issue 23 item 3: A.attach, B.attach, A.start ran A's session with B's tags, spool and interval
+    a = Monitor(client, sink="spool", spool_directory=str(tmp_path / "a"), gpu_source="simulated",
+                tags={"run": "a"})
+    a.attach(polling_interval=POLL_MS, tracking=["compute-util"], custom_metrics=[device_count])
+    with Client(cluster) as other:
+        b = Monitor(other, sink="spool", spool_directory=str(tmp_path / "b"), gpu_source="none", tags={"run": "b"})
+        b.attach(polling_interval=400, tracking=["host-cpu"])
+        session = a.start()
+        try:
+            client.gather(client.map(slow, range(4), delay=0.2, pure=False))
+        finally:
+            a.stop()
+    assert all(where["spool"].startswith(str(tmp_path / "a")) for where in session["destinations"].values())
+    assert not (tmp_path / "b").exists()
+    db = a.query()
+    assert db.scope().endswith("tags {'run': 'a'}") and len(db.workers()) == 2
+    assert {"compute-util", "device-count"} <= set(db.metrics()) and "host-cpu" not in db.metrics()
+    steps = db.worker_tables(metrics=["compute-util"])[db.workers()[0]]["timestamp"].diff().dropna()
+    assert steps.median() < 0.2  # A's 50 ms, not B's 400 ms
+    a.shutdown()
+
+
+def test_readers_take_only_the_sessions_own_series(client, influxd, fresh_db, tmp_path):
+    # issue 23 item 5: another tool's worker series was listed as a Dask worker (renumbering every index
+    # and CSV file), and a foreign host point crashed host_tables
+    from dask_influx_metrics import query
+
+    m = Monitor(client, sink="http", influxdb_url=influxd.url, database=fresh_db, gpu_source="simulated",
+                gpu_count=1, spool_directory=str(tmp_path / "spool"))
+    m.attach(polling_interval=POLL_MS, tracking=["compute-util", "host-cpu", "tasks"])
+    m.start()
+    try:
+        client.gather(client.map(slow, range(4), delay=0.2, pure=False))
+        now = time.time_ns()
+        for line in (f"worker,host=elsewhere,worker=celery@host,job=x,dag=y tasks=3i {now}",
+                     f"gpu,host=elsewhere,worker=celery@host,index=0 utilization_gpu=1000.0 {now}",
+                     f"host,host={socket.gethostname()},worker=celery@host cpu_percent=1000.0 {now}",
+                     f"host,host=elsewhere cpu_percent=1000.0 {now}"):  # no tags at all
+            influxd.write(line, db=fresh_db)
+        influxd.wait_for('SELECT count(cpu_percent) FROM host WHERE cpu_percent > 999',
+                         lambda r: r and r[0]["count"] == 2, timeout=10, db=fresh_db)
+        threading.Event().wait(0.2)
+    finally:
+        m.stop()
+    ours = sorted(client.scheduler_info()["workers"])
+    db = m.query()
+    assert sorted(db.workers()) == ours and len(db.worker_tables()) == 2
+    assert list(db.host_tables()) == [socket.gethostname()]
+    assert (db.host_tables()[socket.gethostname()]["host-cpu"] < 999).all()
+    assert set(db.summary()["worker"]) == set(ours)
+    assert [os.path.basename(p) for p in m.to_csv(tmp_path / "csv")] == ["worker_0.csv", "worker_1.csv"]
+    assert all(max(p) < 999 for p in db.get_peaks("host-cpu", per_job=False))
+    assert all(max(p) < 999 for p in db.get_peaks("compute-util", per_job=False))
+    assert any("'celery@host'" in n and "not a worker of this session" in n for n in db.notes)
+    # without the session's record: only Dask addresses are workers
+    with query.connect(influxd.url, fresh_db) as plain:
+        assert sorted(plain.workers()) == ours
+        assert any("'celery@host'" in n and "not a Dask worker address" in n for n in plain.notes)
+        assert (plain.host_tables()[socket.gethostname()]["host-cpu"] < 999).all()
+    m.shutdown()
 
 
 @pytest.mark.parametrize("kwargs, error, message", [

@@ -3,9 +3,18 @@ import time
 
 import pytest
 
+from dask_influx_metrics.names import CUSTOM_METRIC
 from dask_influx_metrics.sampler import Sampler
 from dask_influx_metrics.schema import Point
 from dask_influx_metrics.worker.sources.custom import CustomSource, custom_metric, validate
+
+
+def _into(reports):
+    """A ``report`` collecting (metric name, message) of the custom-metric reports."""
+    def report(what, message, **details):
+        assert what == CUSTOM_METRIC and details["problem"] in ("failed", "overran")
+        reports.append((details["metric"], message))
+    return report
 
 
 def test_undecorated_function_is_refused_by_name():
@@ -25,6 +34,62 @@ def test_duplicate_names_and_bad_names_are_refused():
         custom_metric("")
 
 
+@pytest.mark.parametrize("name, message", [
+    # issue 23 item 4: reads returned the built-in's values, every all-metric read crashed
+    ("compute-util", "'compute-util' is a built-in metric name"),
+    ("tasks", "built-in metric name"),
+    ("host.memory_used", "field 'host.memory_used' of the 'host' measurement"),
+    ("custom.x", "'custom' measurement"),
+    ("timestamp", "column of every table"),
+    ("br[0]", r"per-GPU column \('name\[0\]'\)"),
+    ("new\nline", r"control character\(s\) '\\n'"),
+    ("back\\slash", "backslash"),
+    (" padded", "leading or trailing spaces"),
+    ("uuid", "tag name of the custom measurement"),
+])
+def test_names_that_do_not_read_back_as_the_metric_are_refused(name, message):
+    with pytest.raises(ValueError, match=message):
+        custom_metric(name)
+    sneaky = custom_metric("fine")(lambda w, h: 1)
+    sneaky.name = name  # renamed after decoration: attach's validate() checks again
+    with pytest.raises(ValueError, match=message):
+        validate([sneaky])
+
+
+def test_names_that_read_back_are_accepted():
+    for name in ("ready-queue", "gpu_fans", "br[x]", "ünï code", "a.b", "x[0] y"):
+        assert custom_metric(name)(lambda w, h: 1).name == name
+
+
+def test_a_signature_that_fits_neither_form_is_refused_showing_both():
+    # issue 24 item 4: this failed on every worker at run time, then readers called the metric "unknown"
+    def ready_queue(worker):
+        return 1
+
+    with pytest.raises(TypeError, match=r"'ready-queue' is per_device=True \(the default\), so it is called as "
+                       r"fn\(worker, handle\) once per GPU, but ready_queue\(worker\) cannot take that; the "
+                       r"accepted forms: .*fn\(worker, handle\).*per_device=False\) calls fn\(worker\) once"):
+        custom_metric("ready-queue")(ready_queue)
+    per_worker = custom_metric("ready-queue", per_device=False)(ready_queue)
+    per_worker.per_device = True  # changed after decoration: attach's validate() checks again
+    with pytest.raises(TypeError, match="per_device=True"):
+        validate([per_worker])
+    with pytest.raises(TypeError, match=r"per_device=False, so it is called as fn\(worker\) once per sample"):
+        custom_metric("three", per_device=False)(lambda a, b, c: 1)
+
+
+def test_per_worker_metrics_take_the_worker_alone_or_the_handles_too():
+    alone = custom_metric("alone", per_device=False)(lambda worker: worker)
+    both = custom_metric("both", per_device=False)(lambda worker, handles: len(handles))
+    devices = [({"index": "0"}, "h0"), ({"index": "1"}, "h1")]
+    src = CustomSource([alone, both], 7, lambda: devices)
+    try:
+        (reading,) = src.read()
+    finally:
+        src.stop()
+    assert reading.fields == {"alone": 7.0, "both": 2.0}
+
+
 def test_per_device_and_per_worker_values_with_device_tags():
     per_dev = custom_metric("double-index", per_device=True)(lambda w, h: h * 2)
     total = custom_metric("count", per_device=False)(lambda w, hs: len(hs))
@@ -42,7 +107,7 @@ def test_a_failing_metric_is_reported_once_and_others_carry_on():
     reports = []
     bad = custom_metric("broken", per_device=False)(lambda w, hs: 1 / 0)
     good = custom_metric("fine", per_device=False)(lambda w, hs: 5)
-    src = CustomSource([bad, good], None, lambda: [], report=lambda name, msg: reports.append((name, msg)))
+    src = CustomSource([bad, good], None, lambda: [], report=_into(reports))
     for _ in range(3):
         assert [r.fields for r in src.read()] == [{"fine": 5.0}]
     assert len(reports) == 1 and reports[0][0] == "broken" and "ZeroDivisionError" in reports[0][1]
@@ -51,8 +116,8 @@ def test_a_failing_metric_is_reported_once_and_others_carry_on():
 def test_non_numeric_result_counts_as_failure():
     reports = []
     odd = custom_metric("text", per_device=False)(lambda w, hs: "hello")
-    assert CustomSource([odd], None, lambda: [], report=lambda n, m: reports.append(n)).read() == []
-    assert reports == ["text"]
+    assert CustomSource([odd], None, lambda: [], report=_into(reports)).read() == []
+    assert [n for n, _ in reports] == ["text"]
 
 
 def test_bools_and_numeric_text_are_rejected_and_reported_once():
@@ -60,7 +125,7 @@ def test_bools_and_numeric_text_are_rejected_and_reported_once():
     flag = custom_metric("flag", per_device=False)(lambda w, hs: True)
     text = custom_metric("text-seven", per_device=False)(lambda w, hs: " 7 ")
     fine = custom_metric("fine", per_device=False)(lambda w, hs: 7)
-    src = CustomSource([flag, text, fine], None, lambda: [], report=lambda n, m: reports.append((n, m)))
+    src = CustomSource([flag, text, fine], None, lambda: [], report=_into(reports))
     try:
         for _ in range(3):
             assert [r.fields for r in src.read()] == [{"fine": 7.0}]
@@ -75,7 +140,7 @@ def test_a_slow_metric_is_skipped_for_that_sample_reported_once_and_others_keep_
     release = threading.Event()
     slow = custom_metric("slow", per_device=False)(lambda w, hs: release.wait(2.0) and 1)
     fast = custom_metric("fast", per_device=False)(lambda w, hs: 3)
-    src = CustomSource([slow, fast], None, lambda: [], report=lambda n, m: reports.append((n, m)), timeout=0.05)
+    src = CustomSource([slow, fast], None, lambda: [], report=_into(reports), timeout=0.05)
     try:
         started = time.monotonic()
         got = [src.read() for _ in range(10)]

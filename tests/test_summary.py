@@ -71,3 +71,42 @@ def test_held_but_idle_is_nan_without_memory_metrics():
     s = summary.summarize([_table(**{"compute-util[0]": [0.0, 0.0], "host-cpu": [1.0, 2.0]})])
     assert s["held_idle_device_hours"].isna().all()
     assert summary.held_memory(_table(**{"compute-util[0]": [0.0]}), ["compute-util[0]"]) is None
+
+
+def _short_task_table():
+    """20 s of samples every 0.1 s plus, each second, the burst a short task causes: five wake samples
+    2 ms apart at its start (GPU 0 at 100 %) and one at its end (0 %); GPU 1 reads 40 % throughout.
+    GPU 0's utilization changes only at sample times, so its time-weighted truth is exact."""
+    ticks = np.arange(200) * 0.1
+    starts = np.arange(1, 20) + 0.03
+    wakes = (starts[:, None] + np.arange(5) * 0.002).ravel()
+    ends = starts + 0.01
+    times = np.concatenate([ticks, wakes, ends])
+    util = np.concatenate([np.zeros(len(ticks)), np.full(len(wakes), 100.0), np.zeros(len(ends))])
+    order = np.argsort(times, kind="stable")
+    return _table(**{"compute-util[0]": util[order], "compute-util[1]": np.full(len(times), 40.0),
+                     "total-mem[0]": np.full(len(times), 1e9)}).assign(timestamp=times[order])
+
+
+def test_means_and_hours_are_time_weighted_on_irregular_samples():
+    # issue 23 item 6: wake samples at task starts put most busy samples where tasks start
+    t = _short_task_table()
+    grid = np.arange(0, 20, 1e-4) + 5e-5  # the truth, integrated on a 0.1 ms grid
+    busy = ((grid % 1 >= 0.03) & (grid % 1 < 0.04) & (grid >= 1)).mean() * 100
+    (whole,) = summary.summarize([t], per_job=False).itertuples()
+    per_sample = t["compute-util[0]"].mean()  # what a per-sample mean read: 30 % against 0.95 %
+    assert per_sample > 30 and busy == pytest.approx(0.95)
+    assert whole.mean == pytest.approx((busy + 40) / 2)
+    assert whole.hours == pytest.approx(20 / 3600) and whole.device_hours == pytest.approx(2 * 20 / 3600)
+    assert whole.unused_device_hours == pytest.approx(20 / 3600 * ((1 - busy / 100) + 0.6))
+    assert whole.above_80 == pytest.approx(busy / 100 / 2)  # a share of the time, not of the samples
+    assert whole.held_idle_device_hours == pytest.approx(20 * (1 - busy / 100) / 3600)  # GPU 0 held, idle
+    assert whole.samples == len(t)
+
+
+def test_a_gap_counts_a_few_intervals_at_most():
+    t = _table(**{"compute-util[0]": [100.0] + [0.0] * 40})
+    t["timestamp"] = np.append(0.0, 600 + np.arange(40) * 0.5)  # ten minutes without a sample after the first
+    (whole,) = summary.summarize([t], per_job=False).itertuples()
+    assert whole.hours == pytest.approx((summary.CAP_INTERVALS * 0.5 + 40 * 0.5) / 3600)
+    assert whole.mean == pytest.approx(100 * 1.5 / 21.5)

@@ -17,9 +17,10 @@ never by worker:
 - **Older data** (every worker wrote its own host series, or ``host-once: false``)
   reads the same way: a worker's row takes its own reading of the same instant
   (the host series is all of the host's points), and a host's figures cover every
-  worker's readings, each tagged with its own worker's jobs. Summaries then count
-  each reading as 1/N of an interval (N writers at once): means, maxima and shares
-  are right, a job's host hours are an undercount where it ran on fewer workers.
+  worker's readings, each tagged with its own worker's jobs. Summaries weight each
+  reading by the time to the next one of the host (:func:`.summary.weights`), so the
+  interleaved readings of N writers share the host's time instead of each counting
+  a whole interval.
 
 A worker's host comes from its own points' ``host`` tag (:meth:`HostQuestions.hosts`).
 """
@@ -48,7 +49,8 @@ class HostQuestions:
                     continue
                 rows = self.backend.max_by(m, numeric[0], ("host", "worker"))
                 for w, h in zip(rows["worker"], rows["host"]):
-                    out.setdefault(w, h)
+                    if w in workers:
+                        out.setdefault(w, h)
             self._hosts = out
         return dict(self._hosts)
 
@@ -67,14 +69,22 @@ class HostQuestions:
         return rows.sort_values(["worker_index", "uuid"])[["host", "worker_index", "worker", "uuid", "shared"]]
 
     def host_series(self, host: str, fields: list[str], job: Optional[int] = None) -> pd.DataFrame:
-        """Every ``host`` point of ``host`` in range (long: ``time``, ``job``, ``dag``, ``worker``, fields)."""
-        return self.backend.frame(schema.HOST, list(dict.fromkeys(fields)), None, job, host=host)
+        """Every ``host`` point of ``host`` in range written by this Store's workers (long: ``time``, ``job``,
+        ``dag``, ``worker``, fields); other points of that host (another tool's) are skipped with a note."""
+        long = self.backend.frame(schema.HOST, list(dict.fromkeys(fields)), None, job, host=host)
+        if long.empty or "worker" not in long.columns:
+            return long
+        ours = long["worker"].map(self.ours).astype(bool)
+        if not ours.all():
+            self._skip(f"skipped the host points of host {host!r} not written by this session's workers "
+                       f"(worker tags {sorted(str(w) for w in long.loc[~ours, 'worker'].unique())[:5]})")
+        return long[ours].reset_index(drop=True)
 
     def host_tables(self, metrics=None, job: Optional[int] = None, hosts=None) -> dict[str, pd.DataFrame]:
         """``{host: table}``: one table per host of its host metrics (default all present), like a
         worker's table but with the host points' own ``job``/``dag`` (every worker of the host);
-        ``attrs["interval"]`` is the seconds one row stands for (1/N of an interval where N workers
-        wrote the host at once: older data). ``job``: points whose ``job`` tag holds it only."""
+        ``attrs["interval"]`` is the seconds a row stands for where no later row tells (1/N of an
+        interval where N workers wrote the host at once: older data). ``job``: points whose ``job`` tag holds it only."""
         chosen = [m for m in self._metrics(metrics) if m.measurement == schema.HOST] if metrics is not None else \
             [m for m in _tables.default_metrics(self.fields()) if m.measurement == schema.HOST]
         out = {}
@@ -101,10 +111,11 @@ class HostQuestions:
         """Peaks of a host metric: per host (server- or client-side), then one row set per worker."""
         where = self.hosts()
         hosts = sorted({where.get(w) for _, w in chosen} - {None})
-        if server:
-            groups = self.backend.max_by(schema.HOST, metric.field, ("host",) + (("job",) if per_job else ()),
-                                         None, job, busy=per_job)
-            groups = groups[groups["host"].isin(hosts)].rename(columns={"host": "worker"})
+        if server:  # by writer too, to leave out another tool's points of the host
+            by = ("host",) + (("job",) if per_job else ())
+            groups = self.backend.max_by(schema.HOST, metric.field, by + ("worker",), None, job, busy=per_job)
+            groups = groups[groups["host"].isin(hosts) & groups["worker"].map(self.ours).astype(bool)]
+            groups = groups.groupby(list(by), as_index=False)["max"].max().rename(columns={"host": "worker"})
             tidy = _peaks.from_groups(groups, metric, {h: 0 for h in hosts}, per_job)
         else:
             tables = self.host_tables([metric.name], job, hosts=hosts)

@@ -61,6 +61,7 @@ class Monitor:
     def __init__(self, client, **settings):
         self.client = client
         self._settings = overrides_from_kwargs(**settings)
+        self._attached = None  # (overrides, custom metrics payload) of this Monitor's attach(): what start() runs
 
     # --- old dask-metrics API --------------------------------------------
     def attach(self, tracking=None, custom_metrics=None, job_type="client", polling_interval=None,
@@ -81,10 +82,7 @@ class Monitor:
             tracking=list(tracking) if tracking is not None else None, job_type=job_type,
             polling_interval=polling_interval, mem_limit=mem_limit, dump_loc=dump_loc, **settings)}
         resolved = Settings.for_session(overrides)  # raises on anything invalid
-        metrics = custom.validate(custom_metrics)
-        clash = {m.name for m in metrics} & {"tasks", "running"}
-        if clash:
-            raise ValueError(f"custom metric name(s) {sorted(clash)} are reserved")
+        metrics = custom.validate(custom_metrics)  # names and signatures
         state = self._state(required=False)
         if state and state["session"]:
             raise RuntimeError(f"monitoring session {state['session']['id']} is running; stop() it before attach()")
@@ -92,12 +90,16 @@ class Monitor:
         if state:
             self.client.run_on_scheduler(_on_scheduler, action="detach")
         self.client.register_plugin(JobPlugin(overrides, payload), name=JOBS_PLUGIN)
+        self._attached = (overrides, payload)
         return resolved
 
     def start(self, tracking=None) -> dict:
         """Start sampling on every worker, now and on workers that join later.
 
-        Job and DAG numbers restart from 1. ``tracking`` replaces the list given
+        Job and DAG numbers restart from 1. The session runs with the settings
+        and custom metrics of this Monitor's ``attach`` (another client's later
+        ``attach`` on the cluster does not change them); a Monitor that did not
+        attach starts what is attached. ``tracking`` replaces the list given
         to ``attach``. Returns the session (``id``, ``start`` time) and
         ``destinations``: where each worker (and the scheduler) sends its
         samples, also logged once here and kept in :meth:`jobs`.
@@ -105,10 +107,11 @@ class Monitor:
         >>> session = monitor.start()  # doctest: +SKIP
         """
         state = self._state()
+        overrides = self._attached[0] if self._attached else state["overrides"]
         if tracking is not None:
-            Settings.resolve({**state["overrides"], "tracking": list(tracking)})  # raises on bad names
+            Settings.resolve({**overrides, "tracking": list(tracking)})  # raises on bad names
         # the same start path as --preload; a worker's setup error stops the session and lands here
-        session = self.client.run_on_scheduler(scheduler_session.start, tracking=tracking)
+        session = self.client.run_on_scheduler(scheduler_session.start, tracking=tracking, attached=self._attached)
         logger.info("influx-metrics session %s: %s", session["id"], "; ".join(
             f"{who}: {scheduler_session.describe(where)}" for who, where in sorted(session["destinations"].items())))
         return session
@@ -234,6 +237,9 @@ class Monitor:
         options = {"start": session.get("cleared") or session["start"],
                    "stop": stop + CLOCK_SLACK if stop is not None else None, "tags": reader.tags or None}
         args = (source,) if source is not None else self._where(state, session, reader, options)
+        own = sorted(w for w in state.get("destinations") or {} if w != "scheduler")
+        if own:  # only the session's own series: another tool may write to the same database
+            options["workers"] = tuple(own)
         options.update(kwargs)
         key = (session["id"], args, options)
         running = state["session"] is not None  # samples still arriving: the Store's caches would go stale
@@ -242,6 +248,7 @@ class Monitor:
             if args == (CLUSTER,):
                 args = (self._copy_spool(state, session),)
             self._store, self._store_key = query.connect(*args, **options), key
+        self._store.failed_metrics = dict(session.get("failed_metrics") or {})
         return self._store
 
     _copy = None  # the local copy of a spool read through the cluster, removed with its Store

@@ -2,17 +2,25 @@
 
 One row per worker, job and resource (``gpu``: all GPUs of the worker pooled,
 ``cpu``: the host's CPU): ``samples``, ``devices``, ``hours`` (wall time the
-samples cover: samples x the sampling interval), ``mean`` and ``max``
-utilization (%), ``above_20``/``above_40``/``above_80`` and ``at_100`` (share
-of samples, 0-1), ``device_hours`` (hours x devices), ``unused_device_hours``
+samples cover), ``mean`` and ``max`` utilization (%),
+``above_20``/``above_40``/``above_80`` and ``at_100`` (share of the time, 0-1),
+``device_hours`` (the device time the samples cover), ``unused_device_hours``
 (device_hours x (1 - mean / 100)) and ``held_idle_device_hours``.
 
+**Time-weighted** (:func:`weights`): samples are not evenly spaced (the sampler
+also wakes at task starts, so a short-task workload puts most samples where
+tasks start), so each value counts for the time it stands for: the time to the
+next value of the same GPU (or host), at most :data:`CAP_INTERVALS` regular
+sampling steps (a gap, e.g. a stopped sampler, is not charged to the value
+before it); the last value stands for one sampling interval. Means, shares, hours
+and device-hours all use these weights; ``samples`` counts samples.
+
 **Held but idle** (``held_idle_device_hours``, gpu rows): device-hours in
-which the worker holds GPU memory while the GPU computes nothing. Each
-(sample, GPU) pair counts one sampling interval when ``compute-util`` is 0 and
-the worker holds memory on that GPU: ``worker-gpu-mem`` > 0 (the worker's own
-process tree), or, in a sample without that field, ``total-mem`` > 0 (the
-whole device). NaN when neither memory metric was collected, and on cpu rows.
+which the worker holds GPU memory while the GPU computes nothing: the time of
+each (sample, GPU) value where ``compute-util`` is 0 and the worker holds memory
+on that GPU: ``worker-gpu-mem`` > 0 (the worker's own process tree), or, in a
+sample without that field, ``total-mem`` > 0 (the whole device). NaN when
+neither memory metric was collected, and on cpu rows.
 
 **Host CPU** (cpu rows): with ``hosts`` (``{worker: its host's table}``,
 :meth:`~dask_influx_metrics.query.Store.host_tables_by_worker`) a worker's cpu
@@ -53,6 +61,10 @@ CPU_METRIC = "host-cpu"
 # Held GPU memory: the worker's own first, the whole device's where a sample lacks it.
 MEMORY_METRICS = ("worker-gpu-mem", "total-mem")
 THRESHOLDS = (20, 40, 80)
+# A value stands for the time to the next one, at most this many regular sampling steps.
+CAP_INTERVALS = 3
+# The regular step: this quantile of the steps (wake samples at task starts make many steps short).
+REGULAR_STEP_QUANTILE = 0.95
 COLUMNS = ["worker_index", "worker", "job", "resource", "samples", "devices", "hours", "mean", "max",
            *[f"above_{t}" for t in THRESHOLDS], "at_100", "device_hours", "unused_device_hours",
            "held_idle_device_hours"]
@@ -66,6 +78,30 @@ def interval_seconds(table: pd.DataFrame) -> float:
     steps = np.diff(table["timestamp"].to_numpy(dtype=float))
     steps = steps[steps > 0]
     return float(np.median(steps)) if len(steps) else 0.0
+
+
+def weights(seconds: np.ndarray, values: np.ndarray, last: float | None = None) -> np.ndarray:
+    """Seconds each of ``values`` (samples x devices, at sample times ``seconds``, sorted) stands for:
+    the time to the next non-NaN value of the same device, at most :data:`CAP_INTERVALS` regular
+    steps (a high quantile of that device's steps: wake samples make many steps short); the last
+    value ``last`` (the sampling interval, :func:`interval_seconds`; default: the median step); NaN values 0.
+
+    >>> t = np.append(np.arange(60) * 0.1, 60.0)  # every 0.1 s, then a minute's gap
+    >>> values = np.ones((61, 1)); values[1] = np.nan
+    >>> weights(t, values, last=0.1)[[0, 1, 2, 59, 60], 0].round(2)  # to the next value, NaN, -, capped, last
+    array([0.2, 0. , 0.1, 0.3, 0.1])
+    """
+    out = np.zeros(values.shape)
+    for d in range(values.shape[1]):
+        valid = np.flatnonzero(~np.isnan(values[:, d]))
+        if not len(valid):
+            continue
+        steps = np.diff(seconds[valid])
+        positive = steps[steps > 0]
+        end = last if last is not None else float(np.median(positive)) if len(positive) else 0.0
+        regular = np.quantile(positive, REGULAR_STEP_QUANTILE) if len(positive) else end
+        out[valid, d] = np.minimum(np.append(steps, end), CAP_INTERVALS * regular)
+    return out
 
 
 def held_memory(table: pd.DataFrame, util_columns: list[str]):
@@ -85,22 +121,28 @@ def held_memory(table: pd.DataFrame, util_columns: list[str]):
     return np.column_stack(held)
 
 
-def _row(util: np.ndarray, held, interval: float) -> dict:
-    """Figures of ``util`` (samples x devices) and ``held`` (same shape, or None)."""
+def _row(util: np.ndarray, held, seconds: np.ndarray) -> dict:
+    """Figures of ``util`` (samples x devices), ``held`` (same shape, or None) and the seconds each
+    value stands for (same shape, :func:`weights`)."""
     devices = util.shape[1]
-    values = util.ravel()
-    values = values[~np.isnan(values)]
-    samples = len(values) // max(devices, 1)
-    hours = samples * interval / 3600
-    mean = float(values.mean()) if len(values) else float("nan")
-    row = {"samples": samples, "devices": devices, "hours": hours, "mean": mean,
+    valid = ~np.isnan(util)
+    values, time = util[valid], seconds[valid]
+    total = float(time.sum())
+    known = len(values) > 0 and total > 0
+
+    def share(mask) -> float:
+        return float(time[mask].sum() / total) if known else float("nan")
+
+    mean = float((values * time).sum() / total) if known else float("nan")
+    row = {"samples": len(values) // max(devices, 1), "devices": devices,
+           "hours": float(seconds.max(axis=1, initial=0).sum()) / 3600 if len(util) else 0.0, "mean": mean,
            "max": float(values.max()) if len(values) else float("nan")}
     for t in THRESHOLDS:
-        row[f"above_{t}"] = float((values > t).mean()) if len(values) else float("nan")
-    row["at_100"] = float((values >= 100).mean()) if len(values) else float("nan")
-    row["device_hours"] = hours * devices
-    row["unused_device_hours"] = row["device_hours"] * (1 - mean / 100) if len(values) else 0.0
-    row["held_idle_device_hours"] = (float(((held == 1) & (util == 0)).sum()) * interval / 3600
+        row[f"above_{t}"] = share(values > t)
+    row["at_100"] = share(values >= 100)
+    row["device_hours"] = total / 3600
+    row["unused_device_hours"] = float((time * (1 - values / 100)).sum()) / 3600 if known else 0.0
+    row["held_idle_device_hours"] = (float(seconds[(held == 1) & (util == 0)].sum()) / 3600
                                      if held is not None else float("nan"))
     return row
 
@@ -115,18 +157,18 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | No
             table = own if hosts is None or resource == "gpu" else hosts.get(who["worker"])
             if table is None:
                 continue
-            interval = interval_seconds(table)
             jobs = jobtags.distinct(table.loc[jobtags.counting(table), "job"].unique()) if per_job else []
             cols = device_columns(table, metric)
             if not cols:
                 continue
             util = table[cols].to_numpy(dtype=float)
+            seconds = weights(table["timestamp"].to_numpy(dtype=float), util, last=interval_seconds(table))
             held = held_memory(table, cols) if resource == "gpu" else None
-            rows.append({**who, "job": pd.NA, "resource": resource, **_row(util, held, interval)})
+            rows.append({**who, "job": pd.NA, "resource": resource, **_row(util, held, seconds)})
             for job in jobs:
                 mask = jobtags.counts_for(table, job).to_numpy()
                 rows.append({**who, "job": job, "resource": resource,
-                             **_row(util[mask], None if held is None else held[mask], interval)})
+                             **_row(util[mask], None if held is None else held[mask], seconds[mask])})
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["job"] = frame["job"].astype("Int64")
     return frame.sort_values(["worker_index", "resource", "job"], na_position="first", kind="stable").reset_index(drop=True)

@@ -11,7 +11,8 @@ Flux or a spool) from the ``task`` and ``activity`` points (tracking names ``tas
   ``value`` summed over the session (seconds, bytes, ... as ``unit`` says).
 - ``db.gpu_during_tasks()``: mean and max ``utilization_gpu`` of the GPU samples that count for
   the job (busy, the job in the ``job`` tag; per DAG: the DAG in the ``dag`` tag): one row per
-  job (``dag`` <NA>) and one per DAG.
+  job (``dag`` <NA>) and one per DAG. The mean is time-weighted, as in summaries
+  (:func:`.summary.weights`): each sample counts for the time to the next one of its GPU.
 
 ``db.task_stream()`` gives the task points themselves. ``dag`` is read by name, so it may be a
 tag or a field. An empty answer has a ``why`` in ``frame.attrs``.
@@ -30,6 +31,7 @@ from typing import Optional
 import pandas as pd
 
 from .. import jobtags, schema
+from .summary import weights
 
 TASK_COLUMNS = list(schema.MEASUREMENT_TAGS[schema.TASK]) + [f for m, f in schema.FIELDS if m == schema.TASK]
 ACTIVITY_COLUMNS = list(schema.MEASUREMENT_TAGS[schema.ACTIVITY]) + [f for m, f in schema.FIELDS
@@ -95,7 +97,8 @@ def summarize_activity(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def gpu_during(samples: pd.DataFrame, dag_jobs: dict) -> pd.DataFrame:
-    """GPU samples (``job``, ``dag``, ``utilization_gpu``) -> mean/max per job (``dag`` <NA>) and per DAG.
+    """GPU samples (``job``, ``dag``, ``utilization_gpu``, optional ``seconds``: the time each stands for)
+    -> mean (weighted by ``seconds`` where given) and max per job (``dag`` <NA>) and per DAG.
 
     ``dag_jobs`` maps each DAG to its job (from the ``dag`` points); a DAG it lacks gets job <NA>.
 
@@ -107,16 +110,31 @@ def gpu_during(samples: pd.DataFrame, dag_jobs: dict) -> pd.DataFrame:
     busy = samples[jobtags.busy(samples["dag"])] if not samples.empty else samples
     if busy.empty:
         return _empty(GPU, NO_GPU)
-    busy = busy.assign(**{UTIL: pd.to_numeric(busy[UTIL])})
+    busy = busy.assign(**{UTIL: pd.to_numeric(busy[UTIL])}).dropna(subset=[UTIL])
+    seconds = busy["seconds"] if "seconds" in busy else pd.Series(1.0, index=busy.index)
+    busy = busy.assign(_time=seconds, _area=busy[UTIL] * seconds)
     rows = []
     for column in ("job", "dag"):
-        stats = jobtags.explode(busy[[column, UTIL]], column).groupby(column)[UTIL].agg(["count", "mean", "max"])
-        for number, (count, mean, top) in stats.iterrows():
+        stats = jobtags.explode(busy[[column, UTIL, "_time", "_area"]], column).groupby(column).agg(
+            count=(UTIL, "count"), mean=(UTIL, "mean"), top=(UTIL, "max"), time=("_time", "sum"), area=("_area", "sum"))
+        for number, s in stats.iterrows():
             job = number if column == "job" else dag_jobs.get(number, pd.NA)
-            rows.append({"job": job, "dag": pd.NA if column == "job" else number, "samples": int(count),
-                         "mean_utilization_gpu": mean, "max_utilization_gpu": top})
+            rows.append({"job": job, "dag": pd.NA if column == "job" else number, "samples": int(s["count"]),
+                         "mean_utilization_gpu": s["area"] / s["time"] if s["time"] > 0 else s["mean"],
+                         "max_utilization_gpu": s["top"]})
     out = pd.DataFrame(rows, columns=GPU).astype({"job": "Int64", "dag": "Int64"})
     return out.sort_values(["job", "dag"], na_position="first", kind="stable").reset_index(drop=True)
+
+
+def _timed(frame: pd.DataFrame) -> pd.DataFrame:
+    """One worker's GPU samples with ``seconds``: the time each stands for (:func:`.summary.weights`, per GPU)."""
+    frame = frame.assign(**{UTIL: pd.to_numeric(frame[UTIL])}).sort_values("time", kind="stable")
+    parts = []
+    for _, one in frame.groupby("index", sort=False, dropna=False) if "index" in frame else [(None, frame)]:
+        times = one["time"].to_numpy(dtype="int64")
+        seconds = weights((times - times[0]) / 1e9, one[[UTIL]].to_numpy(dtype=float))[:, 0]
+        parts.append(one.assign(seconds=seconds))
+    return pd.concat(parts)
 
 
 def _only(frame: pd.DataFrame, job: Optional[int]) -> pd.DataFrame:
@@ -153,8 +171,9 @@ class TaskQuestions:
         job = self._check_job(job)
         if UTIL not in self.fields().get(schema.GPU, ()):
             return _empty(GPU, NO_GPU)
-        frames = [self.backend.frame(schema.GPU, [UTIL], w, job) for w in self.workers()]
-        samples = pd.concat([f for f in frames if not f.empty] or [frames[0]], ignore_index=True)
+        # every sample, not the job's only: a sample stands for the time to the next one of its GPU
+        frames = [self.backend.frame(schema.GPU, [UTIL], w) for w in self.workers()]
+        samples = pd.concat([_timed(f) for f in frames if not f.empty] or [frames[0]], ignore_index=True)
         dags = self.dags()
         return _only(gpu_during(samples, dict(zip(dags["dag"], dags["job"]))), job)
 

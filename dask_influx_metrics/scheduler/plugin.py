@@ -29,7 +29,7 @@ import time
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _dask, lineprotocol, schema
-from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, JOBS_PLUGIN, NEW_JOB_OP, SHARED_GPU
+from ..names import ANNOTATION, CUSTOM_METRIC, DESTINATIONS, EVENT_TOPIC, JOBS_PLUGIN, NEW_JOB_OP, SHARED_GPU
 from ..config import Settings
 from .jobs import JobBook
 from ..sinks import HealthWriter, destinations, make_sink
@@ -173,11 +173,15 @@ class JobPlugin(SchedulerPlugin):
         self.sink.send(lineprotocol.encode_many([point]))
 
     def log_event(self, topic, msg) -> None:
-        """Collect the workers' shared-GPU reports (``Monitor.jobs()["shared_gpus"]``) and destinations."""
+        """Collect the workers' shared-GPU reports (``Monitor.jobs()["shared_gpus"]``), destinations and the
+        first failure of each custom metric (the session's ``failed_metrics``: readers name it)."""
         if topic != EVENT_TOPIC or not isinstance(msg, dict):
             return
         if msg.get("what") == DESTINATIONS and self.session is not None and msg.get("session") == self.session["id"]:
             self._record(msg["worker"], {k: v for k, v in msg.items() if k not in ("what", "session", "worker")})
+        elif msg.get("what") == CUSTOM_METRIC and self.session is not None:
+            self.session.setdefault("failed_metrics", {}).setdefault(
+                str(msg.get("metric")), {"worker": msg.get("worker"), "message": msg.get("message")})
         elif msg.get("what") == SHARED_GPU:
             # from the host's agent, relayed by a worker: every worker using the GPU is named
             self.shared_gpus.setdefault((msg.get("host"), msg.get("uuid")), set()).update(

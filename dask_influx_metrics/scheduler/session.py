@@ -27,11 +27,13 @@ logger = logging.getLogger(__name__)
 REPORT_TIMEOUT = 10.0  # s to wait for each worker's report of where its samples go
 
 
-async def start(dask_scheduler, tracking=None) -> dict:
+async def start(dask_scheduler, tracking=None, attached=None) -> dict:
     """Start the session and sampling on every worker; returns the session (``id``, ``start``)
     and ``destinations`` (worker address or ``"scheduler"`` -> where its samples go, see
     :func:`~dask_influx_metrics.sinks.destinations`), logged once here.
 
+    ``attached``: the (overrides, custom metrics payload) of the starting Monitor's own
+    ``attach``, which replace those on record: another client may have attached in between.
     ``tracking`` replaces the tracked metrics given at attach (validated by the
     caller). If a worker cannot set the plugin up, the session is stopped and
     that worker's error raised.
@@ -39,6 +41,8 @@ async def start(dask_scheduler, tracking=None) -> dict:
     plugin = dask_scheduler.plugins.get(JOBS_PLUGIN)
     if plugin is None:
         raise RuntimeError(f"no monitor is attached to {dask_scheduler.address}; call attach() first")
+    if attached is not None and plugin.session is None:
+        plugin.overrides, plugin.worker_payload = dict(attached[0]), attached[1]
     if tracking is not None:
         plugin.overrides["tracking"] = list(tracking)
     session = plugin.start_session()

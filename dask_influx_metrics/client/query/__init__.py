@@ -58,12 +58,14 @@ def to_ns(when) -> Optional[int]:
         raise ValueError(f"not a time: {when!r} (use a datetime, an ISO string or epoch seconds)") from None
 
 
+# How every Dask address starts (tcp://, tls://, inproc://, ucx://): a worker tag without it is another tool's.
+_DASK_ADDRESS = re.compile(r"^[A-Za-z][\w+.-]*://")
 _HOST_PORT = re.compile(r"^[\w.-]+:\d+(/.*)?$|^[a-zA-Z][\w+.-]*://")
 
 
 def connect(source, database: str = "dask_metrics", *, language: str = "influxql", session=None,
             tags=None, start=None, stop=None, retention_policy=None, username=None, password=None,
-            token=None, org=None, timeout: float = 30.0, undelivered=None) -> "Store":
+            token=None, org=None, timeout: float = 30.0, undelivered=None, workers=None) -> "Store":
     """Open collected metrics: an InfluxDB URL (``http(s)://...``) or a spool folder.
 
     ``language`` is ``"influxql"`` (InfluxDB 1.x, 2.x through DBRP, 3.x) or
@@ -73,7 +75,10 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
     ``token``, or ``http://user:password@host``) travel only in the
     ``Authorization`` header; URLs shown anywhere carry none. ``undelivered``: a spool folder whose
     ``undelivered/``, ``refused/`` samples (not in InfluxDB) ``notes`` names; reading never writes them
-    (:meth:`Store.replay_undelivered` does). Raises :class:`QueryError` naming the URL or folder when it
+    (:meth:`Store.replay_undelivered` does). ``workers``: the worker addresses whose series are read
+    (``Monitor.query()`` passes its session's; default: every ``worker`` tag that is a Dask address,
+    ``scheme://...``); ``notes`` names what is skipped (another tool's points). Raises :class:`QueryError`
+    naming the URL or folder when it
     cannot be read. The :class:`Store` holds HTTP connections: ``close()`` it,
     or use it as ``with connect(...) as db:``.
 
@@ -112,7 +117,12 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
 
         backend = SpoolBackend(source, session=session, **window)
     backend.notes.extend(pending_notes(undelivered) if undelivered is not None else ())  # http(s) only
-    return Store(backend, origin_ns=window["start_ns"])
+    return Store(backend, origin_ns=window["start_ns"], workers=workers)
+
+
+def _failed(name: str, failure: dict) -> str:
+    """A custom metric that failed on the workers, in the worker's words (``custom metric 'x' failed: ...``)."""
+    return f"{failure.get('message') or f'custom metric {name!r} failed'} (first report, on {failure.get('worker')})"
 
 
 def _iso(ns: int) -> str:
@@ -138,21 +148,32 @@ class Store(TaskQuestions, HostQuestions):
     #: workers fetched at once by :meth:`worker_tables`
     parallel = 4
 
-    def __init__(self, backend: Backend, origin_ns: Optional[int] = None):
+    def __init__(self, backend: Backend, origin_ns: Optional[int] = None, workers=None):
         self.backend = backend
         self._origin_ns = origin_ns
+        self._own = None if workers is None else set(workers)  # the session's workers, when known
+        self._skipped: list[str] = []  # notes on series skipped as not this session's
         self._workers: Optional[list[str]] = None
         self._fields: Optional[dict] = None
         self.closed = False
+        #: ``{custom metric: {"worker", "message"}}``: its first failure on the workers (``Monitor.query()``)
+        self.failed_metrics: dict[str, dict] = {}
 
     def __repr__(self) -> str:
         return f"<Store {self.backend.language} {self.backend.describe()}>"
 
     @property
     def notes(self) -> list[str]:
-        """One line per thing to read the answers with: corrupt spool lines skipped (file:line),
-        samples taken from (or kept in) ``undelivered/`` or ``refused/``. Empty when there is nothing to say."""
-        return list(self.backend.notes)
+        """One line per thing to read the answers with: corrupt spool lines skipped (file:line), samples taken
+        from (or kept in) ``undelivered/`` or ``refused/``, series skipped, custom metrics that failed on the workers."""
+        return list(self.backend.notes) + self._skipped + [_failed(name, f) for name, f in sorted(self.failed_metrics.items())]
+
+    def ours(self, worker) -> bool:
+        """Whether ``worker`` (a ``worker`` tag) is one whose series this Store reads (see :func:`connect`)."""
+        return worker in self._own if self._own is not None else bool(_DASK_ADDRESS.match(str(worker)))
+
+    def _skip(self, note: str) -> None:
+        self._skipped += [] if note in self._skipped else [note]
 
     def replay_undelivered(self, folder) -> dict:
         """Write what an HTTP sink kept under ``folder`` into this InfluxDB (:func:`~dask_influx_metrics.sinks.replay_folders`)."""
@@ -195,7 +216,12 @@ class Store(TaskQuestions, HostQuestions):
     def workers(self) -> list[str]:
         """Worker addresses in index order (natural sort of the address)."""
         if self._workers is None:
-            self._workers = sorted(self.backend.tag_values("worker"), key=_tables.natural_key)
+            found = self.backend.tag_values("worker")
+            if foreign := sorted(w for w in found if not self.ours(w)):
+                why = "not a worker of this session" if self._own is not None else "not a Dask worker address"
+                self._skip(f"skipped the series of worker tag(s) {foreign[:5]}{' ...' if foreign[5:] else ''} "
+                           f"({why}; another tool's points?)")
+            self._workers = sorted((w for w in found if self.ours(w)), key=_tables.natural_key)
         return list(self._workers)
 
     def worker_map(self) -> dict[int, str]:
@@ -282,6 +308,8 @@ class Store(TaskQuestions, HostQuestions):
         else:
             names = [names] if isinstance(names, str) else list(names)
             unknown = _tables.unknown(names, fields.get(schema.CUSTOM, ()))
+            if failed := [_failed(n, self.failed_metrics[n]) for n in unknown if n in self.failed_metrics]:
+                raise ValueError("; ".join(failed) + f"; no samples of it {self.scope()}")
             if unknown:
                 raise ValueError(f"unknown metric(s) {unknown}; present {self.scope()}: {self.metrics()} (known: "
                                  "tracking names, measurement.field, custom metrics; see `metrics`)")

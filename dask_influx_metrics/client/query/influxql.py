@@ -268,7 +268,9 @@ class InfluxQLBackend:
                           keep_tags=True)
         if frame.empty:
             return empty_frame(fields, "index" in groups)
-        tags = pd.DataFrame([parse_tags(t) for t in frame["tags"].unique()], index=frame["tags"].unique())
+        # a point without any of the group tags (another tool's) has an empty cell: no tags
+        tags = pd.DataFrame([parse_tags(t) if isinstance(t, str) else {} for t in frame["tags"].unique()],
+                            index=frame["tags"].unique())
         for g in groups:
             frame[g] = frame["tags"].map(tags[g] if g in tags.columns else {}).astype(object)
         frame = _dag_from_field(frame.drop(columns="tags"), fields)

@@ -1,14 +1,18 @@
 """User-defined metrics: ``@custom_metric(name, per_device=True)``.
 
-A per-device metric is called as ``fn(worker, handle)`` once per GPU (the NVML
-handle, or the simulated device); a per-worker metric as ``fn(worker,
-handles)`` once per sample. Each must return a real number (not a bool, not
-text). Values land in the ``custom`` measurement, one float field per metric
+A per-device metric (the default, ``per_device=True``) is called as
+``fn(worker, handle)`` once per GPU (the NVML handle, or the simulated device);
+a per-worker metric (``per_device=False``) as ``fn(worker)`` once per sample
+(``fn(worker, handles)``, with every device's handle, is accepted too). The
+signature is checked when decorated and at ``attach``. Names are checked too:
+one that reads back as a built-in metric, a table column or something else is
+refused. Each must return a real number (not a bool, not text). Values land in the ``custom`` measurement, one float field per metric
 name; per-device ones carry the device tags. Each metric runs on a thread of
 its own with a deadline per sample (half the polling interval): one that
 raises, returns something else, or overruns is reported once (log and the
 worker's ``influx-metrics`` event topic, with its name) and skipped for that
-sample; the built-in metrics, the sampler and the worker carry on, and a hung
+sample (the scheduler keeps the first failure of each metric, which readers
+name); the built-in metrics, the sampler and the worker carry on, and a hung
 metric never holds up ``stop()``.
 
 Example
@@ -22,14 +26,17 @@ Example
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import numbers
+import re
 import threading
 import time
 from typing import Callable
 
 from ... import schema
+from ...names import CUSTOM_METRIC
 from ...schema import CUSTOM, Reading
 
 logger = logging.getLogger(__name__)
@@ -40,29 +47,97 @@ class CustomMetric:
 
     def __init__(self, fn: Callable, name: str, per_device: bool):
         self.fn, self.name, self.per_device = fn, name, per_device
+        self.takes_handles = _takes_handles(fn, name, per_device)
         self.__doc__ = getattr(fn, "__doc__", None)
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
 
+    def sample(self, worker, arg):
+        """One call as the sampler makes it: ``arg`` is the device handle (per device) or every
+        device's handles (per worker, passed only to a function that takes them)."""
+        return self.fn(worker, arg) if self.takes_handles else self.fn(worker)
+
     def __repr__(self) -> str:
         return f"custom_metric({self.name!r}, per_device={self.per_device})"
 
 
-def custom_metric(name: str, per_device: bool = True):
-    """Mark ``fn`` as a custom metric called ``name``.
+SIGNATURES = ("the accepted forms: @custom_metric(name) (per_device=True, the default) calls fn(worker, handle) "
+              "once per GPU; @custom_metric(name, per_device=False) calls fn(worker) once per sample "
+              "(fn(worker, handles) also works)")
 
-    >>> @custom_metric("queue-depth", per_device=False)
-    ... def depth(worker, handles):
-    ...     return 3
-    >>> depth
-    custom_metric('queue-depth', per_device=False)
+
+def _takes_handles(fn: Callable, name: str, per_device: bool) -> bool:
+    """Whether ``fn`` gets the second argument; TypeError when it fits neither form of ``per_device``."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have none: called with both arguments, as always
+        return True
+
+    def fits(*args) -> bool:
+        try:
+            signature.bind(*args)
+            return True
+        except TypeError:
+            return False
+
+    if fits(None, None):
+        return True
+    if not per_device and fits(None):
+        return False
+    called = "fn(worker, handle) once per GPU" if per_device else "fn(worker) once per sample"
+    raise TypeError(f"custom metric {name!r} is per_device={per_device}{' (the default)' if per_device else ''}, "
+                    f"so it is called as {called}, but {getattr(fn, '__name__', fn)}{signature} cannot take that; "
+                    f"{SIGNATURES}")
+
+
+# Names a table, the CSV or the readers give another meaning: base and task columns, InfluxQL's time.
+_COLUMNS = frozenset({"job", "dag", "timestamp", "time", "worker", "tasks", "running"})
+# A per-GPU column is ``name[i]``: a name that ends like one reads back as a GPU of another metric.
+_DEVICE_SUFFIX = re.compile(r"\[\d+\]$")
+
+
+def check_name(name) -> str:
+    """``name`` if it reads back as this custom metric and nothing else; ValueError naming why not.
+
+    >>> check_name("compute-util")
+    Traceback (most recent call last):
+    ...
+    ValueError: custom metric name 'compute-util' is a built-in metric name; reads would return the built-in's values. Choose another name
     """
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"custom_metric name must be a non-empty string, got {name!r}")
     if schema.tag_field_collisions(custom_fields=[name]):
         raise ValueError(f"custom_metric name {name!r} is a tag name of the custom measurement "
                          f"{schema.MEASUREMENT_TAGS[schema.CUSTOM]}; InfluxDB 3 refuses a field named like a tag")
+    bad = sorted({c for c in name if ord(c) < 0x20 or ord(c) == 0x7F})
+    measurement = name.split(".", 1)[0] if "." in name else None
+    problem = (
+        "is a built-in metric name; reads would return the built-in's values" if name in schema.TRACKING else
+        f"reads as the field {name!r} of the {measurement!r} measurement ('measurement.field' names a "
+        "built-in field)" if measurement in schema.MEASUREMENT_TAGS else
+        "is a column of every table and CSV file" if name in _COLUMNS else
+        f"contains control character(s) {', '.join(repr(c) for c in bad)}, stored as spaces" if bad else
+        "contains a backslash, which line protocol does not store exactly" if "\\" in name else
+        "ends like a per-GPU column ('name[0]'), so tables and CSV files would read it as a GPU of another metric"
+        if _DEVICE_SUFFIX.search(name) else
+        "has leading or trailing spaces, which CSV readers strip" if name != name.strip() else None)
+    if problem:
+        raise ValueError(f"custom metric name {name!r} {problem}. Choose another name")
+    return name
+
+
+def custom_metric(name: str, per_device: bool = True):
+    """Mark ``fn`` as a custom metric called ``name``: ``fn(worker, handle)`` per GPU (the default),
+    or with ``per_device=False`` ``fn(worker)`` once per sample.
+
+    >>> @custom_metric("queue-depth", per_device=False)
+    ... def depth(worker):
+    ...     return 3
+    >>> depth
+    custom_metric('queue-depth', per_device=False)
+    """
+    check_name(name)
 
     def mark(fn):
         if not callable(fn):
@@ -73,7 +148,8 @@ def custom_metric(name: str, per_device: bool = True):
 
 
 def validate(metrics) -> list[CustomMetric]:
-    """Check a ``custom_metrics=[...]`` list; raise naming the bad entry."""
+    """Check a ``custom_metrics=[...]`` list (``attach``): names and signatures again (an object may
+    have changed since it was decorated); raise naming the bad entry."""
     metrics = list(metrics or [])
     seen = set()
     for m in metrics:
@@ -82,6 +158,8 @@ def validate(metrics) -> list[CustomMetric]:
                 f"custom metric {getattr(m, '__name__', m)!r} is not decorated; "
                 "wrap it with @custom_metric(name, per_device=...)"
             )
+        check_name(m.name)
+        m.takes_handles = _takes_handles(m.fn, m.name, m.per_device)
         if m.name in seen:
             raise ValueError(f"two custom metrics are called {m.name!r}")
         seen.add(m.name)
@@ -97,12 +175,12 @@ class CustomSource:
     its call is still running. ``stop()`` never waits for a call in progress.
     """
 
-    def __init__(self, metrics, worker, devices: Callable[[], list], report: Callable[[str, str], None] | None = None,
+    def __init__(self, metrics, worker, devices: Callable[[], list], report: Callable[..., None] | None = None,
                  timeout: float = 0.1):
         self._metrics = list(metrics)
         self._worker = worker
         self._devices = devices
-        self._report = report or (lambda name, msg: None)
+        self._report = report or (lambda what, msg, **details: None)
         self.timeout = float(timeout)
         self._reported: set[tuple] = set()
         self._runners: dict[str, _Runner] = {}
@@ -169,7 +247,7 @@ class CustomSource:
         if (name, kind) not in self._reported:
             self._reported.add((name, kind))
             logger.warning(message)
-            self._report(name, message)
+            self._report(CUSTOM_METRIC, message, metric=name, problem=kind)  # the scheduler keeps the first
 
 
 class _Runner:
@@ -220,7 +298,7 @@ class _Runner:
             results = []
             for tags, arg in calls:
                 try:
-                    results.append((tags, self.metric.fn(self._worker, arg)))
+                    results.append((tags, self.metric.sample(self._worker, arg)))
                 except Exception as e:
                     results.append((tags, e))
             with self._cond:
