@@ -6,6 +6,7 @@ import pytest
 
 from dask_influx_metrics.sampler import Sampler
 from dask_influx_metrics.schema import Point
+from polling import wait_until
 
 TAGS = {"host": "h", "worker": "w", "job": "1", "dag": "2"}
 
@@ -25,14 +26,6 @@ class ListSink:
 def static(*points):
     """``collect``: the given (measurement, tags, fields), timed at the sample's time."""
     return lambda now_ns: [Point(m, {**TAGS, **tags}, dict(fields), now_ns) for m, tags, fields in points]
-
-
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        threading.Event().wait(0.01)
 
 
 def test_sample_returns_the_collected_points_at_one_time_now():
