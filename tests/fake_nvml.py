@@ -1,6 +1,6 @@
 """A stand-in for the ``pynvml`` module that replays recorded NVML output.
 
-Only the calls ``worker/sources/nvml.py`` makes are implemented, with the real
+Only the calls ``agent/sources/nvml.py`` makes are implemented, with the real
 signatures; constants and exception classes come from the installed pynvml, so
 the code under test catches the exact classes it would on a GPU. Every call is
 counted in ``calls[(function, handle)]``.
