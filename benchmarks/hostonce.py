@@ -80,8 +80,8 @@ def run(quick: bool) -> list[dict]:
     rounds = 50 if quick else 300
     rows = []
     for n in ((2, 8) if quick else (2, 4, 8)):
-        got = common.alternate({"agent": lambda: measure(n, True, rounds), "thread": lambda: measure(n, False, rounds)},
-                               rounds=3)
+        got = common.alternate({"agent": lambda n=n: measure(n, True, rounds),
+                                "thread": lambda n=n: measure(n, False, rounds)}, rounds=3)
         agent = {k: common.median([r[k] for r in got["agent"]]) for k in got["agent"][0]}
         thread = {k: common.median([r[k] for r in got["thread"]]) for k in got["thread"][0]}
         rows += [
