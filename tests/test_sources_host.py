@@ -155,20 +155,21 @@ def test_worker_cpu_percent_like_psutil():
 
 @pytest.fixture
 def sleeper():
-    """A live process other than this one, standing in for a second worker's pid."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    """A live process other than this one, standing in for a second worker's pid; started and asleep."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
     yield psutil.Process(proc.pid)
     proc.kill()
     proc.wait()
+    proc.stdout.close()
 
 
 @pytest.mark.parametrize("procfs", [True, False])
 def test_worker_fields_of_another_process(sleeper, procfs):
     src = HostSource(ALL, pid=sleeper.pid, procfs=procfs)  # the agent reads each worker's process
     try:
-        deadline = time.monotonic() + 5
-        while src.read(WORKER).get("rss", 0) < sleeper.memory_info().rss * 0.5 and time.monotonic() < deadline:
-            time.sleep(0.01)  # the child is still starting up
+        time.sleep(0.05)  # a CPU window of a sleeping process
         fields = src.read(WORKER)
         assert set(fields) == {"cpu_percent", "rss"}
         assert abs(fields["rss"] - sleeper.memory_info().rss) < 1 << 20  # the sleeper's, not this process's
