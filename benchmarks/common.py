@@ -152,7 +152,7 @@ def gpus_label(count: int) -> str:
 
 def skipped_without_nvml(name: str) -> list[dict] | None:
     """One "skipped" row when ``--gpu-source nvml`` was asked for on a machine without an NVML GPU, else None."""
-    from dask_influx_metrics.worker.sources.nvml import nvml_available
+    from dask_influx_metrics.agent.sources.nvml_devices import nvml_available
 
     if gpu_source() != "nvml" or nvml_available():
         return None
@@ -163,39 +163,55 @@ def skipped_without_nvml(name: str) -> list[dict] | None:
 # -- a simulated worker --------------------------------------------------------
 def simulated_worker(sink, gpu_count: int = 8, tracking=None, psutil_reads: bool = True,
                      interval_ms: float | None = None):
-    """(sampler, parts) for one worker: GPUs, host/process, tasks; every metric by default.
+    """(sampler, parts) for one worker sampled as ``sampler.mode: thread`` does: GPUs, host/process, tasks;
+    every metric by default.
 
     The GPUs are ``gpu_count`` simulated devices, or this node's real ones
-    through NVML with ``--gpu-source nvml`` (``gpu_count`` ignored). ``parts``
-    names the sources (``gpu``, ``host``, ``tasks``) and the activity cache.
-    ``interval_ms``: sample at this polling interval with the default
-    ``sampler.host-refresh``, as a worker does; None: back to back, every
-    sample reads the host counters.
+    through NVML with ``--gpu-source nvml`` (``gpu_count`` ignored).
+    ``psutil_reads=False``: no host or worker-process fields. ``parts``:
+    ``activity`` (the cache), ``gpus`` (the backend), ``view`` (the worker),
+    ``host`` (the host source, or None) and ``collector``. ``interval_ms``:
+    sample at this polling interval with the default ``sampler.host-refresh``,
+    as a worker does; None: back to back, every sample reads the host counters.
     """
     from dask_influx_metrics import config, schema
-    from dask_influx_metrics.worker.sampler import Sampler
-    from dask_influx_metrics.worker.sources.activity import CachedActivity, TaskRegistry, TaskSource
-    from dask_influx_metrics.worker.sources.host import HostSource, refresh_seconds
-    from dask_influx_metrics.worker.sources.simulated import SimulatedGpuSource
+    from dask_influx_metrics.agent.collect import HostCollector
+    from dask_influx_metrics.agent.gpus import SimulatedDevices
+    from dask_influx_metrics.agent.sources.host import HostSource, refresh_seconds
+    from dask_influx_metrics.agent.workers import WorkerView
+    from dask_influx_metrics.sampler import Sampler
+    from dask_influx_metrics.worker.registry import CachedActivity, TaskRegistry
 
     reg = TaskRegistry(nthreads=8, managed_bytes=lambda: 3 << 30)
     for i in range(6):
         reg.started(("task", i), 1, 3)
     activity = CachedActivity(reg)
     fields = schema.fields_for(tracking if tracking is not None else schema.TRACKING)
+    if not psutil_reads:
+        fields = frozenset(f for f in fields if f[0] != schema.HOST and f not in PROCESS_FIELDS)
     if gpu_source() == "nvml":
-        from dask_influx_metrics.worker.sources.nvml import NvmlSource
+        from dask_influx_metrics.agent.sources.nvml import NvmlDevices
 
-        gpu = NvmlSource(fields, activity=activity)
+        gpus = NvmlDevices(fields)
     else:
-        gpu = SimulatedGpuSource(gpu_count, fields, activity)
-    parts = {"activity": activity, "gpu": gpu, "tasks": TaskSource(fields, activity)}
+        gpus = SimulatedDevices(gpu_count, fields)
+    info = {"address": TAGS["worker"], "pid": os.getpid(), "tags": {"host": TAGS["host"], "worker": TAGS["worker"]}}
+    view = WorkerView("bench", info, activity, fields, offset=lambda: 0.0)
+    view.uuids = gpus.resolve(view)
     refresh = 0.0 if interval_ms is None else refresh_seconds(config.Settings.resolve({}).host_refresh, interval_ms)
-    if psutil_reads:
-        parts["host"] = HostSource(fields, refresh=refresh)
-    sources = [parts[k] for k in ("gpu", "host", "tasks") if k in parts]
-    return Sampler(sources, sink, lambda: TAGS, interval=(interval_ms or 200) / 1000.0,
-                   before_sample=activity.refresh), parts
+    host_fields = frozenset(f for f in fields if f[0] == schema.HOST)
+    host = HostSource(host_fields, refresh=refresh) if host_fields else None
+    collector = HostCollector(fields, gpus, host)
+
+    def collect(now_ns: int) -> list:
+        activity.refresh()
+        return collector.collect([view], now_ns)
+
+    parts = {"activity": activity, "gpus": gpus, "view": view, "host": host, "collector": collector}
+    return Sampler(collect, sink, interval=(interval_ms or 200) / 1000.0), parts
+
+
+PROCESS_FIELDS = frozenset({("worker", "cpu_percent"), ("worker", "rss")})  # what psutil reads of a worker
 
 
 def sample_lines(gpu_count: int = 8) -> list[bytes]:
@@ -218,24 +234,24 @@ def first_fields(lines: list[bytes]) -> dict:
 
 
 # -- a monitored Dask worker (functions for client.run) -----------------------------
-def has_isolate() -> bool:
-    """Whether the installed package has ``sampler.isolate`` (the sidecar sampler)."""
+def has_sampler_mode() -> bool:
+    """Whether the installed package has ``sampler.mode`` (agent: one sampling process per host)."""
     from dask_influx_metrics import config
 
-    return "isolate" in getattr(config, "KWARGS", {})
+    return "sampler_mode" in getattr(config, "KWARGS", {})
 
 
 def in_worker_costs(dask_worker):
-    """The in-process sampler's CPU seconds per sample (None when a sidecar samples, or none runs)."""
+    """The in-process sampler's CPU seconds per sample (None when the host's agent samples, or none runs)."""
     plugin = dask_worker.plugins.get("influx-metrics")
     sampler = getattr(plugin, "sampler", None)
-    if sampler is None or getattr(plugin, "sidecar", None) is not None:
+    if sampler is None or getattr(plugin, "link", None) is not None:
         return None
     return list(sampler.costs)
 
 
 def worker_cpu_seconds(dask_worker=None) -> float:
-    """CPU seconds (user + system) of this worker process and its live children (a sidecar)."""
+    """CPU seconds (user + system) of this worker process and its live children (an agent it started)."""
     import psutil
 
     me = psutil.Process()

@@ -5,9 +5,8 @@ worker; values and timestamps varied per sample) go through
   * ours: ``lineprotocol.encode_many`` per sample, then ``UdpSink.send``
     (many lines per datagram, up to the default ``telegraf.max-datagram``:
     ``auto``, 65507 bytes to a loopback Telegraf; a row with 1472, the size for
-    a Telegraf on another host), as the default sampler, a sidecar process,
-    does: its sends release the GIL (a last row keeps it, as the worker
-    process's own sends do, ``hold_gil=True``);
+    a Telegraf on another host), as the samplers (the host's agent, or a
+    worker's own thread) do;
   * pytelegraf 0.3.3: ``TelegrafClient.metric(...)`` per point (one datagram
     per point), the baseline;
 each into its own loopback UDP socket drained and counted by a separate
@@ -51,11 +50,11 @@ def make_samples(n_points: int, tracking=None) -> list:
             for i in range(n_samples)]
 
 
-def ours(samples, address, max_datagram=None, hold_gil=False) -> tuple[float, object]:
+def ours(samples, address, max_datagram=None) -> tuple[float, object]:
     from dask_influx_metrics import lineprotocol
     from dask_influx_metrics.sinks.udp import UdpSink
 
-    sink = UdpSink(address, max_datagram=max_datagram, hold_gil=hold_gil)
+    sink = UdpSink(address, max_datagram=max_datagram)
     t0 = time.perf_counter()
     for points in samples:
         sink.send(lineprotocol.encode_many(points))
@@ -94,12 +93,12 @@ def pytelegraf_unparsable(points) -> int:
     return bad
 
 
-def compare(samples, rounds: int, max_datagram=None, hold_gil=False) -> dict:
+def compare(samples, rounds: int, max_datagram=None) -> dict:
     """Alternated runs of both clients over ``samples``; rates, counters, what arrived."""
     n = sum(map(len, samples))
     with common.Drain() as ours_rx, common.Drain() as tele_rx:
         runs = common.alternate({
-            "ours": lambda: ours(samples, ours_rx.address, max_datagram, hold_gil),
+            "ours": lambda: ours(samples, ours_rx.address, max_datagram),
             "pytelegraf": lambda: pytelegraf(samples, tele_rx.address),
         }, rounds)
         got_ours, got_tele = ours_rx.counts(), tele_rx.counts()
@@ -112,15 +111,14 @@ def compare(samples, rounds: int, max_datagram=None, hold_gil=False) -> dict:
 
 def run(quick: bool = False) -> list[dict]:
     n_points, rounds = (20_000, 2) if quick else (50_000, 15)
-    # (shape, tracking, max_datagram, hold_gil): the default telegraf.max-datagram (auto: 65507 on loopback, where
-    # a node-local Telegraf listens) sent as the sidecar sends; then 1472, what auto picks for a Telegraf on another
-    # host; then sends that keep the GIL, as in the worker process (isolate: false, or the task stream's points)
-    shapes = [("every metric", None, None, False), ("compute-util only", ["compute-util"], None, False),
-              ("every metric", None, 1472, False), ("every metric", None, None, True)]
+    # (shape, tracking, max_datagram): the default telegraf.max-datagram (auto: 65507 on loopback, where
+    # a node-local Telegraf listens); then 1472, what auto picks for a Telegraf on another host
+    shapes = [("every metric", None, None), ("compute-util only", ["compute-util"], None),
+              ("every metric", None, 1472)]
     rows = []
-    for shape, tracking, max_datagram, hold_gil in shapes:
+    for shape, tracking, max_datagram in shapes:
         samples = make_samples(n_points, tracking)
-        r = compare(samples, rounds, max_datagram, hold_gil)
+        r = compare(samples, rounds, max_datagram)
         ours_rate, tele_rate = common.median(r["ours"]), common.median(r["pytelegraf"])
         paired = common.median([a / b for a, b in zip(r["ours"], r["pytelegraf"])])
         fields = sum(len(p.fields) for p in samples[0]) / len(samples[0])
@@ -128,8 +126,7 @@ def run(quick: bool = False) -> list[dict]:
         main = not rows
         rows.append(common.row(
             NAME, f"points/s, encode + UDP send, ours vs pytelegraf 0.3.3 ({shape}: {fields:.1f} fields/point"
-            + (f", max-datagram {max_datagram}" if max_datagram else ", max-datagram auto = 65507")
-            + (", sends keep the GIL)" if hold_gil else ")"),
+            + (f", max-datagram {max_datagram})" if max_datagram else ", max-datagram auto = 65507)"),
             ours_rate, "points/s", baseline=tele_rate,
             target=f">= {TARGET:.0f}x" if main else None, met=(ours_rate / tele_rate >= TARGET) if main else None,
             notes=(f"median of {rounds} alternated runs of {r['n']:,} points ({len(samples[0])}-line samples), "

@@ -6,11 +6,11 @@ UDP) while both threads run GIL-holding pure Python. The gaps are
 measured from the data: a separate process receives the datagrams and takes
 the timestamps of the ``gpu`` index-0 points, one per sample, so any sampler
 implementation is measured the same way. Configurations, alternated on the
-same cluster: every metric in the default configuration (a sidecar process
-samples: ``sampler.isolate`` true) at 200 ms and at 50 ms; the same with the
-in-process sampler (``isolate=False``, the default before), and every metric
+same cluster: every metric in the default configuration (the host's sampling
+agent, a separate process: ``sampler.mode: agent``) at 200 ms and at 50 ms; the
+same with the in-process sampler (``sampler_mode="thread"``), and every metric
 but the host and worker-process ones in-process at 200 ms. A package without
-``sampler.isolate`` runs its default in-process rows only. Baseline in the same
+``sampler.mode`` runs its default in-process rows only. Baseline in the same
 run: every metric with the worker idle (default configuration). Target: p99 gap
 <= interval + 25 ms in the default configuration.
 
@@ -91,12 +91,13 @@ def run(quick: bool = False) -> list[dict]:
         return skipped
     duration, rounds = (3.0, 1) if quick else (12.0, 2)
     idle_duration = 2.0 if quick else 8.0
-    configs = {"@200 ms, all metrics, default (sidecar)": {}, "@50 ms, all metrics, default (sidecar)": {"interval_ms": 50}}
-    if common.has_isolate():
+    configs = {"@200 ms, all metrics, default (agent)": {}, "@50 ms, all metrics, default (agent)": {"interval_ms": 50}}
+    if common.has_sampler_mode():
+        thread = {"sampler_mode": "thread"}
         configs.update({
-            "@200 ms, all metrics, isolate=False (in-process)": {"isolate": False},
-            "@50 ms, all metrics, isolate=False (in-process)": {"interval_ms": 50, "isolate": False},
-            "@200 ms, without host/process reads, isolate=False": {"tracking": no_psutil_tracking(), "isolate": False}})
+            "@200 ms, all metrics, sampler_mode=thread (in-process)": thread,
+            "@50 ms, all metrics, sampler_mode=thread (in-process)": {"interval_ms": 50, **thread},
+            "@200 ms, without host/process reads, sampler_mode=thread": {"tracking": no_psutil_tracking(), **thread}})
     else:  # an older package: its default is the in-process sampler
         configs = {"@200 ms, all metrics (in-process)": {}, "@50 ms, all metrics (in-process)": {"interval_ms": 50},
                    "@200 ms, without host/process reads": {"tracking": no_psutil_tracking()}}
@@ -112,7 +113,7 @@ def run(quick: bool = False) -> list[dict]:
         limit = interval + SLACK_MS
         s = summary(results, interval)
         first = not rows
-        default = "isolate=" not in name
+        default = "sampler_mode=" not in name
         rows.append(common.row(
             NAME, f"p99 gap, busy, {name}", s["p99_gap_ms"], "ms", baseline=idle["p99_gap_ms"],
             target=f"<= {limit} ms" if default else None, met=s["p99_gap_ms"] <= limit if default else None,

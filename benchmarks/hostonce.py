@@ -1,15 +1,17 @@
-"""Host readings per node: ``sampler.host-once`` (the default) vs off, N workers on one host.
+"""Host readings per node: one sampling agent per host (``sampler.mode: agent``, the default) vs each
+worker sampling itself (``sampler.mode: thread``), N workers on one host.
 
-N samplers of one host and session (built by ``build_sampler``, as each worker's
-plugin does; every metric, no GPU source, a sink that drops the lines) take R
-rounds of one sample each, back to back. Per round (one polling interval) it
-counts the ``host`` points written on the node (the host series written per
-interval: one per writing worker), the host counter reads (one per sampler that
-read ``/proc/stat``, ``/proc/meminfo``, disk and net counters), and the thread
-CPU of all N samples together (the host's writer also reads its peers' activity:
-one ``listdir`` and one buffer read per peer). Samplers of one process stand in
-for worker processes (each publishes its own file; the host lock is per open
-file, so only one of them holds it). Informational: no target.
+Agent: one :class:`~dask_influx_metrics.agent.collect.HostCollector` over the N
+workers (as the agent builds it: one ``host`` source, one view per worker).
+Thread: N collectors of one worker each (as each worker's in-process sampler
+builds it). Every metric, no GPU source; R rounds of one sample of every worker,
+back to back. Per round (one polling interval) it counts the ``host`` points
+written on the node (the host series written per interval), the host counter
+reads (``/proc/stat``, ``/proc/meminfo``, disk and net counters) and the thread
+CPU of collecting all N workers. Worker views of this process stand in for
+worker processes (each reads its own ``/proc/<pid>`` files). Informational: no
+target. (Before the agent this compared ``sampler.host-once`` on and off, with
+N samplers built by ``worker/build.py`` and a host lock among them.)
 
 Run: ``.venv/bin/python -m benchmarks.hostonce [--quick]``.
 """
@@ -18,53 +20,59 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 
 from benchmarks import common
-from dask_influx_metrics.config import Settings
-from dask_influx_metrics.schema import HOST
-from dask_influx_metrics.worker.build import build_sampler
-from dask_influx_metrics.worker.sources.activity import CachedActivity, TaskRegistry
-from dask_influx_metrics.worker.sources.host import HostSource
+from dask_influx_metrics.agent.collect import HostCollector
+from dask_influx_metrics.agent.sources.host import HostSource
+from dask_influx_metrics.agent.workers import WorkerView
+from dask_influx_metrics.schema import HOST, TRACKING, fields_for
+from dask_influx_metrics.worker.registry import CachedActivity, TaskRegistry
 
 NAME = "hostonce"
 
 
-class _Drop:
-    def send(self, lines):
-        pass
-
-    def close(self):
-        pass
-
-
-def measure(n: int, host_once: bool, rounds: int) -> dict:
-    """Per round: host points, host counter reads, thread CPU (us) of the N samples."""
-    settings = Settings.resolve({"gpu.source": "none", "sampler.host-once": host_once, "sink": "udp"})
-    session = f"bench-hostonce-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    samplers, reads = [], [0]
+def _views(n: int, fields: frozenset) -> list[WorkerView]:
+    views = []
     for i in range(n):
         registry = TaskRegistry(nthreads=2)
-        registry.started(("task", i), job=1 + i % 2, dag=1 + i)  # every worker busy: tags change per worker
-        sampler, _ = build_sampler(settings, session, f"tcp://10.0.0.1:{i}", {"host": "node", "worker": f"w{i}"},
-                                   CachedActivity(registry), clock_offset=lambda: 0.0, report=print, sink=_Drop())
-        host = next(s for s in sampler.sources if isinstance(s, HostSource))
-        call = host._calls[(HOST, "memory")]  # one group stands for the host read (all groups read together)
-        host._calls[(HOST, "memory")] = lambda call=call: reads.__setitem__(0, reads[0] + 1) or call()
-        samplers.append(sampler)
+        registry.started(("task", i), job=1 + i % 2, dag=1 + i)  # every worker busy: tags differ per worker
+        info = {"address": f"tcp://10.0.0.1:{i}", "pid": os.getpid(), "tags": {"host": "node", "worker": f"w{i}"}}
+        views.append(WorkerView(str(i), info, CachedActivity(registry), fields, offset=lambda: 0.0))
+    return views
+
+
+def _counted_host(fields: frozenset, reads: list) -> HostSource:
+    host = HostSource(frozenset(f for f in fields if f[0] == HOST))
+    call = host._calls[(HOST, "memory")]  # one group stands for the host read (all groups read together)
+    host._calls[(HOST, "memory")] = lambda: reads.__setitem__(0, reads[0] + 1) or call()
+    return host
+
+
+def measure(n: int, agent: bool, rounds: int) -> dict:
+    """Per round: host points, host counter reads, thread CPU (us) of collecting the N workers."""
+    fields = fields_for(TRACKING)
+    views, reads = _views(n, fields), [0]
+    if agent:
+        groups = [(HostCollector(fields, None, _counted_host(fields, reads)), views)]
+    else:
+        groups = [(HostCollector(fields, None, _counted_host(fields, reads)), [v]) for v in views]
     points, cpu = 0, 0.0
     try:
-        for s in samplers:  # warm up: the lock is taken, files opened
-            s.sample()
+        for collector, members in groups:  # warm up: files opened, CPU windows primed
+            collector.collect(members, time.time_ns())
         reads[0] = 0
         for _ in range(rounds):
-            for s in samplers:
-                t0 = time.thread_time()
-                points += sum(p.measurement == HOST for p in s.sample())
-                cpu += time.thread_time() - t0
+            t0 = time.thread_time()
+            for view in views:
+                view.activity.refresh()
+            for collector, members in groups:
+                points += sum(p.measurement == HOST for p in collector.collect(members, time.time_ns()))
+            cpu += time.thread_time() - t0
     finally:
-        for s in samplers:
-            s.stop()
+        for collector, _ in groups:
+            collector.host.close()
+        for view in views:
+            view.close()
     return {"host_points": points / rounds, "host_reads": reads[0] / rounds, "cpu_us": cpu / rounds * 1e6}
 
 
@@ -72,18 +80,18 @@ def run(quick: bool) -> list[dict]:
     rounds = 50 if quick else 300
     rows = []
     for n in ((2, 8) if quick else (2, 4, 8)):
-        got = common.alternate({"on": lambda: measure(n, True, rounds), "off": lambda: measure(n, False, rounds)},
-                               rounds=3)
-        on = {k: common.median([r[k] for r in got["on"]]) for k in got["on"][0]}
-        off = {k: common.median([r[k] for r in got["off"]]) for k in got["off"][0]}
+        got = common.alternate({"agent": lambda n=n: measure(n, True, rounds),
+                                "thread": lambda n=n: measure(n, False, rounds)}, rounds=3)
+        agent = {k: common.median([r[k] for r in got["agent"]]) for k in got["agent"][0]}
+        thread = {k: common.median([r[k] for r in got["thread"]]) for k in got["thread"][0]}
         rows += [
-            common.row(NAME, f"{n} workers on one host: host points (= series) written per interval, host-once vs off",
-                       on["host_points"], "points", baseline=off["host_points"]),
-            common.row(NAME, f"{n} workers on one host: host counter reads per interval, host-once vs off",
-                       on["host_reads"], "reads", baseline=off["host_reads"]),
-            common.row(NAME, f"{n} workers on one host: sampler CPU per interval, all workers, host-once vs off",
-                       round(on["cpu_us"]), "us", baseline=round(off["cpu_us"]),
-                       notes="every metric, no GPU; the writer also reads its peers' activity"),
+            common.row(NAME, f"{n} workers on one host: host points (= series) written per interval, agent vs thread",
+                       agent["host_points"], "points", baseline=thread["host_points"]),
+            common.row(NAME, f"{n} workers on one host: host counter reads per interval, agent vs thread",
+                       agent["host_reads"], "reads", baseline=thread["host_reads"]),
+            common.row(NAME, f"{n} workers on one host: sampling CPU per interval, all workers, agent vs thread",
+                       round(agent["cpu_us"]), "us", baseline=round(thread["cpu_us"]),
+                       notes="every metric, no GPU; collecting only (no encode, no send)"),
         ]
     return rows
 

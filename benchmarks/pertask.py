@@ -2,10 +2,10 @@
 
 1. ``Publisher.started`` + ``ended`` (shared memory, what the default configuration adds to
    ``transition``): thread CPU per task, tasks one after another as on a 1-thread worker, a
-   simulated sidecar sample (``SnapshotReader.refresh``, untimed) every ``EVERY`` tasks; and
-   its parts alone: one ``publish``, one ``read_beat``, one ``acked()``.
+   simulated agent sample (``SnapshotReader.refresh`` and ``write_beat``, untimed) every ``EVERY``
+   tasks; and its parts alone: one ``publish``, one beat read (``BeatReader``), one ``acked()``.
 2. ``transition()`` on a real worker: a LocalCluster of 1 worker process (1 thread), monitor on at
-   50 ms, default (sidecar) vs ``isolate=False``, worker CPU of one task's 5 transitions
+   50 ms, default (agent) vs ``sampler_mode="thread"``, worker CPU of one task's 5 transitions
    (:func:`benchmarks.workerside._per_task_us`), 3 alternated rounds.
 3. The task stream on its sampler thread, per point: records -> points (``TaskStream.points``),
    line protocol, UDP send.
@@ -20,23 +20,28 @@ import time
 
 from benchmarks import common
 
-EVERY = 50  # tasks between two simulated sidecar samples
+EVERY = 50  # tasks between two simulated agent samples
 KEY = ("bench-0123456789abcdef", 0)
 
 
 def publisher(n: int = 20_000, rounds: int = 7) -> dict:
-    from dask_influx_metrics.worker.shared import BEAT_BYTES, Publisher, SnapshotBuffer, SnapshotReader, read_beat
+    from dask_influx_metrics.snapshot import (
+        BEAT_BYTES, BeatReader, Publisher, SnapshotBuffer, SnapshotReader, write_beat,
+    )
 
     buf, beat = SnapshotBuffer.create(), SnapshotBuffer.create(BEAT_BYTES)
     try:
-        pub = Publisher(buf, beat, nthreads=1)
-        reader = SnapshotReader(buf, beat)
+        beat_reader = BeatReader(beat, "w")
+        pub = Publisher(buf, beat_reader.acked, nthreads=1)
+        reader = SnapshotReader(buf)
         per_task = []
         for r in range(rounds):
             spent = 0
             for i in range(n):
-                if i % EVERY == 0:
+                if i % EVERY == 0:  # the agent's sample: the snapshot, then the beat acknowledging it
                     reader.refresh()
+                    write_beat(beat, {"pid": 1, "samples": r * n + i, "extra": 0, "time": time.monotonic(),
+                                      "acked": {"w": reader.acked}, "counters": [], "reports": []})
                 key = (KEY[0], r * n + i)
                 t = time.thread_time_ns()
                 pub.started(key, 1, 3)
@@ -44,7 +49,7 @@ def publisher(n: int = 20_000, rounds: int = 7) -> dict:
                 spent += time.thread_time_ns() - t
             per_task.append(spent / n / 1000)
         return {"started+ended": common.median(per_task), "publish": common.cpu_us(pub.publish, 20_000),
-                "read_beat": common.cpu_us(lambda: read_beat(beat), 20_000),
+                "read_beat": common.cpu_us(lambda: BeatReader(beat, "w")(), 20_000),
                 "acked()": common.cpu_us(pub.acked, 20_000), "runs": per_task}
     finally:
         buf.close()
@@ -57,7 +62,7 @@ def transitions(rounds: int = 3) -> dict:
     from benchmarks.workerside import _per_task_us
     from dask_influx_metrics import Monitor
 
-    variants = {"default (sidecar)": {}, "isolate=False": {"isolate": False}}
+    variants = {"default (agent)": {}, "sampler_mode=thread": {"sampler_mode": "thread"}}
     with common.Drain() as rx, LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                                             dashboard_address=None) as cluster, Client(cluster) as client:
         def one(settings):

@@ -7,8 +7,8 @@ does not notice); split into read, encode, send, with the psutil
 same run: the same sample with only the tasks source. A cProfile of the
 sampling loop (top functions by cumulative time) is printed and kept in the
 JSON ``details``. Then what the worker *process* pays per sample in the default
-configuration (a sidecar samples; the worker publishes its task changes) and
-in-process, against the same floor, and the sidecar's own cost
+configuration (the host's agent samples; the worker publishes its task changes) and
+in-process (``sampler.mode: thread``), against the same floor, and the agent's own cost
 (:mod:`benchmarks.workerside`).
 
 Run: ``.venv/bin/python -m benchmarks.sampler [--quick]`` (cost only), or
@@ -46,22 +46,29 @@ def _udp_sink():
 
 def cost_table(n: int = 2000) -> tuple[dict, dict]:
     """({row: median CPU us}, details) for the full sample and its parts."""
-    from dask_influx_metrics import lineprotocol
-    from dask_influx_metrics.worker.sources.activity import TaskSource
+    from dask_influx_metrics import lineprotocol, schema
+    from dask_influx_metrics.agent.sources.host import HostSource
 
     receiver, sink = _udp_sink()
     try:
         full, parts = common.simulated_worker(sink)
         no_psutil, _ = common.simulated_worker(sink, psutil_reads=False)
-        tasks_only, _ = common.simulated_worker(sink)
-        tasks_only.sources = [s for s in tasks_only.sources if isinstance(s, TaskSource)]
+        tasks_only, _ = common.simulated_worker(sink, tracking=["tasks", "worker-mem"], psutil_reads=False)
         points = full.sample()
         lines = lineprotocol.encode_many(points)
-        host = parts["host"]
+        gpus, uuids = parts["gpus"], parts["view"].uuids
+        # the host and the worker process as the sample reads them, in one source (each group apart below)
+        host = HostSource(schema.fields_for(schema.TRACKING))
+
+        def read_gpus():
+            gpus.start_sample()
+            return [gpus.read(u) for u in uuids]
+
         rows = {
             "read (all sources)": common.cpu_us(full.sample, n),
-            f"  of which {common.gpus_label(8)}": common.cpu_us(parts["gpu"].read, n),
-            "  of which host + process (psutil)": common.cpu_us(host.read, n),
+            f"  of which {common.gpus_label(8)}": common.cpu_us(read_gpus, n),
+            "  of which host + process (psutil)": common.cpu_us(
+                lambda: (host.read(schema.HOST), host.read(schema.WORKER)), n),
             "encode": common.cpu_us(lambda: lineprotocol.encode_many(points), n),
             "send (UDP)": common.cpu_us(lambda: sink.send(lines), n),
             "total per sample": common.cpu_us(full.sample_and_send, n),
@@ -70,6 +77,7 @@ def cost_table(n: int = 2000) -> tuple[dict, dict]:
         }
         # each psutil group alone (HostSource keeps them in ``_calls``; benchmark-only peek)
         psutil_calls = {"/".join(key): common.cpu_us(call, n) for key, call in host._calls.items()}
+        host.close()
     finally:
         receiver.close()
     return rows, {"lines_per_sample": len(lines), "bytes_per_sample": sum(map(len, lines)),

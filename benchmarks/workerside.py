@@ -2,13 +2,13 @@
 
 A LocalCluster of one worker process (1 thread), idle, sampled at 50 ms (8
 simulated GPUs, every metric, UDP into a bound loopback socket nobody reads),
-in rotation: monitor off; the default configuration (a sidecar process samples,
-the worker keeps a thread for the task stream); the same without the task
-stream and fine metrics (the worker only publishes); and in-process
-(``isolate=False``). The worker's CPU is the sum over its threads of
+in rotation: monitor off; the default configuration (the host's sampling agent,
+a separate process, samples; the worker keeps a thread for the task stream); the
+same without the task stream and fine metrics (the worker only publishes); and
+in-process (``sampler_mode="thread"``). The worker's CPU is the sum over its threads of
 ``/proc/<pid>/task/<tid>/schedstat`` (ns), over ``seconds`` per variant, so a
 variant's cost per sample is (its CPU - the off median) / its samples. The
-sidecar's own CPU per sample is taken the same way from its pid. Per task: the
+agent's own CPU per sample is taken the same way from its pid. Per task: the
 worker CPU of ``WorkerPlugin.transition`` for the 5 transitions of one task
 (two start or end an execution), batches of 100 tasks 20 ms apart on the
 monitored worker, timed inside it.
@@ -43,12 +43,13 @@ def process_cpu_ns(pid: int) -> int:
 
 
 def _probe(dask_worker) -> tuple[int, int | None]:
-    """(samples taken for this worker so far, sidecar pid or None)."""
+    """(samples taken for this worker so far, the sampling agent's pid or None)."""
     plugin = dask_worker.plugins.get("influx-metrics")
     if plugin is None:
         return 0, None
-    if getattr(plugin, "sidecar", None) is not None:
-        return plugin.sidecar.stats()["samples"], plugin.sidecar.pid
+    if getattr(plugin, "link", None) is not None:  # the host's agent samples: its beat counts
+        beat = plugin.link.beat() or {}
+        return beat.get("samples", 0), beat.get("pid")
     return (plugin.sampler.samples if plugin.sampler is not None else 0), None
 
 
@@ -75,14 +76,14 @@ def _variants() -> dict:
     from dask_influx_metrics import schema
 
     no_stream = [t for t in schema.TRACKING if t not in ("task-stream", "fine-metrics")]
-    out = {"off": None, "default (sidecar)": {}, NO_STREAM: {"tracking": no_stream}}
-    if common.has_isolate():
-        out["isolate=False (in-process)"] = {"isolate": False}
+    out = {"off": None, "default (agent)": {}, NO_STREAM: {"tracking": no_stream}}
+    if common.has_sampler_mode():
+        out["sampler_mode=thread (in-process)"] = {"sampler_mode": "thread"}
     return out
 
 
 def measure(seconds: float, rounds: int) -> dict:
-    """{variant: [(worker us per sample, sidecar us per sample or None, worker us per task or None), ...]}."""
+    """{variant: [(worker us per sample, agent us per sample or None, worker us per task or None), ...]}."""
     from distributed import Client, LocalCluster
 
     from dask_influx_metrics import Monitor
@@ -129,19 +130,19 @@ def rows(name: str, floor: float, quick: bool) -> list[dict]:
     out = []
     for variant, results in runs.items():
         worker = common.median([w for w, _, _ in results])
-        default = variant == "default (sidecar)"
-        sidecar = [s for _, s, _ in results if s is not None]
+        default = variant == "default (agent)"
+        agent = [s for _, s, _ in results if s is not None]
         task = [t for _, _, t in results if t is not None]
         out.append(common.row(
             name, f"worker process pays per sample @50 ms, idle worker, {variant}, vs floor", worker, "us",
             baseline=floor, target="<= 3x floor" if default else None, met=worker <= 3 * floor if default else None,
             notes=(f"(worker CPU - monitor off) / samples; runs {', '.join(f'{w:.0f}' for w, _, _ in results)} us; "
                    f"{rounds}x{seconds:.0f} s alternated with monitor off"
-                   + (f"; sidecar's own CPU {common.median(sidecar):.0f} us per sample" if sidecar else "")
+                   + (f"; the agent's own CPU {common.median(agent):.0f} us per sample" if agent else "")
                    + (f"; transition() {common.median(task):.1f} us worker CPU per task (5 transitions)" if task
                       else ""))))
-        if sidecar and default:
-            out.append(common.row(name, "sidecar process CPU per sample @50 ms (informational)",
-                                  common.median(sidecar), "us", baseline=floor,
+        if agent and default:
+            out.append(common.row(name, "sampling agent process CPU per sample @50 ms (informational)",
+                                  common.median(agent), "us", baseline=floor,
                                   notes=f"every metric, {common.gpus_label(8)}; its own process, out of the worker's GIL"))
     return out

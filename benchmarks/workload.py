@@ -4,19 +4,20 @@ A LocalCluster of 2 worker processes (1 thread each) runs the same workload
 (many small tasks, then a few dask.array operations) with the monitor off,
 on at 200 ms and on at 50 ms in the default configuration (every metric, 8
 simulated GPUs per worker, UDP to a loopback socket that a separate process
-drains and counts; a sidecar process per worker samples where the package has
-``sampler.isolate``), attached but not started (the scheduler plugin tags every
+drains and counts; one sampling agent process per host samples where the package
+has ``sampler.mode``), attached but not started (the scheduler plugin tags every
 task, nothing samples: the per-task part of the cost), plus on at 200 ms with
-``isolate=False`` (the in-process sampler) for comparison, in rotation,
+``sampler_mode="thread"`` (the in-process sampler) for comparison, in rotation,
 ``rounds`` times, on the same cluster. Only the workload is timed;
 attach/start and shutdown (stop + detach) happen outside the timed region.
 Reported: medians per mode and their ratio to "off", the median of the
-per-round ratios, the CPU seconds the worker processes (and their children, a
-sidecar among them) used, and the samples that arrived. Target: at most 2 %
+per-round ratios, the CPU seconds the worker processes (and their children, the
+agent among them: the first worker of the session starts it) used, and the samples
+that arrived. Target: at most 2 %
 slower at 200 ms.
 
 Second, 4,000 short pure-Python tasks (``short_tasks``), monitor off vs on at
-50 ms in the default configuration, and in-process (``isolate=False``),
+50 ms in the default configuration, and in-process (``sampler_mode="thread"``),
 alternated on the same cluster. Informational: this measures the per-task costs
 of monitoring (``transition()``, the task stream's point per task), not what
 the target below is about.
@@ -26,8 +27,8 @@ task per round on a LocalCluster of ONE worker process with 1 thread (the
 machine's other core stays free, as a GPU node has spare cores beside each
 GPU's worker) running a tight loop of ``LAUNCHES`` calls of a tiny pure-Python
 function (the "kernel launches", ~2 s in all, timed inside the task); monitor
-off vs on at 50 ms in the default configuration (sidecar) vs on at 50 ms
-``isolate=False``, every metric, 1 simulated GPU, UDP to a drained loopback
+off vs on at 50 ms in the default configuration (agent) vs on at 50 ms
+``sampler_mode="thread"``, every metric, 1 simulated GPU, UDP to a drained loopback
 socket; ``LAUNCH_ROUNDS`` alternated rounds. What it measures: how much the
 monitor slows one busy task thread (GIL hand-offs, the worker's own sampling
 thread), as the 1.040x measured on an H100 with the old in-process sampler did.
@@ -170,9 +171,9 @@ def run(quick: bool = False) -> list[dict]:
     modes = {"off": {}, "on @200 ms": {"interval_ms": 200}, "on @50 ms": {"interval_ms": 50},
              "attached only (no sampling)": {"interval_ms": 200, "start": False}}
     short_modes = {"off": {}, "on @50 ms": {"interval_ms": 50}}
-    if common.has_isolate():
-        modes["on @200 ms, isolate=False"] = {"interval_ms": 200, "isolate": False}
-        short_modes["on @50 ms, isolate=False"] = {"interval_ms": 50, "isolate": False}
+    if common.has_sampler_mode():
+        modes["on @200 ms, sampler_mode=thread"] = {"interval_ms": 200, "sampler_mode": "thread"}
+        short_modes["on @50 ms, sampler_mode=thread"] = {"interval_ms": 50, "sampler_mode": "thread"}
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         monitored(client, sizes, 200)  # warm-up: imports, plugin pickles, BLAS

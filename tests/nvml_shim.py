@@ -1,7 +1,7 @@
 """``import pynvml`` in a child process replays the recorded H100 shared by two processes.
 
 :func:`replay_env` writes a ``pynvml.py`` shim and returns the environment that
-puts it first on ``PYTHONPATH``: a sidecar, a worker or a benchmark started with
+puts it first on ``PYTHONPATH``: a sampling agent, a worker or a benchmark started with
 it reads ``tests/data/nvml_h100_shared.json`` through ``tests/fake_nvml.py``,
 with the recorded 'matmul' process (pid 425, 4682 MiB) standing for
 ``worker_pid``.
@@ -29,7 +29,7 @@ for procs in fake.devices[0]["compute_processes"]:
     for p in procs:
         if p["pid"] == 425:
             p["pid"] = int(os.environ["FAKE_NVML_WORKER_PID"])
-sys.modules["pynvml"] = fake  # what `import pynvml` returns to the sidecar
+sys.modules["pynvml"] = fake  # what `import pynvml` returns to the agent
 '''
 
 

@@ -22,7 +22,7 @@ def test_quick_benchmarks_run(tmp_path):
 
 
 def test_gpu_source_nvml_runs_or_skips_cleanly(tmp_path):
-    from dask_influx_metrics.worker.sources.nvml import nvml_available
+    from dask_influx_metrics.agent.sources.nvml_devices import nvml_available
 
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "sampler", "--gpu-source", "nvml",
@@ -37,7 +37,7 @@ def test_gpu_source_nvml_runs_or_skips_cleanly(tmp_path):
 
 def test_gpu_source_nvml_reads_the_replayed_h100(tmp_path):
     """``--gpu-source nvml`` end to end where NVML answers as the recorded H100 did: the sampler and gaps
-    benchmarks sample it (the benchmark process, its workers and their sidecars all import the shim).
+    benchmarks sample it (the benchmark process, its workers and their agent all import the shim).
     ``workload`` builds its monitors with the same ``common.gpu_settings()`` as ``gaps``; run by hand
     (~70 s more) it passes too."""
     from nvml_shim import replay_env

@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from dask_influx_metrics.worker import clock
-from dask_influx_metrics.worker.clock import SteadyOffset
+from dask_influx_metrics import clock
+from dask_influx_metrics.clock import SteadyOffset
 
 
 class Fake:

@@ -54,6 +54,67 @@ def test_bad_settings_name_the_key(overrides, message):
         Settings.resolve(overrides)
 
 
+@pytest.mark.parametrize("overrides, mode", [
+    ({}, "agent"),
+    ({"sampler.mode": "thread"}, "thread"),
+    ({"sampler.mode": "agent"}, "agent"),
+    (overrides_from_kwargs(sampler_mode="thread"), "thread"),
+])
+def test_sampler_mode_is_agent_or_thread(overrides, mode):
+    assert Settings.resolve(overrides).sampler_mode == mode
+
+
+def test_sampler_mode_from_an_environment_variable(monkeypatch):
+    monkeypatch.setenv("DASK_INFLUX_METRICS__SAMPLER__MODE", "thread")
+    dask.config.refresh()
+    try:
+        assert Settings.resolve().sampler_mode == "thread"
+    finally:
+        monkeypatch.delenv("DASK_INFLUX_METRICS__SAMPLER__MODE")
+        dask.config.refresh()
+
+
+def test_unknown_sampler_mode_names_the_key_and_the_choices():
+    with pytest.raises(ValueError, match=re.escape(
+            "influx-metrics.sampler.mode must be one of ('agent', 'thread'), got 'sidecar'")):
+        Settings.resolve({"sampler.mode": "sidecar"})
+
+
+REMOVED = "influx-metrics.{} was removed; use influx-metrics.sampler.mode"
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"sampler.isolate": False}, "sampler.isolate"),
+    ({"sampler.isolate": True}, "sampler.isolate"),
+    ({"sampler.host-once": True}, "sampler.host-once"),
+    ({"sampler.host_once": False}, "sampler.host-once"),
+])
+def test_removed_sampler_settings_as_overrides_name_sampler_mode(overrides, key):
+    with pytest.raises(ValueError, match=re.escape(REMOVED.format(key))):
+        Settings.resolve(overrides)
+
+
+def test_removed_sampler_settings_in_dask_config_name_sampler_mode():
+    with dask.config.set({"influx-metrics.sampler.isolate": False}):  # e.g. from an old YAML file
+        with pytest.raises(ValueError, match=re.escape(REMOVED.format("sampler.isolate"))):
+            Settings.resolve()
+
+
+@pytest.mark.parametrize("var, key", [
+    ("DASK_INFLUX_METRICS__SAMPLER__ISOLATE", "sampler.isolate"),
+    ("DASK_INFLUX_METRICS__SAMPLER__HOST_ONCE", "sampler.host-once"),
+])
+def test_removed_sampler_settings_as_environment_variables_name_sampler_mode(monkeypatch, var, key):
+    monkeypatch.setenv(var, "false")
+    dask.config.refresh()
+    try:
+        with pytest.raises(ValueError, match=re.escape(REMOVED.format(key))):
+            Settings.resolve()
+    finally:
+        monkeypatch.delenv(var)
+        dask.config.refresh()
+
+
 def test_parse_address_forms():
     assert parse_address("udp://telegraf:8094") == ("telegraf", 8094)
     assert parse_address("[::1]:8094") == ("::1", 8094)
@@ -111,9 +172,9 @@ def test_every_setting_is_an_attribute_a_keyword_and_a_default():
         assert dask.config.get(f"influx-metrics.{setting.key}") == setting.default
     old_keywords = {"polling_interval", "tracking", "job_type", "sink", "tags", "telegraf_address", "max_datagram",
                     "influxdb_url", "database", "retention_policy", "username", "password", "token",
-                    "spool_directory", "dump_loc", "mem_limit", "flush_interval", "gpu_source", "gpu_count", "isolate"}
+                    "spool_directory", "dump_loc", "mem_limit", "flush_interval", "gpu_source", "gpu_count"}
     assert old_keywords <= set(config.KWARGS)
-    assert {"batch_size", "http_timeout"} <= set(config.KWARGS)  # new: every setting has a keyword
+    assert {"batch_size", "http_timeout", "sampler_mode"} <= set(config.KWARGS)  # new: every setting has a keyword
 
 
 def test_secrets_stay_out_of_repr():

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from dask_influx_metrics import jobtags, lineprotocol
-from dask_influx_metrics.worker.sources.activity import TaskRegistry
+from dask_influx_metrics.worker.registry import TaskRegistry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAGS = ["0", "1", "2", "12", "1,2", "2,12", "1,12", "3,20,21", "", "x,2"]

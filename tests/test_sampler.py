@@ -4,8 +4,9 @@ import time
 
 import pytest
 
-from dask_influx_metrics.worker.sampler import Sampler
-from dask_influx_metrics.schema import Point, Reading
+from dask_influx_metrics.sampler import Sampler
+from dask_influx_metrics.schema import Point
+from polling import wait_until
 
 TAGS = {"host": "h", "worker": "w", "job": "1", "dag": "2"}
 
@@ -22,48 +23,37 @@ class ListSink:
         pass
 
 
-class Static:
-    def __init__(self, *readings):
-        self.readings = list(readings)
-
-    def read(self):
-        return self.readings
+def static(*points):
+    """``collect``: the given (measurement, tags, fields), timed at the sample's time."""
+    return lambda now_ns: [Point(m, {**TAGS, **tags}, dict(fields), now_ns) for m, tags, fields in points]
 
 
-class Broken:
-    calls = 0
+def test_sample_returns_the_collected_points_at_one_time_now():
+    asked = []
 
-    def read(self):
-        Broken.calls += 1
-        raise RuntimeError("sensor on fire")
+    def collect(now_ns):
+        asked.append(now_ns)
+        return static(("worker", {}, {"tasks": 1}), ("gpu", {"index": "0"}, {"utilization_gpu": 1.0}))(now_ns)
 
-
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        threading.Event().wait(0.01)
-
-
-def test_readings_with_the_same_series_merge_into_one_point_with_common_tags():
-    s = Sampler([Static(Reading("worker", {}, {"tasks": 1})), Static(Reading("worker", {}, {"rss": 5}),
-                 Reading("gpu", {"index": "0"}, {"utilization_gpu": 1.0}))], ListSink(), lambda: TAGS)
+    s = Sampler(collect, ListSink())
     points = {p.measurement: p for p in s.sample()}
-    assert points["worker"].fields == {"tasks": 1, "rss": 5}
+    assert points["worker"].fields == {"tasks": 1}
     assert points["gpu"].tags == {**TAGS, "index": "0"}
-    assert len({p.time_ns for p in points.values()}) == 1
+    assert len(asked) == 1 and {p.time_ns for p in points.values()} == set(asked)
+    assert asked[0] / 1e9 == pytest.approx(time.time(), abs=1.0)
 
 
-def test_clock_offset_moves_timestamps():
-    s = Sampler([Static(Reading("host", {}, {"cpu_percent": 1.0}))], None, lambda: TAGS, clock_offset=lambda: 100.0)
-    [p] = s.sample()
-    assert p.time_ns / 1e9 - time.time() == pytest.approx(100.0, abs=1.0)
+def test_thread_samples_on_schedule_and_a_failing_collect_does_not_stop_it(caplog):
+    sink, calls = ListSink(), []
+    good = static(("host", {}, {"cpu_percent": 1.0}))
 
+    def collect(now_ns):
+        calls.append(now_ns)
+        if len(calls) % 2:
+            raise RuntimeError("sensor on fire")
+        return good(now_ns)
 
-def test_thread_samples_on_schedule_and_a_broken_source_does_not_stop_it(caplog):
-    sink = ListSink()
-    s = Sampler([Broken(), Static(Reading("host", {}, {"cpu_percent": 1.0}))], sink, lambda: TAGS, interval=0.02)
+    s = Sampler(collect, sink, interval=0.02)
     s.start()
     try:
         wait_until(lambda: s.samples >= 15)
@@ -75,13 +65,26 @@ def test_thread_samples_on_schedule_and_a_broken_source_does_not_stop_it(caplog)
     assert sum("sensor on fire" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_slow_samples_skip_ticks_instead_of_bursting():
-    class Slow:
-        def read(self):
-            threading.Event().wait(0.05)  # the source itself is slow (simulated work)
-            return []
+def test_a_raising_sink_is_reported_once_and_sampling_goes_on(caplog):
+    class Broken:
+        def send(self, lines):
+            raise OSError("disk full")
 
-    s = Sampler([Slow()], ListSink(), lambda: TAGS, interval=0.01)
+    s = Sampler(static(("host", {}, {"cpu_percent": 1.0})), Broken(), interval=0.01)
+    s.start()
+    try:
+        wait_until(lambda: s.samples >= 5)
+    finally:
+        s.stop()
+    assert sum("disk full" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_slow_samples_skip_ticks_instead_of_bursting():
+    def slow(now_ns):
+        threading.Event().wait(0.05)  # collecting itself is slow (simulated work)
+        return []
+
+    s = Sampler(slow, ListSink(), interval=0.01)
     s.start()
     try:
         wait_until(lambda: s.samples >= 5)
@@ -96,11 +99,12 @@ def test_wake_takes_one_extra_sample_before_the_next_tick():
     taken = []
     ready = threading.Event()
 
-    def before():
+    def collect(now_ns):
         taken.append(_time.monotonic())
         ready.set()
+        return []
 
-    s = Sampler([], sink=None, tags=dict, interval=30.0, before_sample=before)
+    s = Sampler(collect, sink=None, interval=30.0)
     s.start()
     try:
         assert ready.wait(10)
@@ -116,13 +120,12 @@ def test_wake_takes_one_extra_sample_before_the_next_tick():
         s.stop()
 
 
-def test_dag_tag_false_moves_dag_to_a_field_on_samples_and_on_stream_points_alike():
-    class Stream:
-        def points(self, now_ns):
-            return [Point("task", {**TAGS, "prefix": "inc", "state": "memory"}, {"duration": 0.5}, now_ns - 1)]
+def test_dag_tag_false_moves_dag_to_a_field_on_every_point():
+    def collect(now_ns):
+        return [Point("gpu", {**TAGS, "index": "0"}, {"utilization_gpu": 1.0}, now_ns),
+                Point("task", {**TAGS, "prefix": "inc", "state": "memory"}, {"duration": 0.5}, now_ns - 1)]
 
-    s = Sampler([Static(Reading("gpu", {"index": "0"}, {"utilization_gpu": 1.0}))], None, lambda: TAGS,
-                streams=(Stream(),), field_tags=("dag",))
+    s = Sampler(collect, None, field_tags=("dag",))
     points = {p.measurement: p for p in s.sample()}
     for p in points.values():
         assert "dag" not in p.tags and p.fields["dag"] == "2" and p.tags["job"] == "1"

@@ -1,4 +1,4 @@
-"""HostSource with the real /proc and psutil of this machine, plus injected failures; one host writer."""
+"""HostSource with the real /proc and psutil of this machine, plus injected failures; another process's fields."""
 
 from __future__ import annotations
 
@@ -12,25 +12,24 @@ from collections import Counter, namedtuple
 import psutil
 import pytest
 
+from dask_influx_metrics.agent.sources import host as host_mod
+from dask_influx_metrics.agent.sources.host import HostSource
+from dask_influx_metrics.agent.sources.procfs import ProcReader, available
 from dask_influx_metrics.schema import FIELDS, HOST, WORKER
-from dask_influx_metrics.worker.sources import host as host_mod
-from dask_influx_metrics.worker.sources.host import HostSource
-from dask_influx_metrics.worker.sources.procfs import ProcReader, available
 
 ALL = frozenset(k for k in FIELDS if k[0] == HOST) | {(WORKER, "cpu_percent"), (WORKER, "rss")}
 CpuTimes = namedtuple("CpuTimes", "user nice system idle iowait irq softirq steal guest guest_nice")
 
 
 def test_all_fields_with_schema_types():
-    readings = HostSource(ALL).read()
-    assert [r.measurement for r in readings] == [HOST, WORKER] and all(r.tags == {} for r in readings)
-    host, worker = (r.fields for r in readings)
+    src = HostSource(ALL)
+    host, worker = src.read(HOST), src.read(WORKER)
     optional = {"disk_read_bytes", "disk_write_bytes"}  # containers may have no disk counters
     assert set(host) - optional == {n for m, n in ALL if m == HOST} - optional
     assert set(worker) == {"cpu_percent", "rss"}
-    for r in readings:
-        for name, value in r.fields.items():
-            assert type(value) is FIELDS[r.measurement, name].type, (r.measurement, name)
+    for measurement, fields in ((HOST, host), (WORKER, worker)):
+        for name, value in fields.items():
+            assert type(value) is FIELDS[measurement, name].type, (measurement, name)
     assert 0 < host["memory_used"] <= host["memory_total"] and 0 <= host["memory_used_percent"] <= 100
     assert 0.0 <= host["cpu_percent"] <= 100.0 and worker["rss"] > 0
 
@@ -40,10 +39,11 @@ def test_only_requested_fields(monkeypatch):
     for name in ("cpu_times", "disk_io_counters", "net_io_counters"):
         monkeypatch.setattr(host_mod.psutil, name, lambda *a, _n=name, **k: called.append(_n))
     src = HostSource(frozenset({(HOST, "memory_total"), (WORKER, "tasks"), ("gpu", "power_draw")}), procfs=False)
-    (r,) = src.read()
-    assert r == (HOST, {}, {"memory_total": psutil.virtual_memory().total})
+    assert src.read(HOST) == {"memory_total": psutil.virtual_memory().total}
+    assert src.read(WORKER) == {}  # tasks: not a host or process field
     assert called == []
-    assert HostSource(frozenset({(WORKER, "running")})).read() == []
+    none = HostSource(frozenset({(WORKER, "running")}))
+    assert none.read(HOST) == {} and none.read(WORKER) == {}
 
 
 def test_host_cpu_percent_from_own_deltas(monkeypatch):
@@ -55,10 +55,12 @@ def test_host_cpu_percent_from_own_deltas(monkeypatch):
     ])
     monkeypatch.setattr(host_mod.psutil, "cpu_times", lambda: next(times))
     src = HostSource(frozenset({(HOST, "cpu_percent")}), procfs=False)
-    assert [src.read()[0].fields["cpu_percent"] for _ in range(3)] == [40.0, 40.0, 4.5]
+    assert [src.read(HOST)["cpu_percent"] for _ in range(3)] == [40.0, 40.0, 4.5]
 
 
 class BrokenProcess:
+    pid = 1  # a psutil.Process has one
+
     def cpu_percent(self, interval=None):
         raise psutil.AccessDenied(pid=1)
 
@@ -69,9 +71,8 @@ class BrokenProcess:
 def test_failing_process_omits_its_fields_reported_once(caplog):
     src = HostSource(ALL, process=BrokenProcess(), procfs=False)
     for _ in range(3):
-        readings = src.read()
-        assert [r.measurement for r in readings] == [HOST]
-        assert "memory_total" in readings[0].fields
+        assert src.read(WORKER) == {}
+        assert "memory_total" in src.read(HOST)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 2  # cpu_percent and rss, once each
     assert any("worker cpu_percent" in w and "AccessDenied" in w for w in warnings)
@@ -87,7 +88,7 @@ def test_missing_disk_counters_omitted(monkeypatch, caplog):
     monkeypatch.setattr(host_mod.psutil, "net_io_counters", no_net)
     src = HostSource(ALL, procfs=False)
     for _ in range(2):
-        host = src.read()[0].fields
+        host = src.read(HOST)
         assert not {"disk_read_bytes", "disk_write_bytes", "net_recv_bytes", "net_sent_bytes"} & set(host)
         assert "memory_used" in host and "cpu_percent" in host
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 2
@@ -95,7 +96,7 @@ def test_missing_disk_counters_omitted(monkeypatch, caplog):
 
 def test_worker_cpu_percent_primed(monkeypatch):
     class Proc:
-        calls = 0
+        calls, pid = 0, os.getpid()
 
         def cpu_percent(self, interval=None):
             assert interval is None  # never blocks
@@ -106,13 +107,12 @@ def test_worker_cpu_percent_primed(monkeypatch):
             return psutil.Process().memory_info()
 
     src = HostSource(frozenset({(WORKER, "cpu_percent")}), process=Proc(), procfs=False)
-    assert src.read()[0].fields == {"cpu_percent": 150.0}
+    assert src.read(WORKER) == {"cpu_percent": 150.0}
 
 
 def test_all_fields_with_psutil_too():
-    readings = HostSource(ALL, procfs=False).read()
-    assert [r.measurement for r in readings] == [HOST, WORKER]
-    assert {"memory_used", "net_recv_bytes"} <= set(readings[0].fields) and readings[1].fields["rss"] > 0
+    src = HostSource(ALL, procfs=False)
+    assert {"memory_used", "net_recv_bytes"} <= set(src.read(HOST)) and src.read(WORKER)["rss"] > 0
 
 
 needs_proc = pytest.mark.skipif(not available(), reason="no Linux /proc")
@@ -149,50 +149,34 @@ def test_worker_cpu_percent_like_psutil():
     deadline = time.monotonic() + 0.3
     while time.monotonic() < deadline:  # one core busy: ~100
         pass
-    ours, theirs = src.read()[0].fields["cpu_percent"], proc.cpu_percent(None)
+    ours, theirs = src.read(WORKER)["cpu_percent"], proc.cpu_percent(None)
     assert 60 <= ours <= 110 and abs(ours - theirs) < 15, (ours, theirs)
 
 
 @pytest.fixture
 def sleeper():
-    """A live process other than this one, standing in for a second worker's pid."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    """A live process other than this one, standing in for a second worker's pid; started and asleep."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
     yield psutil.Process(proc.pid)
     proc.kill()
     proc.wait()
+    proc.stdout.close()
 
 
 @pytest.mark.parametrize("procfs", [True, False])
-def test_host_written_once_per_host_and_taken_over_when_the_writer_leaves(tmp_path, sleeper, procfs):
-    first = HostSource(ALL, share_dir=str(tmp_path), procfs=procfs)
-    second = HostSource(ALL, process=sleeper, share_dir=str(tmp_path), procfs=procfs)  # another worker
-    for _ in range(2):
-        a, b = first.read(), second.read()
-        assert [r.measurement for r in a] == [HOST, WORKER], "the first to ask writes the host"
-        assert [r.measurement for r in b] == [WORKER] and b[0].fields["rss"] > 0, "the other: its own fields"
-    first.close()
-    taken = second.read()
-    assert [r.measurement for r in taken] == [HOST, WORKER]
-    assert "cpu_percent" not in taken[0].fields and "memory_used" in taken[0].fields, "cpu primed on takeover"
-    assert "cpu_percent" in second.read()[0].fields
-    assert [r.measurement for r in HostSource(ALL, share_dir=str(tmp_path)).read()] == [WORKER]
-    second.close()
-
-
-def test_host_lock_released_by_an_exiting_process(tmp_path):
-    code = ("import sys; from dask_influx_metrics.worker.gpushare import HostOwner; "
-            "o = HostOwner(sys.argv[1]); print(o.owns(), flush=True); sys.stdin.read()")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+def test_worker_fields_of_another_process(sleeper, procfs):
+    src = HostSource(ALL, pid=sleeper.pid, procfs=procfs)  # the agent reads each worker's process
     try:
-        assert proc.stdout.readline().strip() == "True"
-        src = HostSource(ALL, share_dir=str(tmp_path))
-        assert [r.measurement for r in src.read()] == [WORKER]
+        time.sleep(0.05)  # a CPU window of a sleeping process
+        fields = src.read(WORKER)
+        assert set(fields) == {"cpu_percent", "rss"}
+        assert abs(fields["rss"] - sleeper.memory_info().rss) < 1 << 20  # the sleeper's, not this process's
+        assert 0.0 <= fields["cpu_percent"] < 50.0  # it sleeps
+        assert "memory_used" in src.read(HOST)
     finally:
-        proc.stdin.close()
-        proc.wait()
-    assert [r.measurement for r in src.read()] == [HOST, WORKER], "the writer died: the next sample takes over"
-    src.close()
+        src.close()
 
 
 def counting(src: HostSource) -> Counter:
@@ -206,13 +190,14 @@ def counting(src: HostSource) -> Counter:
 def test_host_counters_are_repeated_between_refreshes_and_read_again_after():
     src = HostSource(ALL, refresh=0.2)
     calls = counting(src)
-    first = [r.fields for r in src.read()]
-    readings = [[r.fields for r in src.read()] for _ in range(3)]
-    assert all(host == first[0] for host, _ in readings), "within the refresh interval the host reading is repeated"
+    first = src.read(HOST)
+    src.read(WORKER)
+    readings = [(src.read(HOST), src.read(WORKER)) for _ in range(3)]
+    assert all(host == first for host, _ in readings), "within the refresh interval the host reading is repeated"
     assert calls == {HOST: 4, WORKER: 2 * 4}, "the host groups read once, the worker's at every read"
     deadline = time.monotonic() + 5
     while calls[HOST] == 4 and time.monotonic() < deadline:
-        src.read()
+        src.read(HOST)
     assert calls[HOST] == 8, "after the interval the host is read again"
 
 

@@ -1,23 +1,27 @@
-"""NvmlSource against recorded NVML output (tests/data/nvml_*.json), no GPU needed."""
+"""NvmlDevices against recorded NVML output (tests/data/nvml_*.json), no GPU needed."""
 
 from __future__ import annotations
 
 import ast
 import logging
+import os
 import pathlib
 import sys
 
 import pynvml
 import pytest
 
-from dask_influx_metrics.schema import FIELDS, GPU
-from dask_influx_metrics.worker.sources import nvml as nvml_mod
-from dask_influx_metrics.worker.sources.gpm import FIELDS as GPM_FIELDS
-from dask_influx_metrics.worker.sources.nvml import NvmlSource, nvml_available, parse_visible
-from dask_influx_metrics.worker.sources.slowfields import SLOW, SLOW_FIELDS, SlowFields
+from dask_influx_metrics.agent.sources import nvml as nvml_mod
+from dask_influx_metrics.agent.sources import nvml_devices
+from dask_influx_metrics.agent.sources.nvml import NvmlDevices
+from dask_influx_metrics.agent.sources.nvml_devices import nvml_available, parse_visible
+from dask_influx_metrics.schema import FIELDS, GPU, Reading
+from dask_influx_metrics.agent.sources.gpm import FIELDS as GPM_FIELDS
+from dask_influx_metrics.agent.sources.slowfields import SLOW, SLOW_FIELDS, SlowFields
 from fake_nvml import FakeNvml
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
+PER_SAMPLE = frozenset(k for k in ALL if k[1] not in GPM_FIELDS | SLOW_FIELDS)  # nvml.TABLE's fields
 UUID0 = "GPU-9baca7f5-0f2f-01ac-6b05-8da14d6e9005"
 UUID1 = "GPU-e1006a74-5836-264f-5c26-53d19d212dfe"
 MIG = "MIG-7feb6df5-eccf-5faa-ab00-9a441867e237"
@@ -27,6 +31,36 @@ MIB = 2**20
 @pytest.fixture
 def fake():
     return FakeNvml()
+
+
+class Worker:
+    """What :meth:`NvmlDevices.resolve` needs of a worker: its ``CUDA_VISIBLE_DEVICES``."""
+
+    def __init__(self, visible):
+        self.visible = visible
+
+
+class Source:
+    """One worker's GPUs through :class:`NvmlDevices`: ``read()`` gives one reading per device with
+    its device-wide and per-worker fields (this process), as the agent writes them for a lone worker."""
+
+    def __init__(self, fields, visible=None, nvml=None, devices="all"):
+        self.gpus = NvmlDevices(fields, devices=devices, nvml=nvml)
+        self.uuids = self.gpus.resolve(Worker(visible))
+
+    @property
+    def devices(self):
+        """``(index, uuid, name)`` per device, in the worker's order."""
+        return [(i, u, self.gpus.tags(u, i)["name"]) for i, u in enumerate(self.uuids)]
+
+    def read(self):
+        self.gpus.start_sample()
+        readings = []
+        for i, uuid in enumerate(self.uuids):
+            fields = {**self.gpus.read(uuid), **self.gpus.read_worker(uuid, frozenset({os.getpid()}))}
+            if fields:
+                readings.append(Reading(GPU, self.gpus.tags(uuid, i), fields))
+        return readings
 
 
 def by_index(readings):
@@ -55,7 +89,7 @@ def test_parse_visible():
     ],
 )
 def test_visible_devices(fake, visible, uuids):
-    src = NvmlSource(ALL, visible=visible, nvml=fake)
+    src = Source(ALL, visible=visible, nvml=fake)
     assert [u for _, u, _ in src.devices] == uuids
     assert [i for i, _, _ in src.devices] == list(range(len(uuids)))  # position, not NVML index
     readings = src.read()
@@ -63,11 +97,29 @@ def test_visible_devices(fake, visible, uuids):
     assert [r.tags["index"] for r in readings] == [str(i) for i in range(len(uuids))]
 
 
-def test_visible_defaults_to_environment(fake, monkeypatch):
+def test_one_source_resolves_each_workers_own_visible_devices(fake):
+    gpus = NvmlDevices(ALL, devices="all", nvml=fake)
+    assert gpus.resolve(Worker("3")) == ["GPU-1f0c7a2e-3b4d-5e6f-8091-a2b3c4d5e6f7"]
+    assert gpus.tags("GPU-1f0c7a2e-3b4d-5e6f-8091-a2b3c4d5e6f7", 0)["name"] == "NVIDIA A100-SXM4-80GB"
+    assert len(gpus.resolve(Worker(None))) == 4
+    assert gpus.resolve(Worker("1,0")) == [UUID1, UUID0]
+    assert fake.calls_to("nvmlInit") == 1
+
+
+def test_gpu_devices_auto_uses_the_first_visible_device_when_the_variable_is_set(fake):
+    gpus = NvmlDevices(ALL, nvml=fake)  # gpu.devices: auto
+    assert gpus.resolve(Worker("1,0")) == [UUID1]  # dask-cuda: the worker's own GPU first
+    assert len(gpus.resolve(Worker(None))) == 4
+    assert NvmlDevices(ALL, devices="first", nvml=fake).resolve(Worker(None)) == [UUID0]
+
+
+def test_nvml_available_reads_the_environment_by_default(fake, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    assert NvmlSource(ALL, nvml=fake).devices == [(0, "GPU-1f0c7a2e-3b4d-5e6f-8091-a2b3c4d5e6f7", "NVIDIA A100-SXM4-80GB")]
+    assert nvml_available(nvml=fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert not nvml_available(nvml=fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    assert len(NvmlSource(ALL, nvml=fake).devices) == 4
+    assert nvml_available(nvml=fake)
 
 
 @pytest.mark.parametrize(
@@ -84,7 +136,7 @@ def test_visible_defaults_to_environment(fake, monkeypatch):
 )
 def test_visible_entries_as_cuda_reads_them(fake, visible, kept, message, caplog):
     """Issue 10: CUDA stops at the first entry it cannot use and keeps the devices before it."""
-    source = NvmlSource(ALL, visible=visible, nvml=fake)
+    source = Source(ALL, visible=visible, nvml=fake)
     assert len(source.devices) == kept
     assert nvml_available(nvml=fake, visible=visible) == bool(kept)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
@@ -97,7 +149,7 @@ def test_visible_entries_as_cuda_reads_them(fake, visible, kept, message, caplog
 # -- values ----------------------------------------------------------------------
 
 def test_all_fields_follow_schema(fake):
-    readings = by_index(NvmlSource(ALL, visible=None, nvml=fake).read())
+    readings = by_index(Source(ALL, visible=None, nvml=fake).read())
     for r in readings.values():
         assert r.measurement == "gpu" and set(r.tags) == {"index", "nvml_index", "uuid", "name"}  # issue 10: nvml_index
         for name, value in r.fields.items():
@@ -117,28 +169,28 @@ def test_all_fields_follow_schema(fake):
 
 
 def test_only_requested_fields_are_read(fake):
-    src = NvmlSource(frozenset({(GPU, "utilization_gpu"), ("host", "cpu_percent")}), visible="0,1", nvml=fake)
+    src = Source(frozenset({(GPU, "utilization_gpu"), ("host", "cpu_percent")}), visible="0,1", nvml=fake)
     before = fake.calls.copy()
     assert [r.fields for r in src.read()] == [{"utilization_gpu": 87.0}, {"utilization_gpu": 0.0}]
     delta = fake.calls - before
     assert {f for f, _ in delta} == {"nvmlDeviceGetUtilizationRates"}
     assert fake.calls_to("nvmlDeviceGetUtilizationRates") == 2  # one per device
 
-    src = NvmlSource(frozenset({(GPU, "utilization_gpu"), (GPU, "utilization_memory")}), visible="0", nvml=fake)
+    src = Source(frozenset({(GPU, "utilization_gpu"), (GPU, "utilization_memory")}), visible="0", nvml=fake)
     before = fake.calls.copy()
     assert src.read()[0].fields == {"utilization_gpu": 87.0, "utilization_memory": 41.0}
     assert sum((fake.calls - before).values()) == 1  # one call serves both
 
 
 def test_static_memory_total_needs_no_call_per_read(fake):
-    src = NvmlSource(frozenset({(GPU, "memory_total")}), visible="0", nvml=fake)
+    src = Source(frozenset({(GPU, "memory_total")}), visible="0", nvml=fake)
     before = fake.calls.copy()
     assert src.read()[0].fields == {"memory_total": 81920.0}
     assert not (fake.calls - before)
 
 
 def test_no_gpu_fields_no_calls(fake):
-    src = NvmlSource(frozenset({("host", "cpu_percent")}), visible=None, nvml=fake)
+    src = Source(frozenset({("host", "cpu_percent")}), visible=None, nvml=fake)
     before = fake.calls.copy()
     assert src.read() == [] and not (fake.calls - before)
 
@@ -146,7 +198,7 @@ def test_no_gpu_fields_no_calls(fake):
 # -- errors ----------------------------------------------------------------------
 
 def test_not_supported_is_omitted_and_never_retried(fake, caplog):
-    src = NvmlSource(ALL, visible="2", nvml=fake)  # the K80: no power reading
+    src = Source(ALL, visible="2", nvml=fake)  # the K80: no power reading
     for _ in range(3):
         fields = src.read()[0].fields
         assert "power_draw" not in fields
@@ -156,7 +208,7 @@ def test_not_supported_is_omitted_and_never_retried(fake, caplog):
 
 
 def test_memory_v2_falls_back_to_v1_once(fake):
-    src = NvmlSource(ALL, visible="2", nvml=fake)  # driver 470: no nvmlDeviceGetMemoryInfo_v2
+    src = Source(ALL, visible="2", nvml=fake)  # driver 470: no nvmlDeviceGetMemoryInfo_v2
     for _ in range(3):
         fields = src.read()[0].fields
         assert fields["memory_used"] == 3072.0 and fields["memory_total"] == 11996954624 / MIB
@@ -169,13 +221,13 @@ def test_memory_v2_falls_back_to_v1_once(fake):
 def test_memory_v2_with_pynvml_lacking_version_keyword(fake, monkeypatch):
     v1_only = fake.nvmlDeviceGetMemoryInfo
     monkeypatch.setattr(fake, "nvmlDeviceGetMemoryInfo", lambda handle: v1_only(handle), raising=False)
-    fields = NvmlSource(ALL, visible="1", nvml=fake).read()[0].fields
+    fields = Source(ALL, visible="1", nvml=fake).read()[0].fields
     assert fields["memory_used"] == 912.0  # v1 counts reserved memory
 
 
 def test_mig_instance_has_memory_but_no_utilization(fake, caplog):
     caplog.set_level(logging.INFO, logger=nvml_mod.__name__)
-    (reading,) = NvmlSource(ALL, visible=MIG, nvml=fake).read()
+    (reading,) = Source(ALL, visible=MIG, nvml=fake).read()
     assert reading.tags == {"index": "0", "uuid": MIG, "name": "NVIDIA A100-SXM4-80GB MIG 3g.40gb"}
     assert reading.fields == {
         "memory_used": 2308.0,
@@ -187,7 +239,7 @@ def test_mig_instance_has_memory_but_no_utilization(fake, caplog):
 
 
 def test_other_error_omits_field_this_sample_reports_once(fake, caplog):
-    src = NvmlSource(ALL, visible="0,1", nvml=fake)
+    src = Source(ALL, visible="0,1", nvml=fake)
     fake.devices[1]["power_mw"] = [{"error": "Unknown"}, {"error": "GpuIsLost"}, {"error": "Unknown"}, 60500]
     for _ in range(3):
         first, second = src.read()
@@ -195,21 +247,21 @@ def test_other_error_omits_field_this_sample_reports_once(fake, caplog):
         assert "power_draw" not in second.fields and second.fields["utilization_gpu"] == 0.0
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1
-    assert "GPU 1" in warnings[0] and UUID1 in warnings[0] and "power_draw" in warnings[0]
+    assert f"GPU {UUID1}" in warnings[0] and "power_draw" in warnings[0]
     assert src.read()[1].fields["power_draw"] == 60.5  # retried, and back
 
 
 def test_every_field_failing_drops_only_that_device(fake):
-    src = NvmlSource(ALL, visible="0,1", nvml=fake)
+    src = Source(ALL, visible="0,1", nvml=fake)
     for key in ("utilization", "memory_v2", "power_mw", "temperature_v", "clock_sm"):
         fake.devices[0][key] = {"error": "GpuIsLost"}
-    src._devices[0].static.clear()  # memory_total read at open: forget it
+    src.gpus._devices[UUID0].static.clear()  # memory_total read at open: forget it
     assert [r.tags["index"] for r in src.read()] == ["1"]
 
 
 def test_result_missing_an_attribute_is_reported_once_and_read_again(fake, caplog):
     fake.devices[0]["utilization"] = [{"gpu": 50}, {"gpu": 60}, {"gpu": 70, "memory": 20}]
-    src = NvmlSource(ALL, visible="0", nvml=fake)
+    src = Source(ALL, visible="0", nvml=fake)
     first, second, third = (src.read()[0].fields for _ in range(3))
     assert first["utilization_gpu"] == 50.0 and "utilization_memory" not in first  # only that field
     assert first["power_draw"] == 312.456 and "utilization_memory" not in second
@@ -222,7 +274,7 @@ def test_result_missing_an_attribute_is_reported_once_and_read_again(fake, caplo
 
 def test_bug_in_a_conversion_is_reported_and_never_switches_the_field_off(fake, monkeypatch, caplog):
     monkeypatch.setitem(nvml_mod.TABLE["power"].fields, "power_draw", lambda mw: mw.watts)  # a typo
-    src = NvmlSource(ALL, visible="0", nvml=fake)
+    src = Source(ALL, visible="0", nvml=fake)
     for _ in range(3):
         fields = src.read()[0].fields
         assert "power_draw" not in fields and fields["temperature_gpu"] == 61.0
@@ -240,7 +292,7 @@ def test_type_error_from_a_call_is_reported_not_taken_for_unsupported(fake, monk
         return real(handle) if broken else real(handle, type)  # TypeError while broken
 
     monkeypatch.setattr(fake, "nvmlDeviceGetClockInfo", clock, raising=False)
-    src = NvmlSource(ALL - {(GPU, "clocks_current_memory")}, visible="0", nvml=fake)  # one ClockInfo entry
+    src = Source(ALL - {(GPU, "clocks_current_memory")}, visible="0", nvml=fake)  # one ClockInfo entry
     for _ in range(2):
         assert "clocks_current_sm" not in src.read()[0].fields
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
@@ -252,7 +304,7 @@ def test_type_error_from_a_call_is_reported_not_taken_for_unsupported(fake, monk
 def test_pynvml_without_a_function_or_constant_uses_the_next_variant(fake, monkeypatch, caplog):
     monkeypatch.setattr(fake, "nvmlDeviceGetTemperatureV", None, raising=False)  # as in pynvml < 12
     monkeypatch.setattr(fake, "nvmlMemory_v2", None, raising=False)  # as in pynvml < 11.510
-    fields = NvmlSource(ALL, visible="0", nvml=fake).read()[0].fields
+    fields = Source(ALL, visible="0", nvml=fake).read()[0].fields
     assert fields["temperature_gpu"] == 61.0 and fields["memory_used"] == 25258950656 / MIB  # v1
     assert fake.calls_to("nvmlDeviceGetTemperatureV") == fake.calls_to("nvmlDeviceGetMemoryInfo_v2") == 0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -267,7 +319,7 @@ def test_table_covers_exactly_the_schema_gpu_fields():
 
 
 def test_replay_of_a_real_h100_with_two_processes():
-    src = NvmlSource(ALL, visible=None, nvml=FakeNvml("nvml_h100_shared.json"))
+    src = Source(PER_SAMPLE, visible=None, nvml=FakeNvml("nvml_h100_shared.json"))
     assert src.devices == [(0, "GPU-da1f6fd4-9109-0cfa-82af-30bfade809cb", "NVIDIA H100 80GB HBM3")]
     samples = [src.read()[0].fields for _ in range(5)]
     assert samples[0] == {
@@ -292,7 +344,7 @@ def test_video_engine_utilization_where_nvml_gives_it(fake):
     """Issue 25: [percent, NVML's period in us] -> percent; a device without the engine leaves the field out."""
     fake.devices[0]["encoder_utilization"] = [[12, 167000]]
     fake.devices[0]["decoder_utilization"] = [[0, 167000], [35, 167000]]
-    src = NvmlSource(ALL, visible="0,1", nvml=fake)
+    src = Source(ALL, visible="0,1", nvml=fake)
     first, idle = src.read()
     assert first.fields["utilization_encoder"] == 12.0 and first.fields["utilization_decoder"] == 0.0
     assert not {"utilization_encoder", "utilization_decoder", "utilization_jpeg", "utilization_ofa"} & set(idle.fields)
@@ -366,22 +418,38 @@ def test_slow_fields_other_errors_skip_one_read(fake, monkeypatch, caplog):
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
 
 
+def test_a_gpu_shared_by_two_workers_is_read_once_per_sample_and_its_memory_split_by_process():
+    nvml = FakeNvml("nvml_h100_shared.json")
+    gpus = NvmlDevices(PER_SAMPLE, nvml=nvml)
+    [uuid] = gpus.resolve(Worker("0"))
+    assert gpus.resolve(Worker(uuid)) == [uuid]  # the second worker names it by UUID
+    for sample in range(1, 3):
+        gpus.start_sample()
+        first, second = gpus.read(uuid), gpus.read(uuid)
+        mine = gpus.read_worker(uuid, frozenset({425})), gpus.read_worker(uuid, frozenset({427, 999}))
+        assert first == second and first["utilization_gpu"] == 99.0
+        assert [m["worker_memory_used"] for m in mine] == [4909432832 / MIB, 13428064256 / MIB]
+        assert nvml.calls_to("nvmlDeviceGetUtilizationRates") == sample  # one call however many readers
+        assert nvml.calls_to("nvmlDeviceGetComputeRunningProcesses") == sample
+
+
 def test_names_as_bytes_from_old_pynvml():
-    src = NvmlSource(ALL, visible="0", nvml=FakeNvml(as_bytes=True))
+    src = Source(ALL, visible="0", nvml=FakeNvml(as_bytes=True))
     assert src.devices == [(0, UUID0, "NVIDIA A100-SXM4-80GB")]
 
 
 # -- init, availability, import ----------------------------------------------
 
 def test_init_once_per_process(fake, monkeypatch):
-    NvmlSource(ALL, visible="0", nvml=fake)
-    src = NvmlSource(ALL, visible="1", nvml=fake)
+    Source(ALL, visible="0", nvml=fake)
+    src = Source(ALL, visible="1", nvml=fake)
     assert nvml_available(nvml=fake, visible=None)
     src.read()
     assert fake.calls_to("nvmlInit") == 1
-    monkeypatch.setattr(nvml_mod.os, "getpid", lambda: 999_999_999)  # as in a forked child
-    assert src.read()[0].tags["uuid"] == UUID1
-    src.read()
+    monkeypatch.setattr(nvml_devices.os, "getpid", lambda: 999_999_999)  # as in a forked child
+    forked = Source(ALL, visible="1", nvml=fake)
+    assert forked.read()[0].tags["uuid"] == UUID1
+    Source(ALL, visible="0", nvml=fake)
     assert fake.calls_to("nvmlInit") == 2
 
 
@@ -393,34 +461,35 @@ def test_nvml_available(fake):
     broken.data["init_error"] = "DriverNotLoaded"
     assert not nvml_available(nvml=broken, visible=None)
     with pytest.raises(RuntimeError, match="NVML could not start"):
-        NvmlSource(ALL, visible=None, nvml=broken)
+        NvmlDevices(ALL, nvml=broken)
 
 
 @pytest.mark.skipif(nvml_available(visible=None), reason="this machine has a GPU")
 def test_real_pynvml_without_gpu():
     assert not nvml_available(nvml=pynvml, visible=None)
     with pytest.raises(RuntimeError, match="NVML could not start"):
-        NvmlSource(ALL, visible=None, nvml=pynvml)
+        NvmlDevices(ALL, nvml=pynvml)
 
 
 def test_missing_pynvml_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     with pytest.raises(ImportError, match="pip install nvidia-ml-py"):
-        NvmlSource(ALL)
+        NvmlDevices(ALL)
     assert not nvml_available()
 
 
 def test_handles_and_close(fake):
-    src = NvmlSource(ALL, visible="1,MIG-7feb", nvml=fake)
-    assert src.handles == [(1, None), (3, 0)]
-    src.close()
-    assert src.read() == [] and src.handles == []
+    src = Source(ALL, visible="1,MIG-7feb", nvml=fake)
+    assert [src.gpus.handle(u) for u in src.uuids] == [(1, None), (3, 0)]
+    src.gpus.close()
+    with pytest.raises(KeyError):
+        src.gpus.handle(src.uuids[0])
 
 
 # -- the real pynvml has every name nvml.py uses ------------------------------------
 
 def nvml_names_used() -> set[str]:
-    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in worker/sources/nvml*.py (and the
+    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in agent/sources/nvml*.py (and the
     GPM, per-process and slow-field modules), and every name the calls in ``nvml.TABLE``/``SLOW`` need."""
     groups = [*nvml_mod.TABLE.values(), *SLOW.values()]
     names = {n for group in groups for call in group.calls for n in call.names()}
@@ -456,3 +525,17 @@ def test_real_memory_info_takes_version_keyword():
 
     assert "version" in inspect.signature(pynvml.nvmlDeviceGetMemoryInfo).parameters
     assert "version" in inspect.signature(FakeNvml().nvmlDeviceGetMemoryInfo).parameters
+
+
+def test_gpm_and_slow_fields_join_the_device_reading():
+    """Issue 25: the device's GPM metrics (from its second sample on) and its slow fields (at most once a
+    second) come with its per-sample fields; the MIG-free H100 replay has GPM, the energy counter."""
+    gpus = NvmlDevices(ALL, nvml=FakeNvml("nvml_h100_shared.json"), interval_s=0.2)
+    [uuid] = gpus.resolve(Worker("0"))
+    reads = []
+    for _ in range(3):
+        gpus.start_sample()
+        reads.append(gpus.read(uuid))
+    assert "sm_active" not in reads[0] and "total_energy_consumption" in reads[0]
+    assert round(reads[1]["sm_occupancy"], 1) == 14.2 and reads[1]["utilization_gpu"] == 99.0
+    assert "total_energy_consumption" not in reads[1], "read at most once a second"

@@ -1,6 +1,7 @@
-"""The worker <-> sidecar shared memory: the seqlock buffer, the snapshot (executing and recent
-tasks) with its publisher and reader, and the heartbeat."""
+"""The worker <-> agent shared buffers: the seqlock buffer, the task snapshot (executing and recent
+tasks) with its publisher and reader, and the agent's JSON beat."""
 
+import json
 import subprocess
 import sys
 import threading
@@ -8,28 +9,45 @@ import time
 
 import pytest
 
-from dask_influx_metrics.worker.shared import (
-    BEAT_BYTES, Publisher, SnapshotBuffer, SnapshotReader, decode_snapshot, encode_snapshot, entry, read_beat,
+from dask_influx_metrics.agent.sources.tasks import key_json
+from dask_influx_metrics.snapshot import (
+    BEAT_BYTES, BeatReader, Publisher, SnapshotBuffer, SnapshotReader, decode_snapshot, encode_snapshot, entry,
+    write_beat,
 )
-from dask_influx_metrics.worker.sources.activity import key_json
-from test_sidecar import wait_until
+from polling import wait_until
 
 
+class Pair:
+    """A worker's publisher and the agent's reader of its snapshot (nthreads 4), over fresh buffers.
+
+    :meth:`sample` does what the agent does for this worker at each sample: take the snapshot, then
+    write its beat acknowledging it."""
+
+    def __init__(self):
+        self.buf, self.beat = SnapshotBuffer.create(1 << 16), SnapshotBuffer.create(BEAT_BYTES)
+        self.beat_reader = BeatReader(self.beat, "w1")
+        self.pub = Publisher(self.buf, self.beat_reader.acked, nthreads=4)
+        self.reader = SnapshotReader(self.buf)
+        self.samples = 0
+
+    def sample(self) -> None:
+        self.reader.refresh()
+        self.samples += 1
+        write_beat(self.beat, {"pid": 1, "samples": self.samples, "extra": 0, "time": time.monotonic(),
+                               "acked": {"w1": self.reader.acked}, "counters": [], "reports": []})
 
 
 @pytest.fixture
 def pair():
-    """A publisher and a reader over a fresh snapshot buffer and heartbeat (nthreads 4)."""
-    buf, beat = SnapshotBuffer.create(1 << 16), SnapshotBuffer.create(BEAT_BYTES)
-    pub = Publisher(buf, beat, nthreads=4)
-    yield pub, SnapshotReader(buf, beat)
-    buf.close()
-    beat.close()
+    p = Pair()
+    yield p
+    p.buf.close()
+    p.beat.close()
 
 
 # --- the snapshot -------------------------------------------------------------------------
 def test_snapshot_round_trip_keeps_keys_counts_tags_bytes_and_clock_offset(pair):
-    pub, reader = pair
+    pub, reader = pair.pub, pair.reader
     reader.refresh()
     assert reader().executing == 0  # nothing written yet: idle
     keys = [("x", 0, ("nested", 1.5)), "plain ünï \"q\"", ("b", 2)]
@@ -58,86 +76,107 @@ def test_a_snapshot_too_big_for_the_buffer_drops_keys_with_exact_counts_and_tags
 
 
 def test_a_task_that_started_and_ended_between_two_samples_is_counted_at_the_next_one_only(pair):
-    pub, reader = pair
+    pub, reader = pair.pub, pair.reader
     pub.started("long", 1, 1)
-    reader.refresh()
+    pair.sample()
     pub.started("brief", 2, 7)
     pub.ended("brief")
     pub.started("seen", 2, 8)
-    reader.refresh()
+    pair.sample()
     assert [k for k, _, _ in reader().running] == ["long", "seen", "brief"]
     assert (reader().executing, reader().job_tag, reader().dag_tag) == (3, "1,2", "1,7,8")
     pub.ended("seen")  # a sample saw it running: not carried
-    assert not reader.unsampled()
-    reader.refresh()
+    assert not pub.unsampled()
+    pair.sample()
     assert (reader().executing, reader().dag_tag) == (1, "1")
     pub.started("last", 3, 9)
     pub.ended("last")
-    assert reader.unsampled()  # a final sample at exit would show it
-    reader.refresh()
-    assert reader().dag_tag == "1,9" and not reader.unsampled()
+    assert pub.unsampled()  # a last sample when the worker leaves would show it
+    pair.sample()
+    assert reader().dag_tag == "1,9" and not pub.unsampled()
 
 
-def test_the_publisher_prunes_what_the_sidecar_acknowledged_and_folds_beyond_keep(pair):
-    pub, reader = pair
+def test_the_publisher_prunes_what_the_agent_acknowledged_and_folds_beyond_keep(pair):
+    pub, reader = pair.pub, pair.reader
     for i in range(3):
         pub.started(i, 1, 1)
         pub.ended(i)
     assert len(pub._recent) == 3
-    reader.refresh()
-    assert read_beat(reader._beat).acked == pub.seq == pub.acked()
-    assert len(pub._recent) == 0  # pruned: the sidecar sampled them
+    pair.sample()
+    assert BeatReader(pair.beat, "w1").acked() == pub.seq == pub.acked()
+    assert len(pub._recent) == 0  # pruned: the agent sampled them
     pub._keep = 5
     for i in range(10, 20):
         pub.started(i, 1, 1 + i % 2)
         pub.ended(i)
     assert len(pub._recent) <= 5
-    reader.refresh()
+    pair.sample()
     keys = [k for k, _, _ in reader().running]
     assert keys[-3:] == [17, 18, 19] and None in keys  # the latest with keys, older ones folded
     assert reader().dag_tag == "1,2"  # tags exact
 
 
-def test_the_heartbeat_carries_counts_the_acknowledged_snapshot_and_the_sink_counters(pair):
-    pub, reader = pair
-    assert read_beat(reader._beat) is None  # no sample yet
-
-    class Counts:
-        samples, extra = 7, 2
-
-    reader.sampler = Counts()
-    pub.started("a", 1, 1)
-    reader.refresh()
-    beat = read_beat(reader._beat)
-    assert (beat.samples, beat.extra, beat.acked, beat.counters) == (7, 2, pub.seq, b"[]")
-    assert 0 <= time.monotonic() - beat.time < 5
-    reader.set_counters(b'[{"kind": "udp", "points_sent": 5}]')  # written at once, not at the next sample
-    assert read_beat(reader._beat).counters == b'[{"kind": "udp", "points_sent": 5}]'
+# --- the beat -------------------------------------------------------------------------------
+def test_the_beat_carries_counts_each_workers_acknowledged_snapshot_and_the_sink_counters(pair):
+    assert pair.beat_reader() is None and pair.beat_reader.acked() == 0  # no sample yet
+    pair.pub.started("a", 1, 1)
+    counters = [{"kind": "udp", "points_sent": 5}]
+    write_beat(pair.beat, {"pid": 42, "samples": 7, "extra": 2, "time": time.monotonic(),
+                           "acked": {"w1": pair.pub.seq, "w2": 9}, "counters": counters, "reports": []})
+    beat = pair.beat_reader()
+    assert (beat["pid"], beat["samples"], beat["extra"], beat["counters"]) == (42, 7, 2, counters)
+    assert 0 <= time.monotonic() - beat["time"] < 5
+    assert pair.beat_reader.acked() == pair.pub.seq and BeatReader(pair.beat, "w2").acked() == 9
+    assert BeatReader(pair.beat, "w3").acked() == 0  # a worker the agent has not sampled yet
 
 
-def test_the_publisher_reads_the_heartbeat_again_only_once_it_was_rewritten(pair):
-    pub, reader = pair
+def test_a_beat_too_big_for_its_buffer_drops_reports_and_counters_but_keeps_the_acks(pair):
+    reports = [{"what": "x", "message": "m" * 1000}] * (BEAT_BYTES // 1000)
+    write_beat(pair.beat, {"pid": 1, "samples": 3, "acked": {"w1": 5}, "counters": [{"n": 1}], "reports": reports})
+    beat = pair.beat_reader()
+    assert (beat["samples"], beat["acked"], beat["counters"], beat["reports"]) == (3, {"w1": 5}, [], [])
+
+
+def test_the_beat_is_read_again_only_once_it_was_rewritten(pair):
+    pub, beat = pair.pub, pair.beat
     reads = []
-    real = pub._beat.read
-    pub._beat.read = lambda *a: reads.append(1) or real(*a)
-    assert pub.beat() is None and pub.acked() == 0  # nothing written yet
+    real = beat.read
+    beat.read = lambda *a: reads.append(1) or real(*a)
+    assert pair.beat_reader() is None and pub.acked() == 0  # nothing written yet
     pub.started("a", 1, 1)
-    reader.refresh()
-    expected = read_beat(reader._beat)  # (the same buffer: counted too)
+    pair.sample()
+    expected = json.loads(real())
     before = len(reads)
-    assert pub.beat() == expected and pub.beat().acked == pub.seq == pub.acked()
-    assert len(reads) == before + 1  # cached: the heartbeat's version did not move
+    assert pair.beat_reader() == expected and pair.beat_reader.acked() == pub.seq == pub.acked()
+    assert len(reads) == before + 1  # cached: the beat's version did not move
     for i in range(5):  # many task ends between two samples: no read at all
         pub.started(i, 1, 1)
         pub.ended(i)
     assert len(reads) == before + 1 and len(pub._recent) == 5
-    reader.refresh()
+    pair.sample()
     assert pub.acked() == pub.seq and len(reads) == before + 2 and not pub._recent  # rewritten: read, pruned
-    mm = pub._beat._mm  # a heartbeat being written (odd version) is not taken from the cache
+    mm = beat._mm  # a beat being written (odd version) is not taken from the cache
     mm[0] = mm[0] | 1
-    assert pub.beat() is None and len(reads) == before + 3
+    assert pair.beat_reader() is None and len(reads) == before + 3
     mm[0] = mm[0] & ~1
-    assert pub.beat().acked == pub.seq
+    assert pair.beat_reader.acked() == pub.seq
+
+
+# --- the buffer -----------------------------------------------------------------------------
+def test_a_buffer_in_a_file_is_read_through_another_mapping(tmp_path):
+    path = str(tmp_path / "w.snap")
+    writer = SnapshotBuffer.create(4096, path=path)
+    reader = SnapshotBuffer.open(path, 4096)
+    try:
+        writer.write(b'{"ok": 1}')
+        assert reader.read() == b'{"ok": 1}' and reader.version() == writer.version() == 2
+        with pytest.raises(ValueError, match="do not fit"):
+            writer.write(b"x" * 4096)
+        assert reader.read() == b'{"ok": 1}'  # a refused write leaves the last one
+    finally:
+        writer.close()
+        reader.close()
+        reader.close()  # safe twice
 
 
 def test_a_torn_or_half_written_snapshot_is_never_returned():
@@ -169,7 +208,7 @@ def _writer_snapshot(n: int) -> bytes:
 
 WRITER = """
 import sys, time
-from dask_influx_metrics.worker.shared import SnapshotBuffer, encode_snapshot, entry
+from dask_influx_metrics.snapshot import SnapshotBuffer, encode_snapshot, entry
 buf = SnapshotBuffer(int(sys.argv[1]), int(sys.argv[2]), writable=True)
 for it in range(int(sys.argv[3])):
     n = (it * 37) % 200
@@ -211,5 +250,3 @@ def test_concurrent_writer_and_reader_never_see_a_torn_snapshot(writer):
         assert seen > 0
     finally:
         buf.close()
-
-
