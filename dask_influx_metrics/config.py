@@ -270,6 +270,10 @@ def overrides_from_kwargs(**kwargs) -> dict:
     {'polling-interval': 50, 'telegraf.address': '10.0.0.1:8094'}
     """
     unknown = sorted(set(kwargs) - set(KWARGS))
+    removed = [k for k in unknown if k in ("isolate", "host_once")]
+    if removed:
+        raise TypeError(f"the setting(s) {removed} were removed; use sampler_mode='agent' (the default: one "
+                        "sampling agent per host) or sampler_mode='thread' (each worker samples itself)")
     if unknown:
         raise TypeError(f"unknown setting(s) {unknown}; known: {sorted(KWARGS)}")
     out = {KWARGS[k]: v for k, v in kwargs.items() if v is not None}

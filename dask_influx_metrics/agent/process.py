@@ -50,6 +50,7 @@ FIRST_WORKER_S = 30.0  # an agent nobody registers with exits after this
 EXIT_CHECK_S = 0.5  # how often the agent looks whether its session is over here
 KEEP_REPORTS = 32
 COUNTERS_S = 1.0  # the sink's counters go into the beat this often
+LEAVE_DRAIN_S = 2.0  # at most this long to post an HTTP sink's queue when a worker leaves
 
 
 def agent_role() -> str:
@@ -57,11 +58,15 @@ def agent_role() -> str:
     return f"agent-{socket.gethostname()}"
 
 
-def flush(sink) -> None:
-    """Push what ``sink`` (each sink of a fan-out) buffers to its destination now, where it can."""
+def flush(sink, drain: float = 0.0) -> None:
+    """Push what ``sink`` (each sink of a fan-out) buffers to disk now; with ``drain`` (s), also post
+    what an HTTP sink queued and wait that long at most (when a worker leaves: its last samples are
+    in InfluxDB when its teardown returns)."""
     for one in getattr(sink, "sinks", [sink]):
         if callable(getattr(one, "flush", None)):
             one.flush()
+        if drain and callable(getattr(one, "drain", None)):
+            one.drain(drain)
 
 
 class Agent:
@@ -133,6 +138,8 @@ class Agent:
 
     def collect(self, now_ns: int) -> list:
         """One sample (the sampler's ``collect``): see the module docstring."""
+        if self._left:
+            flush(self.sink, drain=LEAVE_DRAIN_S)
         for view in self._left:  # sampled one last time and flushed: the worker may go
             self.workers.forget(view.id)
             self.found.pop(view.id, None)

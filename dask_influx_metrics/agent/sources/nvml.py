@@ -230,7 +230,7 @@ class NvmlDevices:
     def _readers(self, dev: _Device) -> None:
         """GPM (Hopper+; a MIG instance through its parent), the slow fields (at most once a second)
         and per-process utilization, where wanted."""
-        nvml, label = self._nvml, f"GPU {dev.uuid}"
+        nvml, label = self._nvml, dev.uuid
         if self._want & gpm.FIELDS:
             mig = dev.nvml_index is None and dev.uuid.startswith("MIG-")
             make = gpm.GpmReader.for_mig if mig else gpm.GpmReader
@@ -309,7 +309,7 @@ class NvmlDevices:
             except self._unsupported as e:
                 variants.pop(0)
                 if not variants:
-                    logger.info("GPU %s: %s not available (%s: %s); omitted from now on",
+                    logger.info("%s: %s not available (%s: %s); omitted from now on",
                                 dev.uuid, "/".join(group.fields), type(e).__name__, e)
             except Exception as e:  # any other NVML error, or a bug: this sample only
                 self._report(dev, "/".join(group.fields), e)
@@ -320,7 +320,7 @@ class NvmlDevices:
         if not self._once((dev.uuid, what)):
             return
         logger.warning(
-            "GPU %s: reading %s failed (%s: %s); omitted from this sample (reported once)",
+            "%s: reading %s failed (%s: %s); omitted from this sample (reported once)",
             dev.uuid, what, type(error).__name__, error,
             exc_info=None if isinstance(error, self._nvml.NVMLError) else error,  # a bug: where
         )
