@@ -14,18 +14,21 @@ from __future__ import annotations
 from typing import Callable
 
 from ..schema import CUSTOM, Point
-from .sources.custom import CustomSource
 
 TASKS_ONLY_S = 1.0  # seconds between collects when only the task stream is wanted
 
 
 class WorkerExtras:
-    """``collect(now_ns)``: custom metrics and task-stream points (see the module docstring)."""
+    """``collect(now_ns)``: custom metrics and task-stream points (see the module docstring).
 
-    def __init__(self, custom: list, worker, tags: dict, activity, offset: Callable[[], float], tasks,
-                 devices: Callable[[], list], report, timeout: float):
-        self._tags, self._activity, self._offset, self.tasks = tags, activity, offset, tasks
-        self._custom = CustomSource(custom, worker, devices, report=report, timeout=timeout) if custom else None
+    ``custom``: a :class:`.sources.custom.CustomSource`, or None; ``tasks``: the
+    :class:`.sources.taskstream.TaskStream`, or None; ``tags``: the worker's own
+    (without job/dag, from ``activity()``); ``offset()``: seconds to add to this host's time.
+    """
+
+    def __init__(self, custom, tasks, tags: dict, activity, offset: Callable[[], float]):
+        self._custom, self.tasks = custom, tasks
+        self._tags, self._activity, self._offset = tags, activity, offset
 
     def collect(self, now_ns: int) -> list[Point]:
         now_ns += int(self._offset() * 1e9)

@@ -61,6 +61,7 @@ from ..sinks import HealthWriter, counters, destinations, make_sink
 from . import extras
 from .registry import CachedActivity, TaskRegistry
 from .sources import taskstream
+from .sources.custom import CustomSource
 
 logger = logging.getLogger(__name__)
 
@@ -173,10 +174,9 @@ class MetricsWorkerPlugin(WorkerPlugin):
                                                 "visible": os.environ.get("CUDA_VISIBLE_DEVICES")},
                                        self.activity, frozenset(), offset=self.offset)
                 self.view.uuids = _resolved(self.gpus, self.view)
-        self.extras = extras.WorkerExtras(
-            self.custom, self.worker, self.base_tags, self.activity, self.offset, self.tasks, self._devices,
-            report=self.report,  # what: the metric's name
-            timeout=self.settings.polling_interval / 2000.0)  # deadline per sample
+        custom = CustomSource(self.custom, self.worker, self._devices, report=self.report,
+                              timeout=self.settings.polling_interval / 2000.0) if self.custom else None  # per sample
+        self.extras = extras.WorkerExtras(custom, self.tasks, self.base_tags, self.activity, self.offset)
         role = agent_role() if self.link is not None else self.worker.address
         self.sink = make_sink(self.settings, role=role, session=self.session["id"], report=self.report.once)
         self.health = HealthWriter(self.sink, {**self.settings.tags, "host": self.base_tags["host"],
