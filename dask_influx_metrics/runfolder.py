@@ -128,6 +128,15 @@ def write_worker(folder: str, worker_id: str, info: dict) -> str:
     return path
 
 
+def _worker_pids(folder: str) -> set[int]:
+    """The pids in the names of ``workers/<pid>[.<n>].<suffix>`` (this version's and older ones' files)."""
+    try:
+        names = os.listdir(os.path.join(folder, WORKERS))
+    except OSError:
+        return set()
+    return {int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()}
+
+
 def remove_session(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -145,8 +154,7 @@ def remove_stale(run_dir: str, keep: str = "") -> list[str]:
         except OSError:  # not ours to lock (another layout): leave it
             continue
         if None not in held:  # no worker arriving, no agent
-            pids = {(read_worker(p) or {}).get("pid") for p in worker_files(folder).values()}
-            if not any(isinstance(pid, int) and alive(pid) for pid in pids):
+            if not any(alive(pid) for pid in _worker_pids(folder)):
                 remove_session(folder)
                 removed.append(folder)
         for fd in held:

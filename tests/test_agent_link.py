@@ -107,7 +107,7 @@ def test_stale_session_folders_are_removed_and_live_ones_kept(tmp_path):
     try:
         for folder, pid in ((dead, 999999999), (live, proc.pid)):
             with runfolder.locked(folder, runfolder.START_LOCK):
-                runfolder.write_worker(folder, "1", {"pid": pid})
+                runfolder.write_worker(folder, str(pid), {"pid": pid})  # named by its pid, as workers are
         with runfolder.locked(busy, runfolder.START_LOCK):  # a worker arriving right now
             assert runfolder.remove_stale(run) == [dead]
     finally:
