@@ -40,6 +40,7 @@ from .parsers import (  # noqa: F401  (config.X names kept for callers)
     GPU_SOURCES,
     JOB_TYPES,
     MAX_GPUS,
+    MAX_POLLING_INTERVAL,
     _as_list,
     _bool,
     _check_tags_env,
@@ -80,8 +81,9 @@ class Setting(NamedTuple):
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("polling-interval", "polling_interval", 200, _number("a number of ms >= 1", minimum=1), "ms",
-            "time between samples on each worker"),
+    Setting("polling-interval", "polling_interval", 200,
+            _number(f"a number of ms from 1 to {MAX_POLLING_INTERVAL}", minimum=1, maximum=MAX_POLLING_INTERVAL), "ms",
+            f"time between samples on each worker (at most {MAX_POLLING_INTERVAL}: one minute)"),
     Setting("tracking", "tracking", None, _tracking, "",
             "metric names to collect; null = all (see schema.TRACKING)"),
     Setting("job-type", "job_type", "client", _choice(JOB_TYPES), "",
@@ -119,8 +121,8 @@ SETTINGS: tuple[Setting, ...] = (
             "held in worker memory before being appended to disk"),
     Setting("spool.flush-interval", "flush_interval", 1, _seconds, "s",
             "buffered lines reach disk at least this often"),
-    Setting("gpu.source", "gpu_source", "auto", _choice(GPU_SOURCES), "",
-            "auto (NVML if present, else none), nvml, simulated, none"),
+    Setting("gpu.source", "gpu_source", "auto", _choice(GPU_SOURCES, null="none"), "",
+            "auto (NVML if present, else none), nvml, simulated, none (also null, off, false)"),
     Setting("gpu.count", "gpu_count", 1, _number(f"an integer from 1 to {MAX_GPUS}", maximum=MAX_GPUS, integer=True),
             "", "simulated devices per worker (gpu.source: simulated)"),
     Setting("gpu.devices", "gpu_devices", "auto", _choice(GPU_DEVICES), "",

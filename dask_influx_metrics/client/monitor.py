@@ -23,7 +23,7 @@ import os
 import shutil
 
 from .. import _dask
-from ..config import Settings, overrides_from_kwargs
+from ..config import SETTINGS, Settings, overrides_from_kwargs
 from ..scheduler import session as scheduler_session
 from ..names import JOBS_PLUGIN, NEW_JOB_OP
 from ..scheduler.plugin import JobPlugin
@@ -35,6 +35,8 @@ CLUSTER = "cluster"  # query(source=CLUSTER): read the workers' spool through th
 # s: a worker stamps samples with its clock plus Dask's estimate of the scheduler's offset (ms off), so
 # its last sample, taken as sampling stops, can be stamped just after the session's stop: read that far
 CLOCK_SLACK = 0.05
+# settings never logged: secrets, and what may carry them (a user:password@ URL) or name a user
+_PRIVATE = {s.key for s in SETTINGS if s.secret} | {"influxdb.url", "influxdb.username"}
 
 
 async def _on_scheduler(dask_scheduler=None, action="state"):
@@ -50,6 +52,34 @@ async def _on_scheduler(dask_scheduler=None, action="state"):
     return plugin.state()
 
 
+def _names(tracking) -> list | None:
+    """A tracking list as given: one name as a string is that name (not its letters)."""
+    return None if tracking is None else [tracking] if isinstance(tracking, str) else list(tracking)
+
+
+def _unreachable(error, state, reader) -> str:
+    """The message of a reader that cannot reach InfluxDB: where the workers sent the samples,
+    and where an HTTP sink's undelivered copy is and how to read or replay it."""
+    workers = {w: d for w, d in (state.get("destinations") or {}).items() if w != "scheduler"}
+    message = str(error)
+    udp = sorted({d["telegraf"] for d in workers.values() if "udp" in d["sinks"] and d.get("telegraf")})
+    if udp and not any(d.get("influxdb") for d in workers.values()) and "influxdb.url" not in reader.configured:
+        message = (f"cannot read the samples back: the workers sent them over UDP to Telegraf at {', '.join(udp)}, "
+                   "and this reader has no influxdb.url configured (the default tried: "
+                   f"{message.removeprefix('cannot reach InfluxDB at ')}); set influx-metrics.influxdb.url to the "
+                   "InfluxDB that Telegraf writes to, or pass query(source='http://host:8086')")
+    undelivered = sorted({d["spool"] for d in workers.values() if "http" in d["sinks"] and d.get("spool")})
+    if undelivered:
+        folder = os.path.dirname(os.path.dirname(undelivered[0]))  # <root>/<session>
+        here = os.path.isdir(folder)
+        message += (f". The samples InfluxDB did not take are kept under {folder}/<worker>/undelivered/"
+                    + (f": read them with monitor.query(source={folder!r}) or `dask-influx-metrics jobs --source "
+                       f"{folder}`; once InfluxDB is back, monitor.query() after stop() writes them into it"
+                       if here else " on the workers' hosts: read them through the cluster with "
+                       "monitor.query(source='cluster')"))
+    return message
+
+
 class Monitor:
     """Collects GPU, host and custom metrics on every worker of ``client``'s cluster.
 
@@ -57,6 +87,8 @@ class Monitor:
     (see :data:`dask_influx_metrics.config.KWARGS`), e.g. ``sink="udp"``,
     ``gpu_source="simulated"``; they apply to every ``attach``.
     """
+
+    _attached = False  # whether attach() ran on this Monitor
 
     def __init__(self, client, **settings):
         self.client = client
@@ -78,7 +110,7 @@ class Monitor:
         >>> monitor.attach(["mem-util", "compute-util"], job_type="manual")  # doctest: +SKIP
         """
         overrides = {**self._settings, **overrides_from_kwargs(
-            tracking=list(tracking) if tracking is not None else None, job_type=job_type,
+            tracking=_names(tracking), job_type=job_type,
             polling_interval=polling_interval, mem_limit=mem_limit, dump_loc=dump_loc, **settings)}
         resolved = Settings.for_session(overrides)  # raises on anything invalid
         metrics = custom.validate(custom_metrics)
@@ -92,6 +124,7 @@ class Monitor:
         if state:
             self.client.run_on_scheduler(_on_scheduler, action="detach")
         self.client.register_plugin(JobPlugin(overrides, payload), name=JOBS_PLUGIN)
+        self._attached = True
         return resolved
 
     def start(self, tracking=None) -> dict:
@@ -105,8 +138,14 @@ class Monitor:
         >>> session = monitor.start()  # doctest: +SKIP
         """
         state = self._state()
+        tracking = _names(tracking)
         if tracking is not None:
-            Settings.resolve({**state["overrides"], "tracking": list(tracking)})  # raises on bad names
+            Settings.resolve({**state["overrides"], "tracking": tracking})  # raises on bad names
+        elif not self._attached:  # attached by another Monitor, client or the preload: say what is reused
+            shown = {k: v for k, v in state["overrides"].items() if k not in _PRIVATE}
+            logger.warning("influx-metrics: start() without attach() on this Monitor reuses the settings attached "
+                           "to %s earlier: %s", self.client.scheduler.address,
+                           ", ".join(f"{k}={v!r}" for k, v in sorted(shown.items())) or "the defaults")
         # the same start path as --preload; a worker's setup error stops the session and lands here
         session = self.client.run_on_scheduler(scheduler_session.start, tracking=tracking)
         logger.info("influx-metrics session %s: %s", session["id"], "; ".join(
@@ -121,7 +160,12 @@ class Monitor:
 
         >>> Monitor(other_client).stop()  # doctest: +SKIP
         """
-        self._state()
+        state = self._state()
+        if state["session"] is None:  # checked here: an error raised on the scheduler logs a traceback there
+            self.client.run_on_scheduler(scheduler_session.stop, missing_ok=True)  # workers left sampling, if any
+            last = state["last_session"]
+            raise RuntimeError(f"no monitoring session is running on {self.client.scheduler.address}"
+                               + (f"; the last one, {last['id']}, has already stopped" if last else ""))
         return self.client.run_on_scheduler(scheduler_session.stop)
 
     def new_job(self, job=None) -> None:
@@ -241,7 +285,12 @@ class Monitor:
             self._close_store()
             if args == (CLUSTER,):
                 args = (self._copy_spool(state, session),)
-            self._store, self._store_key = query.connect(*args, **options), key
+            try:
+                self._store, self._store_key = query.connect(*args, **options), key
+            except query.QueryError as e:
+                if source is not None or not str(e).startswith("cannot reach"):
+                    raise
+                raise query.QueryError(_unreachable(e, state, reader)) from None
         return self._store
 
     _copy = None  # the local copy of a spool read through the cluster, removed with its Store
@@ -321,7 +370,16 @@ class Monitor:
 
         >>> monitor.to_csv("out/")  # doctest: +SKIP
         """
-        return self.query(**kwargs).to_csv(path, fname=fname, clear_dir=clear_dir, metrics=metrics)
+        store = self.query(**kwargs)
+        if not kwargs:  # the session's own source: every worker that sampled must be in the export
+            from .query import NO_GPU, QueryError
+
+            sampled = {w for w in self._state().get("destinations") or {} if w != "scheduler"}
+            missing = sorted(sampled - set(store.workers()))
+            if missing:
+                raise QueryError(f"worker(s) {missing} sampled in this session but wrote no samples "
+                                 f"{store.scope()}; no CSV written ({NO_GPU})")
+        return store.to_csv(path, fname=fname, clear_dir=clear_dir, metrics=metrics)
 
     def report(self, path="gpu-report.html", title=None, **kwargs) -> str:
         """Write the one-file HTML report of the session (see :mod:`.report`; needs the ``[report]``

@@ -39,11 +39,11 @@ async def start(dask_scheduler, tracking=None) -> dict:
     plugin = dask_scheduler.plugins.get(JOBS_PLUGIN)
     if plugin is None:
         raise RuntimeError(f"no monitor is attached to {dask_scheduler.address}; call attach() first")
-    if tracking is not None:
-        plugin.overrides["tracking"] = list(tracking)
-    session = plugin.start_session()
+    # this session's list only: a later start() without one goes back to attach()'s
+    overrides = plugin.overrides if tracking is None else {**plugin.overrides, "tracking": list(tracking)}
+    session = plugin.start_session(overrides)
     try:
-        worker_plugin = MetricsWorkerPlugin(plugin.overrides, plugin.worker_payload, session)
+        worker_plugin = MetricsWorkerPlugin(overrides, plugin.worker_payload, session)
         await _dask.add_worker_plugin(dask_scheduler, worker_plugin, WORKER_PLUGIN)
     except Exception:
         plugin.stop_session()

@@ -60,6 +60,20 @@ def private_folder(path) -> str:
     return path
 
 
+def makedirs_private(path) -> None:
+    """``os.makedirs(path, 0o700)`` for every folder it creates: makedirs gives only the last one that
+    mode (since Python 3.7), the session folder above it would be open to others (0755)."""
+    missing, path = [], os.fspath(path)
+    while path and not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:
+            pass
+
+
 class SpoolSink:
     """Append line protocol to files under ``directory`` (see the module docstring)."""
 
@@ -143,7 +157,7 @@ class SpoolSink:
         created and could not write a byte to is removed (a full disk leaves no empty files)."""
         self._attempt = (self.path, 0)
         if self._pid != os.getpid():  # first write, or a forked child: never share a file
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            makedirs_private(self.directory)
             self._pid = os.getpid()
             self._seq = _next_sequence(self.directory, self._pid)
         while True:
