@@ -203,3 +203,12 @@ def test_a_partial_write_counts_the_whole_lines_that_reached_the_disk(tmp_path):
     [(name, size)] = got["files"].items()
     assert size == 100  # two whole lines, then a torn one that readers ignore and nobody appends to
     assert list(read_lines(tmp_path / "spool")) == [b"m,n=000 v=%03di 1700000000000000000" % i for i in range(2)]
+
+
+def test_every_folder_the_spool_creates_is_private(tmp_path):
+    """<root>/<session>/<worker>: os.makedirs would leave the session folder 0755 (issue 24)."""
+    sink = SpoolSink(tmp_path / "root" / "session" / "worker")
+    sink.send([b"m f=1i 1"])
+    sink.close()
+    for folder in ("root", "root/session", "root/session/worker"):
+        assert os.stat(tmp_path / folder).st_mode & 0o777 == 0o700, folder

@@ -375,8 +375,9 @@ class Monitor:
             from .query import NO_GPU, QueryError
 
             sampled = {w for w in self._state().get("destinations") or {} if w != "scheduler"}
-            missing = sorted(sampled - set(store.workers()))
-            if missing:
+            present = store.workers()
+            missing = sorted(sampled - set(present))
+            if missing and present:  # none present: store.to_csv says what the source holds
                 raise QueryError(f"worker(s) {missing} sampled in this session but wrote no samples "
                                  f"{store.scope()}; no CSV written ({NO_GPU})")
         return store.to_csv(path, fname=fname, clear_dir=clear_dir, metrics=metrics)

@@ -133,11 +133,10 @@ class SpoolBackend:
             if session is not None and session not in found:
                 raise QueryError(f"session {session!r} not in {path!r}; sessions: {found}")
             self.path = os.path.join(path, session or found[-1])
-            if session is None:  # say which one: the latest may be another run's
-                self.picked = (f"read session {found[-1]!r}, the latest of {len(found)} under {path!r}"
-                               + (f" (the others: {found[:-1]}); choose one with session= (CLI: --session)"
-                                  if len(found) > 1 else ""))
-                logger.info("spool: %s", self.picked)
+            if session is None and len(found) > 1:  # say which one: the latest may be another run's
+                self.picked = (f"read session {found[-1]!r}, the latest of {len(found)} under {path!r} (the "
+                               f"others: {found[:-1]}); choose one with session= (CLI: --session)")
+                logger.warning("spool: %s", self.picked)
         self.session = os.path.basename(self.path)
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
         self._folders: dict[str, str] = {}  # worker address -> folder
