@@ -5,9 +5,9 @@ the :class:`Settings` attribute, the ``Monitor``/``attach`` keywords, the
 default, the parser that validates it, the unit and a line of doc. Everything
 else is derived from that table: the defaults registered with ``dask.config``
 when the package is imported, the :class:`Settings` fields, :data:`KWARGS`,
-the shipped ``influx-metrics.yaml`` (:func:`defaults_yaml`) and the README
+the shipped ``influx-metrics.yaml`` (:func:`defaults_yaml`) and the docs/settings.md
 settings table (:func:`settings_table_markdown`); ``tests/test_config.py``
-checks that the file and the README say what the table says.
+checks that the file and docs/settings.md say what the table says.
 
 Environment variables (``DASK_INFLUX_METRICS__SINK=udp``) and YAML files
 override the defaults the usual Dask way. Per-call overrides travel to
@@ -71,7 +71,7 @@ class Setting(NamedTuple):
     default: Any                # the YAML default (before parsing)
     parse: Callable             # config value -> Python value; raises ValueError("must be ...")
     unit: str                   # "ms", "s", "bytes", ... or ""
-    doc: str                    # one line for the YAML comment and the README
+    doc: str                    # one line for the YAML comment and docs/settings.md
     keywords: tuple = ()        # Monitor/attach keywords; () means (attr,)
     secret: bool = False        # hidden from repr
 
@@ -305,7 +305,7 @@ def defaults_yaml() -> str:
 
 
 def settings_table_markdown() -> str:
-    """The README "Settings" table: key (keywords), default, unit, meaning."""
+    """The docs/settings.md table: key (keywords), default, unit, meaning."""
     rows = ["| key (keywords) | default | unit | meaning |", "|---|---|---|---|"]
     for s in SETTINGS:
         keywords = ", ".join(f"`{k}`" for k in s.kwargs)

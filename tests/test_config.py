@@ -84,7 +84,7 @@ def test_hyphenated_keys_set_from_environment_variables(monkeypatch):
         dask.config.refresh()
 
 
-# --- one declaration per setting: the YAML file, the README and the keywords come from config.SETTINGS
+# --- one declaration per setting: the YAML file, docs/settings.md and the keywords come from config.SETTINGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGENERATE = ('regenerate: python -c "from dask_influx_metrics import config; '
               'print(config.defaults_yaml(), end=\'\')" > dask_influx_metrics/influx-metrics.yaml')
@@ -97,10 +97,10 @@ def test_shipped_yaml_is_generated_from_the_table():
     assert yaml.safe_load(text) == config.DEFAULTS
 
 
-def test_readme_settings_table_is_generated_from_the_table():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        section = f.read().split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
-    assert config.settings_table_markdown() in section, "paste config.settings_table_markdown() into README 'Settings'"
+def test_docs_settings_table_is_generated_from_the_table():
+    with open(os.path.join(ROOT, "docs", "settings.md")) as f:
+        section = f.read()
+    assert config.settings_table_markdown() in section, "paste config.settings_table_markdown() into docs/settings.md"
 
 
 def test_every_setting_is_an_attribute_a_keyword_and_a_default():

@@ -57,29 +57,6 @@ def _names(tracking) -> list | None:
     return None if tracking is None else [tracking] if isinstance(tracking, str) else list(tracking)
 
 
-def _unreachable(error, state, reader) -> str:
-    """The message of a reader that cannot reach InfluxDB: where the workers sent the samples,
-    and where an HTTP sink's undelivered copy is and how to read or replay it."""
-    workers = {w: d for w, d in (state.get("destinations") or {}).items() if w != "scheduler"}
-    message = str(error)
-    udp = sorted({d["telegraf"] for d in workers.values() if "udp" in d["sinks"] and d.get("telegraf")})
-    if udp and not any(d.get("influxdb") for d in workers.values()) and "influxdb.url" not in reader.configured:
-        message = (f"cannot read the samples back: the workers sent them over UDP to Telegraf at {', '.join(udp)}, "
-                   "and this reader has no influxdb.url configured (the default tried: "
-                   f"{message.removeprefix('cannot reach InfluxDB at ')}); set influx-metrics.influxdb.url to the "
-                   "InfluxDB that Telegraf writes to, or pass query(source='http://host:8086')")
-    undelivered = sorted({d["spool"] for d in workers.values() if "http" in d["sinks"] and d.get("spool")})
-    if undelivered:
-        folder = os.path.dirname(os.path.dirname(undelivered[0]))  # <root>/<session>
-        here = os.path.isdir(folder)
-        message += (f". The samples InfluxDB did not take are kept under {folder}/<worker>/undelivered/"
-                    + (f": read them with monitor.query(source={folder!r}) or `dask-influx-metrics jobs --source "
-                       f"{folder}`; once InfluxDB is back, monitor.query() after stop() writes them into it"
-                       if here else " on the workers' hosts: read them through the cluster with "
-                       "monitor.query(source='cluster')"))
-    return message
-
-
 class Monitor:
     """Collects GPU, host and custom metrics on every worker of ``client``'s cluster.
 
@@ -99,7 +76,7 @@ class Monitor:
                mem_limit=None, dump_loc=None, **settings) -> Settings:
         """Validate the options and install the scheduler plugin (sampling starts at ``start()``).
 
-        ``tracking`` names metrics (default: all, see README), ``custom_metrics``
+        ``tracking`` names metrics (default: all, see docs/data-contract.md), ``custom_metrics``
         are functions decorated with ``@custom_metric``, ``job_type`` is
         ``"client"`` (each client connection is a job) or ``"manual"`` (only
         ``new_job()`` changes the job), ``polling_interval`` is in ms,
@@ -222,7 +199,7 @@ class Monitor:
     def delivery(self) -> dict:
         """Each worker's sink counters while a session runs: ``{worker: [{"kind": "udp",
         "points_sent", "points_dropped", "refused", ...}]}``. ``refused`` counts datagrams a
-        loopback Telegraf address refused (nothing listened); see README "Where samples go".
+        loopback Telegraf address refused (nothing listened); see docs/sinks.md.
 
         >>> monitor.delivery()  # doctest: +SKIP
         {'tcp://127.0.0.1:4012': [{'kind': 'udp', 'points_sent': 120, 'points_dropped': 0, ...}]}
@@ -290,7 +267,9 @@ class Monitor:
             except query.QueryError as e:
                 if source is not None or not str(e).startswith("cannot reach"):
                     raise
-                raise query.QueryError(_unreachable(e, state, reader)) from None
+                from .sources import unreachable
+
+                raise query.QueryError(unreachable(e, state.get("destinations") or {}, reader.configured)) from None
         return self._store
 
     _copy = None  # the local copy of a spool read through the cluster, removed with its Store
