@@ -118,10 +118,10 @@ def gap_after_kill(address: str) -> float:
         times.setdefault(p.tags["worker"], []).append(p.time_ns)
     gaps = []
     for ts in times.values():
-        ts.sort()
-        before = max(t for t in ts if t <= killed)
-        gaps.append((min(t for t in ts if t > killed) - before) / 1e9)
-    return max(gaps)
+        before, after = [t for t in ts if t <= killed], [t for t in ts if t > killed]
+        if before and after:  # a worker sampled on both sides of the kill
+            gaps.append((min(after) - max(before)) / 1e9)
+    return max(gaps) if gaps else float("nan")
 
 
 def run(quick: bool) -> list[dict]:

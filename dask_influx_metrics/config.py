@@ -5,9 +5,9 @@ the :class:`Settings` attribute, the ``Monitor``/``attach`` keywords, the
 default, the parser that validates it, the unit and a line of doc. Everything
 else is derived from that table: the defaults registered with ``dask.config``
 when the package is imported, the :class:`Settings` fields, :data:`KWARGS`,
-the shipped ``influx-metrics.yaml`` (:func:`defaults_yaml`) and the README
+the shipped ``influx-metrics.yaml`` (:func:`defaults_yaml`) and the docs/settings.md
 settings table (:func:`settings_table_markdown`); ``tests/test_config.py``
-checks that the file and the README say what the table says.
+checks that the file and docs/settings.md say what the table says.
 
 Environment variables (``DASK_INFLUX_METRICS__SINK=udp``) and YAML files
 override the defaults the usual Dask way. Per-call overrides travel to
@@ -41,6 +41,7 @@ from .parsers import (  # noqa: F401  (config.X names kept for callers)
     JOB_TYPES,
     SAMPLER_MODES,
     MAX_GPUS,
+    MAX_POLLING_INTERVAL,
     _as_list,
     _bool,
     _check_tags_env,
@@ -71,7 +72,7 @@ class Setting(NamedTuple):
     default: Any                # the YAML default (before parsing)
     parse: Callable             # config value -> Python value; raises ValueError("must be ...")
     unit: str                   # "ms", "s", "bytes", ... or ""
-    doc: str                    # one line for the YAML comment and the README
+    doc: str                    # one line for the YAML comment and docs/settings.md
     keywords: tuple = ()        # Monitor/attach keywords; () means (attr,)
     secret: bool = False        # hidden from repr
 
@@ -81,8 +82,9 @@ class Setting(NamedTuple):
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("polling-interval", "polling_interval", 200, _number("a number of ms >= 1", minimum=1), "ms",
-            "time between samples on each worker"),
+    Setting("polling-interval", "polling_interval", 200,
+            _number(f"a number of ms from 1 to {MAX_POLLING_INTERVAL}", minimum=1, maximum=MAX_POLLING_INTERVAL), "ms",
+            f"time between samples on each worker (at most {MAX_POLLING_INTERVAL}: one minute)"),
     Setting("tracking", "tracking", None, _tracking, "",
             "metric names to collect; null = all (see schema.TRACKING)"),
     Setting("job-type", "job_type", "client", _choice(JOB_TYPES), "",
@@ -120,8 +122,8 @@ SETTINGS: tuple[Setting, ...] = (
             "held in worker memory before being appended to disk"),
     Setting("spool.flush-interval", "flush_interval", 1, _seconds, "s",
             "buffered lines reach disk at least this often"),
-    Setting("gpu.source", "gpu_source", "auto", _choice(GPU_SOURCES), "",
-            "auto (NVML if present, else none), nvml, simulated, none"),
+    Setting("gpu.source", "gpu_source", "auto", _choice(GPU_SOURCES, null="none"), "",
+            "auto (NVML if present, else none), nvml, simulated, none (also null, off, false)"),
     Setting("gpu.count", "gpu_count", 1, _number(f"an integer from 1 to {MAX_GPUS}", maximum=MAX_GPUS, integer=True),
             "", "simulated devices per worker (gpu.source: simulated)"),
     Setting("gpu.devices", "gpu_devices", "auto", _choice(GPU_DEVICES), "",
@@ -315,7 +317,7 @@ def defaults_yaml() -> str:
 
 
 def settings_table_markdown() -> str:
-    """The README "Settings" table: key (keywords), default, unit, meaning."""
+    """The docs/settings.md table: key (keywords), default, unit, meaning."""
     rows = ["| key (keywords) | default | unit | meaning |", "|---|---|---|---|"]
     for s in SETTINGS:
         keywords = ", ".join(f"`{k}`" for k in s.kwargs)

@@ -28,6 +28,8 @@ GPU_DEVICES = ("auto", "first", "all")  # see agent/sources/nvml_devices.choose
 SAMPLER_MODES = ("agent", "thread")
 JOB_TYPES = ("client", "manual")
 MAX_GPUS = 64  # the most (simulated) devices per worker
+# ms: sampling less often than once a minute misses the peaks this package exists for; larger is a typo
+MAX_POLLING_INTERVAL = 60_000
 
 
 def parse_address(value) -> tuple[str, int]:
@@ -85,8 +87,12 @@ def _seconds(value) -> float:
     return float(_positive_seconds(value))
 
 
-def _choice(options: tuple) -> Callable:
+def _choice(options: tuple, null=None) -> Callable:
+    """A parser for one of ``options``; with ``null``, YAML/environment ``none``/``null``/``off``/``false``
+    (which Dask and YAML read as None or False) mean ``null``."""
     def parse(value):
+        if null is not None and (value is None or value is False):
+            return null
         if value not in options:
             raise ValueError(f"must be one of {options}")
         return value
@@ -171,7 +177,7 @@ def _tags(value) -> dict:
 def _check_tags_env() -> None:
     """Dask drops a ``DASK_INFLUX_METRICS__TAGS`` that is not a mapping; refuse it instead."""
     text = os.environ.get(TAGS_ENV)
-    if text is not None and not isinstance(dask.config.interpret_value(text), dict):
+    if text is not None and not isinstance(dask.config.interpret_value(text), (dict, type(None))):  # none: no tags
         raise ValueError(f"{TAGS_ENV} must be a Python dict literal such as {{'cluster': 'prod-a'}} (or set one "
                          f"tag per variable: {TAGS_ENV}__CLUSTER=prod-a); cannot parse {text!r}")
 

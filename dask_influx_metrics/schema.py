@@ -1,7 +1,7 @@
 """The data contract: every measurement, tag and field this package writes.
 
 Everything else (sources, the line-protocol encoder, sinks, queries, CSV,
-dashboards) takes its names from here. The README's "Data contract" table is
+dashboards) takes its names from here. The "Data contract" table of docs/data-contract.md is
 this module, rendered.
 
 Points are written with nanosecond timestamps (InfluxDB's default precision),
@@ -97,7 +97,7 @@ MEASUREMENT_TAGS = {
     CUSTOM: COMMON_TAGS + DEVICE_TAGS,  # device tags on per-device custom metrics only
     DAG: ("host", "job"),  # dag and status are fields: one series per job, however many DAGs
     TASK: COMMON_TAGS + ("prefix", "state"),
-    # Dask's digests are per prefix, not per task, so activity points have no dag (see README).
+    # Dask's digests are per prefix, not per task, so activity points have no dag (see docs/data-contract.md).
     ACTIVITY: ("host", "worker", "job", "prefix", "activity", "unit"),
     # worker = the sending role: a worker address, "scheduler", or the host's sampling agent
     DELIVERY: ("host", "worker", "sink"),

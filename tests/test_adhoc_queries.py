@@ -1,4 +1,4 @@
-"""README "Ad hoc queries": every InfluxQL query runs, as written, on data from a monitored cluster.
+"""docs/queries.md ("Ad hoc queries"): every InfluxQL query runs, as written, on data from a monitored cluster.
 
 The ``monitored`` fixture (conftest.py) ran a real ``LocalCluster`` with two workers (simulated
 GPUs) and two manual jobs, one DAG each, into the session influxd's ``dask_metrics`` database.
@@ -16,9 +16,9 @@ import pytest
 
 from fluxcheck import ROOT, fenced_blocks
 
-with open(os.path.join(ROOT, "README.md")) as _f:
+with open(os.path.join(ROOT, "docs", "queries.md")) as _f:
     _README = _f.read()
-SECTION = _README.split("\n## Ad hoc queries\n", 1)[-1].split("\n## ", 1)[0]
+SECTION = _README
 QUERIES = fenced_blocks(_README, "influxql")
 
 
@@ -34,15 +34,15 @@ def monitored(monitored_both):
 
 
 def test_section_has_queries_in_both_languages():
-    assert "\n## Ad hoc queries\n" in _README
+    assert _README.startswith("# Ad hoc queries\n")
     assert len(fenced_blocks(SECTION, "influxql")) >= 6 and len(fenced_blocks(SECTION, "flux")) >= 6
     assert all(";" not in q for _, q in QUERIES), "one statement per block"
 
 
-@pytest.mark.parametrize("query", [q for _, q in QUERIES], ids=[f"README.md:{line}" for line, _ in QUERIES])
+@pytest.mark.parametrize("query", [q for _, q in QUERIES], ids=[f"docs/queries.md:{line}" for line, _ in QUERIES])
 def test_influxql_query_returns_rows(monitored, query):
     if "dag" in _grouped_by(query) and not monitored.dag_tag:
-        pytest.skip("InfluxQL cannot GROUP BY a field: this query is for dag-tag: true (README)")
+        pytest.skip("InfluxQL cannot GROUP BY a field: this query is for dag-tag: true (docs/queries.md)")
     rows = monitored.influxd.query(query.strip(), db=monitored.database)
     assert rows, f"no rows for {query}"
     assert all(v is not None for row in rows for v in row.values()), rows[:5]

@@ -145,7 +145,7 @@ def test_hyphenated_keys_set_from_environment_variables(monkeypatch):
         dask.config.refresh()
 
 
-# --- one declaration per setting: the YAML file, the README and the keywords come from config.SETTINGS
+# --- one declaration per setting: the YAML file, docs/settings.md and the keywords come from config.SETTINGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGENERATE = ('regenerate: python -c "from dask_influx_metrics import config; '
               'print(config.defaults_yaml(), end=\'\')" > dask_influx_metrics/influx-metrics.yaml')
@@ -158,10 +158,10 @@ def test_shipped_yaml_is_generated_from_the_table():
     assert yaml.safe_load(text) == config.DEFAULTS
 
 
-def test_readme_settings_table_is_generated_from_the_table():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        section = f.read().split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
-    assert config.settings_table_markdown() in section, "paste config.settings_table_markdown() into README 'Settings'"
+def test_docs_settings_table_is_generated_from_the_table():
+    with open(os.path.join(ROOT, "docs", "settings.md")) as f:
+        section = f.read()
+    assert config.settings_table_markdown() in section, "paste config.settings_table_markdown() into docs/settings.md"
 
 
 def test_every_setting_is_an_attribute_a_keyword_and_a_default():
@@ -199,8 +199,8 @@ URL = "influx-metrics.influxdb.url must be an http:// or https:// URL"
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"polling-interval": 0.5}, "influx-metrics.polling-interval must be a number of ms >= 1, got 0.5"),
-    ({"polling-interval": float("inf")}, "influx-metrics.polling-interval must be a number of ms >= 1, got inf"),
+    ({"polling-interval": 0.5}, "influx-metrics.polling-interval must be a number of ms from 1 to 60000, got 0.5"),
+    ({"polling-interval": float("inf")}, "influx-metrics.polling-interval must be a number of ms from 1 to 60000, got inf"),
     ({"spool.flush-interval": float("nan")}, f"influx-metrics.spool.flush-interval {SECONDS} nan"),
     ({"spool.flush-interval": float("inf")}, f"influx-metrics.spool.flush-interval {SECONDS} inf"),
     ({"spool.flush-interval": 0}, f"influx-metrics.spool.flush-interval {SECONDS} 0"),
@@ -294,3 +294,64 @@ def test_an_unparsable_tags_environment_variable_is_an_error(monkeypatch):
     finally:
         monkeypatch.delenv("DASK_INFLUX_METRICS__TAGS")
         dask.config.refresh()
+
+
+# --- issue 24: the spellings Dask and YAML turn into None/False, and typos that must be refused
+@pytest.mark.parametrize("text", ["none", "None", "null"])
+def test_gpu_source_none_from_the_environment(monkeypatch, text):
+    """Dask reads ``none`` from the environment as None: it must still mean gpu.source none."""
+    monkeypatch.setenv("DASK_INFLUX_METRICS__GPU__SOURCE", text)
+    dask.config.refresh()
+    try:
+        assert Settings.resolve().gpu_source == "none"
+    finally:
+        monkeypatch.delenv("DASK_INFLUX_METRICS__GPU__SOURCE")
+        dask.config.refresh()
+
+
+@pytest.mark.parametrize("document, attr, value", [
+    ("gpu: {source: none}", "gpu_source", "none"),
+    ("gpu: {source: null}", "gpu_source", "none"),
+    ("gpu: {source: off}", "gpu_source", "none"),  # YAML 1.1: off is False
+    ("dag-tag: off", "dag_tag", False),
+    ("dag-tag: yes", "dag_tag", True),
+    ("sampler: {isolate: no}", "isolate", False),
+    ("tracking: null", "tracking", None),
+    ("tags: null", "tags", {}),
+    ("telegraf: {max-datagram: null}", "max_datagram", None),
+    ("influxdb: {retention-policy: none}", "retention_policy", "none"),
+])
+def test_none_null_off_spellings_from_yaml(document, attr, value):
+    def dotted(node, prefix="influx-metrics"):
+        if not isinstance(node, dict) or not node:
+            return {prefix: node}
+        return {k: v for key, sub in node.items() for k, v in dotted(sub, f"{prefix}.{key}").items()}
+
+    with dask.config.set(dotted(yaml.safe_load(document))):
+        got = getattr(Settings.resolve(), attr)
+    assert got == value or (value is None and got == tuple(config.schema.TRACKING))
+
+
+@pytest.mark.parametrize("name, text, attr, value", [
+    ("DASK_INFLUX_METRICS__DAG_TAG", "off", "dag_tag", False),
+    ("DASK_INFLUX_METRICS__DAG_TAG", "False", "dag_tag", False),
+    ("DASK_INFLUX_METRICS__SAMPLER__HOST_ONCE", "true", "host_once", True),
+    ("DASK_INFLUX_METRICS__TAGS", "none", "tags", {}),
+    ("DASK_INFLUX_METRICS__TELEGRAF__ADDRESS", "none", "telegraf_address", ("127.0.0.1", 8094)),
+    ("DASK_INFLUX_METRICS__TRACKING", "null", "tracking", None),
+])
+def test_none_null_off_spellings_from_the_environment(monkeypatch, name, text, attr, value):
+    monkeypatch.setenv(name, text)
+    dask.config.refresh()
+    try:
+        got = getattr(Settings.resolve(), attr)
+    finally:
+        monkeypatch.delenv(name)
+        dask.config.refresh()
+    assert got == value or (value is None and got == tuple(config.schema.TRACKING))
+
+
+def test_polling_interval_has_an_upper_bound():
+    assert Settings.resolve({"polling-interval": 60_000}).polling_interval == 60_000
+    with pytest.raises(ValueError, match=r"polling-interval must be a number of ms from 1 to 60000, got 1000000000"):
+        Settings.resolve({"polling-interval": 10**9})

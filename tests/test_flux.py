@@ -119,9 +119,9 @@ def test_grafana_flux_queries_pass():
     assert not any(problems.values()), problems
 
 
-def test_readme_flux_blocks_pass():
-    with open(os.path.join(ROOT, "README.md")) as f:
+def test_docs_flux_blocks_pass():
+    with open(os.path.join(ROOT, "docs", "queries.md")) as f:
         blocks = fenced_blocks(f.read(), "flux")
-    assert len(blocks) >= 6, "README.md: the Ad hoc queries section has a Flux query per question"
-    result = flux_diagnostics({f"README.md:{line}": body for line, body in blocks})
+    assert len(blocks) >= 6, "docs/queries.md has a Flux query per question"
+    result = flux_diagnostics({f"docs/queries.md:{line}": body for line, body in blocks})
     assert not any(result.values()), {k: v for k, v in result.items() if v}

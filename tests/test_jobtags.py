@@ -65,9 +65,11 @@ def test_distinct_and_explode_leave_out_zero():
     assert rows["job"].tolist() == [1, 2, 3] and rows["v"].tolist() == [1.0, 1.0, 4.0]
 
 
-def test_regexes_have_the_readmes_form():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
+def test_regexes_have_the_docs_form():
+    readme = ""
+    for name in ("monitor.md", "queries.md"):
+        with open(os.path.join(ROOT, "docs", name)) as f:
+            readme += f.read()
     assert f"job =~ {jobtags.influxql_regex(2)}" in readme  # the "Jobs and DAGs" rule
     assert f'WHERE "job" =~ {jobtags.influxql_regex(2)} AND' in readme  # the ad hoc InfluxQL query
     assert f"r.job =~ {jobtags.flux_regex(2)} and" in readme  # and its Flux twin

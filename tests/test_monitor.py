@@ -303,3 +303,46 @@ def test_start_without_attach_is_a_clear_error(cluster):
     with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as lonely, Client(lonely) as c:
         with pytest.raises(RuntimeError, match="attach"):
             Monitor(c).start()
+
+
+# --- issue 24, item 6
+def test_one_tracking_name_as_a_string_is_that_name(client):
+    with pytest.raises(ValueError, match=r"gpu-fun") as e:
+        Monitor(client).attach(tracking="gpu-fun")
+    assert "'g'" not in str(e.value)  # not split into letters
+    assert Monitor(client).attach(tracking="mem-util").tracking == ("mem-util",)
+
+
+def test_stop_twice_is_one_clear_error_and_no_traceback_on_the_scheduler(client):
+    monitor = Monitor(client, gpu_source="simulated", sink="spool")
+    monitor.attach(polling_interval=POLL_MS)
+    session = monitor.start()
+    monitor.stop()
+    before = len(client.get_scheduler_logs(n=10_000))
+    with pytest.raises(RuntimeError, match=f"no monitoring session is running on .*the last one, {session['id']}, "
+                                           "has already stopped"):
+        monitor.stop()
+    after = client.get_scheduler_logs(n=10_000)
+    assert not [m for _, m in after[: len(after) - before]  # newest first
+                if "Run Failed" in m or "Traceback" in m], "stop() twice logged an error on the scheduler"
+    monitor.shutdown()
+
+
+def test_start_without_attach_uses_attach_settings_not_an_earlier_start_list(client, caplog):
+    first = Monitor(client, gpu_source="simulated", sink="spool")
+    first.attach(tracking=["compute-util", "tasks"], polling_interval=POLL_MS)
+    first.start(tracking=["mem-util"])  # this session only
+    first.stop()
+    with caplog.at_level("WARNING", logger="dask_influx_metrics"):
+        Monitor(client).start()
+    assert "start() without attach() on this Monitor reuses the settings attached" in caplog.text
+    assert "tracking=['compute-util', 'tasks']" in caplog.text
+    tracked = client.run(_worker_tracking)
+    assert set(tracked.values()) == {("compute-util", "tasks")}, tracked  # not the earlier start()'s mem-util
+    first.shutdown()
+
+
+def _worker_tracking(dask_worker):
+    from dask_influx_metrics import _dask
+
+    return _dask.worker_plugin(dask_worker, "influx-metrics").settings.tracking

@@ -161,3 +161,43 @@ def test_the_spool_reader_reads_refused_samples_once(tmp_path):
     beside.close()
     with query.connect(tmp_path) as db:
         assert len(db.worker_tables()[W]) == 5 and db.notes == []
+
+
+def _undelivered_only(session, workers) -> None:
+    """A session an HTTP sink left behind during an outage: ``<worker>/undelivered/*.lp`` only."""
+    for w, worker in enumerate(workers):
+        lines = [line.replace(W.encode(), worker.encode()) for line in _lines(5, start=10 * w)]
+        sink = SpoolSink(session / f"tcp-10.0.0.{w + 1}-1" / "undelivered")
+        sink.send(lines)
+        sink.close()
+
+
+def test_a_session_folder_of_undelivered_samples_reads_every_worker(tmp_path):
+    """Issue 24: the session folder was taken for a spool root and one worker folder for its session."""
+    workers = [W, "tcp://10.0.0.2:1"]
+    session = tmp_path / "20240501T120000-000001"
+    _undelivered_only(session, workers)
+    with query.connect(session) as db:
+        assert db.workers() == workers
+        assert db.get_peaks("compute-util", per_job=False) == [[4], [14]]
+    with query.connect(tmp_path) as db:  # the root: its one session
+        assert db.workers() == workers and db.notes == ["10 sample(s) came from undelivered/ (not delivered over "
+                                                        "HTTP at the time)"]
+
+
+def test_a_spool_root_read_without_a_session_says_which_one(tmp_path):
+    older, newer = tmp_path / "20240501T120000-000001", tmp_path / "20240502T120000-000002"
+    _undelivered_only(older, [W])
+    _undelivered_only(newer, [W])
+    note = (f"read session '{newer.name}', the latest of 2 under '{tmp_path}' (the others: ['{older.name}']); "
+            "choose one with session= (CLI: --session)")
+    with query.connect(tmp_path) as db:
+        assert db.notes[0] == note
+    with query.connect(tmp_path, session=older.name) as db:
+        assert not any("latest" in n for n in db.notes)
+    from click.testing import CliRunner
+
+    from dask_influx_metrics.client.cli import cli
+
+    result = CliRunner().invoke(cli, ["workers", "--source", str(tmp_path)])
+    assert result.exit_code == 0 and f"note: {note}" in result.stderr

@@ -1,7 +1,7 @@
 """The spool through the cluster: read a session spooled in folders this machine cannot see.
 
 Each spooling worker (and the scheduler, for its ``dag`` points) recorded its
-spool folder on the session. :func:`fetch` copies those folders' files into a
+spool folder on the session; an HTTP sink's worker, its ``undelivered/`` folder. :func:`fetch` copies those folders' files into a
 private local folder over Dask's own comms, one worker and one chunk of at most
 :data:`CHUNK` bytes at a time (``client.run`` on that worker,
 ``run_on_scheduler`` for the scheduler), so scheduler and workers never hold
@@ -55,16 +55,20 @@ def fetch(client, destinations: dict, session_id: str, into: str) -> str:
     """Copy the spool files of ``destinations`` (``Monitor.jobs()["destinations"]``) to
     ``<into>/<session_id>/<worker folder>/``; returns that session folder."""
     target = os.path.join(into, session_id)
+    os.makedirs(target, mode=0o700, exist_ok=True)
     live = set(client.scheduler_info()["workers"])
     for who, where in sorted(destinations.items()):
-        if "spool" not in where["sinks"]:
+        if not where.get("spool"):  # spool sink, or an HTTP sink's undelivered/ folder
             continue
         run = _runner(client, who, live)
         if run is None:
             logger.warning("influx-metrics: worker %s (host %s) has left the cluster; its spooled samples under %s "
                            "cannot be read through the cluster", who, where.get("host"), where["spool"])
             continue
-        local = os.path.join(target, os.path.basename(where["spool"]))
+        folder = where["spool"]  # <session>/<worker>, or <session>/<worker>/undelivered: keep that shape
+        parts = [os.path.basename(os.path.dirname(folder)), "undelivered"] \
+            if os.path.basename(folder) == "undelivered" else [os.path.basename(folder)]
+        local = os.path.join(target, *parts)
         for relative, size in run(listing, where["spool"]):
             path = os.path.join(local, relative)
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)

@@ -23,7 +23,7 @@ import os
 import shutil
 
 from .. import _dask
-from ..config import Settings, overrides_from_kwargs
+from ..config import SETTINGS, Settings, overrides_from_kwargs
 from ..scheduler import session as scheduler_session
 from ..names import JOBS_PLUGIN, NEW_JOB_OP
 from ..scheduler.plugin import JobPlugin
@@ -35,6 +35,8 @@ CLUSTER = "cluster"  # query(source=CLUSTER): read the workers' spool through th
 # s: a worker stamps samples with its clock plus Dask's estimate of the scheduler's offset (ms off), so
 # its last sample, taken as sampling stops, can be stamped just after the session's stop: read that far
 CLOCK_SLACK = 0.05
+# settings never logged: secrets, and what may carry them (a user:password@ URL) or name a user
+_PRIVATE = {s.key for s in SETTINGS if s.secret} | {"influxdb.url", "influxdb.username"}
 
 
 async def _on_scheduler(dask_scheduler=None, action="state"):
@@ -50,6 +52,11 @@ async def _on_scheduler(dask_scheduler=None, action="state"):
     return plugin.state()
 
 
+def _names(tracking) -> list | None:
+    """A tracking list as given: one name as a string is that name (not its letters)."""
+    return None if tracking is None else [tracking] if isinstance(tracking, str) else list(tracking)
+
+
 class Monitor:
     """Collects GPU, host and custom metrics on every worker of ``client``'s cluster.
 
@@ -57,6 +64,8 @@ class Monitor:
     (see :data:`dask_influx_metrics.config.KWARGS`), e.g. ``sink="udp"``,
     ``gpu_source="simulated"``; they apply to every ``attach``.
     """
+
+    _attached = False  # whether attach() ran on this Monitor
 
     def __init__(self, client, **settings):
         self.client = client
@@ -68,7 +77,7 @@ class Monitor:
                mem_limit=None, dump_loc=None, **settings) -> Settings:
         """Validate the options and install the scheduler plugin (sampling starts at ``start()``).
 
-        ``tracking`` names metrics (default: all, see README), ``custom_metrics``
+        ``tracking`` names metrics (default: all, see docs/data-contract.md), ``custom_metrics``
         are functions decorated with ``@custom_metric``, ``job_type`` is
         ``"client"`` (each client connection is a job) or ``"manual"`` (only
         ``new_job()`` changes the job), ``polling_interval`` is in ms,
@@ -79,7 +88,7 @@ class Monitor:
         >>> monitor.attach(["mem-util", "compute-util"], job_type="manual")  # doctest: +SKIP
         """
         overrides = {**self._settings, **overrides_from_kwargs(
-            tracking=list(tracking) if tracking is not None else None, job_type=job_type,
+            tracking=_names(tracking), job_type=job_type,
             polling_interval=polling_interval, mem_limit=mem_limit, dump_loc=dump_loc, **settings)}
         resolved = Settings.for_session(overrides)  # raises on anything invalid
         metrics = custom.validate(custom_metrics)  # names and signatures
@@ -107,9 +116,15 @@ class Monitor:
         >>> session = monitor.start()  # doctest: +SKIP
         """
         state = self._state()
+        tracking = _names(tracking)
         overrides = self._attached[0] if self._attached else state["overrides"]
         if tracking is not None:
-            Settings.resolve({**overrides, "tracking": list(tracking)})  # raises on bad names
+            Settings.resolve({**overrides, "tracking": tracking})  # raises on bad names
+        elif not self._attached:  # attached by another Monitor, client or the preload: say what is reused
+            shown = {k: v for k, v in state["overrides"].items() if k not in _PRIVATE}
+            logger.warning("influx-metrics: start() without attach() on this Monitor reuses the settings attached "
+                           "to %s earlier: %s", self.client.scheduler.address,
+                           ", ".join(f"{k}={v!r}" for k, v in sorted(shown.items())) or "the defaults")
         # the same start path as --preload; a worker's setup error stops the session and lands here
         session = self.client.run_on_scheduler(scheduler_session.start, tracking=tracking, attached=self._attached)
         logger.info("influx-metrics session %s: %s", session["id"], "; ".join(
@@ -124,7 +139,12 @@ class Monitor:
 
         >>> Monitor(other_client).stop()  # doctest: +SKIP
         """
-        self._state()
+        state = self._state()
+        if state["session"] is None:  # checked here: an error raised on the scheduler logs a traceback there
+            self.client.run_on_scheduler(scheduler_session.stop, missing_ok=True)  # workers left sampling, if any
+            last = state["last_session"]
+            raise RuntimeError(f"no monitoring session is running on {self.client.scheduler.address}"
+                               + (f"; the last one, {last['id']}, has already stopped" if last else ""))
         return self.client.run_on_scheduler(scheduler_session.stop)
 
     def new_job(self, job=None) -> None:
@@ -181,7 +201,7 @@ class Monitor:
     def delivery(self) -> dict:
         """Each worker's sink counters while a session runs: ``{worker: [{"kind": "udp",
         "points_sent", "points_dropped", "refused", ...}]}``. ``refused`` counts datagrams a
-        loopback Telegraf address refused (nothing listened); see README "Where samples go".
+        loopback Telegraf address refused (nothing listened); see docs/sinks.md.
 
         >>> monitor.delivery()  # doctest: +SKIP
         {'tcp://127.0.0.1:4012': [{'kind': 'udp', 'points_sent': 120, 'points_dropped': 0, ...}]}
@@ -247,7 +267,14 @@ class Monitor:
             self._close_store()
             if args == (CLUSTER,):
                 args = (self._copy_spool(state, session),)
-            self._store, self._store_key = query.connect(*args, **options), key
+            try:
+                self._store, self._store_key = query.connect(*args, **options), key
+            except query.QueryError as e:
+                if source is not None or not str(e).startswith("cannot reach"):
+                    raise
+                from .sources import unreachable
+
+                raise query.QueryError(unreachable(e, state.get("destinations") or {}, reader.configured)) from None
         self._store.failed_metrics = dict(session.get("failed_metrics") or {})
         return self._store
 
@@ -328,7 +355,17 @@ class Monitor:
 
         >>> monitor.to_csv("out/")  # doctest: +SKIP
         """
-        return self.query(**kwargs).to_csv(path, fname=fname, clear_dir=clear_dir, metrics=metrics)
+        store = self.query(**kwargs)
+        if not kwargs:  # the session's own source: every worker that sampled must be in the export
+            from .query import NO_GPU, QueryError
+
+            sampled = {w for w in self._state().get("destinations") or {} if w != "scheduler"}
+            present = store.workers()
+            missing = sorted(sampled - set(present))
+            if missing and present:  # none present: store.to_csv says what the source holds
+                raise QueryError(f"worker(s) {missing} sampled in this session but wrote no samples "
+                                 f"{store.scope()}; no CSV written ({NO_GPU})")
+        return store.to_csv(path, fname=fname, clear_dir=clear_dir, metrics=metrics)
 
     def report(self, path="gpu-report.html", title=None, **kwargs) -> str:
         """Write the one-file HTML report of the session (see :mod:`.report`; needs the ``[report]``

@@ -43,3 +43,27 @@ def pick(destinations) -> tuple[str, dict | None]:
 def spool_session_folder(destinations) -> str:
     """The session folder the spooling workers share (the first, if their spool roots differ)."""
     return sorted(os.path.dirname(d["spool"]) for d in destinations if "spool" in d["sinks"])[0]
+
+
+def unreachable(error, destinations: dict, configured) -> str:
+    """The message of a reader that cannot reach InfluxDB (``error``): where the workers sent the
+    samples, and where an HTTP sink's undelivered copy is and how to read or replay it. ``configured``:
+    the reader's settings set by the user (``Settings.configured``)."""
+    workers = {w: d for w, d in destinations.items() if w != "scheduler"}
+    message = str(error)
+    udp = sorted({d["telegraf"] for d in workers.values() if "udp" in d["sinks"] and d.get("telegraf")})
+    if udp and not any(d.get("influxdb") for d in workers.values()) and "influxdb.url" not in configured:
+        message = (f"cannot read the samples back: the workers sent them over UDP to Telegraf at {', '.join(udp)}, "
+                   "and this reader has no influxdb.url configured (the default tried: "
+                   f"{message.removeprefix('cannot reach InfluxDB at ')}); set influx-metrics.influxdb.url to the "
+                   "InfluxDB that Telegraf writes to, or pass query(source='http://host:8086')")
+    undelivered = sorted({d["spool"] for d in workers.values() if "http" in d["sinks"] and d.get("spool")})
+    if undelivered:
+        folder = os.path.dirname(os.path.dirname(undelivered[0]))  # <root>/<session>
+        here = os.path.isdir(folder)
+        message += (f". The samples InfluxDB did not take are kept under {folder}/<worker>/undelivered/"
+                    + (f": read them with monitor.query(source={folder!r}) or `dask-influx-metrics jobs --source "
+                       f"{folder}`; once InfluxDB is back, monitor.query() after stop() writes them into it"
+                       if here else " on the workers' hosts: read them through the cluster with "
+                       "monitor.query(source='cluster')"))
+    return message

@@ -1,6 +1,6 @@
 """Plots of one worker's metrics during one job: line charts and box plots.
 
-Both functions take a per-worker table (see the README's "Data contract": a
+Both functions take a per-worker table (see docs/analysis.md, "Tables": a
 ``time``-indexed DataFrame with ``job``, ``dag``, ``timestamp`` and metric
 columns such as ``compute-util[0]``) or the path of a CSV file in the old
 dask-metrics layout, and return a :class:`matplotlib.figure.Figure`. They use

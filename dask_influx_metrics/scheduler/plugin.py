@@ -65,11 +65,12 @@ class JobPlugin(SchedulerPlugin):
         self.stop_session()
 
     # --- session -----------------------------------------------------------
-    def start_session(self) -> dict:
-        """Begin counting from job/DAG 1; returns the session description."""
+    def start_session(self, overrides: dict | None = None) -> dict:
+        """Begin counting from job/DAG 1; returns the session description. ``overrides``: this
+        session's settings (default: attach()'s)."""
         if self.session is not None:
             raise RuntimeError(f"monitoring session {self.session['id']} is already running; stop() it first")
-        settings = Settings.resolve(self.overrides)
+        settings = Settings.resolve(self.overrides if overrides is None else overrides)
         started = time.time()
         sid = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started)) + f"-{int(started * 1e6) % 1000000:06d}"
         self.book = JobBook(settings.job_type)

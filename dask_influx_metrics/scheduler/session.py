@@ -43,11 +43,11 @@ async def start(dask_scheduler, tracking=None, attached=None) -> dict:
         raise RuntimeError(f"no monitor is attached to {dask_scheduler.address}; call attach() first")
     if attached is not None and plugin.session is None:
         plugin.overrides, plugin.worker_payload = dict(attached[0]), attached[1]
-    if tracking is not None:
-        plugin.overrides["tracking"] = list(tracking)
-    session = plugin.start_session()
+    # this session's list only: a later start() without one goes back to attach()'s
+    overrides = plugin.overrides if tracking is None else {**plugin.overrides, "tracking": list(tracking)}
+    session = plugin.start_session(overrides)
     try:
-        worker_plugin = MetricsWorkerPlugin(plugin.overrides, plugin.worker_payload, session)
+        worker_plugin = MetricsWorkerPlugin(overrides, plugin.worker_payload, session)
         await _dask.add_worker_plugin(dask_scheduler, worker_plugin, WORKER_PLUGIN)
     except Exception:
         plugin.stop_session()

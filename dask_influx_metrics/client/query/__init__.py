@@ -134,6 +134,11 @@ def _iso(ns: int) -> str:
     return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat().replace("+00:00", "Z")
 
 
+# why GPU samples are missing, said wherever a reader finds none
+NO_GPU = ("the workers reported no GPU (NVML missing, no device visible, CUDA_VISIBLE_DEVICES empty, or "
+          "gpu.source none; each worker's log says which)")
+
+
 class Store(TaskQuestions, HostQuestions):
     """Questions about one set of collected samples (see the module docstring).
 
@@ -194,7 +199,10 @@ class Store(TaskQuestions, HostQuestions):
         wide = self.backend.widened()
         first, last = wide.first_time(), wide.last_time()
         if first is None:
-            there = "the source holds no samples at all"
+            dags = wide.dag_points()
+            there = "the source holds no samples at all" if dags.empty else (  # GPU-only tracking, no GPU
+                f"the workers wrote no samples there, though the scheduler recorded {dags['dag'].nunique()} "
+                f"DAG(s): if only GPU metrics were tracked, {NO_GPU}")
         else:
             there = f"the source holds samples from {_iso(first)} to {_iso(last)}"
             for key in sorted(self.backend.tags):
@@ -316,7 +324,9 @@ class Store(TaskQuestions, HostQuestions):
             metrics = _tables.resolve(names, fields.get(schema.CUSTOM, ()))
         absent = [m.name for m in metrics if m.field not in fields.get(m.measurement, ())]
         if absent:
-            raise ValueError(f"metric(s) {absent} were not collected; present: {self.metrics()} ({self.scope()})")
+            why = f"; {NO_GPU}" if schema.GPU not in fields and any(
+                m.measurement == schema.GPU for m in metrics if m.name in absent) else ""
+            raise ValueError(f"metric(s) {absent} were not collected{why}; present: {self.metrics()} ({self.scope()})")
         return metrics
 
     # --- tables ------------------------------------------------------------
@@ -425,4 +435,8 @@ class Store(TaskQuestions, HostQuestions):
         from ..csvfiles import write_tables
 
         tables = self.worker_tables(job=job, metrics=metrics, workers=workers, progress=progress)
+        empty = [w for w, t in tables.items() if t.empty]
+        if empty:  # a header-only file would pass for an export
+            raise QueryError(f"no samples for worker(s) {empty} {self.scope()}; no CSV written (a worker without "
+                             f"a GPU writes no GPU samples: {NO_GPU})")
         return write_tables(list(tables.values()), path, fname=fname, clear_dir=clear_dir)

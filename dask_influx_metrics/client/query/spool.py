@@ -44,13 +44,16 @@ def sessions(root) -> list[str]:
     root = os.fspath(root)
     if not os.path.isdir(root):
         return []
-    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and spool_files(os.path.join(root, d)))
+    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and _is_session(os.path.join(root, d)))
 
 
 def _is_session(path: str) -> bool:
-    return any(os.path.isfile(os.path.join(path, d, f)) and f.endswith(".lp")
+    """Whether ``path`` is one session's folder: ``<worker>/spool-*.lp`` or, from an HTTP sink's
+    outage alone, ``<worker>/undelivered/spool-*.lp``."""
+    return any(f.endswith(".lp") and os.path.isfile(os.path.join(folder, f))
                for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
-               for f in os.listdir(os.path.join(path, d)))
+               for folder in (os.path.join(path, d), os.path.join(path, d, UNDELIVERED_DIR)) if os.path.isdir(folder)
+               for f in os.listdir(folder))
 
 
 def _records(path: str) -> Iterator[tuple[int, bytes]]:
@@ -123,6 +126,7 @@ class SpoolBackend:
     """Reads a spool folder; see :func:`dask_influx_metrics.query.connect`."""
 
     language = "spool"
+    picked = None  # which session of a spool root was read, when none was named
 
     def __init__(self, path, session: Optional[str] = None, tags=None, start_ns=None, stop_ns=None):
         path = os.fspath(path)
@@ -137,6 +141,10 @@ class SpoolBackend:
             if session is not None and session not in found:
                 raise QueryError(f"session {session!r} not in {path!r}; sessions: {found}")
             self.path = os.path.join(path, session or found[-1])
+            if session is None and len(found) > 1:  # say which one: the latest may be another run's
+                self.picked = (f"read session {found[-1]!r}, the latest of {len(found)} under {path!r} (the "
+                               f"others: {found[:-1]}); choose one with session= (CLI: --session)")
+                logger.warning("spool: %s", self.picked)
         self.session = os.path.basename(self.path)
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
         self._cache: dict[str, dict[str, pd.DataFrame]] = {}
@@ -162,7 +170,8 @@ class SpoolBackend:
     def notes(self) -> list[str]:
         """One line per thing the answers should be read with: corrupt lines skipped, undelivered samples read."""
         skipped = [s for lines in self.skipped.values() for s in lines]
-        out = [f"skipped {len(skipped)} corrupt spool line(s): {_first(skipped)}"] if skipped else []
+        out = [self.picked] if self.picked else []
+        out += [f"skipped {len(skipped)} corrupt spool line(s): {_first(skipped)}"] if skipped else []
         undelivered = sum(kept[UNDELIVERED_DIR] for kept in self.undelivered.values())
         if undelivered:
             out.append(f"{undelivered} sample(s) came from {UNDELIVERED_DIR}/ (not delivered over HTTP at the time)")
