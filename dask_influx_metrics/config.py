@@ -31,37 +31,7 @@ from typing import Any, Callable, NamedTuple
 import dask.config
 import yaml
 
-from . import credentials, schema
-from .parsers import (  # noqa: F401  (config.X names kept for callers)
-    AUTO,
-    GPU_DEVICES,
-    INFLUXDB_FALLBACK,
-    TELEGRAF_FALLBACK,
-    GPU_SOURCES,
-    JOB_TYPES,
-    SAMPLER_MODES,
-    MAX_GPUS,
-    MAX_POLLING_INTERVAL,
-    _as_list,
-    _bool,
-    _check_tags_env,
-    _choice,
-    _directory,
-    _optional_address,
-    auto_sinks,
-    default_spool_directory,
-    _number,
-    _optional_text,
-    _max_datagram,
-    _positive_int,
-    _seconds,
-    _sinks,
-    _tags,
-    _text,
-    _tracking,
-    _url,
-    parse_address,
-)
+from . import credentials, parsers, schema
 
 # --- the table -------------------------------------------------------------------------------------
 class Setting(NamedTuple):
@@ -83,57 +53,57 @@ class Setting(NamedTuple):
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("polling-interval", "polling_interval", 200,
-            _number(f"a number of ms from 1 to {MAX_POLLING_INTERVAL}", minimum=1, maximum=MAX_POLLING_INTERVAL), "ms",
-            f"time between samples on each worker (at most {MAX_POLLING_INTERVAL}: one minute)"),
-    Setting("tracking", "tracking", None, _tracking, "",
+            parsers.number(f"a number of ms from 1 to {parsers.MAX_POLLING_INTERVAL}", minimum=1, maximum=parsers.MAX_POLLING_INTERVAL), "ms",
+            f"time between samples on each worker (at most {parsers.MAX_POLLING_INTERVAL}: one minute)"),
+    Setting("tracking", "tracking", None, parsers.tracking, "",
             "metric names to collect; null = all (see schema.TRACKING)"),
-    Setting("job-type", "job_type", "client", _choice(JOB_TYPES), "",
+    Setting("job-type", "job_type", "client", parsers.choice(parsers.JOB_TYPES), "",
             "client: each client connection is a job; manual: only new_job() starts one"),
-    Setting("sink", "sinks", AUTO, _sinks, "",
+    Setting("sink", "sinks", parsers.AUTO, parsers.sinks, "",
             "where samples go: auto (udp if telegraf.address is set, else http if influxdb.url is, else spool), "
             "udp, http, spool, or a list such as [udp, spool]", keywords=("sink",)),
-    Setting("tags", "tags", {}, _tags, "", "extra tags written on every point, e.g. {cluster: prod-a}"),
-    Setting("dag-tag", "dag_tag", True, _bool, "",
+    Setting("tags", "tags", {}, parsers.tags, "", "extra tags written on every point, e.g. {cluster: prod-a}"),
+    Setting("dag-tag", "dag_tag", True, parsers.boolean, "",
             "true: dag is a tag of every sample (one series per DAG, worker and device); false: a string "
             "field, so the series count does not grow with the number of DAGs (job stays a tag)"),
-    Setting("telegraf.address", "telegraf_address", None, _optional_address, "",
+    Setting("telegraf.address", "telegraf_address", None, parsers.optional_address, "",
             "node-local Telegraf UDP listener (host:port), read on each worker; null = not configured "
             "(the udp sink then uses 127.0.0.1:8094)"),
-    Setting("telegraf.max-datagram", "max_datagram", AUTO, _max_datagram, "bytes",
+    Setting("telegraf.max-datagram", "max_datagram", parsers.AUTO, parsers.max_datagram, "bytes",
             "largest UDP datagram; auto: 65507 (the UDP maximum) when telegraf.address is loopback, "
             "else 1472 (fits a 1500-byte MTU); neither is fragmented"),
-    Setting("influxdb.url", "influxdb_url", None, _url, "",
+    Setting("influxdb.url", "influxdb_url", None, parsers.url, "",
             "InfluxDB for the http sink and for queries (http:// or https://); null = not configured "
             "(http://127.0.0.1:8086 is used)"),
-    Setting("influxdb.database", "database", "dask_metrics", _text, "",
+    Setting("influxdb.database", "database", "dask_metrics", parsers.text, "",
             "1.x database, or the DBRP-mapped database on 2.x"),
-    Setting("influxdb.retention-policy", "retention_policy", None, _optional_text, "",
+    Setting("influxdb.retention-policy", "retention_policy", None, parsers.optional_text, "",
             "retention policy; null = the database's default"),
-    Setting("influxdb.username", "username", None, _optional_text, "", "1.x user name"),
-    Setting("influxdb.password", "password", None, _optional_text, "", "1.x password", secret=True),
-    Setting("influxdb.token", "token", None, _optional_text, "",
+    Setting("influxdb.username", "username", None, parsers.optional_text, "", "1.x user name"),
+    Setting("influxdb.password", "password", None, parsers.optional_text, "", "1.x password", secret=True),
+    Setting("influxdb.token", "token", None, parsers.optional_text, "",
             "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')", secret=True),
-    Setting("influxdb.batch-size", "batch_size", 5000, _positive_int, "lines", "size of one HTTP write"),
-    Setting("influxdb.timeout", "http_timeout", 5, _seconds, "s", "time limit per HTTP request"),
-    Setting("spool.directory", "spool_directory", None, _directory, "",
+    Setting("influxdb.batch-size", "batch_size", 5000, parsers.positive_int, "lines", "size of one HTTP write"),
+    Setting("influxdb.timeout", "http_timeout", 5, parsers.seconds, "s", "time limit per HTTP request"),
+    Setting("spool.directory", "spool_directory", None, parsers.directory, "",
             "spool root; null = dask-influx-metrics-<uid> in the temporary directory, private to the user",
             keywords=("spool_directory", "dump_loc")),
-    Setting("spool.mem-limit", "mem_limit", 1000, _positive_int, "lines",
+    Setting("spool.mem-limit", "mem_limit", 1000, parsers.positive_int, "lines",
             "held in worker memory before being appended to disk"),
-    Setting("spool.flush-interval", "flush_interval", 1, _seconds, "s",
+    Setting("spool.flush-interval", "flush_interval", 1, parsers.seconds, "s",
             "buffered lines reach disk at least this often"),
-    Setting("gpu.source", "gpu_source", "auto", _choice(GPU_SOURCES, null="none"), "",
+    Setting("gpu.source", "gpu_source", "auto", parsers.choice(parsers.GPU_SOURCES, null="none"), "",
             "auto (NVML if present, else none), nvml, simulated, none (also null, off, false)"),
-    Setting("gpu.count", "gpu_count", 1, _number(f"an integer from 1 to {MAX_GPUS}", maximum=MAX_GPUS, integer=True),
+    Setting("gpu.count", "gpu_count", 1, parsers.number(f"an integer from 1 to {parsers.MAX_GPUS}", maximum=parsers.MAX_GPUS, integer=True),
             "", "simulated devices per worker (gpu.source: simulated)"),
-    Setting("gpu.devices", "gpu_devices", "auto", _choice(GPU_DEVICES), "",
+    Setting("gpu.devices", "gpu_devices", "auto", parsers.choice(parsers.GPU_DEVICES), "",
             "GPUs a worker reports: first (its own under dask-cuda), all visible, or auto (first when "
             "CUDA_VISIBLE_DEVICES is set, else all)"),
-    Setting("sampler.mode", "sampler_mode", "agent", _choice(SAMPLER_MODES), "",
+    Setting("sampler.mode", "sampler_mode", "agent", parsers.choice(parsers.SAMPLER_MODES), "",
             "agent: one sampling process per host and session reads each GPU and the host once and every "
             "worker process, outside the workers' GIL; thread: each worker samples itself on a thread "
             "(processes=False clusters, or no agent wanted; device and host readings then once per worker)"),
-    Setting("sampler.host-refresh", "host_refresh", 200, _number("a number of ms > 0"), "ms",
+    Setting("sampler.host-refresh", "host_refresh", 200, parsers.number("a number of ms > 0"), "ms",
             "host counters are read on the samples nearest to every this many ms; samples in between "
             "repeat the last host reading (at most the polling interval: every sample)"),
 )
@@ -148,7 +118,7 @@ def _check_renamed(overrides: dict) -> None:
         given = old in overrides or old.replace("-", "_") in overrides
         if given or dask.config.get(f"influx-metrics.{old}", default=None) is not None:
             raise ValueError(f"influx-metrics.{old} was removed; use influx-metrics.{new} "
-                             f"(one of {SAMPLER_MODES}: agent, the default, samples once per host)")
+                             f"(one of {parsers.SAMPLER_MODES}: agent, the default, samples once per host)")
 
 # Keyword arguments accepted by Monitor(...) and Monitor.attach(...), and the
 # config key (below ``influx-metrics``) each one overrides.
@@ -183,7 +153,7 @@ def _parse(setting: Setting, value):
         raise _invalid(setting.key, e, value) from None
 
 
-_FALLBACKS = {"telegraf_address": TELEGRAF_FALLBACK, "influxdb_url": INFLUXDB_FALLBACK}
+_FALLBACKS = {"telegraf_address": parsers.TELEGRAF_FALLBACK, "influxdb_url": parsers.INFLUXDB_FALLBACK}
 _Fields = make_dataclass("_Fields", [(s.attr, Any, field(repr=not s.secret)) for s in SETTINGS]
                          + [("configured", tuple, field(default=(), repr=False))], frozen=True)
 
@@ -212,7 +182,7 @@ class Settings(_Fields):
         ``ValueError`` naming the offending key and value. No network access.
         """
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-        _check_tags_env()
+        parsers.check_tags_env()
         _check_renamed(overrides)
         unknown = sorted(k for k in overrides if k.replace("_", "-") not in _BY_KEY)
         if unknown:
@@ -223,7 +193,7 @@ class Settings(_Fields):
         values = {s.attr: _parse(s, raw[s.key]) for s in SETTINGS}
         # "configured": set by the user (YAML, environment, override) rather than left at the null default
         configured = tuple(k for k in ("telegraf.address", "influxdb.url", "spool.directory") if raw[k] is not None)
-        values["sinks"] = auto_sinks(values["sinks"], configured)
+        values["sinks"] = parsers.auto_sinks(values["sinks"], configured)
         for attr, fallback in _FALLBACKS.items():
             if values[attr] is None or (attr == "influxdb_url" and raw["influxdb.url"] is None):
                 values[attr] = fallback
@@ -280,7 +250,7 @@ def overrides_from_kwargs(**kwargs) -> dict:
         raise TypeError(f"unknown setting(s) {unknown}; known: {sorted(KWARGS)}")
     out = {KWARGS[k]: v for k, v in kwargs.items() if v is not None}
     if kwargs.get("mem_limit") is not None or kwargs.get("dump_loc") is not None:
-        sinks = _as_list(out.get("sink", dask.config.get("influx-metrics.sink")))  # "auto" stays, beside spool
+        sinks = parsers.as_list(out.get("sink", dask.config.get("influx-metrics.sink")))  # "auto" stays, beside spool
         if "spool" not in sinks:
             out["sink"] = sinks + ["spool"]
     return out

@@ -49,7 +49,7 @@ def parse_address(value) -> tuple[str, int]:
 
 
 # --- parsers: value as read from dask.config -> Python value, or ValueError("must be ...") ----------
-def _as_list(value) -> list:
+def as_list(value) -> list:
     if value is None:
         return []
     if isinstance(value, str):
@@ -57,7 +57,7 @@ def _as_list(value) -> list:
     return list(value)
 
 
-def _number(what: str, minimum: float = 0.0, maximum: float = math.inf, integer: bool = False) -> Callable:
+def number(what: str, minimum: float = 0.0, maximum: float = math.inf, integer: bool = False) -> Callable:
     """A parser for a finite number > 0 in [minimum, maximum]; numeric text is read as a number."""
     def parse(value):
         number = value
@@ -73,21 +73,21 @@ def _number(what: str, minimum: float = 0.0, maximum: float = math.inf, integer:
     return parse
 
 
-_positive_int = _number("a positive integer", integer=True)
-_datagram_bytes = _number("'auto' or a number of bytes from 1 to 65507", maximum=65507, integer=True)
+positive_int = number("a positive integer", integer=True)
+_datagram_bytes = number("'auto' or a number of bytes from 1 to 65507", maximum=65507, integer=True)
 
 
-def _max_datagram(value):
+def max_datagram(value):
     """``auto`` (None: 65507 bytes when Telegraf is on loopback, else 1472) or a size in bytes."""
     return None if value in (AUTO, None) else _datagram_bytes(value)
-_positive_seconds = _number("a positive, finite number of seconds")
+_positive_seconds = number("a positive, finite number of seconds")
 
 
-def _seconds(value) -> float:
+def seconds(value) -> float:
     return float(_positive_seconds(value))
 
 
-def _choice(options: tuple, null=None) -> Callable:
+def choice(options: tuple, null=None) -> Callable:
     """A parser for one of ``options``; with ``null``, YAML/environment ``none``/``null``/``off``/``false``
     (which Dask and YAML read as None or False) mean ``null``."""
     def parse(value):
@@ -99,14 +99,14 @@ def _choice(options: tuple, null=None) -> Callable:
     return parse
 
 
-def _sinks(value) -> tuple:
-    sinks = _as_list(value)
+def sinks(value) -> tuple:
+    sinks = as_list(value)
     if not sinks or set(sinks) - {*SINKS, AUTO}:
         raise ValueError(f"must be {AUTO!r} or name one or more of {SINKS}")
     return tuple(dict.fromkeys(sinks))
 
 
-def _optional_address(value):
+def optional_address(value):
     return None if value is None else parse_address(value)
 
 
@@ -123,8 +123,8 @@ def auto_sinks(sinks: tuple, configured) -> tuple:
     return tuple(dict.fromkeys(choice if s == AUTO else s for s in sinks))
 
 
-def _tracking(value) -> tuple:
-    tracking = _as_list(value) or list(schema.TRACKING)
+def tracking(value) -> tuple:
+    tracking = as_list(value) or list(schema.TRACKING)
     try:
         schema.fields_for(tracking)
     except ValueError as e:
@@ -158,7 +158,7 @@ def _tag_text(what: str, text) -> str:
     return text
 
 
-def _tags(value) -> dict:
+def tags(value) -> dict:
     """Extra tags: a mapping of non-empty, short, unreserved names to non-empty, short values."""
     if not isinstance(value or {}, dict):
         raise ValueError(f"must be a mapping of tag names to values, e.g. {{cluster: prod-a}}")
@@ -174,7 +174,7 @@ def _tags(value) -> dict:
     return tags
 
 
-def _check_tags_env() -> None:
+def check_tags_env() -> None:
     """Dask drops a ``DASK_INFLUX_METRICS__TAGS`` that is not a mapping; refuse it instead."""
     text = os.environ.get(TAGS_ENV)
     if text is not None and not isinstance(dask.config.interpret_value(text), (dict, type(None))):  # none: no tags
@@ -182,7 +182,7 @@ def _check_tags_env() -> None:
                          f"tag per variable: {TAGS_ENV}__CLUSTER=prod-a); cannot parse {text!r}")
 
 
-def _url(value) -> str:
+def url(value) -> str:
     """An ``http(s)://host...`` URL without the trailing slash; null or empty means none."""
     text = str(value or "").strip().rstrip("/")
     parts = urlsplit(text)
@@ -191,13 +191,13 @@ def _url(value) -> str:
     return text
 
 
-def _text(value) -> str:
+def text(value) -> str:
     if value is None or str(value) == "":
         raise ValueError("must be a non-empty string")
     return str(value)
 
 
-def _optional_text(value) -> str | None:
+def optional_text(value) -> str | None:
     return None if value is None else str(value)
 
 
@@ -206,11 +206,11 @@ def default_spool_directory() -> str:
     return os.path.join(tempfile.gettempdir(), f"dask-influx-metrics-{os.getuid()}")
 
 
-def _directory(value) -> str:
+def directory(value) -> str:
     return str(value or default_spool_directory())
 
 
-def _bool(value) -> bool:
+def boolean(value) -> bool:
     """``true``/``false`` (also from environment variables, as text); null is false."""
     text = str(value).strip().lower()
     if value is None or text in ("false", "0", "no", "off"):

@@ -6,7 +6,7 @@ import os
 import re
 import tomllib
 
-from dask_influx_metrics.config import TELEGRAF_FALLBACK
+from dask_influx_metrics.parsers import TELEGRAF_FALLBACK
 
 CONF = os.path.join(os.path.dirname(__file__), "..", "deploy", "telegraf", "telegraf.conf")
 ENV_REF = re.compile(r"\$\{(\w+)\}")

@@ -23,20 +23,20 @@ import sys
 
 import click
 
-from .cliopts import (  # noqa: F401  (SOURCE_ENV, default_source: also imported from here)
+from .cliopts import (
     SOURCE_ENV,
-    _Group,
+    Group,
     store_options,
     format_option,
     workers_option,
     job_option,
     metrics_option,
     per_job_option,
-    _found,
-    _emit,
+    found,
+    emit,
 )
 
-@click.group(name="influx-metrics", cls=_Group, epilog=f"Set ${SOURCE_ENV} to skip --source. "
+@click.group(name="influx-metrics", cls=Group, epilog=f"Set ${SOURCE_ENV} to skip --source. "
              "Errors print 'error: ...' on stderr and exit with status 2.")
 @click.version_option(package_name="dask-influx-metrics")
 def cli():
@@ -69,8 +69,8 @@ def workers(open_store, fmt, gpus):
 
     db = open_store()
     if gpus:
-        return _emit(db.gpus(), fmt)
-    _emit(pd.DataFrame(list(_found(db, db.worker_map(), "worker samples").items()), columns=["index", "address"]), fmt)
+        return emit(db.gpus(), fmt)
+    emit(pd.DataFrame(list(found(db, db.worker_map(), "worker samples").items()), columns=["index", "address"]), fmt)
 
 
 @cli.command()
@@ -84,7 +84,7 @@ def jobs(open_store, fmt):
       dask-influx-metrics jobs --source http://127.0.0.1:8086 --database dask_metrics
     """
     db = open_store()
-    _emit(_found(db, db.jobs(), "jobs"), fmt, "job")
+    emit(found(db, db.jobs(), "jobs"), fmt, "job")
 
 
 @cli.command()
@@ -101,7 +101,7 @@ def dags(open_store, job, fmt):
       dask-influx-metrics dags --job 2 --source /tmp/dask-influx-metrics
     """
     db = open_store()
-    _emit(_found(db, db.dags(job=job), "DAGs"), fmt)
+    emit(found(db, db.dags(job=job), "DAGs"), fmt)
 
 
 @cli.command()
@@ -115,7 +115,7 @@ def metrics(open_store, fmt):
       dask-influx-metrics metrics --source /tmp/dask-influx-metrics
     """
     db = open_store()
-    _emit(_found(db, db.metrics(), "metrics"), fmt, "metric")
+    emit(found(db, db.metrics(), "metrics"), fmt, "metric")
 
 
 @cli.command()
@@ -139,9 +139,9 @@ def peaks(open_store, metric, per_job, workers, job, client_side, fmt):
     """
     db, server = open_store(), not client_side
     if fmt == "json":
-        _emit(db.get_peaks(metric, workers=workers, per_job=per_job, job=job, server=server), fmt)
+        emit(db.get_peaks(metric, workers=workers, per_job=per_job, job=job, server=server), fmt)
     else:
-        _emit(db.peaks(metric, per_job=per_job, workers=workers, job=job, server=server), fmt)
+        emit(db.peaks(metric, per_job=per_job, workers=workers, job=job, server=server), fmt)
 
 
 @cli.command()
@@ -160,7 +160,7 @@ def summary(open_store, per_job, workers, job, fmt):
     Example:
       dask-influx-metrics summary --job 1 --format csv --source http://127.0.0.1:8086
     """
-    _emit(open_store().summary(per_job=per_job, workers=workers, job=job), fmt)
+    emit(open_store().summary(per_job=per_job, workers=workers, job=job), fmt)
 
 
 @cli.command()
@@ -264,7 +264,7 @@ def tasks(open_store, job, per_dag, fmt):
       dask-influx-metrics tasks --job 2 --source http://127.0.0.1:8086
     """
     db = open_store()
-    _emit(_recorded(db, db.tasks(job=job, per_dag=per_dag)), fmt)
+    emit(_recorded(db, db.tasks(job=job, per_dag=per_dag)), fmt)
 
 
 @cli.command()
@@ -283,7 +283,7 @@ def activity(open_store, job, gpu, fmt):
       dask-influx-metrics activity --job 1 --format csv --source /tmp/dask-influx-metrics
     """
     db = open_store()
-    _emit(_recorded(db, db.gpu_during_tasks(job=job) if gpu else db.activity(job=job)), fmt)
+    emit(_recorded(db, db.gpu_during_tasks(job=job) if gpu else db.activity(job=job)), fmt)
 
 
 @cli.command()
@@ -323,7 +323,7 @@ def replay(open_store, folder, fmt):
     """
     import pandas as pd
 
-    _emit(pd.DataFrame([open_store().replay_undelivered(folder)]), fmt)
+    emit(pd.DataFrame([open_store().replay_undelivered(folder)]), fmt)
 
 
 def main(argv=None):

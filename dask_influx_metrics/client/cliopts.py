@@ -12,7 +12,7 @@ import click
 SOURCE_ENV = "DASK_INFLUX_METRICS_SOURCE"
 
 
-class _Group(click.Group):
+class Group(click.Group):
     """A group that turns expected errors into ``error: <message>`` and exit status 2."""
 
     def invoke(self, ctx):
@@ -167,7 +167,7 @@ per_job_option = click.option("--per-job/--whole", default=True, show_default=Tr
                               help="One row per job, or one over the whole session.")
 
 
-def _found(db, answer, what: str):
+def found(db, answer, what: str):
     """``answer``, or an error saying what was not found where (instead of printing nothing)."""
     if len(answer) == 0:
         from .query.base import QueryError
@@ -176,7 +176,7 @@ def _found(db, answer, what: str):
     return answer
 
 
-def _emit(data, fmt: str, column: str = "value") -> None:
+def emit(data, fmt: str, column: str = "value") -> None:
     """Print a DataFrame or a list as a table (``to_string(index=False)``), CSV or JSON."""
     import pandas as pd
 

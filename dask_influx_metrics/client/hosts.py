@@ -76,7 +76,7 @@ class HostQuestions:
             return long
         ours = long["worker"].map(self.ours).astype(bool)
         if not ours.all():
-            self._skip(f"skipped the host points of host {host!r} not written by this session's workers "
+            self.skip_note(f"skipped the host points of host {host!r} not written by this session's workers "
                        f"(worker tags {sorted(str(w) for w in long.loc[~ours, 'worker'].unique())[:5]})")
         return long[ours].reset_index(drop=True)
 
@@ -85,7 +85,7 @@ class HostQuestions:
         worker's table but with the host points' own ``job``/``dag`` (every worker of the host);
         ``attrs["interval"]`` is the seconds a row stands for where no later row tells (1/N of an
         interval where N workers wrote the host at once: older data). ``job``: points whose ``job`` tag holds it only."""
-        chosen = [m for m in self._metrics(metrics) if m.measurement == schema.HOST] if metrics is not None else \
+        chosen = [m for m in self.resolve_metrics(metrics) if m.measurement == schema.HOST] if metrics is not None else \
             [m for m in _tables.default_metrics(self.fields()) if m.measurement == schema.HOST]
         out = {}
         for host in sorted(set(self.hosts().values()) if hosts is None else set(hosts) - {None}):
@@ -101,13 +101,13 @@ class HostQuestions:
         tables = self.host_tables(metrics, job, hosts=[where.get(w) for w in workers])
         return {w: tables[where[w]] for w in workers if where.get(w) in tables}
 
-    def _host_longs(self, workers, fields: list[str]) -> dict[str, pd.DataFrame]:
+    def host_longs(self, workers, fields: list[str]) -> dict[str, pd.DataFrame]:
         """``{worker: the host series of its host}`` for joining into worker tables (read once per host)."""
         where, empty = self.hosts(), pd.DataFrame(columns=["time", "job", "dag", "worker", *fields])
         series = {h: self.host_series(h, fields) for h in {where.get(w) for w in workers} - {None}}
         return {w: series.get(where.get(w), empty) for w in workers}
 
-    def _host_peaks(self, metric, per_job: bool, chosen, job, server: bool) -> pd.DataFrame:
+    def host_peaks(self, metric, per_job: bool, chosen, job, server: bool) -> pd.DataFrame:
         """Peaks of a host metric: per host (server- or client-side), then one row set per worker."""
         where = self.hosts()
         hosts = sorted({where.get(w) for _, w in chosen} - {None})

@@ -150,7 +150,7 @@ class TaskQuestions:
 
     def task_stream(self, job: Optional[int] = None) -> pd.DataFrame:
         """The ``task`` points: ``time`` (ns, when each task ended), tags and fields; ``job``/``dag`` as Int64."""
-        job = self._check_job(job)
+        job = self.check_job(job)
         points = self.backend.points(schema.TASK, TASK_COLUMNS)
         if points.empty:
             return _empty(["time"] + TASK_COLUMNS, NO_TASK_STREAM)
@@ -163,12 +163,12 @@ class TaskQuestions:
 
     def activity(self, job: Optional[int] = None) -> pd.DataFrame:
         """Where worker time went (Dask's fine performance metrics) per job, prefix, activity and unit."""
-        job = self._check_job(job)
+        job = self.check_job(job)
         return _only(summarize_activity(self.backend.points(schema.ACTIVITY, ACTIVITY_COLUMNS)), job)
 
     def gpu_during_tasks(self, job: Optional[int] = None) -> pd.DataFrame:
         """Mean/max GPU utilization while each job (and DAG) had tasks executing."""
-        job = self._check_job(job)
+        job = self.check_job(job)
         if UTIL not in self.fields().get(schema.GPU, ()):
             return _empty(GPU, NO_GPU)
         # every sample, not the job's only: a sample stands for the time to the next one of its GPU

@@ -177,7 +177,7 @@ class Store(TaskQuestions, HostQuestions):
         """Whether ``worker`` (a ``worker`` tag) is one whose series this Store reads (see :func:`connect`)."""
         return worker in self._own if self._own is not None else bool(_DASK_ADDRESS.match(str(worker)))
 
-    def _skip(self, note: str) -> None:
+    def skip_note(self, note: str) -> None:
         self._skipped += [] if note in self._skipped else [note]
 
     def replay_undelivered(self, folder) -> dict:
@@ -227,7 +227,7 @@ class Store(TaskQuestions, HostQuestions):
             found = self.backend.tag_values("worker")
             if foreign := sorted(w for w in found if not self.ours(w)):
                 why = "not a worker of this session" if self._own is not None else "not a Dask worker address"
-                self._skip(f"skipped the series of worker tag(s) {foreign[:5]}{' ...' if foreign[5:] else ''} "
+                self.skip_note(f"skipped the series of worker tag(s) {foreign[:5]}{' ...' if foreign[5:] else ''} "
                            f"({why}; another tool's points?)")
             self._workers = sorted((w for w in found if self.ours(w)), key=_tables.natural_key)
         return list(self._workers)
@@ -301,7 +301,7 @@ class Store(TaskQuestions, HostQuestions):
                 raise ValueError(f"no worker {w!r}; workers: {dict(enumerate(known))} ({self.scope()})")
         return out
 
-    def _check_job(self, job) -> Optional[int]:
+    def check_job(self, job) -> Optional[int]:
         if job is None:
             return None
         jobs = self.jobs()
@@ -309,7 +309,7 @@ class Store(TaskQuestions, HostQuestions):
             raise ValueError(f"no job {job!r}; jobs: {jobs} ({self.scope()})")
         return job
 
-    def _metrics(self, names) -> list[_tables.Metric]:
+    def resolve_metrics(self, names) -> list[_tables.Metric]:
         fields = self.fields()
         if names is None:
             metrics = _tables.default_metrics(fields)
@@ -340,8 +340,8 @@ class Store(TaskQuestions, HostQuestions):
         ``progress(done, total)`` is called after each worker.
         """
         chosen = self._select_workers(workers)
-        job = self._check_job(job)
-        metrics = self._metrics(metrics)
+        job = self.check_job(job)
+        metrics = self.resolve_metrics(metrics)
         fields = self.fields()
         wanted: dict[str, list[str]] = {}
         for m in metrics:
@@ -352,7 +352,7 @@ class Store(TaskQuestions, HostQuestions):
             if "tasks" in fields[schema.WORKER] and not any(m.name == "tasks" for m in metrics):
                 metrics = metrics + _tables.resolve(["tasks"])
         origin = self.origin_ns
-        hosts = self._host_longs([w for _, w in chosen], wanted[schema.HOST]) if schema.HOST in wanted else {}
+        hosts = self.host_longs([w for _, w in chosen], wanted[schema.HOST]) if schema.HOST in wanted else {}
 
         def one(item):
             i, worker = item
@@ -381,14 +381,14 @@ class Store(TaskQuestions, HostQuestions):
         host's (``GROUP BY host, job``, or from :meth:`host_tables`), one row
         set for each worker of the host.
         """
-        resolved = self._metrics([metric])
+        resolved = self.resolve_metrics([metric])
         if len(resolved) != 1:
             raise ValueError(f"metric {metric!r} has several fields; name one: {[x.name for x in resolved]}")
         m = resolved[0]
         chosen = self._select_workers(workers)
-        job = self._check_job(job)
+        job = self.check_job(job)
         if m.measurement == schema.HOST:
-            tidy = self._host_peaks(m, per_job, chosen, job, server)
+            tidy = self.host_peaks(m, per_job, chosen, job, server)
         elif not server:
             tables = self.worker_tables(job=job, metrics=[m.name], workers=[w for _, w in chosen])
             tidy = _peaks.from_tables(list(tables.values()), m.name, per_job, m.unit)
