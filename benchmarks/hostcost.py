@@ -115,7 +115,8 @@ def gap_after_kill(address: str) -> float:
     times: dict = {}
     for line in read_lines(folder):
         p = lineprotocol.parse(line)
-        times.setdefault(p.tags["worker"], []).append(p.time_ns)
+        if p.measurement == "worker":  # a worker's own samples (not the agent's delivery counters)
+            times.setdefault(p.tags["worker"], []).append(p.time_ns)
     gaps = []
     for ts in times.values():
         before, after = [t for t in ts if t <= killed], [t for t in ts if t > killed]

@@ -146,6 +146,10 @@ class SnapshotBuffer:
         _SEQ.pack_into(mm, 0, seq + 1)
         self._seq = seq + 1
 
+    def raw(self) -> mmap.mmap:
+        """The mapping itself, for a reader that needs one fixed-size field at a glance."""
+        return self._mm
+
     def version(self) -> int:
         """The sequence number now (even: stable; it changes with every write): a few tens of
         nanoseconds, to tell whether :meth:`read` could return anything new."""
@@ -279,6 +283,11 @@ class BeatReader:
             # cached under the version seen before the read; a failed read is read again next time
             self._seq = seq if self._last is not None or not seq else -1
         return self._last
+
+    def when(self) -> float:
+        """The ``time`` of the latest beat at a glance (no seqlock: a torn read is possible, so only a
+        hint; :meth:`__call__` for a value to act on)."""
+        return _BEAT.unpack_from(self.buffer.raw(), _HEADER)[3]
 
     def acked(self) -> int:
         """The ``seq`` of this worker's snapshot that the agent's latest sample used (0: none yet)."""

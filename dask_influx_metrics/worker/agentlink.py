@@ -9,10 +9,11 @@ descriptor). From then on:
 
 * :attr:`publisher` publishes the worker's task starts and ends (event loop);
 * :meth:`wake` sends one datagram to the agent when a task starts on an idle worker;
-* a watcher thread checks four times a second that the agent lives: a free
-  ``agent.lock`` (the agent was killed) or a beat older than 3 polling
-  intervals + 0.25 s (it hangs: it is killed) makes it start another, at most
-  one per host (the lock again), and say so once per gap;
+* a watcher thread checks that the agent lives (the agent's relay worker every
+  0.15 s, the others once a second): a free ``agent.lock`` (the agent was
+  killed) or, seen by the relay, a beat older than 3 polling intervals + 0.25 s
+  (it hangs: it is killed) makes it start another, at most one per host (the
+  lock again), and say so once per gap;
 * :meth:`leave` removes the registration, wakes the agent and waits (bounded)
   until it has sampled this worker one last time and flushed (it then removes
   the snapshot).
@@ -36,7 +37,8 @@ from .. import runfolder
 from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher, SnapshotBuffer
 
 START_TIMEOUT = 30.0  # s for an agent to start sampling (it imports this package and NVML)
-WATCH_S = 0.25  # how often the watcher looks at the agent
+WATCH_S = 0.15  # how often the relay worker's watcher looks at the agent (dead or hung)
+WATCH_IDLE_S = 1.0  # how often the others look (dead only: the relay replaces it sooner)
 STALL_MARGIN = 0.25  # s: a beat 3 intervals + this old means a hung agent
 _ids = itertools.count(1)
 _in_use: set[str] = set()  # ids taken in this process (several workers in one process)
@@ -132,10 +134,18 @@ class AgentLink:
         self._follow_beat()
 
     def _watch(self) -> None:
-        while not self._closed.wait(WATCH_S):
-            self._agents = [p for p in self._agents if p.poll() is None]  # reap those that exited
-            self._follow_beat()
-            if not self._free() and self._killed_hung():
+        """One worker of the host (the agent's relay) looks every :data:`WATCH_S`, for a dead or a hung agent;
+        the others once a second, for a dead one (a free lock: one system call)."""
+        relay, n = False, 0
+        while not self._closed.wait(WATCH_S if relay or n < 1 / WATCH_S else WATCH_IDLE_S):  # fast for 1 s first
+            n += 1
+            if self._agents:
+                self._agents = [p for p in self._agents if p.poll() is None]  # reap those that exited
+            if not relay or n % round(WATCH_IDLE_S / WATCH_S) == 0:
+                self._follow_beat()
+                beat = self.beat()
+                relay = bool(beat) and beat.get("relay") == self.id
+            if not self._free() and relay and self._killed_hung():
                 deadline = time.monotonic() + 1.0
                 while not self._free() and time.monotonic() < deadline:  # the kernel frees its lock
                     time.sleep(0.005)
@@ -158,8 +168,11 @@ class AgentLink:
     def _killed_hung(self) -> bool:
         """Kill an agent whose beat is older than 3 intervals + :data:`STALL_MARGIN` (a stopped process
         ignores SIGTERM); whether one was."""
-        beat = self.beat()
-        if beat is None or time.monotonic() - beat["time"] <= 3 * self.interval + STALL_MARGIN:
+        limit = 3 * self.interval + STALL_MARGIN
+        if self._beat is None or time.monotonic() - self._beat.when() <= limit:
+            return False
+        beat = self.beat()  # stale at a glance: read it properly before killing
+        if beat is None or time.monotonic() - beat["time"] <= limit:
             return False
         try:
             os.kill(beat["pid"], signal.SIGKILL)

@@ -53,6 +53,10 @@ class FineMetrics:
     def snapshot(self) -> dict:
         return self._digests()
 
+    def waiting(self) -> bool:
+        """Whether ended tasks wait for their digests (which Dask adds after the task's record)."""
+        return bool(self._weights)
+
     def points(self, snapshot: dict, ended, now_ns: int) -> list[Point]:
         """Activity points for the increase from the previous snapshot to ``snapshot``;
         ``ended``: ``(prefix, job, execution seconds)`` of the task executions ended since."""

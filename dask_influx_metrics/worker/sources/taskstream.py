@@ -70,6 +70,8 @@ class TaskStream:
 
     def points(self, now_ns: int) -> list[Point]:
         """Drain the finished executions: their task points, then the activity points of this tick."""
+        if not self.ended and (self.fine is None or not self.fine.waiting()):
+            return []  # nothing ended: no digest moved either (an idle worker costs one check)
         # digests first: a task's digests are added after its record, so every digest read here
         # has its record drained below (a record whose digests come later waits for them)
         snapshot = self.fine.snapshot() if self.fine else None
