@@ -315,7 +315,7 @@ def test_gpu_source_none_from_the_environment(monkeypatch, text):
     ("gpu: {source: off}", "gpu_source", "none"),  # YAML 1.1: off is False
     ("dag-tag: off", "dag_tag", False),
     ("dag-tag: yes", "dag_tag", True),
-    ("sampler: {isolate: no}", "isolate", False),
+    ("sampler: {mode: thread}", "sampler_mode", "thread"),
     ("tracking: null", "tracking", None),
     ("tags: null", "tags", {}),
     ("telegraf: {max-datagram: null}", "max_datagram", None),
@@ -335,7 +335,7 @@ def test_none_null_off_spellings_from_yaml(document, attr, value):
 @pytest.mark.parametrize("name, text, attr, value", [
     ("DASK_INFLUX_METRICS__DAG_TAG", "off", "dag_tag", False),
     ("DASK_INFLUX_METRICS__DAG_TAG", "False", "dag_tag", False),
-    ("DASK_INFLUX_METRICS__SAMPLER__HOST_ONCE", "true", "host_once", True),
+    ("DASK_INFLUX_METRICS__DAG_TAG", "yes", "dag_tag", True),
     ("DASK_INFLUX_METRICS__TAGS", "none", "tags", {}),
     ("DASK_INFLUX_METRICS__TELEGRAF__ADDRESS", "none", "telegraf_address", ("127.0.0.1", 8094)),
     ("DASK_INFLUX_METRICS__TRACKING", "null", "tracking", None),
