@@ -54,7 +54,7 @@ class Setting(NamedTuple):
 SETTINGS: tuple[Setting, ...] = (
     Setting("polling-interval", "polling_interval", 200,
             parsers.number(f"a number of ms from 1 to {parsers.MAX_POLLING_INTERVAL}", minimum=1, maximum=parsers.MAX_POLLING_INTERVAL), "ms",
-            f"time between samples on each worker (at most {parsers.MAX_POLLING_INTERVAL}: one minute)"),
+            f"time between samples (at most {parsers.MAX_POLLING_INTERVAL}: one minute)"),
     Setting("tracking", "tracking", None, parsers.tracking, "",
             "metric names to collect; null = all (see schema.TRACKING)"),
     Setting("job-type", "job_type", "client", parsers.choice(parsers.JOB_TYPES), "",
@@ -89,7 +89,7 @@ SETTINGS: tuple[Setting, ...] = (
             "spool root; null = dask-influx-metrics-<uid> in the temporary directory, private to the user",
             keywords=("spool_directory", "dump_loc")),
     Setting("spool.mem-limit", "mem_limit", 1000, parsers.positive_int, "lines",
-            "held in worker memory before being appended to disk"),
+            "held in the sampling process's memory before being appended to disk"),
     Setting("spool.flush-interval", "flush_interval", 1, parsers.seconds, "s",
             "buffered lines reach disk at least this often"),
     Setting("gpu.source", "gpu_source", "auto", parsers.choice(parsers.GPU_SOURCES, null="none"), "",

@@ -112,8 +112,8 @@ _FIELDS = (
     Field(GPU, "power_draw", float, "W", "board power draw"),
     Field(GPU, "temperature_gpu", float, "C", "GPU core temperature"),
     Field(GPU, "clocks_current_sm", float, "MHz", "current SM clock"),
-    Field(GPU, "worker_memory_used", float, "MiB", "device memory held by the sampling worker's own process tree "
-          "(NVML compute-process list); written by every worker for each device it uses"),
+    Field(GPU, "worker_memory_used", float, "MiB", "device memory held by the worker's own process tree (NVML "
+          "compute-process list), for each device the worker uses, with that worker's tags"),
     Field(GPU, "clocks_event_reasons", int, "bitmask", "NVML clock-event (throttle) reasons active at sample time"),
     Field(GPU, "clocks_current_memory", float, "MHz", "current memory clock"),
     Field(GPU, "pstate", int, "", "performance state: 0 (P0, maximum performance) to 15 (minimum); "

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from dask_influx_metrics import config
-from dask_influx_metrics.config import Settings, overrides_from_kwargs, parse_address
+from dask_influx_metrics.config import Settings, overrides_from_kwargs
+from dask_influx_metrics.parsers import parse_address
 
 
 def test_defaults_come_from_the_shipped_yaml():

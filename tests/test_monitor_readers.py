@@ -40,8 +40,10 @@ def test_influxdb_down_with_the_http_sink_says_where_the_undelivered_copy_is(cli
             monitor.get_peaks("compute-util")
         message = str(e.value)
         assert message.startswith(f"cannot reach InfluxDB at {url}: ")
-        assert (f"The samples InfluxDB did not take are kept under {folder}/<worker>/undelivered/: read them with "
-                f"monitor.query(source={folder!r}) or `dask-influx-metrics jobs --source {folder}`") in message
+        assert (f"The samples InfluxDB did not take are kept under {folder}/<sender>/undelivered/ (the host's "
+                f"agent-<host>/ and each worker's own folder): read them with monitor.query(source={folder!r}) or "
+                f"`dask-influx-metrics jobs --source {folder}`; once InfluxDB is back, write them into it with "
+                f"`dask-influx-metrics replay {folder} --source <url>`") in message
         with query.connect(folder) as db:  # the session folder: every worker, not one of them
             assert db.workers() == workers
         assert monitor.query(source=folder).workers() == workers
@@ -94,8 +96,8 @@ def test_gpu_and_host_tracking_without_a_gpu_never_exports_part_of_the_workers(c
         with pytest.raises(ValueError, match=r"metric\(s\) \['mem-util'\] were not collected; the workers "
                                              r"reported no GPU \(NVML missing, no device visible"):
             monitor.get_peaks("mem-util")
-        with pytest.raises(query.QueryError, match=r"worker\(s\) \[.*\] sampled in this session but wrote no "
-                                                   r"samples .*; no CSV written") as e:
+        with pytest.raises(query.QueryError, match=r"(worker\(s\) \[.*\] sampled in this session but wrote no "
+                                                   r"samples|no samples for worker\(s\) \[.*\]) .*; no CSV written") as e:
             monitor.to_csv(tmp_path / "csv")
         assert any(w in str(e.value) for w in workers)
         assert not os.path.exists(tmp_path / "csv" / "worker_0.csv")

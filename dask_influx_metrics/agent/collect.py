@@ -8,8 +8,9 @@ The rules (README "What a number means"):
   the **union** of the jobs and DAGs executing on all of them: ``dag="0"`` only
   when none of them runs a task (then the owner's last job).
 * The ``host`` reading likewise: once, union over every worker of the host.
-  Only where no ``gpu`` or ``worker`` field is tracked does each worker get its
-  own copy (tagged with its own jobs), since it has no other rows.
+  Only where the workers have no rows of their own (no ``gpu`` or ``worker``
+  field tracked, or no GPU found) does each worker get its own copy (tagged
+  with its own jobs).
 * **Per-worker** readings (the worker process's CPU and RSS, its tasks, the GPU
   memory its process tree holds and, on a GPU several workers use, its share of
   the GPU's time) carry that worker's own tags. When the owner's
@@ -84,7 +85,7 @@ class HostCollector:
             points += self._gpu_points(workers, own, times)
         if self.host is not None:
             fields = self.host.read(HOST)
-            if fields and self._host_each:
+            if fields and (self._host_each or not points):  # no worker has rows of its own (no GPU found)
                 points += [Point(HOST, own[w.id], dict(fields), times[w.id]) for w in workers]
             elif fields:
                 owner = workers[0]

@@ -61,9 +61,11 @@ def unreachable(error, destinations: dict, configured) -> str:
     if undelivered:
         folder = os.path.dirname(os.path.dirname(undelivered[0]))  # <root>/<session>
         here = os.path.isdir(folder)
-        message += (f". The samples InfluxDB did not take are kept under {folder}/<worker>/undelivered/"
+        message += (f". The samples InfluxDB did not take are kept under {folder}/<sender>/undelivered/ (the host's "
+                    "agent-<host>/ and each worker's own folder)"
                     + (f": read them with monitor.query(source={folder!r}) or `dask-influx-metrics jobs --source "
-                       f"{folder}`; once InfluxDB is back, monitor.query() after stop() writes them into it"
+                       f"{folder}`; once InfluxDB is back, write them into it with "
+                       f"`dask-influx-metrics replay {folder} --source <url>`"
                        if here else " on the workers' hosts: read them through the cluster with "
                        "monitor.query(source='cluster')"))
     return message
