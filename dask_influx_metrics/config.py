@@ -24,6 +24,7 @@ Example
 from __future__ import annotations
 
 import copy
+import dataclasses
 import socket
 from dataclasses import field, make_dataclass
 from typing import Any, Callable, NamedTuple
@@ -230,6 +231,13 @@ class Settings(_Fields):
         No validation: they were validated where they were resolved.
         """
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in doc.items()})
+
+
+def public(settings: Settings) -> dict:
+    """``settings`` as plain data without the secret ones (to compare or record; never credentials)."""
+    secret = {s.attr for s in SETTINGS if s.secret} | {"username"}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(settings).items()
+            if k not in secret}
 
 
 def overrides_from_kwargs(**kwargs) -> dict:

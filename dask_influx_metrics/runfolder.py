@@ -65,6 +65,16 @@ def alive(pid: int) -> bool:
     return True
 
 
+def started(pid: int | str = "self") -> int | None:
+    """Process ``pid``'s start time (clock ticks since boot, ``/proc/<pid>/stat``), or None: with the pid,
+    it names a process the same way in every PID namespace that sees it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def try_lock(folder: str, name: str) -> int | None:
     """An fd holding ``flock`` on ``folder/name`` (created 0600), or None when another open file holds it."""
     fd = os.open(os.path.join(folder, name), os.O_RDWR | os.O_CREAT, 0o600)

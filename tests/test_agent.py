@@ -209,3 +209,53 @@ def test_a_killed_worker_is_forgotten_and_its_restart_joins_the_agent(cluster, c
     folder = runfolder.session_folder(monitor.jobs()["session"]["id"])
     wait_until(lambda: str(victim_pid) not in runfolder.worker_files(folder), timeout=5, what="the dead one forgotten")
     monitor.stop()
+
+
+def test_agents_that_keep_dying_make_the_workers_sample_in_process(client, monitor, tmp_path):
+    def break_python(dask_worker, path):
+        sys.executable, old = path, sys.executable
+        return old
+
+    monitor.attach(polling_interval=POLL_MS, tracking=["tasks"])
+    monitor.start()
+    (agent,) = {a for _, a in agents(client).values()}
+    old = client.run(break_python, path="/nonexistent/python")  # the next agents cannot start
+    try:
+        since = time.time()
+        os.kill(agent, signal.SIGKILL)
+        wait_until(lambda: all(s for s in client.run(lambda dask_worker: dask_worker.plugins[
+            "influx-metrics"].sampler is not None and dask_worker.plugins["influx-metrics"].link is None).values()),
+            timeout=20, what="every worker sampling in-process")
+        at = time.time_ns()
+        wait_until(lambda: {p.tags["worker"] for p in points(tmp_path, "worker") if p.time_ns > at} == set(old),
+                   what="in-process samples")
+    finally:
+        for address, path in old.items():
+            client.run(break_python, path=path, workers=[address])
+    monitor.stop()
+    events = [e["message"] for t, e in client.get_events("influx-metrics") if e.get("what") == "agent" and t >= since]
+    assert any("stopped 4 times" in m and "sampling in-process" in m for m in events), events
+
+
+def test_a_worker_the_agent_cannot_see_samples_in_process(client, monitor, tmp_path):
+    """Another PID namespace (containers sharing /dev/shm only): the agent would read another process."""
+    def pretend(dask_worker, on: bool):
+        from dask_influx_metrics import runfolder
+
+        if on:  # this worker's process "started" at tick 1: not what the agent sees
+            runfolder.real_started, runfolder.started = runfolder.started, lambda pid="self": 1
+        else:
+            runfolder.started = runfolder.real_started
+
+    client.run(pretend, on=True)
+    try:
+        monitor.attach(polling_interval=POLL_MS, tracking=["tasks"])
+        monitor.start()
+        assert {a for _, a in agents(client).values()} == {None}, "no worker stays with the agent"
+        wait_until(lambda: {p.tags["worker"] for p in points(tmp_path, "worker")}
+                   == set(client.scheduler_info()["workers"]), what="in-process samples")
+        monitor.stop()
+    finally:
+        client.run(pretend, on=False)
+    events = [e["message"] for _, e in client.get_events("influx-metrics") if e.get("what") == "agent"]
+    assert any("different PID namespaces" in m for m in events), events

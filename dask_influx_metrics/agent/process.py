@@ -33,7 +33,7 @@ import threading
 import time
 
 from .. import runfolder
-from ..config import Settings
+from ..config import Settings, public
 from ..names import GpuState
 from ..reports import Reporter
 from ..sampler import Sampler
@@ -74,6 +74,7 @@ class Agent:
 
     def __init__(self, settings: Settings, session: str, folder: str):
         self.settings, self.session, self.folder = settings, session, folder
+        self._public = json.loads(json.dumps(public(settings)))  # as workers register theirs
         self.reports: list = []  # [number, event] of the latest reports, relayed by a worker
         self._reported = 0
         self.report = Reporter(self._keep)
@@ -114,6 +115,12 @@ class Agent:
 
     def _view(self, wid: str, info: dict, activity) -> WorkerView:
         view = WorkerView(wid, info, activity, self.settings.fields)
+        differ = sorted(k for k, v in (info.get("settings") or {}).items() if self._public.get(k, v) != v)
+        if differ:
+            self.report.once("agent", f"worker {view.address} resolved other settings than this host's agent "
+                             f"runs with ({differ}); the agent samples every worker of the host with its own "
+                             "(those of the worker that started it): configure the host's workers alike",
+                             key=("settings", tuple(differ)))
         state, why = self.gpu_state, self.gpu_why
         if self.gpus is not None:
             try:
@@ -164,10 +171,11 @@ class Agent:
         if now - self._counted >= COUNTERS_S:
             self._counted, self._counters = now, [{**c, "agent": os.getpid()} for c in counters(self.sink)]
         acked = {w.id: w.activity.acked for w in views}
-        key = (acked, self._counters, self._reported, len(self.found), next(iter(self.workers.views), None))
+        key = (acked, self._counters, self._reported, len(self.found), len(self.workers.foreign),
+               next(iter(self.workers.views), None))
         if key != self._doc_key:
             self._doc_key = key
-            self._doc = json.dumps({"acked": acked, "relay": key[-1], "found": self.found,
+            self._doc = json.dumps({"acked": acked, "relay": key[-1], "found": self.found, "foreign": self.workers.foreign,
                                     "counters": self._counters + self.previous, "reports": self.reports},
                                    separators=(",", ":")).encode()
         with self._lock:

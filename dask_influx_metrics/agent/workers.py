@@ -64,6 +64,7 @@ class FolderWorkers:
 
     def __init__(self, folder: str, make: Callable[..., WorkerView]):
         self.folder, self._make = folder, make
+        self.foreign: dict[str, str] = {}  # worker id -> why this agent cannot sample it (another PID namespace)
         self._dir = os.path.join(folder, runfolder.WORKERS)
         self.views: dict[str, WorkerView] = {}
         self._stamp = None
@@ -90,7 +91,7 @@ class FolderWorkers:
         files = runfolder.worker_files(self.folder)
         for wid in set(self.views) - set(files):
             left.append(self.views.pop(wid))
-        for wid in sorted(set(files) - set(self.views)):
+        for wid in sorted(set(files) - set(self.views) - set(self.foreign)):
             view = self._open(wid, files[wid])
             if view is not None:
                 self.views[wid] = view
@@ -105,6 +106,12 @@ class FolderWorkers:
     def _open(self, wid: str, path: str) -> WorkerView | None:
         info = runfolder.read_worker(path)
         if not info:
+            return None
+        if info.get("started") is not None and runfolder.started(info["pid"]) != info["started"]:
+            # its pid names another process (or none) here: never read that one's numbers as the worker's
+            self.foreign[wid] = (f"the host's sampling agent (pid {os.getpid()}) cannot see worker {info['address']} "
+                                 f"as pid {info['pid']}: they run in different PID namespaces (containers sharing "
+                                 "/dev/shm but not the PID namespace)")
             return None
         try:
             buffer = SnapshotBuffer.open(os.path.join(self._dir, f"{wid}.snap"), BUFFER_BYTES)

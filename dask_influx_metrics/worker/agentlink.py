@@ -38,6 +38,7 @@ from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher, Snapshot
 
 START_TIMEOUT = 30.0  # s for an agent to start sampling (it imports this package and NVML)
 WATCH_S = 0.15  # how often the relay worker's watcher looks at the agent (dead or hung)
+MAX_RESTARTS, RESTART_WINDOW_S = 3, 30.0  # agents dying faster than this: give up (sample in-process)
 WATCH_IDLE_S = 1.0  # how often the others look (dead only: the relay replaces it sooner)
 STALL_MARGIN = 0.25  # s: a beat 3 intervals + this old means a hung agent
 _ids = itertools.count(1)
@@ -54,19 +55,22 @@ class AgentLink:
         self.interval = config["settings"]["polling_interval"] / 1000.0
         self.folder = runfolder.session_folder(config["session"])
         self.id = str(os.getpid())
-        while self.id in _in_use:
-            self.id = f"{os.getpid()}.{next(_ids)}"
-        _in_use.add(self.id)
         self._dir = os.path.join(self.folder, runfolder.WORKERS)
         self._agents: list[subprocess.Popen] = []
         self._beat, self._beat_inode = None, None
         self._closed = threading.Event()
         self._held = False  # this worker holds agent.lock (the agent is gone)
+        self._restarts: list[float] = []  # when this worker replaced an agent (monotonic)
+        self.failed = None  # why this worker gave up on the agent (the plugin then samples in-process)
         self.gaps = 0  # agents replaced while this worker ran
         with runfolder.locked(self.folder, runfolder.START_LOCK):
+            # taken by another worker of this process, or by a namesake in another PID namespace
+            while self.id in _in_use or os.path.exists(os.path.join(self._dir, f"{self.id}.json")):
+                self.id = f"{os.getpid()}.{next(_ids)}"
+            _in_use.add(self.id)
             self._snap = SnapshotBuffer.create(BUFFER_BYTES, path=os.path.join(self._dir, f"{self.id}.snap"))
             self.publisher = Publisher(self._snap, self.acked, activity.nthreads, activity.running, activity.last_job)
-            runfolder.write_worker(self.folder, self.id, {**info, "pid": os.getpid()})
+            runfolder.write_worker(self.folder, self.id, {**info, "pid": os.getpid(), "started": runfolder.started()})
             held = runfolder.try_lock(self.folder, runfolder.AGENT_LOCK)
             if held is not None:
                 self._start(held)
@@ -109,6 +113,8 @@ class AgentLink:
             beat = self.beat()
             if beat and self.id in beat.get("found", {}):
                 return beat["found"][self.id]
+            if beat and self.id in beat.get("foreign", {}):
+                raise RuntimeError(beat["foreign"][self.id])
             if time.monotonic() > deadline or self._closed.is_set():
                 return None
             self.wake()
@@ -181,15 +187,27 @@ class AgentLink:
         return True
 
     def _replace(self) -> None:
-        """The agent is gone and this worker holds ``agent.lock``: start the next one."""
+        """The agent is gone and this worker holds ``agent.lock``: start the next one (unless agents keep
+        dying: :data:`MAX_RESTARTS` within :data:`RESTART_WINDOW_S`; then :attr:`failed` says why)."""
         beat = self.beat()
         old = beat.get("pid") if beat else None
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
+        if len(self._restarts) > MAX_RESTARTS:
+            fcntl.flock(self._probe, fcntl.LOCK_UN)
+            self.failed = (f"the sampling agent stopped {len(self._restarts)} times within {RESTART_WINDOW_S:.0f} s "
+                           "(its log says why)")
+            self._closed.set()
+            return
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             if not os.path.exists(os.path.join(self._dir, f"{self.id}.json")):  # leaving
                 fcntl.flock(self._probe, fcntl.LOCK_UN)
                 return
             # the lock goes to the new agent with this descriptor's open file (closed here, never unlocked)
-            self._start(self._probe)
+            try:
+                self._start(self._probe)
+            except OSError as e:  # cannot even run it: counted like an agent that died at once
+                self.report("agent", f"cannot start the sampling agent ({type(e).__name__}: {e})")
             self._probe = os.open(os.path.join(self.folder, runfolder.AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
         self.gaps += 1
         self.report("agent", f"the sampling agent (pid {old}) stopped; another was started (samples of this "

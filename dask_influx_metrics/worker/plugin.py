@@ -52,7 +52,7 @@ from ..agent.process import agent_role
 from ..agent.sources.host import HostSource, refresh_seconds
 from ..agent.workers import WorkerView
 from ..clock import SteadyOffset
-from ..config import Settings
+from ..config import Settings, public
 from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN
 from ..reports import Reporter
 from ..sampler import Sampler
@@ -109,7 +109,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         from .agentlink import AgentLink
 
         config = {"settings": dataclasses.asdict(self.settings), "session": self.session["id"]}
-        info = {"address": self.worker.address, "tags": self.base_tags,
+        info = {"address": self.worker.address, "tags": self.base_tags, "settings": public(self.settings),
                 "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "nthreads": self.registry.nthreads}
         try:
             link = await asyncio.to_thread(AgentLink, config, info, self.registry.snapshot(), self.report)
@@ -123,7 +123,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self._publish()
         self._ticker = PeriodicCallback(self._tick, 1000)
         self._ticker.start()
-        found = await asyncio.to_thread(link.found, FOUND_TIMEOUT)
+        try:
+            found = await asyncio.to_thread(link.found, FOUND_TIMEOUT)
+        except RuntimeError as e:  # the agent cannot see this worker's process
+            return await self._leave_agent(str(e))
         self._record_destinations(agent_role(), found)
         if self.custom or self.tasks is not None:
             self._start_extras(extras.interval(self.settings, self.custom), refresh=True)
@@ -132,8 +135,26 @@ class MetricsWorkerPlugin(WorkerPlugin):
         """Bytes held and the clock offset, which change between the publishes of task starts and ends."""
         self.link.publisher.update(_dask.worker_managed_bytes(self.worker), _dask.worker_clock_offset(self.worker))
 
+    async def _leave_agent(self, why: str) -> None:
+        """Sample in-process from now on (the agent cannot serve this worker)."""
+        link, self.link = self.link, None
+        self._ticker.stop()
+        self.report("agent", f"{why}; sampling in-process")
+        await asyncio.to_thread(link.leave, 0)
+        if self.sampler is not None:  # the extras' sampler: the in-process one replaces it
+            sampler, self.sampler = self.sampler, None
+            await asyncio.to_thread(sampler.stop)
+            self.extras.stop()
+            self.health.stop()
+            self.sink.close()
+        if not self.closed:
+            self._sample_in_process()
+
     def _tick(self) -> None:
         if self.link is None:
+            return
+        if self.link.failed:
+            self._leaving = asyncio.ensure_future(self._leave_agent(self.link.failed))
             return
         self._publish()
         beat = self.link.beat()
