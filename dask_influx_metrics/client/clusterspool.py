@@ -57,8 +57,9 @@ def fetch(client, destinations: dict, session_id: str, into: str) -> str:
     target = os.path.join(into, session_id)
     os.makedirs(target, mode=0o700, exist_ok=True)
     live = set(client.scheduler_info()["workers"])
+    done = set()  # (host, folder): the workers of a host share their agent's folder, copied once
     for who, where in sorted(destinations.items()):
-        if not where.get("spool"):  # spool sink, or an HTTP sink's undelivered/ folder
+        if not where.get("spool") or (where.get("host"), where["spool"]) in done:  # spool, or undelivered/
             continue
         run = _runner(client, who, live)
         if run is None:
@@ -80,4 +81,5 @@ def fetch(client, destinations: dict, session_id: str, into: str) -> str:
                         break
                     out.write(data)
                     offset += len(data)
+        done.add((where.get("host"), where["spool"]))
     return target

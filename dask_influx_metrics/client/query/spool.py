@@ -48,12 +48,12 @@ def sessions(root) -> list[str]:
 
 
 def _is_session(path: str) -> bool:
-    """Whether ``path`` is one session's folder: ``<worker>/spool-*.lp`` or, from an HTTP sink's
-    outage alone, ``<worker>/undelivered/spool-*.lp``."""
+    """Whether ``path`` is one session's folder: ``<sender>/spool-*.lp`` or, from an HTTP sink alone,
+    ``<sender>/undelivered/spool-*.lp`` (an outage) or ``<sender>/refused/spool-*.lp``."""
     return any(f.endswith(".lp") and os.path.isfile(os.path.join(folder, f))
                for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
-               for folder in (os.path.join(path, d), os.path.join(path, d, UNDELIVERED_DIR)) if os.path.isdir(folder)
-               for f in os.listdir(folder))
+               for folder in (os.path.join(path, d, sub) for sub in ("", UNDELIVERED_DIR, REFUSED_DIR))
+               if os.path.isdir(folder) for f in os.listdir(folder))
 
 
 def _records(path: str) -> Iterator[tuple[int, bytes]]:
