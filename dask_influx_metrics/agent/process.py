@@ -50,6 +50,7 @@ FIRST_WORKER_S = 30.0  # an agent nobody registers with exits after this
 EXIT_CHECK_S = 0.5  # how often the agent looks whether its session is over here
 KEEP_REPORTS = 32
 COUNTERS_S = 1.0  # the sink's counters go into the beat this often
+BEAT_S = 0.09  # a beat at least this often (workers take one older than 3 intervals + 0.25 s for a hung agent)
 LEAVE_DRAIN_S = 2.0  # at most this long to post an HTTP sink's queue when a worker leaves
 
 
@@ -91,8 +92,10 @@ class Agent:
         self.sampler = Sampler(self.collect, self, interval=settings.polling_interval / 1000.0,
                                name="influx-metrics-agent", field_tags=() if settings.dag_tag else ("dag",))
         self._left: list[WorkerView] = []
+        self._woken = False  # a worker woke the agent since the last sample
         self._lock = threading.Lock()  # the sampler thread and the main thread both write the beat
         self._counted, self._counters, self._doc_key, self._doc = -COUNTERS_S, [], None, b"{}"
+        self._beat_at = 0.0
         self._health_at, self._health_tags = 0.0, {**settings.tags, "host": socket.gethostname(), "worker": agent_role()}
 
     def _keep(self, event: dict) -> None:
@@ -151,7 +154,8 @@ class Agent:
             self.workers.forget(view.id)
             self.found.pop(view.id, None)
             view.close()
-        self._left = self.workers.refresh()
+        woken, self._woken = self._woken, False
+        self._left = self.workers.refresh(changed=woken)
         live = self.workers.live()
         for w in live + self._left:
             w.activity.refresh()
@@ -173,6 +177,9 @@ class Agent:
         acked = {w.id: w.activity.acked for w in views}
         key = (acked, self._counters, self._reported, len(self.found), len(self.workers.foreign),
                next(iter(self.workers.views), None))
+        if key == self._doc_key and now - self._beat_at < BEAT_S:
+            return  # nothing new to say, and the last beat is recent enough for the workers' watch
+        self._beat_at = now
         if key != self._doc_key:
             self._doc_key = key
             self._doc = json.dumps({"acked": acked, "relay": key[-1], "found": self.found, "foreign": self.workers.foreign,
@@ -183,6 +190,7 @@ class Agent:
 
     def wake(self, worker_id: str) -> None:
         """A task started on worker ``worker_id``: sample now if its last sample saw it idle."""
+        self._woken = True  # the next sample looks at the run folder (an arrival, a leave)
         view = self.workers.views.get(worker_id)
         if view is None or not view.activity().executing:
             self.sampler.wake()

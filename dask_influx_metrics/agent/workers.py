@@ -2,9 +2,10 @@
 
 A worker registers in the session's host folder (:mod:`..runfolder`):
 ``workers/<id>.json`` (address, pid, tags, ``CUDA_VISIBLE_DEVICES``) and its task
-snapshot ``workers/<id>.snap``. :class:`FolderWorkers` lists the folder again
-only when it changed (one ``stat`` per sample) and checks once a second that
-each worker's process still lives; a worker whose ``.json`` is gone is leaving
+snapshot ``workers/<id>.snap``. :class:`FolderWorkers` looks at the folder once
+a second or when a worker woke the agent (it arrives and leaves with a wake),
+lists it again only when it changed, and checks once a second that each
+worker's process still lives; a worker whose ``.json`` is gone is leaving
 (it waits until the agent has sampled it and flushed, then the agent removes
 its snapshot); one whose process died is forgotten and its files removed.
 """
@@ -71,13 +72,17 @@ class FolderWorkers:
         self._checked = 0.0
         self.ever = False  # whether any worker has registered yet
 
-    def refresh(self) -> list[WorkerView]:
-        """The workers leaving since the last call (their ``.json`` removed); :attr:`views` the rest."""
+    def refresh(self, changed: bool = False) -> list[WorkerView]:
+        """The workers leaving since the last call (their ``.json`` removed); :attr:`views` the rest.
+        The folder is looked at once a second, or now when ``changed`` (a worker woke the agent: it
+        arrives, or leaves, or a task started on it)."""
+        now = time.monotonic()
+        if not changed and now - self._checked < LIVENESS_S:
+            return []
         try:
             stamp = os.stat(self._dir).st_mtime_ns
         except FileNotFoundError:
             stamp = None
-        now = time.monotonic()
         if stamp == self._stamp and now - self._checked < LIVENESS_S:
             return []
         self._stamp = stamp
