@@ -7,5 +7,18 @@ result rows (:func:`benchmarks.common.row`) and runs alone with
 
 #: Benchmark modules, in running order. A listed module that does not exist
 #: (yet) is skipped with a note.
-MODULES = ("workload", "sampler", "encode", "delivery", "memory", "gaps", "query", "csvpeaks", "cardinality",
-           "taskstream", "hostonce", "gpm", "hostcost")
+MODULES = (
+    "workload",
+    "sampler",
+    "encode",
+    "delivery",
+    "memory",
+    "gaps",
+    "query",
+    "csvpeaks",
+    "cardinality",
+    "taskstream",
+    "hostonce",
+    "gpm",
+    "hostcost",
+)

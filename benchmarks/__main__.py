@@ -20,9 +20,13 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="short durations: a smoke test (< 2 min)")
     p.add_argument("--only", metavar="NAME", help=f"comma-separated subset of {', '.join(MODULES)}")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is not met, too")
-    p.add_argument("--gpu-source", choices=("simulated", "nvml"), default="simulated",
-                   help="GPUs of the sampler, gaps and workload benchmarks: 8 simulated (default) or this node's "
-                        "real ones through NVML (those benchmarks skip cleanly where NVML sees no GPU)")
+    p.add_argument(
+        "--gpu-source",
+        choices=("simulated", "nvml"),
+        default="simulated",
+        help="GPUs of the sampler, gaps and workload benchmarks: 8 simulated (default) or this node's "
+        "real ones through NVML (those benchmarks skip cleanly where NVML sees no GPU)",
+    )
     p.add_argument("--output", default=os.path.join(common.RESULTS_DIR, "latest.json"), help="JSON path")
     args = p.parse_args(argv)
     os.environ["BENCH_GPU_SOURCE"] = args.gpu_source  # read by benchmarks.common.gpu_source()
@@ -54,14 +58,25 @@ def main(argv=None) -> int:
     total = time.monotonic() - t_all
     print()
     print(common.format_table(rows))
-    path = common.write_json(args.output, {
-        "quick": args.quick, "started_env": env_start, "ended_env": common.environment(),
-        "seconds": seconds, "total_seconds": round(total, 1), "skipped": skipped, "crashed": crashed,
-        "rows": rows})
+    path = common.write_json(
+        args.output,
+        {
+            "quick": args.quick,
+            "started_env": env_start,
+            "ended_env": common.environment(),
+            "seconds": seconds,
+            "total_seconds": round(total, 1),
+            "skipped": skipped,
+            "crashed": crashed,
+            "rows": rows,
+        },
+    )
     unmet = [f"{r['name']}: {r['what']}" for r in rows if r["met"] is False]
-    print(f"\n{len(rows)} rows, {len(unmet)} target(s) not met, {len(crashed)} crashed; "
-          f"total {total:.1f} s ({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())}); "
-          f"load average {env_start['loadavg'][0]:.2f} at start; wrote {path}")
+    print(
+        f"\n{len(rows)} rows, {len(unmet)} target(s) not met, {len(crashed)} crashed; "
+        f"total {total:.1f} s ({', '.join(f'{k} {v:.0f} s' for k, v in seconds.items())}); "
+        f"load average {env_start['loadavg'][0]:.2f} at start; wrote {path}"
+    )
     return 1 if crashed or (args.strict and unmet) else 0
 
 

@@ -61,8 +61,9 @@ def measure(client, server, dag_tag: bool, n_dags: int) -> tuple[dict, dict, flo
     from dask_influx_metrics import Monitor
 
     db = server.create_database(f"cardinality_{'tag' if dag_tag else 'field'}")
-    monitor = Monitor(client, sink="http", influxdb_url=server.url, database=db,
-                      gpu_source="simulated", gpu_count=2, dag_tag=dag_tag)
+    monitor = Monitor(
+        client, sink="http", influxdb_url=server.url, database=db, gpu_source="simulated", gpu_count=2, dag_tag=dag_tag
+    )
     monitor.attach(polling_interval=50)
     monitor.start()
     try:
@@ -76,8 +77,11 @@ def measure(client, server, dag_tag: bool, n_dags: int) -> tuple[dict, dict, flo
         monitor.stop()
         monitor.shutdown()
     after = wait_stable(server, db)
-    caught = server.query('SELECT count("tasks") FROM "worker" WHERE "dag" != \'0\' GROUP BY "dag"', db=db) \
-        if dag_tag else server.query('SELECT DISTINCT("dag") FROM "worker"', db=db)
+    caught = (
+        server.query('SELECT count("tasks") FROM "worker" WHERE "dag" != \'0\' GROUP BY "dag"', db=db)
+        if dag_tag
+        else server.query('SELECT DISTINCT("dag") FROM "worker"', db=db)
+    )
     return idle, after, seconds, len(caught) - 1 - (0 if dag_tag else 1)  # less the first DAG (and '0')
 
 
@@ -86,18 +90,27 @@ def run(quick: bool) -> list[dict]:
 
     n_dags = 100 if quick else 1000
     rows = []
-    with common.influxd() as server, \
-            LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        common.influxd() as server,
+        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         for dag_tag in (True, False):
             idle, after, seconds, caught = measure(client, server, dag_tag, n_dags)
             for m in MEASUREMENTS:
                 growth = (after[m] - idle[m]) * 1000 / n_dags
-                rows.append(common.row(
-                    NAME, f"{m}: new series per 1,000 DAGs, dag-tag: {str(dag_tag).lower()} "
-                          "(2 workers, 2 GPUs each, 50 ms)", round(growth, 1), "series", baseline=idle[m],
-                    notes=f"{idle[m]} series after one DAG, {after[m]} after {n_dags} more in {seconds:.0f} s; "
-                          f"samples caught {caught} of the {n_dags} DAGs running"))
+                rows.append(
+                    common.row(
+                        NAME,
+                        f"{m}: new series per 1,000 DAGs, dag-tag: {str(dag_tag).lower()} "
+                        "(2 workers, 2 GPUs each, 50 ms)",
+                        round(growth, 1),
+                        "series",
+                        baseline=idle[m],
+                        notes=f"{idle[m]} series after one DAG, {after[m]} after {n_dags} more in {seconds:.0f} s; "
+                        f"samples caught {caught} of the {n_dags} DAGs running",
+                    )
+                )
     return rows
 
 

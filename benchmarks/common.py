@@ -29,8 +29,17 @@ def row(name, what, measured, unit, baseline=None, target=None, met=None, notes=
     ratio = None
     if isinstance(measured, (int, float)) and isinstance(baseline, (int, float)) and baseline:
         ratio = measured / baseline
-    out = {"name": name, "what": what, "measured": measured, "unit": unit, "baseline": baseline,
-           "ratio": ratio, "target": target, "met": met, "notes": notes}
+    out = {
+        "name": name,
+        "what": what,
+        "measured": measured,
+        "unit": unit,
+        "baseline": baseline,
+        "ratio": ratio,
+        "target": target,
+        "met": met,
+        "notes": notes,
+    }
     if details is not None:
         out["details"] = details
     return out
@@ -57,9 +66,19 @@ def _fmt(value) -> str:
 def format_table(rows: list[dict]) -> str:
     """The rows as a fixed-width text table (notes on a line of their own)."""
     head = ["benchmark", "what", "measured", "unit", "baseline", "ratio", "target", "met?"]
-    body = [[r["name"], r["what"], _fmt(r["measured"]), r["unit"] or "", _fmt(r["baseline"]),
-             "-" if r["ratio"] is None else f"{r['ratio']:.3f}x", r["target"] or "-",
-             "-" if r["met"] is None else _fmt(bool(r["met"]))] for r in rows]
+    body = [
+        [
+            r["name"],
+            r["what"],
+            _fmt(r["measured"]),
+            r["unit"] or "",
+            _fmt(r["baseline"]),
+            "-" if r["ratio"] is None else f"{r['ratio']:.3f}x",
+            r["target"] or "-",
+            "-" if r["met"] is None else _fmt(bool(r["met"])),
+        ]
+        for r in rows
+    ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
     out = [line(head), line(["-" * w for w in widths])]
@@ -71,8 +90,12 @@ def format_table(rows: list[dict]) -> str:
 
 
 def environment() -> dict:
-    return {"python": platform.python_version(), "cpus": os.cpu_count(), "host": socket.gethostname(),
-            "loadavg": os.getloadavg()}
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "host": socket.gethostname(),
+        "loadavg": os.getloadavg(),
+    }
 
 
 def write_json(path: str, payload: dict) -> str:
@@ -93,8 +116,10 @@ def standalone(name: str, run) -> None:
     rows = run(args.quick)
     took = time.monotonic() - t0
     print(format_table(rows))
-    path = write_json(os.path.join(RESULTS_DIR, f"{name}.json"),
-                      {"quick": args.quick, "env": environment(), "seconds": took, "rows": rows})
+    path = write_json(
+        os.path.join(RESULTS_DIR, f"{name}.json"),
+        {"quick": args.quick, "env": environment(), "seconds": took, "rows": rows},
+    )
     print(f"\n{name}: {took:.1f} s; wrote {path}")
 
 
@@ -156,13 +181,21 @@ def skipped_without_nvml(name: str) -> list[dict] | None:
 
     if gpu_source() != "nvml" or nvml_available():
         return None
-    return [row(name, "skipped: --gpu-source nvml, but NVML sees no GPU here", None, "",
-                notes="rerun on a GPU node, or without --gpu-source for the simulated devices")]
+    return [
+        row(
+            name,
+            "skipped: --gpu-source nvml, but NVML sees no GPU here",
+            None,
+            "",
+            notes="rerun on a GPU node, or without --gpu-source for the simulated devices",
+        )
+    ]
 
 
 # -- a simulated worker --------------------------------------------------------
-def simulated_worker(sink, gpu_count: int = 8, tracking=None, psutil_reads: bool = True,
-                     interval_ms: float | None = None):
+def simulated_worker(
+    sink, gpu_count: int = 8, tracking=None, psutil_reads: bool = True, interval_ms: float | None = None
+):
     """(sampler, parts) for one worker sampled as ``sampler.mode: thread`` does: GPUs, host/process, tasks;
     every metric by default.
 
@@ -362,8 +395,11 @@ def influxd(udp_overrides: dict | None = None, data_settings: dict | None = None
     from dask_influx_metrics.demo import localinflux
 
     shipped = localinflux._CONFIG
-    config = shipped.replace("[data]\n", "[data]\n" + "".join(
-        f"  {key} = {json.dumps(value)}\n" for key, value in (data_settings or {}).items()), 1)
+    config = shipped.replace(
+        "[data]\n",
+        "[data]\n" + "".join(f"  {key} = {json.dumps(value)}\n" for key, value in (data_settings or {}).items()),
+        1,
+    )
     for key, value in (udp_overrides or {}).items():
         lines = config.split("\n")
         hits = [i for i, x in enumerate(lines) if x.strip().startswith(f"{key} =")]
@@ -387,8 +423,9 @@ def udp_listener_config() -> dict:
     from dask_influx_metrics.demo import localinflux
 
     section = localinflux._CONFIG.split("[[udp]]", 1)[1]
-    return {k.strip(): v.strip().strip('"') for k, _, v in
-            (x.partition("=") for x in section.strip().splitlines()) if v}
+    return {
+        k.strip(): v.strip().strip('"') for k, _, v in (x.partition("=") for x in section.strip().splitlines()) if v
+    }
 
 
 def count_points(server, db: str, fields: dict) -> dict:

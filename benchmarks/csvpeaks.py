@@ -80,29 +80,48 @@ def run(quick: bool) -> list[dict]:
         n = len(csvfiles.csv_files(folder))
         rows = sum(1 for i in range(n) for _ in open(os.path.join(folder, f"worker_{i}.csv"))) - n
         got: dict = {}
-        times = common.alternate({
-            "ours": lambda: _timed(lambda: Monitor.peaks_from_csv(folder, METRIC, per_job=False), got, "ours"),
-            "per_job": lambda: _timed(lambda: Monitor.peaks_from_csv(folder, METRIC, per_job=True), got, "per_job"),
-            "plain": lambda: _timed(lambda: _plain(folder, n), got, "plain"),
-            "plain_per_job": lambda: _timed(lambda: _plain_per_job(folder, n), got, "plain_per_job"),
-        }, rounds)
-    ours, per_job, plain, plain_per_job = (common.median(times[k]) for k in ("ours", "per_job", "plain", "plain_per_job"))
+        times = common.alternate(
+            {
+                "ours": lambda: _timed(lambda: Monitor.peaks_from_csv(folder, METRIC, per_job=False), got, "ours"),
+                "per_job": lambda: _timed(lambda: Monitor.peaks_from_csv(folder, METRIC, per_job=True), got, "per_job"),
+                "plain": lambda: _timed(lambda: _plain(folder, n), got, "plain"),
+                "plain_per_job": lambda: _timed(lambda: _plain_per_job(folder, n), got, "plain_per_job"),
+            },
+            rounds,
+        )
+    ours, per_job, plain, plain_per_job = (
+        common.median(times[k]) for k in ("ours", "per_job", "plain", "plain_per_job")
+    )
     equal = got["ours"] == got["plain"] and all(isinstance(v, int) for w in got["ours"] for v in w)
     equal_per_job = got["per_job"] == got["plain_per_job"] and all(
-        isinstance(v, int) for w in got["per_job"] for peaks in w.values() for v in peaks)
+        isinstance(v, int) for w in got["per_job"] for peaks in w.values() for v in peaks
+    )
     what = f"peaks_from_csv {METRIC}, GPU-BDB: {n} files, {rows:,} rows"
     runs = f"median of {rounds} alternated runs"
     return [
-        common.row("csvpeaks", f"{what} (whole session)",
-                   ours, "s", baseline=plain, target="<= 1.5x plain pandas", met=ours <= 1.5 * plain and equal,
-                   notes=f"plain pandas (read_csv one column, split, max) {plain:.2f} s; equal to it, ints kept: "
-                         f"{equal}; {runs}",
-                   details={k: v for k, v in times.items()}),
-        common.row("csvpeaks", f"{what} (per job, the old tool's rule: every row of a job)",
-                   per_job, "s", baseline=plain_per_job, target="<= 1.5x plain pandas",
-                   met=per_job <= 1.5 * plain_per_job and equal_per_job,
-                   notes=f"plain pandas (read_csv job + column, split, drop job 0, groupby job max) "
-                         f"{plain_per_job:.2f} s; equal to it, ints kept: {equal_per_job}; {runs}"),
+        common.row(
+            "csvpeaks",
+            f"{what} (whole session)",
+            ours,
+            "s",
+            baseline=plain,
+            target="<= 1.5x plain pandas",
+            met=ours <= 1.5 * plain and equal,
+            notes=f"plain pandas (read_csv one column, split, max) {plain:.2f} s; equal to it, ints kept: "
+            f"{equal}; {runs}",
+            details={k: v for k, v in times.items()},
+        ),
+        common.row(
+            "csvpeaks",
+            f"{what} (per job, the old tool's rule: every row of a job)",
+            per_job,
+            "s",
+            baseline=plain_per_job,
+            target="<= 1.5x plain pandas",
+            met=per_job <= 1.5 * plain_per_job and equal_per_job,
+            notes=f"plain pandas (read_csv job + column, split, drop job 0, groupby job max) "
+            f"{plain_per_job:.2f} s; equal to it, ints kept: {equal_per_job}; {runs}",
+        ),
     ]
 
 

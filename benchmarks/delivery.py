@@ -60,8 +60,12 @@ def _send(address, prefixes, rate: float, duration: float, start_at: float) -> d
     elapsed = time.monotonic() - start_at
     for sink in sinks:
         sink.close()
-    return {"sent": sum(s.points_sent for s in sinks), "dropped_by_sink": sum(s.points_dropped for s in sinks),
-            "elapsed": elapsed, "max_late_s": late}
+    return {
+        "sent": sum(s.points_sent for s in sinks),
+        "dropped_by_sink": sum(s.points_dropped for s in sinks),
+        "elapsed": elapsed,
+        "max_late_s": late,
+    }
 
 
 def _sender_main(conn, prefixes) -> None:
@@ -82,9 +86,15 @@ class Senders:
         ctx = multiprocessing.get_context("spawn")
         self.procs, self.conns = [], []
         for p in range(PROCS):
-            prefixes = [[line.rsplit(b" ", 1)[0].replace(b"tcp://127.0.0.1:40000",
-                                                         b"tcp://127.0.0.1:%d" % (41000 + p * 100 + s))
-                         for line in templates] for s in range(SINKS_PER_PROC)]
+            prefixes = [
+                [
+                    line.rsplit(b" ", 1)[0].replace(
+                        b"tcp://127.0.0.1:40000", b"tcp://127.0.0.1:%d" % (41000 + p * 100 + s)
+                    )
+                    for line in templates
+                ]
+                for s in range(SINKS_PER_PROC)
+            ]
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_sender_main, args=(child, prefixes), daemon=True)
             proc.start()
@@ -103,9 +113,12 @@ class Senders:
             if not conn.poll(duration + 60):
                 raise RuntimeError("a sender process did not finish")
             results.append(conn.recv())
-        return {"sent": sum(r["sent"] for r in results),
-                "dropped_by_sink": sum(r["dropped_by_sink"] for r in results),
-                "elapsed": max(r["elapsed"] for r in results), "max_late_s": max(r["max_late_s"] for r in results)}
+        return {
+            "sent": sum(r["sent"] for r in results),
+            "dropped_by_sink": sum(r["dropped_by_sink"] for r in results),
+            "elapsed": max(r["elapsed"] for r in results),
+            "max_late_s": max(r["max_late_s"] for r in results),
+        }
 
     def close(self) -> None:
         for conn, proc in zip(self.conns, self.procs):
@@ -131,33 +144,52 @@ def one_rate(senders: Senders, fields: dict, rate: int, duration: float, overrid
         stored = common.wait_count(server, UDP_DATABASE, fields, out["sent"], timeout=60)
         drops = (common.udp_drops(port) or 0) - drops0
         stats = (server.query("SHOW STATS FOR 'udp'") or [{}])[0]
-    out.update(rate=rate, stored=stored, lost=out["sent"] - stored, kernel_drops=drops,
-               achieved=out["sent"] / out["elapsed"] if out["elapsed"] else 0.0,
-               listener={k: stats.get(k) for k in ("pointsRx", "pointsTx", "batchesTxFail", "readFail",
-                                                   "pointsParseFail")})
+    out.update(
+        rate=rate,
+        stored=stored,
+        lost=out["sent"] - stored,
+        kernel_drops=drops,
+        achieved=out["sent"] / out["elapsed"] if out["elapsed"] else 0.0,
+        listener={k: stats.get(k) for k in ("pointsRx", "pointsTx", "batchesTxFail", "readFail", "pointsParseFail")},
+    )
     return out
 
 
 def _rows(config: str, settings: str, results: list[dict], duration: float, quick: bool) -> list[dict]:
     rows = []
     for r in results:
-        rows.append(common.row(
-            NAME, f"{config}: lost at {r['rate']:,} points/s for {duration:.0f} s", r["lost"], "points",
-            baseline=r["sent"],
-            notes=(f"ratio = lost fraction; achieved {r['achieved']:,.0f}/s, stored {r['stored']:,}, "
-                   f"kernel drops {r['kernel_drops']:,} datagrams, sink drops {r['dropped_by_sink']}, "
-                   f"listener {r['listener']}, senders at most {r['max_late_s'] * 1000:.0f} ms late"),
-            details=r))
+        rows.append(
+            common.row(
+                NAME,
+                f"{config}: lost at {r['rate']:,} points/s for {duration:.0f} s",
+                r["lost"],
+                "points",
+                baseline=r["sent"],
+                notes=(
+                    f"ratio = lost fraction; achieved {r['achieved']:,.0f}/s, stored {r['stored']:,}, "
+                    f"kernel drops {r['kernel_drops']:,} datagrams, sink drops {r['dropped_by_sink']}, "
+                    f"listener {r['listener']}, senders at most {r['max_late_s'] * 1000:.0f} ms late"
+                ),
+                details=r,
+            )
+        )
     clean = [r["rate"] for r in results if r["lost"] == 0]
     losing = [r["rate"] for r in results if r["lost"] > 0]
     best = max((x for x in clean if not losing or x < min(losing)), default=0)
-    rows.append(common.row(
-        NAME, f"{config}: highest rate with 0 lost", best, "points/s",
-        baseline=TARGET_RATE, target=f">= {TARGET_RATE:,}/s for 30 s",
-        met=best >= TARGET_RATE and duration >= 30,
-        notes=f"[[udp]] {settings}; " + (f"first rate that loses: {min(losing):,}/s" if losing
-                                         else "no tested rate lost points")
-        + ("; quick mode: 3 s per rate, so the 30 s target cannot be met" if quick else "")))
+    rows.append(
+        common.row(
+            NAME,
+            f"{config}: highest rate with 0 lost",
+            best,
+            "points/s",
+            baseline=TARGET_RATE,
+            target=f">= {TARGET_RATE:,}/s for 30 s",
+            met=best >= TARGET_RATE and duration >= 30,
+            notes=f"[[udp]] {settings}; "
+            + (f"first rate that loses: {min(losing):,}/s" if losing else "no tested rate lost points")
+            + ("; quick mode: 3 s per rate, so the 30 s target cannot be met" if quick else ""),
+        )
+    )
     return rows
 
 

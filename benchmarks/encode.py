@@ -45,9 +45,13 @@ def make_samples(n_points: int, tracking=None) -> list:
     template = sampler.sample()
     t0, rng = time.time_ns(), random.Random(0)
     n_samples = max(1, n_points // len(template))
-    return [[p._replace(tags=dict(p.tags), fields={k: vary(v, rng) for k, v in p.fields.items()},
-                        time_ns=t0 + i * 1000) for p in template]
-            for i in range(n_samples)]
+    return [
+        [
+            p._replace(tags=dict(p.tags), fields={k: vary(v, rng) for k, v in p.fields.items()}, time_ns=t0 + i * 1000)
+            for p in template
+        ]
+        for i in range(n_samples)
+    ]
 
 
 def ours(samples, address, max_datagram=None) -> tuple[float, object]:
@@ -97,24 +101,31 @@ def compare(samples, rounds: int, max_datagram=None) -> dict:
     """Alternated runs of both clients over ``samples``; rates, counters, what arrived."""
     n = sum(map(len, samples))
     with common.Drain() as ours_rx, common.Drain() as tele_rx:
-        runs = common.alternate({
-            "ours": lambda: ours(samples, ours_rx.address, max_datagram),
-            "pytelegraf": lambda: pytelegraf(samples, tele_rx.address),
-        }, rounds)
+        runs = common.alternate(
+            {
+                "ours": lambda: ours(samples, ours_rx.address, max_datagram),
+                "pytelegraf": lambda: pytelegraf(samples, tele_rx.address),
+            },
+            rounds,
+        )
         got_ours, got_tele = ours_rx.counts(), tele_rx.counts()
     sinks = [s for _, s in runs["ours"]]
-    return {"n": n, "ours": [n / t for t, _ in runs["ours"]], "pytelegraf": [n / t for t in runs["pytelegraf"]],
-            "dropped": sum(s.points_dropped for s in sinks),
-            "datagrams_per_point": sum(s.datagrams_sent for s in sinks) / rounds / n,
-            "received": {"ours": got_ours["lines"], "pytelegraf": got_tele["lines"]}, "sent_per_impl": n * rounds}
+    return {
+        "n": n,
+        "ours": [n / t for t, _ in runs["ours"]],
+        "pytelegraf": [n / t for t in runs["pytelegraf"]],
+        "dropped": sum(s.points_dropped for s in sinks),
+        "datagrams_per_point": sum(s.datagrams_sent for s in sinks) / rounds / n,
+        "received": {"ours": got_ours["lines"], "pytelegraf": got_tele["lines"]},
+        "sent_per_impl": n * rounds,
+    }
 
 
 def run(quick: bool = False) -> list[dict]:
     n_points, rounds = (20_000, 2) if quick else (50_000, 15)
     # (shape, tracking, max_datagram): the default telegraf.max-datagram (auto: 65507 on loopback, where
     # a node-local Telegraf listens); then 1472, what auto picks for a Telegraf on another host
-    shapes = [("every metric", None, None), ("compute-util only", ["compute-util"], None),
-              ("every metric", None, 1472)]
+    shapes = [("every metric", None, None), ("compute-util only", ["compute-util"], None), ("every metric", None, 1472)]
     rows = []
     for shape, tracking, max_datagram in shapes:
         samples = make_samples(n_points, tracking)
@@ -124,19 +135,32 @@ def run(quick: bool = False) -> list[dict]:
         fields = sum(len(p.fields) for p in samples[0]) / len(samples[0])
         bad = pytelegraf_unparsable(samples[0])
         main = not rows
-        rows.append(common.row(
-            NAME, f"points/s, encode + UDP send, ours vs pytelegraf 0.3.3 ({shape}: {fields:.1f} fields/point"
-            + (f", max-datagram {max_datagram})" if max_datagram else ", max-datagram auto = 65507)"),
-            ours_rate, "points/s", baseline=tele_rate,
-            target=f">= {TARGET:.0f}x" if main else None, met=(ours_rate / tele_rate >= TARGET) if main else None,
-            notes=(f"median of {rounds} alternated runs of {r['n']:,} points ({len(samples[0])}-line samples), "
-                   f"per-round ratio median {paired:.3f}x; "
-                   f"ours {r['datagrams_per_point']:.3f} datagrams/point, {r['dropped']} dropped by the sink; "
-                   f"received: ours {r['received']['ours']:,}/{r['sent_per_impl']:,} lines, "
-                   f"pytelegraf {r['received']['pytelegraf']:,}/{r['sent_per_impl']:,}"
-                   + (f"; pytelegraf writes {bad} of every {len(samples[0])} lines unparsable or changed "
-                      "(it does not escape '\"' in string fields)" if bad else "")),
-            details=r))
+        rows.append(
+            common.row(
+                NAME,
+                f"points/s, encode + UDP send, ours vs pytelegraf 0.3.3 ({shape}: {fields:.1f} fields/point"
+                + (f", max-datagram {max_datagram})" if max_datagram else ", max-datagram auto = 65507)"),
+                ours_rate,
+                "points/s",
+                baseline=tele_rate,
+                target=f">= {TARGET:.0f}x" if main else None,
+                met=(ours_rate / tele_rate >= TARGET) if main else None,
+                notes=(
+                    f"median of {rounds} alternated runs of {r['n']:,} points ({len(samples[0])}-line samples), "
+                    f"per-round ratio median {paired:.3f}x; "
+                    f"ours {r['datagrams_per_point']:.3f} datagrams/point, {r['dropped']} dropped by the sink; "
+                    f"received: ours {r['received']['ours']:,}/{r['sent_per_impl']:,} lines, "
+                    f"pytelegraf {r['received']['pytelegraf']:,}/{r['sent_per_impl']:,}"
+                    + (
+                        f"; pytelegraf writes {bad} of every {len(samples[0])} lines unparsable or changed "
+                        "(it does not escape '\"' in string fields)"
+                        if bad
+                        else ""
+                    )
+                ),
+                details=r,
+            )
+        )
     return rows
 
 

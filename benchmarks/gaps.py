@@ -41,8 +41,9 @@ def gil_heavy(seconds: float) -> int:
 def no_psutil_tracking() -> list[str]:
     from dask_influx_metrics import schema
 
-    return [t for t in schema.TRACKING if schema.TRACKING[t][0][0] != schema.HOST
-            and t not in ("worker-cpu", "worker-mem")]
+    return [
+        t for t in schema.TRACKING if schema.TRACKING[t][0][0] != schema.HOST and t not in ("worker-cpu", "worker-mem")
+    ]
 
 
 def gap_run(client, duration: float, busy: bool = True, interval_ms: int = INTERVAL_MS, **settings) -> dict:
@@ -70,17 +71,22 @@ def gap_run(client, duration: float, busy: bool = True, interval_ms: int = INTER
 def summary(runs: list[dict], interval_ms: int = INTERVAL_MS) -> dict:
     gaps = [g for r in runs for g in r["gaps_ms"]]
     costs = [c for r in runs for c in r["costs_us"]]
-    return {"samples": len(gaps) + len(runs), "median_gap_ms": common.median(gaps),
-            "p99_gap_ms": common.percentile(gaps, 99), "max_gap_ms": max(gaps, default=float("nan")),
-            "late_ticks": sum(1 for g in gaps if g > 1.5 * interval_ms),
-            "median_cpu_us_per_sample": common.median(costs) if costs else None}
+    return {
+        "samples": len(gaps) + len(runs),
+        "median_gap_ms": common.median(gaps),
+        "p99_gap_ms": common.percentile(gaps, 99),
+        "max_gap_ms": max(gaps, default=float("nan")),
+        "late_ticks": sum(1 for g in gaps if g > 1.5 * interval_ms),
+        "median_cpu_us_per_sample": common.median(costs) if costs else None,
+    }
 
 
 def _note(s: dict) -> str:
     cpu = s["median_cpu_us_per_sample"]
-    return (f"median {s['median_gap_ms']:.0f} ms, max {s['max_gap_ms']:.0f} ms, {s['samples']} samples, "
-            f"{s['late_ticks']} gaps > 1.5 intervals"
-            + (f", in-worker CPU {cpu:.0f} us/sample" if cpu is not None else ""))
+    return (
+        f"median {s['median_gap_ms']:.0f} ms, max {s['max_gap_ms']:.0f} ms, {s['samples']} samples, "
+        f"{s['late_ticks']} gaps > 1.5 intervals" + (f", in-worker CPU {cpu:.0f} us/sample" if cpu is not None else "")
+    )
 
 
 def run(quick: bool = False) -> list[dict]:
@@ -94,19 +100,28 @@ def run(quick: bool = False) -> list[dict]:
     configs = {"@200 ms, all metrics, default (agent)": {}, "@50 ms, all metrics, default (agent)": {"interval_ms": 50}}
     if common.has_sampler_mode():
         thread = {"sampler_mode": "thread"}
-        configs.update({
-            "@200 ms, all metrics, sampler_mode=thread (in-process)": thread,
-            "@50 ms, all metrics, sampler_mode=thread (in-process)": {"interval_ms": 50, **thread},
-            "@200 ms, without host/process reads, sampler_mode=thread": {"tracking": no_psutil_tracking(), **thread}})
+        configs.update(
+            {
+                "@200 ms, all metrics, sampler_mode=thread (in-process)": thread,
+                "@50 ms, all metrics, sampler_mode=thread (in-process)": {"interval_ms": 50, **thread},
+                "@200 ms, without host/process reads, sampler_mode=thread": {
+                    "tracking": no_psutil_tracking(),
+                    **thread,
+                },
+            }
+        )
     else:  # an older package: its default is the in-process sampler
-        configs = {"@200 ms, all metrics (in-process)": {}, "@50 ms, all metrics (in-process)": {"interval_ms": 50},
-                   "@200 ms, without host/process reads": {"tracking": no_psutil_tracking()}}
-    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+        configs = {
+            "@200 ms, all metrics (in-process)": {},
+            "@50 ms, all metrics (in-process)": {"interval_ms": 50},
+            "@200 ms, without host/process reads": {"tracking": no_psutil_tracking()},
+        }
+    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as cluster, Client(cluster) as client:
         client.gather(client.map(gil_heavy, [0.2, 0.2], pure=False))  # warm up the worker
         idle = summary([gap_run(client, idle_duration, busy=False)])
-        runs = common.alternate({name: (lambda kw=kw: gap_run(client, duration, **kw))
-                                 for name, kw in configs.items()}, rounds)
+        runs = common.alternate(
+            {name: (lambda kw=kw: gap_run(client, duration, **kw)) for name, kw in configs.items()}, rounds
+        )
     rows = []
     for name, results in runs.items():
         interval = configs[name].get("interval_ms", INTERVAL_MS)
@@ -114,13 +129,25 @@ def run(quick: bool = False) -> list[dict]:
         s = summary(results, interval)
         first = not rows
         default = "sampler_mode=" not in name
-        rows.append(common.row(
-            NAME, f"p99 gap, busy, {name}", s["p99_gap_ms"], "ms", baseline=idle["p99_gap_ms"],
-            target=f"<= {limit} ms" if default else None, met=s["p99_gap_ms"] <= limit if default else None,
-            notes=_note(s) + (f"; 2 threads holding the GIL, {rounds}x{duration:.0f} s per config, alternated; "
-                              f"baseline = every metric @{INTERVAL_MS} ms, worker idle: {_note(idle)}" if first
-                              else ""),
-            details={"busy": s, "idle": idle} if first else s))
+        rows.append(
+            common.row(
+                NAME,
+                f"p99 gap, busy, {name}",
+                s["p99_gap_ms"],
+                "ms",
+                baseline=idle["p99_gap_ms"],
+                target=f"<= {limit} ms" if default else None,
+                met=s["p99_gap_ms"] <= limit if default else None,
+                notes=_note(s)
+                + (
+                    f"; 2 threads holding the GIL, {rounds}x{duration:.0f} s per config, alternated; "
+                    f"baseline = every metric @{INTERVAL_MS} ms, worker idle: {_note(idle)}"
+                    if first
+                    else ""
+                ),
+                details={"busy": s, "idle": idle} if first else s,
+            )
+        )
     return rows
 
 

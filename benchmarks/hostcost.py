@@ -43,6 +43,7 @@ def _samples(client) -> int:
         link = getattr(dask_worker.plugins.get("influx-metrics"), "link", None)
         beat = link.beat() if link is not None else None
         return beat["samples"] if beat else 0
+
     return max(client.run(get).values())
 
 
@@ -58,8 +59,10 @@ def measure(n: int, seconds: float, rounds: int, address: str) -> dict:
 
     from dask_influx_metrics import Monitor
 
-    with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         pids = sorted(client.run(os.getpid).values())
 
         def one(on: bool):
@@ -99,10 +102,13 @@ def gap_after_kill(address: str) -> float:
     from dask_influx_metrics.sinks.spool import read_lines
 
     folder = tempfile.mkdtemp()
-    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        m = Monitor(client, sink="spool", spool_directory=folder, gpu_source="simulated", gpu_count=1,
-                    flush_interval=0.1)
+    with (
+        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        m = Monitor(
+            client, sink="spool", spool_directory=folder, gpu_source="simulated", gpu_count=1, flush_interval=0.1
+        )
         m.attach(polling_interval=INTERVAL_MS, tracking=["tasks"])
         m.start()
         time.sleep(1.0)
@@ -139,39 +145,72 @@ def run(quick: bool) -> list[dict]:
             floors.append(per_tick_us(floor_thread, seconds / 2))
             floor_thread.stop()
         floor = common.median(floors)
-        rows.append(common.row(NAME, "floor: empty thread @50 ms sending one 1 kB datagram, CPU per tick", floor,
-                               "us", notes=f"runs {', '.join(f'{f:.0f}' for f in floors)} us"))
-        for n in ((1, 4) if quick else (1, 4, 8)):
+        rows.append(
+            common.row(
+                NAME,
+                "floor: empty thread @50 ms sending one 1 kB datagram, CPU per tick",
+                floor,
+                "us",
+                notes=f"runs {', '.join(f'{f:.0f}' for f in floors)} us",
+            )
+        )
+        for n in (1, 4) if quick else (1, 4, 8):
             runs = measure(n, seconds, rounds, address)
             off_cpu = [common.median([r[0][i] for r in runs["off"]]) for i in range(n)]
             off_rss = [common.median([r[1][i] for r in runs["off"]]) for i in range(n)]
             per_round = []
             for cpu, rss, a_cpu, a_rss, samples in runs["on"]:
                 workers = sum(max(0, c - o) for c, o in zip(cpu, off_cpu)) / 1000 / samples
-                per_round.append((a_cpu / 1000 / samples, workers, a_rss,
-                                  max(r - o for r, o in zip(rss, off_rss))))
+                per_round.append((a_cpu / 1000 / samples, workers, a_rss, max(r - o for r, o in zip(rss, off_rss))))
             agent_us = common.median([r[0] for r in per_round])
             workers_us = common.median([r[1] for r in per_round])
             total = common.median([r[0] + r[1] for r in per_round])
             limit = TARGETS[n]
-            rows.append(common.row(
-                NAME, f"all monitoring CPU per 50 ms instant, {n} idle worker(s), every metric, vs floor", total,
-                "us", baseline=floor, target=f"<= {limit:.0f}x floor", met=total <= limit * floor,
-                notes=(f"agent {agent_us:.0f} us + {n} worker process(es) {workers_us:.0f} us (CPU above monitor-off); "
-                       f"runs {', '.join(f'{a + w:.0f}' for a, w, _, _ in per_round)} us; {rounds}x{seconds:.0f} s "
-                       f"alternated with monitor off; {common.gpus_label(n)}")))
+            rows.append(
+                common.row(
+                    NAME,
+                    f"all monitoring CPU per 50 ms instant, {n} idle worker(s), every metric, vs floor",
+                    total,
+                    "us",
+                    baseline=floor,
+                    target=f"<= {limit:.0f}x floor",
+                    met=total <= limit * floor,
+                    notes=(
+                        f"agent {agent_us:.0f} us + {n} worker process(es) {workers_us:.0f} us (CPU above monitor-off); "
+                        f"runs {', '.join(f'{a + w:.0f}' for a, w, _, _ in per_round)} us; {rounds}x{seconds:.0f} s "
+                        f"alternated with monitor off; {common.gpus_label(n)}"
+                    ),
+                )
+            )
             agent_mb = common.median([r[2] for r in per_round]) / 2**20
             grow_mb = common.median([r[3] for r in per_round]) / 2**20
-            rows.append(common.row(NAME, f"agent RSS, {n} worker(s)", agent_mb, "MB", target="<= 45 MB",
-                                   met=agent_mb <= 45))
-            rows.append(common.row(NAME, f"largest worker RSS growth with monitoring, {n} worker(s)", grow_mb, "MB",
-                                   target="<= 5 MB", met=grow_mb <= 5,
-                                   notes="RSS with the monitor on minus the same worker's monitor-off median"))
+            rows.append(
+                common.row(NAME, f"agent RSS, {n} worker(s)", agent_mb, "MB", target="<= 45 MB", met=agent_mb <= 45)
+            )
+            rows.append(
+                common.row(
+                    NAME,
+                    f"largest worker RSS growth with monitoring, {n} worker(s)",
+                    grow_mb,
+                    "MB",
+                    target="<= 5 MB",
+                    met=grow_mb <= 5,
+                    notes="RSS with the monitor on minus the same worker's monitor-off median",
+                )
+            )
         gap = gap_after_kill(address)
         limit = 3 * INTERVAL_MS / 1000 + 1.0
-        rows.append(common.row(NAME, "agent SIGKILLed mid-session (4 workers): longest sample gap", gap, "s",
-                               target=f"<= {limit:.2f} s", met=gap <= limit,
-                               notes="a worker sees agent.lock free, starts another; 50 ms interval"))
+        rows.append(
+            common.row(
+                NAME,
+                "agent SIGKILLed mid-session (4 workers): longest sample gap",
+                gap,
+                "s",
+                target=f"<= {limit:.2f} s",
+                met=gap <= limit,
+                notes="a worker sees agent.lock free, starts another; 50 ms interval",
+            )
+        )
     finally:
         receiver.close()
     return rows

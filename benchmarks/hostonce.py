@@ -79,19 +79,35 @@ def measure(n: int, agent: bool, rounds: int) -> dict:
 def run(quick: bool) -> list[dict]:
     rounds = 50 if quick else 300
     rows = []
-    for n in ((2, 8) if quick else (2, 4, 8)):
-        got = common.alternate({"agent": lambda n=n: measure(n, True, rounds),
-                                "thread": lambda n=n: measure(n, False, rounds)}, rounds=3)
+    for n in (2, 8) if quick else (2, 4, 8):
+        got = common.alternate(
+            {"agent": lambda n=n: measure(n, True, rounds), "thread": lambda n=n: measure(n, False, rounds)}, rounds=3
+        )
         agent = {k: common.median([r[k] for r in got["agent"]]) for k in got["agent"][0]}
         thread = {k: common.median([r[k] for r in got["thread"]]) for k in got["thread"][0]}
         rows += [
-            common.row(NAME, f"{n} workers on one host: host points (= series) written per interval, agent vs thread",
-                       agent["host_points"], "points", baseline=thread["host_points"]),
-            common.row(NAME, f"{n} workers on one host: host counter reads per interval, agent vs thread",
-                       agent["host_reads"], "reads", baseline=thread["host_reads"]),
-            common.row(NAME, f"{n} workers on one host: sampling CPU per interval, all workers, agent vs thread",
-                       round(agent["cpu_us"]), "us", baseline=round(thread["cpu_us"]),
-                       notes="every metric, no GPU; collecting only (no encode, no send)"),
+            common.row(
+                NAME,
+                f"{n} workers on one host: host points (= series) written per interval, agent vs thread",
+                agent["host_points"],
+                "points",
+                baseline=thread["host_points"],
+            ),
+            common.row(
+                NAME,
+                f"{n} workers on one host: host counter reads per interval, agent vs thread",
+                agent["host_reads"],
+                "reads",
+                baseline=thread["host_reads"],
+            ),
+            common.row(
+                NAME,
+                f"{n} workers on one host: sampling CPU per interval, all workers, agent vs thread",
+                round(agent["cpu_us"]),
+                "us",
+                baseline=round(thread["cpu_us"]),
+                notes="every metric, no GPU; collecting only (no encode, no send)",
+            ),
         ]
     return rows
 

@@ -60,9 +60,17 @@ def _drive(conn, variant: str, directory: str, samples: int) -> None:
     rss_end = common.rss_bytes() - rss0
     sink.close()
     spool = getattr(sink, "fallback", None) or sink
-    conn.send({"lines": lines, "growth": rss_end, "peak": max(trace + [rss_end]), "trace": trace,
-               "spool_written": spool.points_written, "spool_dropped": spool.points_dropped,
-               "http_failed": getattr(sink, "points_failed", None)})
+    conn.send(
+        {
+            "lines": lines,
+            "growth": rss_end,
+            "peak": max(trace + [rss_end]),
+            "trace": trace,
+            "spool_written": spool.points_written,
+            "spool_dropped": spool.points_dropped,
+            "http_failed": getattr(sink, "points_failed", None),
+        }
+    )
 
 
 class _Write:
@@ -111,18 +119,42 @@ def run(quick: bool = False) -> list[dict]:
     for variant in ("spool", "http-dead"):
         r = one_variant(variant, samples, fields)
         mb = r["growth"] / 2**20
-        rows.append(common.row(
-            NAME, f"{variant}: RSS growth over {samples:,} samples (8 GPUs, all metrics)", mb, "MB",
-            target=f"<= {TARGET_MB:.0f} MB", met=mb <= TARGET_MB,
-            notes=(f"peak {r['peak'] / 2**20:.1f} MB after a {WARMUP}-sample warm-up; "
-                   f"trace every 1000 samples (MB): {', '.join(f'{x / 2**20:.1f}' for x in r['trace'][::max(1, len(r['trace']) // 8)])}; "
-                   f"spool {r['spool_bytes'] / 2**20:.0f} MB on disk"), details=r))
-        rows.append(common.row(
-            NAME, f"{variant}: points lost after replay() into influxd", r["lost"], "points",
-            baseline=r["lines"], target="0", met=r["lost"] == 0,
-            notes=(f"sampled {r['lines']:,} lines (incl. warm-up), spooled {r['spool_written']:,}, "
-                   f"replayed {r['replayed']:,}, stored {r['stored']:,}; spool drops {r['spool_dropped']}"
-                   + (f"; HTTP failures handed to the fallback {r['http_failed']:,}" if r["http_failed"] is not None else ""))))
+        rows.append(
+            common.row(
+                NAME,
+                f"{variant}: RSS growth over {samples:,} samples (8 GPUs, all metrics)",
+                mb,
+                "MB",
+                target=f"<= {TARGET_MB:.0f} MB",
+                met=mb <= TARGET_MB,
+                notes=(
+                    f"peak {r['peak'] / 2**20:.1f} MB after a {WARMUP}-sample warm-up; "
+                    f"trace every 1000 samples (MB): {', '.join(f'{x / 2**20:.1f}' for x in r['trace'][:: max(1, len(r['trace']) // 8)])}; "
+                    f"spool {r['spool_bytes'] / 2**20:.0f} MB on disk"
+                ),
+                details=r,
+            )
+        )
+        rows.append(
+            common.row(
+                NAME,
+                f"{variant}: points lost after replay() into influxd",
+                r["lost"],
+                "points",
+                baseline=r["lines"],
+                target="0",
+                met=r["lost"] == 0,
+                notes=(
+                    f"sampled {r['lines']:,} lines (incl. warm-up), spooled {r['spool_written']:,}, "
+                    f"replayed {r['replayed']:,}, stored {r['stored']:,}; spool drops {r['spool_dropped']}"
+                    + (
+                        f"; HTTP failures handed to the fallback {r['http_failed']:,}"
+                        if r["http_failed"] is not None
+                        else ""
+                    )
+                ),
+            )
+        )
     return rows
 
 

@@ -26,7 +26,12 @@ KEY = ("bench-0123456789abcdef", 0)
 
 def publisher(n: int = 20_000, rounds: int = 7) -> dict:
     from dask_influx_metrics.snapshot import (
-        BEAT_BYTES, BeatReader, Publisher, SnapshotBuffer, SnapshotReader, write_beat,
+        BEAT_BYTES,
+        BeatReader,
+        Publisher,
+        SnapshotBuffer,
+        SnapshotReader,
+        write_beat,
     )
 
     buf, beat = SnapshotBuffer.create(), SnapshotBuffer.create(BEAT_BYTES)
@@ -40,17 +45,31 @@ def publisher(n: int = 20_000, rounds: int = 7) -> dict:
             for i in range(n):
                 if i % EVERY == 0:  # the agent's sample: the snapshot, then the beat acknowledging it
                     reader.refresh()
-                    write_beat(beat, {"pid": 1, "samples": r * n + i, "extra": 0, "time": time.monotonic(),
-                                      "acked": {"w": reader.acked}, "counters": [], "reports": []})
+                    write_beat(
+                        beat,
+                        {
+                            "pid": 1,
+                            "samples": r * n + i,
+                            "extra": 0,
+                            "time": time.monotonic(),
+                            "acked": {"w": reader.acked},
+                            "counters": [],
+                            "reports": [],
+                        },
+                    )
                 key = (KEY[0], r * n + i)
                 t = time.thread_time_ns()
                 pub.started(key, 1, 3)
                 pub.ended(key)
                 spent += time.thread_time_ns() - t
             per_task.append(spent / n / 1000)
-        return {"started+ended": common.median(per_task), "publish": common.cpu_us(pub.publish, 20_000),
-                "read_beat": common.cpu_us(lambda: BeatReader(beat, "w")(), 20_000),
-                "acked()": common.cpu_us(pub.acked, 20_000), "runs": per_task}
+        return {
+            "started+ended": common.median(per_task),
+            "publish": common.cpu_us(pub.publish, 20_000),
+            "read_beat": common.cpu_us(lambda: BeatReader(beat, "w")(), 20_000),
+            "acked()": common.cpu_us(pub.acked, 20_000),
+            "runs": per_task,
+        }
     finally:
         buf.close()
         beat.close()
@@ -63,8 +82,12 @@ def transitions(rounds: int = 3) -> dict:
     from dask_influx_metrics import Monitor
 
     variants = {"default (agent)": {}, "sampler_mode=thread": {"sampler_mode": "thread"}}
-    with common.Drain() as rx, LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                            dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        common.Drain() as rx,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+
         def one(settings):
             m = Monitor(client, sink="udp", telegraf_address="%s:%d" % tuple(rx.address), **common.gpu_settings(1))
             m.attach(polling_interval=50, **settings)
@@ -107,17 +130,25 @@ def stream(n: int = 20_000, rounds: int = 5) -> dict:
 
 def main() -> None:
     pub = publisher()
-    print("Publisher, us per task (started+ended): %.2f  [runs %s]" % (
-        pub["started+ended"], ", ".join("%.2f" % x for x in pub["runs"])))
-    print("  one publish %.2f us, one read_beat %.2f us, one acked() %.2f us" % (
-        pub["publish"], pub["read_beat"], pub["acked()"]))
+    print(
+        "Publisher, us per task (started+ended): %.2f  [runs %s]"
+        % (pub["started+ended"], ", ".join("%.2f" % x for x in pub["runs"]))
+    )
+    print(
+        "  one publish %.2f us, one read_beat %.2f us, one acked() %.2f us"
+        % (pub["publish"], pub["read_beat"], pub["acked()"])
+    )
     s = stream()
-    print("task stream, us per point: points %.2f, encode %.2f, send %.2f, total %.2f" % (
-        s["points"], s["encode"], s["send"], sum(s.values())))
+    print(
+        "task stream, us per point: points %.2f, encode %.2f, send %.2f, total %.2f"
+        % (s["points"], s["encode"], s["send"], sum(s.values()))
+    )
     if "--no-cluster" not in sys.argv:
         for k, (med, runs) in transitions().items():
-            print("transition() on a worker, %s: %.2f us per task (5 transitions) [runs %s]" % (
-                k, med, ", ".join("%.2f" % x for x in runs)))
+            print(
+                "transition() on a worker, %s: %.2f us per task (5 transitions) [runs %s]"
+                % (k, med, ", ".join("%.2f" % x for x in runs))
+            )
 
 
 if __name__ == "__main__":

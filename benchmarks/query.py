@@ -47,10 +47,12 @@ def _write(server, db: str, samples: int) -> int:
             job = 1 + s * 4 // samples
             t = t0 + s * INTERVAL_NS + w * 1000
             for g in range(GPUS):
-                lines.append(f"gpu,host=node{w // 8},worker={worker},job={job},dag={job * 2},index={g},"
-                             f"uuid=SIM-{w}-{g},name=Sim utilization_gpu={(s * 7 + g * 13) % 101},"
-                             f"memory_used={1000 + (s * 31 + g) % 40000}.5,"
-                             f"memory_used_percent={(s + g) % 100}.25 {t}")
+                lines.append(
+                    f"gpu,host=node{w // 8},worker={worker},job={job},dag={job * 2},index={g},"
+                    f"uuid=SIM-{w}-{g},name=Sim utilization_gpu={(s * 7 + g * 13) % 101},"
+                    f"memory_used={1000 + (s * 31 + g) % 40000}.5,"
+                    f"memory_used_percent={(s + g) % 100}.25 {t}"
+                )
             if len(lines) >= 40_000 or s == samples - 1:
                 server.write("\n".join(lines).encode(), db=db)
                 n += len(lines)
@@ -71,11 +73,14 @@ def _write_session(server, db: str, k: int, samples: int) -> tuple[int, int]:
             job = 1 + s * 3 // samples
             t = t0 + s * INTERVAL_NS + w * 1000
             tags = f"host=node{w},worker={worker},job={job},dag={job}"
-            lines += [f"gpu,{tags},index={g} utilization_gpu={(s * 7 + g * 13 + k) % 101},"
-                      f"memory_used={1000 + (s * 31 + g) % 40000}.5 {t}" for g in range(SESSION_GPUS)]
+            lines += [
+                f"gpu,{tags},index={g} utilization_gpu={(s * 7 + g * 13 + k) % 101},"
+                f"memory_used={1000 + (s * 31 + g) % 40000}.5 {t}"
+                for g in range(SESSION_GPUS)
+            ]
             lines.append(f"host,{tags} cpu_percent={(s * 3 + w) % 100}.5 {t}")
     for i in range(0, len(lines), 40_000):
-        server.write("\n".join(lines[i:i + 40_000]).encode(), db=db)
+        server.write("\n".join(lines[i : i + 40_000]).encode(), db=db)
     return t0, t0 + samples * INTERVAL_NS + SESSION_WORKERS * 1000
 
 
@@ -95,8 +100,13 @@ def _analysis(url: str, db: str, start: int, stop: int):
 
     with query.connect(url, database=db, start=start / 1e9, stop=stop / 1e9) as store:
         tables = store.worker_tables(metrics=["compute-util", "total-mem", "host-cpu"])
-        return (store.workers(), store.jobs(), store.metrics(), store.peaks("compute-util"),
-                {w: t.shape for w, t in tables.items()})
+        return (
+            store.workers(),
+            store.jobs(),
+            store.metrics(),
+            store.peaks("compute-util"),
+            {w: t.shape for w, t in tables.items()},
+        )
 
 
 def _sessions_row(quick: bool) -> dict:
@@ -113,18 +123,31 @@ def _sessions(server, quick: bool) -> dict:
     _write_session(server, alone, SESSIONS - 1, samples)
     waited = _wait_on_disk(server, [many, alone])
     got: dict = {}
-    times = common.alternate({name: (lambda name=name, db=db: _timed(
-        lambda: got.__setitem__(name, _analysis(server.url, db, start, stop))))
-        for name, db in (("many", many), ("alone", alone))}, rounds)
+    times = common.alternate(
+        {
+            name: (
+                lambda name=name, db=db: _timed(lambda: got.__setitem__(name, _analysis(server.url, db, start, stop)))
+            )
+            for name, db in (("many", many), ("alone", alone))
+        },
+        rounds,
+    )
     same = repr(got["many"]) == repr(got["alone"])
     a, b = common.median(times["many"]), common.median(times["alone"])
     points = SESSIONS * SESSION_WORKERS * samples * (SESSION_GPUS + 1)
-    return common.row("query", f"newest of {SESSIONS} sessions ({points:,} points in the database) vs a "
-                      "database holding only it", a, "s", baseline=b, target="<= 1.2x", met=a <= 1.2 * b and same,
-                      notes=f"workers, jobs, metrics, tables, server-side peaks of the session's time range; "
-                            f"same answers: {same}; on disk (TSM) after {waited:.1f} s; median of {rounds} "
-                            "alternated runs",
-                      details={"many_s": times["many"], "alone_s": times["alone"]})
+    return common.row(
+        "query",
+        f"newest of {SESSIONS} sessions ({points:,} points in the database) vs a database holding only it",
+        a,
+        "s",
+        baseline=b,
+        target="<= 1.2x",
+        met=a <= 1.2 * b and same,
+        notes=f"workers, jobs, metrics, tables, server-side peaks of the session's time range; "
+        f"same answers: {same}; on disk (TSM) after {waited:.1f} s; median of {rounds} "
+        "alternated runs",
+        details={"many_s": times["many"], "alone_s": times["alone"]},
+    )
 
 
 def _naive(url: str, db: str) -> dict:
@@ -181,24 +204,41 @@ def run(quick: bool) -> list[dict]:
 
         times = common.alternate({"ours": ours, "naive": naive}, rounds)
         same = _same(results["ours"], results["naive"])
-        peak_times = common.alternate({
-            "server": lambda: _timed(lambda: results.__setitem__("server", store.peaks("total-mem", server=True))),
-            "client": lambda: _timed(lambda: results.__setitem__("client", store.peaks("total-mem", server=False))),
-        }, rounds)
+        peak_times = common.alternate(
+            {
+                "server": lambda: _timed(lambda: results.__setitem__("server", store.peaks("total-mem", server=True))),
+                "client": lambda: _timed(lambda: results.__setitem__("client", store.peaks("total-mem", server=False))),
+            },
+            rounds,
+        )
         peaks_equal = results["server"].equals(results["client"])
     ours_s, naive_s = common.median(times["ours"]), common.median(times["naive"])
     server_s, client_s = common.median(peak_times["server"]), common.median(peak_times["client"])
     speedup = naive_s / ours_s
     return [
-        common.row("query", f"rebuild tables, {points:,} points ({WORKERS} workers x {GPUS} GPUs)", ours_s, "s",
-                   baseline=naive_s, target=">= 3x faster than naive", met=speedup >= 3 and same,
-                   notes=f"{speedup:.1f}x faster; same numbers as naive: {same}; writing took {write_s:.0f} s; "
-                         f"median of {rounds}",
-                   details={"ours_s": times["ours"], "naive_s": times["naive"], "points": points}),
-        common.row("query", "peaks total-mem per worker/GPU/job: server-side", server_s, "s",
-                   baseline=client_s, target="== client-side", met=peaks_equal,
-                   notes=f"client-side (tables) {client_s:.2f} s; equal: {peaks_equal}",
-                   details={"server_s": peak_times["server"], "client_s": peak_times["client"]}),
+        common.row(
+            "query",
+            f"rebuild tables, {points:,} points ({WORKERS} workers x {GPUS} GPUs)",
+            ours_s,
+            "s",
+            baseline=naive_s,
+            target=">= 3x faster than naive",
+            met=speedup >= 3 and same,
+            notes=f"{speedup:.1f}x faster; same numbers as naive: {same}; writing took {write_s:.0f} s; "
+            f"median of {rounds}",
+            details={"ours_s": times["ours"], "naive_s": times["naive"], "points": points},
+        ),
+        common.row(
+            "query",
+            "peaks total-mem per worker/GPU/job: server-side",
+            server_s,
+            "s",
+            baseline=client_s,
+            target="== client-side",
+            met=peaks_equal,
+            notes=f"client-side (tables) {client_s:.2f} s; equal: {peaks_equal}",
+            details={"server_s": peak_times["server"], "client_s": peak_times["client"]},
+        ),
         _sessions_row(quick),
     ]
 

@@ -68,7 +68,8 @@ def cost_table(n: int = 2000) -> tuple[dict, dict]:
             "read (all sources)": common.cpu_us(full.sample, n),
             f"  of which {common.gpus_label(8)}": common.cpu_us(read_gpus, n),
             "  of which host + process (psutil)": common.cpu_us(
-                lambda: (host.read(schema.HOST), host.read(schema.WORKER)), n),
+                lambda: (host.read(schema.HOST), host.read(schema.WORKER)), n
+            ),
             "encode": common.cpu_us(lambda: lineprotocol.encode_many(points), n),
             "send (UDP)": common.cpu_us(lambda: sink.send(lines), n),
             "total per sample": common.cpu_us(full.sample_and_send, n),
@@ -80,8 +81,11 @@ def cost_table(n: int = 2000) -> tuple[dict, dict]:
         host.close()
     finally:
         receiver.close()
-    return rows, {"lines_per_sample": len(lines), "bytes_per_sample": sum(map(len, lines)),
-                  "psutil_us_by_call": psutil_calls}
+    return rows, {
+        "lines_per_sample": len(lines),
+        "bytes_per_sample": sum(map(len, lines)),
+        "psutil_us_by_call": psutil_calls,
+    }
 
 
 def paced_cost(n: int, period: float) -> float:
@@ -171,8 +175,15 @@ def floor_table(seconds: float, rounds: int, interval: float = 0.05) -> dict:
             full.stop()
 
     try:
-        return common.alternate({"floor": floor, "1 device": lambda: sampler(1), "8 devices": lambda: sampler(8),
-                                 EVERY_SAMPLE: lambda: sampler(1, host_refresh=False)}, rounds)
+        return common.alternate(
+            {
+                "floor": floor,
+                "1 device": lambda: sampler(1),
+                "8 devices": lambda: sampler(8),
+                EVERY_SAMPLE: lambda: sampler(1, host_refresh=False),
+            },
+            rounds,
+        )
     finally:
         receiver.close()
 
@@ -193,7 +204,7 @@ def profile(n: int = 2000, top: int = 22) -> str:
     stats = pstats.Stats(prof, stream=out)
     stats.strip_dirs().sort_stats("cumulative").print_stats(top)
     text = out.getvalue()
-    return text[text.index("   ncalls"):] if "   ncalls" in text else text
+    return text[text.index("   ncalls") :] if "   ncalls" in text else text
 
 
 EVERY_SAMPLE = "1 device, host counters read every sample"
@@ -207,18 +218,38 @@ def floor_rows(quick: bool) -> list[dict]:
     runs = floor_table(seconds, rounds)
     floor = common.median(runs.pop("floor"))
     devices = "NVML: this node's GPUs" if common.gpu_source() == "nvml" else "simulated"
-    rows = [common.row(NAME, "floor: empty thread @50 ms sending one 1 kB datagram, CPU per tick", floor, "us",
-                       notes=(f"median of {rounds} runs of {seconds:.0f} s, alternated with the rows below; thread CPU "
-                              "from /proc/self/task/<tid>/schedstat, wake-up and wait included"))]
+    rows = [
+        common.row(
+            NAME,
+            "floor: empty thread @50 ms sending one 1 kB datagram, CPU per tick",
+            floor,
+            "us",
+            notes=(
+                f"median of {rounds} runs of {seconds:.0f} s, alternated with the rows below; thread CPU "
+                "from /proc/self/task/<tid>/schedstat, wake-up and wait included"
+            ),
+        )
+    ]
     for variant, costs in runs.items():
         limit = FLOOR_TARGETS[variant]
         cost = common.median(costs)
-        host = ("host counters read every sample" if variant == EVERY_SAMPLE else
-                "host counters read every 4th sample (sampler.host-refresh 200 ms, the default)")
-        rows.append(common.row(
-            NAME, f"in-process sampler thread @50 ms, {variant} ({devices}), every metric, CPU per sample vs floor",
-            cost, "us", baseline=floor, target=limit and f"<= {limit:.0f}x floor", met=limit and cost <= limit * floor,
-            notes=f"runs {', '.join(f'{c:.0f}' for c in costs)} us; {host}; one worker owns the host"))
+        host = (
+            "host counters read every sample"
+            if variant == EVERY_SAMPLE
+            else "host counters read every 4th sample (sampler.host-refresh 200 ms, the default)"
+        )
+        rows.append(
+            common.row(
+                NAME,
+                f"in-process sampler thread @50 ms, {variant} ({devices}), every metric, CPU per sample vs floor",
+                cost,
+                "us",
+                baseline=floor,
+                target=limit and f"<= {limit:.0f}x floor",
+                met=limit and cost <= limit * floor,
+                notes=f"runs {', '.join(f'{c:.0f}' for c in costs)} us; {host}; one worker owns the host",
+            )
+        )
     return rows + workerside.rows(NAME, floor, quick)
 
 
@@ -237,20 +268,39 @@ def run(quick: bool = False) -> list[dict]:
     total, base = costs["total per sample"], costs["baseline: tasks source only"]
     psutil_us = costs["  of which host + process (psutil)"]
     calls = ", ".join(f"{k} {v:.0f}" for k, v in sorted(details["psutil_us_by_call"].items(), key=lambda kv: -kv[1]))
-    rows = [common.row(
-        NAME, "CPU per sample, total (read+encode+send)", total, "us", baseline=base,
-        target=f"<= {TARGET_US:.0f} us", met=total <= TARGET_US,
-        notes=(f"median of {n}; {details['lines_per_sample']} lines / {details['bytes_per_sample']} B per sample; "
-               f"baseline = tasks source only; psutil reads {psutil_us:.0f} us of it ({calls})"),
-        details=details)]
+    rows = [
+        common.row(
+            NAME,
+            "CPU per sample, total (read+encode+send)",
+            total,
+            "us",
+            baseline=base,
+            target=f"<= {TARGET_US:.0f} us",
+            met=total <= TARGET_US,
+            notes=(
+                f"median of {n}; {details['lines_per_sample']} lines / {details['bytes_per_sample']} B per sample; "
+                f"baseline = tasks source only; psutil reads {psutil_us:.0f} us of it ({calls})"
+            ),
+            details=details,
+        )
+    ]
     for what, value in costs.items():
         if what not in ("total per sample", "baseline: tasks source only"):
             label = what.strip() if not what.startswith("  ") else "- " + what.strip()
             rows.append(common.row(NAME, label + " [ratio vs total]", value, "us", baseline=total))
-    rows.append(common.row(
-        NAME, f"total per sample, one every {period * 1000:.0f} ms (cold caches)", paced, "us", baseline=total,
-        notes=(f"median of {n_paced}; ratio vs the back-to-back median above: what the sampling thread "
-               "costs in a worker, where other work evicts its caches between samples")))
+    rows.append(
+        common.row(
+            NAME,
+            f"total per sample, one every {period * 1000:.0f} ms (cold caches)",
+            paced,
+            "us",
+            baseline=total,
+            notes=(
+                f"median of {n_paced}; ratio vs the back-to-back median above: what the sampling thread "
+                "costs in a worker, where other work evicts its caches between samples"
+            ),
+        )
+    )
     return floor_rows(quick) + rows
 
 

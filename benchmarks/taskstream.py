@@ -25,8 +25,11 @@ from benchmarks.workload import _shutdown
 NAME = "taskstream"
 GROUP = 100
 BASE = ["tasks", "host-cpu", "host-mem", "worker-cpu", "worker-mem"]
-VARIANTS = {"task-stream off (baseline)": BASE, "task-stream on": BASE + ["task-stream"],
-            "task-stream + fine-metrics on": BASE + ["task-stream", "fine-metrics"]}
+VARIANTS = {
+    "task-stream off (baseline)": BASE,
+    "task-stream on": BASE + ["task-stream"],
+    "task-stream + fine-metrics on": BASE + ["task-stream", "fine-metrics"],
+}
 
 
 def inc(x):
@@ -59,8 +62,7 @@ def one_run(client, n: int, tracking: list) -> dict:
         finally:
             _shutdown(m, quiet=False)
         got = rx.counts()
-    return {"seconds": seconds, "cpu": cpu, "tasks": len(dsk), "task_points": len(got["times"]),
-            "lines": got["lines"]}
+    return {"seconds": seconds, "cpu": cpu, "tasks": len(dsk), "task_points": len(got["times"]), "lines": got["lines"]}
 
 
 def writer_rate(n: int) -> tuple[float, int]:
@@ -89,8 +91,10 @@ def run(quick: bool = False) -> list[dict]:
     from distributed import Client, LocalCluster
 
     rounds, n = (1, 10_000) if quick else (2, 100_000)
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         one_run(client, 2000, VARIANTS["task-stream on"])  # warm-up: imports, plugin pickles
         runs = common.alternate({v: (lambda t=t: one_run(client, n, t)) for v, t in VARIANTS.items()}, rounds)
     base = runs[next(iter(VARIANTS))]
@@ -102,16 +106,28 @@ def run(quick: bool = False) -> list[dict]:
         cpu = common.median([r["cpu"] / r["tasks"] * 1e6 for r in got])
         rate = common.median([r["task_points"] / r["seconds"] for r in got])
         tasks = got[0]["tasks"]
-        notes = (f"{tasks:,} tasks, 2 workers x 2 threads, monitor @200 ms (UDP); median of {rounds}; task points "
-                 f"arrived {', '.join(str(r['task_points']) for r in got)}; lines {', '.join(str(r['lines']) for r in got)}"
-                 f"; runs {', '.join('%.1f' % r['seconds'] for r in got)} s")
-        rows += [common.row(NAME, f"wall time, {variant}", wall, "s", baseline=base_wall, notes=notes,
-                            details={"runs": got}),
-                 common.row(NAME, f"worker CPU per task, {variant}", cpu, "us", baseline=base_cpu),
-                 common.row(NAME, f"task points written per second, {variant}", rate, "points/s")]
+        notes = (
+            f"{tasks:,} tasks, 2 workers x 2 threads, monitor @200 ms (UDP); median of {rounds}; task points "
+            f"arrived {', '.join(str(r['task_points']) for r in got)}; lines {', '.join(str(r['lines']) for r in got)}"
+            f"; runs {', '.join('%.1f' % r['seconds'] for r in got)} s"
+        )
+        rows += [
+            common.row(
+                NAME, f"wall time, {variant}", wall, "s", baseline=base_wall, notes=notes, details={"runs": got}
+            ),
+            common.row(NAME, f"worker CPU per task, {variant}", cpu, "us", baseline=base_cpu),
+            common.row(NAME, f"task points written per second, {variant}", rate, "points/s"),
+        ]
     rate, size = writer_rate(n)
-    rows.append(common.row(NAME, f"task points built + encoded + sent (UDP) per second of one thread's CPU",
-                           rate, "points/s", notes=f"{n:,} records in one tick; {size} bytes per line"))
+    rows.append(
+        common.row(
+            NAME,
+            "task points built + encoded + sent (UDP) per second of one thread's CPU",
+            rate,
+            "points/s",
+            notes=f"{n:,} records in one tick; {size} bytes per line",
+        )
+    )
     return rows
 
 

@@ -92,8 +92,10 @@ def measure(seconds: float, rounds: int) -> dict:
     receiver.bind(("127.0.0.1", 0))
     address = "%s:%d" % receiver.getsockname()
     try:
-        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-                Client(cluster) as client:
+        with (
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+            Client(cluster) as client,
+        ):
             [pid] = client.run(os.getpid).values()
 
             def one(settings):
@@ -133,16 +135,36 @@ def rows(name: str, floor: float, quick: bool) -> list[dict]:
         default = variant == "default (agent)"
         agent = [s for _, s, _ in results if s is not None]
         task = [t for _, _, t in results if t is not None]
-        out.append(common.row(
-            name, f"worker process pays per sample @50 ms, idle worker, {variant}, vs floor", worker, "us",
-            baseline=floor, target="<= 3x floor" if default else None, met=worker <= 3 * floor if default else None,
-            notes=(f"(worker CPU - monitor off) / samples; runs {', '.join(f'{w:.0f}' for w, _, _ in results)} us; "
-                   f"{rounds}x{seconds:.0f} s alternated with monitor off"
-                   + (f"; the agent's own CPU {common.median(agent):.0f} us per sample" if agent else "")
-                   + (f"; transition() {common.median(task):.1f} us worker CPU per task (5 transitions)" if task
-                      else ""))))
+        out.append(
+            common.row(
+                name,
+                f"worker process pays per sample @50 ms, idle worker, {variant}, vs floor",
+                worker,
+                "us",
+                baseline=floor,
+                target="<= 3x floor" if default else None,
+                met=worker <= 3 * floor if default else None,
+                notes=(
+                    f"(worker CPU - monitor off) / samples; runs {', '.join(f'{w:.0f}' for w, _, _ in results)} us; "
+                    f"{rounds}x{seconds:.0f} s alternated with monitor off"
+                    + (f"; the agent's own CPU {common.median(agent):.0f} us per sample" if agent else "")
+                    + (
+                        f"; transition() {common.median(task):.1f} us worker CPU per task (5 transitions)"
+                        if task
+                        else ""
+                    )
+                ),
+            )
+        )
         if agent and default:
-            out.append(common.row(name, "sampling agent process CPU per sample @50 ms (informational)",
-                                  common.median(agent), "us", baseline=floor,
-                                  notes=f"every metric, {common.gpus_label(8)}; its own process, out of the worker's GIL"))
+            out.append(
+                common.row(
+                    name,
+                    "sampling agent process CPU per sample @50 ms (informational)",
+                    common.median(agent),
+                    "us",
+                    baseline=floor,
+                    notes=f"every metric, {common.gpus_label(8)}; its own process, out of the worker's GIL",
+                )
+            )
     return out

@@ -115,8 +115,9 @@ def _shutdown(monitor, quiet: bool) -> None:
         log.setLevel(level)
 
 
-def monitored(client, sizes: tuple, interval_ms=None, start: bool = True, work=workload, gpus: int = 8,
-              **settings) -> dict:
+def monitored(
+    client, sizes: tuple, interval_ms=None, start: bool = True, work=workload, gpus: int = 8, **settings
+) -> dict:
     """One timed workload run, with the monitor on at ``interval_ms`` (None = off).
 
     ``start=False``: attached only (the scheduler plugin tags tasks; no worker samples)."""
@@ -138,27 +139,53 @@ def monitored(client, sizes: tuple, interval_ms=None, start: bool = True, work=w
             if m is not None:
                 _shutdown(m, quiet=not start)
         lines = rx.counts()["lines"]
-    return {"seconds": seconds, "cpu": cpu, "samples": lines / (LINES_PER_SAMPLE - 8 + gpus),
-            "cost_us": common.median(costs) * 1e6 if costs else None}
+    return {
+        "seconds": seconds,
+        "cpu": cpu,
+        "samples": lines / (LINES_PER_SAMPLE - 8 + gpus),
+        "cost_us": common.median(costs) * 1e6 if costs else None,
+    }
 
 
-def _row(mode: str, on: list, off: list, rounds: int, target: float | None, what: str = "workload",
-         workers: int = 2, note: str = "") -> dict:
+def _row(
+    mode: str,
+    on: list,
+    off: list,
+    rounds: int,
+    target: float | None,
+    what: str = "workload",
+    workers: int = 2,
+    note: str = "",
+) -> dict:
     wall, base = [r["seconds"] for r in on], [r["seconds"] for r in off]
     med, ratio = common.median(wall), common.median(wall) / common.median(base)
     paired = common.median([a / b for a, b in zip(wall, base)])
     cpu_ratio = common.median([r["cpu"] for r in on]) / common.median([r["cpu"] for r in off])
     rate = common.median([r["samples"] / r["seconds"] / workers for r in on])
     costs = [r["cost_us"] for r in on if r["cost_us"] is not None]
-    cost = (f" at {common.median(costs):.0f} us in-worker CPU each"
-            f" (= {rate * common.median(costs) / 1e4:.2f} % of a core per worker)") if costs else ""
+    cost = (
+        (
+            f" at {common.median(costs):.0f} us in-worker CPU each"
+            f" (= {rate * common.median(costs) / 1e4:.2f} % of a core per worker)"
+        )
+        if costs
+        else ""
+    )
     return common.row(
-        NAME, f"{what} wall time, monitor {mode} vs off", med, "s", baseline=common.median(base),
-        target=f"<= {target:.2f}x" if target else None, met=(ratio <= target) if target else None,
-        notes=(f"{note}median of {rounds} alternated runs; per-round ratio median {paired:.3f}; worker CPU "
-               f"seconds ratio {cpu_ratio:.3f}; {rate:.1f} samples/s per worker arrived{cost}; "
-               f"runs {', '.join(f'{x:.2f}' for x in wall)} s"),
-        details={"runs": on, "paired_ratio_median": paired, "worker_cpu_ratio": cpu_ratio})
+        NAME,
+        f"{what} wall time, monitor {mode} vs off",
+        med,
+        "s",
+        baseline=common.median(base),
+        target=f"<= {target:.2f}x" if target else None,
+        met=(ratio <= target) if target else None,
+        notes=(
+            f"{note}median of {rounds} alternated runs; per-round ratio median {paired:.3f}; worker CPU "
+            f"seconds ratio {cpu_ratio:.3f}; {rate:.1f} samples/s per worker arrived{cost}; "
+            f"runs {', '.join(f'{x:.2f}' for x in wall)} s"
+        ),
+        details={"runs": on, "paired_ratio_median": paired, "worker_cpu_ratio": cpu_ratio},
+    )
 
 
 def run(quick: bool = False) -> list[dict]:
@@ -168,46 +195,92 @@ def run(quick: bool = False) -> list[dict]:
     if skipped:
         return skipped
     rounds, sizes = (2, (500, 2000, 500)) if quick else (7, (2000, 3000, 750))
-    modes = {"off": {}, "on @200 ms": {"interval_ms": 200}, "on @50 ms": {"interval_ms": 50},
-             "attached only (no sampling)": {"interval_ms": 200, "start": False}}
+    modes = {
+        "off": {},
+        "on @200 ms": {"interval_ms": 200},
+        "on @50 ms": {"interval_ms": 50},
+        "attached only (no sampling)": {"interval_ms": 200, "start": False},
+    }
     short_modes = {"off": {}, "on @50 ms": {"interval_ms": 50}}
     if common.has_sampler_mode():
         modes["on @200 ms, sampler_mode=thread"] = {"interval_ms": 200, "sampler_mode": "thread"}
         short_modes["on @50 ms, sampler_mode=thread"] = {"interval_ms": 50, "sampler_mode": "thread"}
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         monitored(client, sizes, 200)  # warm-up: imports, plugin pickles, BLAS
-        runs = common.alternate({mode: (lambda kw=kw: monitored(client, sizes, **kw)) for mode, kw in modes.items()},
-                                rounds)
+        runs = common.alternate(
+            {mode: (lambda kw=kw: monitored(client, sizes, **kw)) for mode, kw in modes.items()}, rounds
+        )
         short_rounds, n_short = (3, 1000) if quick else (SHORT_ROUNDS, 4000)
-        short = common.alternate({mode: (lambda kw=kw: monitored(client, (n_short,), work=short_tasks, **kw))
-                                  for mode, kw in short_modes.items()}, short_rounds)
+        short = common.alternate(
+            {
+                mode: (lambda kw=kw: monitored(client, (n_short,), work=short_tasks, **kw))
+                for mode, kw in short_modes.items()
+            },
+            short_rounds,
+        )
     launch_rounds, steps = (3, LAUNCHES // 4) if quick else (LAUNCH_ROUNDS, LAUNCHES)
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         monitored(client, (steps // 10,), 50, work=launch_bound, gpus=1)  # warm-up
-        loop = common.alternate({mode: (lambda kw=kw: monitored(client, (steps,), work=launch_bound, gpus=1, **kw))
-                                 for mode, kw in short_modes.items()}, launch_rounds)
+        loop = common.alternate(
+            {
+                mode: (lambda kw=kw: monitored(client, (steps,), work=launch_bound, gpus=1, **kw))
+                for mode, kw in short_modes.items()
+            },
+            launch_rounds,
+        )
     off = runs.pop("off")
     rows = [_row(mode, on, off, rounds, target=TARGET if mode == "on @200 ms" else None) for mode, on in runs.items()]
     short_off, loop_off = short.pop("off"), loop.pop("off")
     off_runs = ", ".join(f"{r['seconds']:.3f}" for r in loop_off)
-    rows += [_row(mode, on, loop_off, launch_rounds, target=LAUNCH_TARGET if mode == "on @50 ms" else None,
-                  what=f"launch-bound loop (1 task, {steps:,} tiny calls)", workers=1,
-                  note=(f"1 worker x 1 thread, the other core free; {common.gpus_label(1)}; the loop's own wall time "
-                        f"(off runs {off_runs} s); "))
-             for mode, on in loop.items()]
-    rows += [_row(mode, on, short_off, short_rounds, target=None, what=f"{n_short} short pure-Python tasks",
-                  note="informational: per-task monitoring costs (transition(), a task-stream point per task); ")
-             for mode, on in short.items()]
+    rows += [
+        _row(
+            mode,
+            on,
+            loop_off,
+            launch_rounds,
+            target=LAUNCH_TARGET if mode == "on @50 ms" else None,
+            what=f"launch-bound loop (1 task, {steps:,} tiny calls)",
+            workers=1,
+            note=(
+                f"1 worker x 1 thread, the other core free; {common.gpus_label(1)}; the loop's own wall time "
+                f"(off runs {off_runs} s); "
+            ),
+        )
+        for mode, on in loop.items()
+    ]
+    rows += [
+        _row(
+            mode,
+            on,
+            short_off,
+            short_rounds,
+            target=None,
+            what=f"{n_short} short pure-Python tasks",
+            note="informational: per-task monitoring costs (transition(), a task-stream point per task); ",
+        )
+        for mode, on in short.items()
+    ]
     wall = [r["seconds"] for r in off]
-    rows.append(common.row(
-        NAME, "noise: spread of the monitor-off runs ((max-min)/median)",
-        (max(wall) - min(wall)) / common.median(wall), "ratio",
-        notes=(f"off runs {', '.join(f'{x:.2f}' for x in wall)} s; workload: {sizes[0]} small tasks, "
-               f"{sizes[1]}^2 float64 array in {sizes[2]}^2 chunks (transpose-add, matmul slab, std); "
-               "2 worker processes x 1 thread"),
-        details={"runs": off}))
+    rows.append(
+        common.row(
+            NAME,
+            "noise: spread of the monitor-off runs ((max-min)/median)",
+            (max(wall) - min(wall)) / common.median(wall),
+            "ratio",
+            notes=(
+                f"off runs {', '.join(f'{x:.2f}' for x in wall)} s; workload: {sizes[0]} small tasks, "
+                f"{sizes[1]}^2 float64 array in {sizes[2]}^2 chunks (transpose-add, matmul slab, std); "
+                "2 worker processes x 1 thread"
+            ),
+            details={"runs": off},
+        )
+    )
     return rows
 
 

@@ -3,7 +3,7 @@
 >>> from dask_influx_metrics import Monitor, custom_metric
 """
 
-from . import config as _config  # registers the influx-metrics defaults with dask.config
+from . import config as _config  # noqa: F401  (registers the influx-metrics defaults with dask.config)
 
 __all__ = ["Monitor", "custom_metric"]
 __version__ = "0.1.0"

@@ -113,15 +113,19 @@ async def remove_worker_plugin(scheduler, name: str) -> bool:
     """
     if name not in scheduler.worker_plugins:
         return False
-    _raise_worker_error(await scheduler.unregister_worker_plugin(None, name), f"could not tear down worker plugin {name!r}")
+    _raise_worker_error(
+        await scheduler.unregister_worker_plugin(None, name), f"could not tear down worker plugin {name!r}"
+    )
     return True
 
 
 def _raise_worker_error(replies: dict, what: str) -> None:
     failed = {addr: reply.get("exception_text") for addr, reply in replies.items() if reply.get("status") == "error"}
     if failed:
-        raise RuntimeError(f"{what} on {len(failed)} worker(s): "
-                           + "; ".join(f"{addr}: {text}" for addr, text in sorted(failed.items())))
+        raise RuntimeError(
+            f"{what} on {len(failed)} worker(s): "
+            + "; ".join(f"{addr}: {text}" for addr, text in sorted(failed.items()))
+        )
 
 
 # --- pickling --------------------------------------------------------------------

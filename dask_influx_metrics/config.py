@@ -34,18 +34,19 @@ import yaml
 
 from . import credentials, parsers, schema
 
+
 # --- the table -------------------------------------------------------------------------------------
 class Setting(NamedTuple):
     """One setting, declared once."""
 
-    key: str                    # below ``influx-metrics``, dotted: "telegraf.address"
-    attr: str                   # the Settings attribute
-    default: Any                # the YAML default (before parsing)
-    parse: Callable             # config value -> Python value; raises ValueError("must be ...")
-    unit: str                   # "ms", "s", "bytes", ... or ""
-    doc: str                    # one line for the YAML comment and docs/settings.md
-    keywords: tuple = ()        # Monitor/attach keywords; () means (attr,)
-    secret: bool = False        # hidden from repr
+    key: str  # below ``influx-metrics``, dotted: "telegraf.address"
+    attr: str  # the Settings attribute
+    default: Any  # the YAML default (before parsing)
+    parse: Callable  # config value -> Python value; raises ValueError("must be ...")
+    unit: str  # "ms", "s", "bytes", ... or ""
+    doc: str  # one line for the YAML comment and docs/settings.md
+    keywords: tuple = ()  # Monitor/attach keywords; () means (attr,)
+    secret: bool = False  # hidden from repr
 
     @property
     def kwargs(self) -> tuple:
@@ -53,60 +54,172 @@ class Setting(NamedTuple):
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("polling-interval", "polling_interval", 200,
-            parsers.number(f"a number of ms from 1 to {parsers.MAX_POLLING_INTERVAL}", minimum=1, maximum=parsers.MAX_POLLING_INTERVAL), "ms",
-            f"time between samples (at most {parsers.MAX_POLLING_INTERVAL}: one minute)"),
-    Setting("tracking", "tracking", None, parsers.tracking, "",
-            "metric names to collect; null = all (see schema.TRACKING)"),
-    Setting("job-type", "job_type", "client", parsers.choice(parsers.JOB_TYPES), "",
-            "client: each client connection is a job; manual: only new_job() starts one"),
-    Setting("sink", "sinks", parsers.AUTO, parsers.sinks, "",
-            "where samples go: auto (udp if telegraf.address is set, else http if influxdb.url is, else spool), "
-            "udp, http, spool, or a list such as [udp, spool]", keywords=("sink",)),
+    Setting(
+        "polling-interval",
+        "polling_interval",
+        200,
+        parsers.number(
+            f"a number of ms from 1 to {parsers.MAX_POLLING_INTERVAL}", minimum=1, maximum=parsers.MAX_POLLING_INTERVAL
+        ),
+        "ms",
+        f"time between samples (at most {parsers.MAX_POLLING_INTERVAL}: one minute)",
+    ),
+    Setting(
+        "tracking", "tracking", None, parsers.tracking, "", "metric names to collect; null = all (see schema.TRACKING)"
+    ),
+    Setting(
+        "job-type",
+        "job_type",
+        "client",
+        parsers.choice(parsers.JOB_TYPES),
+        "",
+        "client: each client connection is a job; manual: only new_job() starts one",
+    ),
+    Setting(
+        "sink",
+        "sinks",
+        parsers.AUTO,
+        parsers.sinks,
+        "",
+        "where samples go: auto (udp if telegraf.address is set, else http if influxdb.url is, else spool), "
+        "udp, http, spool, or a list such as [udp, spool]",
+        keywords=("sink",),
+    ),
     Setting("tags", "tags", {}, parsers.tags, "", "extra tags written on every point, e.g. {cluster: prod-a}"),
-    Setting("dag-tag", "dag_tag", True, parsers.boolean, "",
-            "true: dag is a tag of every sample (one series per DAG, worker and device); false: a string "
-            "field, so the series count does not grow with the number of DAGs (job stays a tag)"),
-    Setting("telegraf.address", "telegraf_address", None, parsers.optional_address, "",
-            "node-local Telegraf UDP listener (host:port), read on each worker; null = not configured "
-            "(the udp sink then uses 127.0.0.1:8094)"),
-    Setting("telegraf.max-datagram", "max_datagram", parsers.AUTO, parsers.max_datagram, "bytes",
-            "largest UDP datagram; auto: 65507 (the UDP maximum) when telegraf.address is loopback, "
-            "else 1472 (fits a 1500-byte MTU); neither is fragmented"),
-    Setting("influxdb.url", "influxdb_url", None, parsers.url, "",
-            "InfluxDB for the http sink and for queries (http:// or https://); null = not configured "
-            "(http://127.0.0.1:8086 is used)"),
-    Setting("influxdb.database", "database", "dask_metrics", parsers.text, "",
-            "1.x database, or the DBRP-mapped database on 2.x"),
-    Setting("influxdb.retention-policy", "retention_policy", None, parsers.optional_text, "",
-            "retention policy; null = the database's default"),
+    Setting(
+        "dag-tag",
+        "dag_tag",
+        True,
+        parsers.boolean,
+        "",
+        "true: dag is a tag of every sample (one series per DAG, worker and device); false: a string "
+        "field, so the series count does not grow with the number of DAGs (job stays a tag)",
+    ),
+    Setting(
+        "telegraf.address",
+        "telegraf_address",
+        None,
+        parsers.optional_address,
+        "",
+        "node-local Telegraf UDP listener (host:port), read on each worker; null = not configured "
+        "(the udp sink then uses 127.0.0.1:8094)",
+    ),
+    Setting(
+        "telegraf.max-datagram",
+        "max_datagram",
+        parsers.AUTO,
+        parsers.max_datagram,
+        "bytes",
+        "largest UDP datagram; auto: 65507 (the UDP maximum) when telegraf.address is loopback, "
+        "else 1472 (fits a 1500-byte MTU); neither is fragmented",
+    ),
+    Setting(
+        "influxdb.url",
+        "influxdb_url",
+        None,
+        parsers.url,
+        "",
+        "InfluxDB for the http sink and for queries (http:// or https://); null = not configured "
+        "(http://127.0.0.1:8086 is used)",
+    ),
+    Setting(
+        "influxdb.database",
+        "database",
+        "dask_metrics",
+        parsers.text,
+        "",
+        "1.x database, or the DBRP-mapped database on 2.x",
+    ),
+    Setting(
+        "influxdb.retention-policy",
+        "retention_policy",
+        None,
+        parsers.optional_text,
+        "",
+        "retention policy; null = the database's default",
+    ),
     Setting("influxdb.username", "username", None, parsers.optional_text, "", "1.x user name"),
     Setting("influxdb.password", "password", None, parsers.optional_text, "", "1.x password", secret=True),
-    Setting("influxdb.token", "token", None, parsers.optional_text, "",
-            "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')", secret=True),
+    Setting(
+        "influxdb.token",
+        "token",
+        None,
+        parsers.optional_text,
+        "",
+        "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')",
+        secret=True,
+    ),
     Setting("influxdb.batch-size", "batch_size", 5000, parsers.positive_int, "lines", "size of one HTTP write"),
     Setting("influxdb.timeout", "http_timeout", 5, parsers.seconds, "s", "time limit per HTTP request"),
-    Setting("spool.directory", "spool_directory", None, parsers.directory, "",
-            "spool root; null = dask-influx-metrics-<uid> in the temporary directory, private to the user",
-            keywords=("spool_directory", "dump_loc")),
-    Setting("spool.mem-limit", "mem_limit", 1000, parsers.positive_int, "lines",
-            "held in the sampling process's memory before being appended to disk"),
-    Setting("spool.flush-interval", "flush_interval", 1, parsers.seconds, "s",
-            "buffered lines reach disk at least this often"),
-    Setting("gpu.source", "gpu_source", "auto", parsers.choice(parsers.GPU_SOURCES, null="none"), "",
-            "auto (NVML if present, else none), nvml, simulated, none (also null, off, false)"),
-    Setting("gpu.count", "gpu_count", 1, parsers.number(f"an integer from 1 to {parsers.MAX_GPUS}", maximum=parsers.MAX_GPUS, integer=True),
-            "", "simulated devices per worker (gpu.source: simulated)"),
-    Setting("gpu.devices", "gpu_devices", "auto", parsers.choice(parsers.GPU_DEVICES), "",
-            "GPUs a worker reports: first (its own under dask-cuda), all visible, or auto (first when "
-            "CUDA_VISIBLE_DEVICES is set, else all)"),
-    Setting("sampler.mode", "sampler_mode", "agent", parsers.choice(parsers.SAMPLER_MODES), "",
-            "agent: one sampling process per host and session reads each GPU and the host once and every "
-            "worker process, outside the workers' GIL; thread: each worker samples itself on a thread "
-            "(processes=False clusters, or no agent wanted; device and host readings then once per worker)"),
-    Setting("sampler.host-refresh", "host_refresh", 200, parsers.number("a number of ms > 0"), "ms",
-            "host counters are read on the samples nearest to every this many ms; samples in between "
-            "repeat the last host reading (at most the polling interval: every sample)"),
+    Setting(
+        "spool.directory",
+        "spool_directory",
+        None,
+        parsers.directory,
+        "",
+        "spool root; null = dask-influx-metrics-<uid> in the temporary directory, private to the user",
+        keywords=("spool_directory", "dump_loc"),
+    ),
+    Setting(
+        "spool.mem-limit",
+        "mem_limit",
+        1000,
+        parsers.positive_int,
+        "lines",
+        "held in the sampling process's memory before being appended to disk",
+    ),
+    Setting(
+        "spool.flush-interval",
+        "flush_interval",
+        1,
+        parsers.seconds,
+        "s",
+        "buffered lines reach disk at least this often",
+    ),
+    Setting(
+        "gpu.source",
+        "gpu_source",
+        "auto",
+        parsers.choice(parsers.GPU_SOURCES, null="none"),
+        "",
+        "auto (NVML if present, else none), nvml, simulated, none (also null, off, false)",
+    ),
+    Setting(
+        "gpu.count",
+        "gpu_count",
+        1,
+        parsers.number(f"an integer from 1 to {parsers.MAX_GPUS}", maximum=parsers.MAX_GPUS, integer=True),
+        "",
+        "simulated devices per worker (gpu.source: simulated)",
+    ),
+    Setting(
+        "gpu.devices",
+        "gpu_devices",
+        "auto",
+        parsers.choice(parsers.GPU_DEVICES),
+        "",
+        "GPUs a worker reports: first (its own under dask-cuda), all visible, or auto (first when "
+        "CUDA_VISIBLE_DEVICES is set, else all)",
+    ),
+    Setting(
+        "sampler.mode",
+        "sampler_mode",
+        "agent",
+        parsers.choice(parsers.SAMPLER_MODES),
+        "",
+        "agent: one sampling process per host and session reads each GPU and the host once and every "
+        "worker process, outside the workers' GIL; thread: each worker samples itself on a thread "
+        "(processes=False clusters, or no agent wanted; device and host readings then once per worker)",
+    ),
+    Setting(
+        "sampler.host-refresh",
+        "host_refresh",
+        200,
+        parsers.number("a number of ms > 0"),
+        "ms",
+        "host counters are read on the samples nearest to every this many ms; samples in between "
+        "repeat the last host reading (at most the polling interval: every sample)",
+    ),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}
@@ -118,8 +231,11 @@ def _check_renamed(overrides: dict) -> None:
     for old, new in RENAMED.items():
         given = old in overrides or old.replace("-", "_") in overrides
         if given or dask.config.get(f"influx-metrics.{old}", default=None) is not None:
-            raise ValueError(f"influx-metrics.{old} was removed; use influx-metrics.{new} "
-                             f"(one of {parsers.SAMPLER_MODES}: agent, the default, samples once per host)")
+            raise ValueError(
+                f"influx-metrics.{old} was removed; use influx-metrics.{new} "
+                f"(one of {parsers.SAMPLER_MODES}: agent, the default, samples once per host)"
+            )
+
 
 # Keyword arguments accepted by Monitor(...) and Monitor.attach(...), and the
 # config key (below ``influx-metrics``) each one overrides.
@@ -155,8 +271,12 @@ def _parse(setting: Setting, value):
 
 
 _FALLBACKS = {"telegraf_address": parsers.TELEGRAF_FALLBACK, "influxdb_url": parsers.INFLUXDB_FALLBACK}
-_Fields = make_dataclass("_Fields", [(s.attr, Any, field(repr=not s.secret)) for s in SETTINGS]
-                         + [("configured", tuple, field(default=(), repr=False))], frozen=True)
+_Fields = make_dataclass(
+    "_Fields",
+    [(s.attr, Any, field(repr=not s.secret)) for s in SETTINGS]
+    + [("configured", tuple, field(default=(), repr=False))],
+    frozen=True,
+)
 
 
 class Settings(_Fields):
@@ -236,8 +356,9 @@ class Settings(_Fields):
 def public(settings: Settings) -> dict:
     """``settings`` as plain data without the secret ones (to compare or record; never credentials)."""
     secret = {s.attr for s in SETTINGS if s.secret} | {"username"}
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(settings).items()
-            if k not in secret}
+    return {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(settings).items() if k not in secret
+    }
 
 
 def overrides_from_kwargs(**kwargs) -> dict:
@@ -252,8 +373,10 @@ def overrides_from_kwargs(**kwargs) -> dict:
     unknown = sorted(set(kwargs) - set(KWARGS))
     removed = [k for k in unknown if k in ("isolate", "host_once")]
     if removed:
-        raise TypeError(f"the setting(s) {removed} were removed; use sampler_mode='agent' (the default: one "
-                        "sampling agent per host) or sampler_mode='thread' (each worker samples itself)")
+        raise TypeError(
+            f"the setting(s) {removed} were removed; use sampler_mode='agent' (the default: one "
+            "sampling agent per host) or sampler_mode='thread' (each worker samples itself)"
+        )
     if unknown:
         raise TypeError(f"unknown setting(s) {unknown}; known: {sorted(KWARGS)}")
     out = {KWARGS[k]: v for k, v in kwargs.items() if v is not None}

@@ -71,8 +71,7 @@ def mask_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=_netloc(parts, MASK)))
 
 
-def auth_header(username: Optional[str] = None, password: Optional[str] = None,
-                token: Optional[str] = None) -> dict:
+def auth_header(username: Optional[str] = None, password: Optional[str] = None, token: Optional[str] = None) -> dict:
     """``{"Authorization": ...}``: ``Token <token>`` (2.x/3.x), else ``Basic`` for a 1.x user; ``{}`` for none."""
     if token:
         return {"Authorization": f"Token {token}"}

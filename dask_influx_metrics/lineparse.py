@@ -115,25 +115,25 @@ def parse(line) -> Point:
         k = _scan(text, j + 1, ", ")
         if j >= n or k >= n or j == i + 1 or k == j + 1:
             raise ValueError(f"bad tag at {i} in line {text!r}")
-        tags[_unescape(text[i + 1:j], ",= ")] = _unescape(text[j + 1:k], ",= ")
+        tags[_unescape(text[i + 1 : j], ",= ")] = _unescape(text[j + 1 : k], ",= ")
         i = k
     fields = {}
     while i < n and (text[i] == " " and not fields or text[i] == ","):
         j = _scan(text, i + 1, "=")
         if j >= n - 1 or j == i + 1:
             raise ValueError(f"bad field at {i} in line {text!r}")
-        key = _unescape(text[i + 1:j], ',=" ')
+        key = _unescape(text[i + 1 : j], ',=" ')
         if text[j + 1] == '"':
             k = j + 2
             while k < n and text[k] != '"':
                 k += 2 if text[k] == "\\" else 1
             if k >= n:
                 raise ValueError(f"unterminated string in line {text!r}")
-            fields[key] = _unescape(text[j + 2:k], '\\"')
+            fields[key] = _unescape(text[j + 2 : k], '\\"')
             i = k + 1
         else:
             k = _scan(text, j + 1, ", ")
-            fields[key] = _parse_value(text[j + 1:k], text)
+            fields[key] = _parse_value(text[j + 1 : k], text)
             i = k
     time_ns = None
     rest = text[i:].strip(" ")

@@ -147,8 +147,9 @@ def _field_value(value) -> Optional[str]:
 
 
 def _key_ok(key: str, seen) -> bool:
-    reason = "empty_key" if not key else "reserved_key" if key in _RESERVED else (
-        "duplicate_key" if key in seen else None)
+    reason = (
+        "empty_key" if not key else "reserved_key" if key in _RESERVED else ("duplicate_key" if key in seen else None)
+    )
     if reason:
         stats[reason] += 1
     return reason is None
@@ -324,8 +325,10 @@ def _batch(points: Iterable[Point]) -> list[bytes]:
     for point in points:  # the sampler's hottest loop: _series, inlined
         measurement, tags, fields, time_ns = point
         try:
-            entry = cached((measurement, len(tags), *tags, *tags.values(), *fields, *map(type, fields.values()),
-                            type(time_ns)), _NEW)
+            entry = cached(
+                (measurement, len(tags), *tags, *tags.values(), *fields, *map(type, fields.values()), type(time_ns)),
+                _NEW,
+            )
         except TypeError:  # unhashable names or values: the general path
             entry = None
         if entry is _NEW:
@@ -353,8 +356,11 @@ def _batch(points: Iterable[Point]) -> list[bytes]:
         templated.append(point)
     lines = _fill(templates, values, texts) if templated else []
     if lines is None:  # a value that may not be writable: point by point, only those take the general path
-        lines = [_general(p) for p in templated] if len(templated) == 1 else [
-            line for p in templated for line in (_batch([p]) or [None])]
+        lines = (
+            [_general(p) for p in templated]
+            if len(templated) == 1
+            else [line for p in templated for line in (_batch([p]) or [None])]
+        )
     for i, line in others:
         lines.insert(i, line)
     return lines if None not in lines else [line for line in lines if line is not None]

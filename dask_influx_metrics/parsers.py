@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import dask.config
 
-from . import credentials, schema
+from . import schema
 
 SINKS = ("udp", "http", "spool")
 AUTO = "auto"  # sink: udp if telegraf.address is configured, else http if influxdb.url is, else spool
@@ -40,7 +40,7 @@ def parse_address(value) -> tuple[str, int]:
     """
     text = str(value).strip()
     if text.startswith("udp://"):
-        text = text[len("udp://"):]
+        text = text[len("udp://") :]
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -59,6 +59,7 @@ def as_list(value) -> list:
 
 def number(what: str, minimum: float = 0.0, maximum: float = math.inf, integer: bool = False) -> Callable:
     """A parser for a finite number > 0 in [minimum, maximum]; numeric text is read as a number."""
+
     def parse(value):
         number = value
         if isinstance(value, str):
@@ -66,10 +67,17 @@ def number(what: str, minimum: float = 0.0, maximum: float = math.inf, integer: 
                 number = float(value) if not value.strip().isdigit() else int(value)
             except ValueError:
                 pass
-        if (isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number)
-                or not (number > 0 and minimum <= number <= maximum) or integer and number != int(number)):
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, (int, float))
+            or not math.isfinite(number)
+            or not (number > 0 and minimum <= number <= maximum)
+            or integer
+            and number != int(number)
+        ):
             raise ValueError(f"must be {what}")
         return int(number) if integer else number
+
     return parse
 
 
@@ -80,6 +88,8 @@ _datagram_bytes = number("'auto' or a number of bytes from 1 to 65507", maximum=
 def max_datagram(value):
     """``auto`` (None: 65507 bytes when Telegraf is on loopback, else 1472) or a size in bytes."""
     return None if value in (AUTO, None) else _datagram_bytes(value)
+
+
 _positive_seconds = number("a positive, finite number of seconds")
 
 
@@ -90,12 +100,14 @@ def seconds(value) -> float:
 def choice(options: tuple, null=None) -> Callable:
     """A parser for one of ``options``; with ``null``, YAML/environment ``none``/``null``/``off``/``false``
     (which Dask and YAML read as None or False) mean ``null``."""
+
     def parse(value):
         if null is not None and (value is None or value is False):
             return null
         if value not in options:
             raise ValueError(f"must be one of {options}")
         return value
+
     return parse
 
 
@@ -153,23 +165,27 @@ def _tag_text(what: str, text) -> str:
         raise ValueError(f"{what} ends in a backslash, which InfluxDB 1.x cannot store")
     bad = sorted({c for c in text if ord(c) < 0x20 or ord(c) == 0x7F})
     if bad:  # line protocol stores them as spaces: reads filtering on the tag would find nothing
-        raise ValueError(f"{what} contains control character(s) {', '.join(repr(c) for c in bad)}; "
-                         "line protocol stores them as spaces, so the value could not be read back")
+        raise ValueError(
+            f"{what} contains control character(s) {', '.join(repr(c) for c in bad)}; "
+            "line protocol stores them as spaces, so the value could not be read back"
+        )
     return text
 
 
 def tags(value) -> dict:
     """Extra tags: a mapping of non-empty, short, unreserved names to non-empty, short values."""
     if not isinstance(value or {}, dict):
-        raise ValueError(f"must be a mapping of tag names to values, e.g. {{cluster: prod-a}}")
+        raise ValueError("must be a mapping of tag names to values, e.g. {cluster: prod-a}")
     tags = {}
     for key, val in (value or {}).items():
         if key == "" or key is None:
             raise ValueError("has an empty tag key")
         key = _tag_text(f"tag key {str(key)[:40]!r}", key)
         if key in RESERVED_TAGS or key.startswith("_"):
-            raise ValueError(f"tag {key!r} is reserved (the schema's tags and fields, 'time', names starting "
-                             f"with '_'); reserved: {sorted(RESERVED_TAGS)}")
+            raise ValueError(
+                f"tag {key!r} is reserved (the schema's tags and fields, 'time', names starting "
+                f"with '_'); reserved: {sorted(RESERVED_TAGS)}"
+            )
         tags[key] = _tag_text(f"the value of tag {key!r}", val)
     return tags
 
@@ -178,8 +194,10 @@ def check_tags_env() -> None:
     """Dask drops a ``DASK_INFLUX_METRICS__TAGS`` that is not a mapping; refuse it instead."""
     text = os.environ.get(TAGS_ENV)
     if text is not None and not isinstance(dask.config.interpret_value(text), (dict, type(None))):  # none: no tags
-        raise ValueError(f"{TAGS_ENV} must be a Python dict literal such as {{'cluster': 'prod-a'}} (or set one "
-                         f"tag per variable: {TAGS_ENV}__CLUSTER=prod-a); cannot parse {text!r}")
+        raise ValueError(
+            f"{TAGS_ENV} must be a Python dict literal such as {{'cluster': 'prod-a'}} (or set one "
+            f"tag per variable: {TAGS_ENV}__CLUSTER=prod-a); cannot parse {text!r}"
+        )
 
 
 def url(value) -> str:

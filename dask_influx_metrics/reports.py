@@ -49,8 +49,9 @@ class Reporter:
         self._once = Once()
 
     def __call__(self, what: str, message: str, **details) -> None:
-        logger.warning("influx-metrics%s: %s", f" on {self.context['worker']}" if "worker" in self.context else "",
-                       message)
+        logger.warning(
+            "influx-metrics%s: %s", f" on {self.context['worker']}" if "worker" in self.context else "", message
+        )
         if self._send is not None:
             try:
                 self._send({**details, **self.context, "what": what, "message": message})

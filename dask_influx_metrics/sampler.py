@@ -39,8 +39,14 @@ logger = logging.getLogger(__name__)
 class Sampler:
     """Calls ``collect(now_ns)`` every ``interval`` seconds and sends the points to ``sink``."""
 
-    def __init__(self, collect: Callable[[int], list], sink, interval: float = 0.2,
-                 name: str = "influx-metrics-sampler", field_tags: tuple = ()):
+    def __init__(
+        self,
+        collect: Callable[[int], list],
+        sink,
+        interval: float = 0.2,
+        name: str = "influx-metrics-sampler",
+        field_tags: tuple = (),
+    ):
         self.collect, self.sink, self.interval = collect, sink, float(interval)
         self._field_tags = tuple(field_tags)  # tags written as fields (dag-tag: false)
         self._stop = threading.Event()

@@ -105,46 +105,108 @@ MEASUREMENT_TAGS = {
 
 _FIELDS = (
     Field(GPU, "utilization_gpu", float, "%", "time a kernel ran over the last sample period (NVML utilization.gpu)"),
-    Field(GPU, "utilization_memory", float, "%", "time device memory was read or written (NVML utilization.memory); busy time, not capacity"),
+    Field(
+        GPU,
+        "utilization_memory",
+        float,
+        "%",
+        "time device memory was read or written (NVML utilization.memory); busy time, not capacity",
+    ),
     Field(GPU, "memory_used", float, "MiB", "device memory in use (NVML memory info v2 where available)"),
     Field(GPU, "memory_total", float, "MiB", "device memory capacity"),
     Field(GPU, "memory_used_percent", float, "%", "memory_used / memory_total * 100"),
     Field(GPU, "power_draw", float, "W", "board power draw"),
     Field(GPU, "temperature_gpu", float, "C", "GPU core temperature"),
     Field(GPU, "clocks_current_sm", float, "MHz", "current SM clock"),
-    Field(GPU, "worker_memory_used", float, "MiB", "device memory held by the worker's own process tree (NVML "
-          "compute-process list), for each device the worker uses, with that worker's tags"),
+    Field(
+        GPU,
+        "worker_memory_used",
+        float,
+        "MiB",
+        "device memory held by the worker's own process tree (NVML "
+        "compute-process list), for each device the worker uses, with that worker's tags",
+    ),
     Field(GPU, "clocks_event_reasons", int, "bitmask", "NVML clock-event (throttle) reasons active at sample time"),
     Field(GPU, "clocks_current_memory", float, "MHz", "current memory clock"),
-    Field(GPU, "pstate", int, "", "performance state: 0 (P0, maximum performance) to 15 (minimum); "
-          "Telegraf writes it as a tag 'P0'"),
+    Field(
+        GPU,
+        "pstate",
+        int,
+        "",
+        "performance state: 0 (P0, maximum performance) to 15 (minimum); Telegraf writes it as a tag 'P0'",
+    ),
     Field(GPU, "utilization_encoder", float, "%", "time the video encoder was busy over NVML's sample period"),
     Field(GPU, "utilization_decoder", float, "%", "time the video decoder was busy over NVML's sample period"),
     Field(GPU, "utilization_jpeg", float, "%", "time the JPEG decoder was busy over NVML's sample period"),
     Field(GPU, "utilization_ofa", float, "%", "time the optical-flow accelerator was busy over NVML's sample period"),
     Field(GPU, "fan_speed", float, "%", "fan speed, percent of maximum (read at most once a second)"),
-    Field(GPU, "total_energy_consumption", int, "mJ", "energy used since the driver loaded (counter; read at most "
-          "once a second, ~3.4 ms per call on an H100)"),
-    Field(GPU, "ecc_errors_volatile_correctable", int, "count", "corrected ECC errors since the driver loaded, all "
-          "memory locations (counter; at most once a second)"),
-    Field(GPU, "ecc_errors_volatile_uncorrectable", int, "count", "uncorrected ECC errors since the driver loaded "
-          "(counter; at most once a second)"),
-    Field(GPU, "ecc_errors_aggregate_correctable", int, "count", "corrected ECC errors over the GPU's lifetime "
-          "(counter; at most once a second)"),
-    Field(GPU, "ecc_errors_aggregate_uncorrectable", int, "count", "uncorrected ECC errors over the GPU's lifetime "
-          "(counter; at most once a second)"),
-    Field(GPU, "gr_engine_active", float, "%", "GPM (Hopper+): time the graphics/compute engine was active over the "
-          "GPM window (DCGM GR_ENGINE_ACTIVE)"),
-    Field(GPU, "sm_active", float, "%", "GPM: share of SM time with at least one warp resident, averaged over all SMs "
-          "(DCGM SM_ACTIVE): low when kernels use few SMs, even at utilization_gpu 100"),
-    Field(GPU, "sm_occupancy", float, "%", "GPM: resident warps relative to the SMs' maximum, over the window "
-          "(DCGM SM_OCCUPANCY)"),
+    Field(
+        GPU,
+        "total_energy_consumption",
+        int,
+        "mJ",
+        "energy used since the driver loaded (counter; read at most once a second, ~3.4 ms per call on an H100)",
+    ),
+    Field(
+        GPU,
+        "ecc_errors_volatile_correctable",
+        int,
+        "count",
+        "corrected ECC errors since the driver loaded, all memory locations (counter; at most once a second)",
+    ),
+    Field(
+        GPU,
+        "ecc_errors_volatile_uncorrectable",
+        int,
+        "count",
+        "uncorrected ECC errors since the driver loaded (counter; at most once a second)",
+    ),
+    Field(
+        GPU,
+        "ecc_errors_aggregate_correctable",
+        int,
+        "count",
+        "corrected ECC errors over the GPU's lifetime (counter; at most once a second)",
+    ),
+    Field(
+        GPU,
+        "ecc_errors_aggregate_uncorrectable",
+        int,
+        "count",
+        "uncorrected ECC errors over the GPU's lifetime (counter; at most once a second)",
+    ),
+    Field(
+        GPU,
+        "gr_engine_active",
+        float,
+        "%",
+        "GPM (Hopper+): time the graphics/compute engine was active over the GPM window (DCGM GR_ENGINE_ACTIVE)",
+    ),
+    Field(
+        GPU,
+        "sm_active",
+        float,
+        "%",
+        "GPM: share of SM time with at least one warp resident, averaged over all SMs "
+        "(DCGM SM_ACTIVE): low when kernels use few SMs, even at utilization_gpu 100",
+    ),
+    Field(
+        GPU,
+        "sm_occupancy",
+        float,
+        "%",
+        "GPM: resident warps relative to the SMs' maximum, over the window (DCGM SM_OCCUPANCY)",
+    ),
     Field(GPU, "pipe_tensor_active", float, "%", "GPM: time any tensor pipe was active (DCGM PIPE_TENSOR_ACTIVE)"),
-    Field(GPU, "pipe_tensor_hmma_active", float, "%", "GPM: time the half-precision (FP16/BF16) tensor pipe was active"),
+    Field(
+        GPU, "pipe_tensor_hmma_active", float, "%", "GPM: time the half-precision (FP16/BF16) tensor pipe was active"
+    ),
     Field(GPU, "pipe_tensor_imma_active", float, "%", "GPM: time the integer tensor pipe was active"),
     Field(GPU, "pipe_tensor_dfma_active", float, "%", "GPM: time the FP64 DFMA tensor pipe was active"),
     Field(GPU, "pipe_tensor_dmma_active", float, "%", "GPM: time the FP64 DMMA tensor pipe was active"),
-    Field(GPU, "dram_active", float, "%", "GPM: device-memory bandwidth used, relative to the maximum (DCGM DRAM_ACTIVE)"),
+    Field(
+        GPU, "dram_active", float, "%", "GPM: device-memory bandwidth used, relative to the maximum (DCGM DRAM_ACTIVE)"
+    ),
     Field(GPU, "pipe_fp64_active", float, "%", "GPM: time the FP64 (non-tensor) pipe was active"),
     Field(GPU, "pipe_fp32_active", float, "%", "GPM: time the FP32 (non-tensor) pipe was active"),
     Field(GPU, "pipe_fp16_active", float, "%", "GPM: time the FP16 (non-tensor) pipe was active"),
@@ -153,10 +215,22 @@ _FIELDS = (
     Field(GPU, "pcie_rx_bytes", float, "bytes/s", "GPM: PCIe bytes received by the GPU per second over the window"),
     Field(GPU, "nvlink_tx_bytes", float, "bytes/s", "GPM: NVLink bytes sent per second, all links"),
     Field(GPU, "nvlink_rx_bytes", float, "bytes/s", "GPM: NVLink bytes received per second, all links"),
-    Field(GPU, "worker_utilization_gpu", float, "%", "time kernels of the sampling worker's process tree ran, over the "
-          "window since the previous such point (NVML per-process smUtil, summed; at most once a second)"),
-    Field(GPU, "worker_utilization_memory", float, "%", "memory-controller busy time caused by the worker's process "
-          "tree over that window (NVML per-process memUtil, summed)"),
+    Field(
+        GPU,
+        "worker_utilization_gpu",
+        float,
+        "%",
+        "time kernels of the sampling worker's process tree ran, over the "
+        "window since the previous such point (NVML per-process smUtil, summed; at most once a second)",
+    ),
+    Field(
+        GPU,
+        "worker_utilization_memory",
+        float,
+        "%",
+        "memory-controller busy time caused by the worker's process "
+        "tree over that window (NVML per-process memUtil, summed)",
+    ),
     Field(HOST, "cpu_percent", float, "%", "whole-host CPU use since the previous sample (all cores = 100)"),
     Field(HOST, "memory_used", int, "bytes", "host memory in use (psutil virtual_memory.used)"),
     Field(HOST, "memory_total", int, "bytes", "host memory capacity"),
@@ -171,36 +245,87 @@ _FIELDS = (
     Field(WORKER, "rss", int, "bytes", "worker process resident memory"),
     Field(WORKER, "managed_bytes", int, "bytes", "bytes of task results the worker holds (worker.state.nbytes)"),
     Field(DAG, "dag", str, "", "the DAG's number (a field, so the series count does not grow with DAGs)"),
-    Field(DAG, "status", str, "", "'running' on submission, then 'ok', 'erred' (a task erred) or 'cancelled' "
-          "(a task was released or lost before finishing: futures cancelled, client gone, restart)"),
+    Field(
+        DAG,
+        "status",
+        str,
+        "",
+        "'running' on submission, then 'ok', 'erred' (a task erred) or 'cancelled' "
+        "(a task was released or lost before finishing: futures cancelled, client gone, restart)",
+    ),
     Field(DAG, "event", str, "", "'submit' or 'end'"),
     Field(DAG, "tasks", int, "count", "tasks in the DAG (new tasks of this submission)"),
     Field(DAG, "label", str, "", "readable job label: the submitting client's id"),
     Field(DAG, "duration", float, "s", "end points: seconds from submission to end"),
     Field(TASK, "key", str, "", "the task's key as Dask prints it (str(key)); a field, never a tag"),
-    Field(TASK, "start", float, "s", "when the task started executing, Unix seconds on the scheduler's clock; "
-          "the point's own time is when it ended"),
+    Field(
+        TASK,
+        "start",
+        float,
+        "s",
+        "when the task started executing, Unix seconds on the scheduler's clock; the point's own time is when it ended",
+    ),
     Field(TASK, "duration", float, "s", "seconds from start to end of execution"),
     Field(TASK, "compute", float, "s", "seconds computing (Dask startstops 'compute')"),
     Field(TASK, "transfer", float, "s", "seconds fetching inputs from other workers (startstops 'transfer')"),
     Field(TASK, "disk_read", float, "s", "seconds reading spilled inputs from disk (startstops 'disk-read')"),
     Field(TASK, "disk_write", float, "s", "seconds spilling to disk (startstops 'disk-write')"),
     Field(TASK, "nbytes", int, "bytes", "size of the result (Dask's sizeof); absent when there is none"),
-    Field(ACTIVITY, "value", float, "unit tag", "amount of the activity since the previous activity point of "
-          "this worker, job and prefix (delta of Dask's worker digests_total 'execute' entries)"),
-    Field(ACTIVITY, "jobs", int, "count", "jobs the interval's delta was split across by their tasks' "
-          "execution time (1 = exact)"),
+    Field(
+        ACTIVITY,
+        "value",
+        float,
+        "unit tag",
+        "amount of the activity since the previous activity point of "
+        "this worker, job and prefix (delta of Dask's worker digests_total 'execute' entries)",
+    ),
+    Field(
+        ACTIVITY,
+        "jobs",
+        int,
+        "count",
+        "jobs the interval's delta was split across by their tasks' execution time (1 = exact)",
+    ),
     # delivery: each sender's sink counters, cumulative since the sender started (a restart starts at 0)
-    Field(DELIVERY, "points_sent", int, "count", "points handed over: sent in UDP datagrams (not refused), "
-          "written by InfluxDB over HTTP (the accepted part of a partial write too), or written to the spool"),
-    Field(DELIVERY, "points_dropped", int, "count", "points lost for good: UDP send buffer full, too long, socket "
-          "error or refused by a loopback address; HTTP not written and not spooled; spool disk errors"),
-    Field(DELIVERY, "points_refused", int, "count", "points InfluxDB refused as data (HTTP 400/413/422), kept "
-          "under <spool>/<session>/<role>/refused/ with its reason"),
-    Field(DELIVERY, "points_spooled", int, "count", "points the HTTP sink could not deliver (an outage) and "
-          "kept under <spool>/<session>/<role>/undelivered/ for replay"),
-    Field(DELIVERY, "errors", int, "count", "failed sends: UDP socket errors, failed HTTP requests (unreachable, "
-          "5xx, auth)"),
+    Field(
+        DELIVERY,
+        "points_sent",
+        int,
+        "count",
+        "points handed over: sent in UDP datagrams (not refused), "
+        "written by InfluxDB over HTTP (the accepted part of a partial write too), or written to the spool",
+    ),
+    Field(
+        DELIVERY,
+        "points_dropped",
+        int,
+        "count",
+        "points lost for good: UDP send buffer full, too long, socket "
+        "error or refused by a loopback address; HTTP not written and not spooled; spool disk errors",
+    ),
+    Field(
+        DELIVERY,
+        "points_refused",
+        int,
+        "count",
+        "points InfluxDB refused as data (HTTP 400/413/422), kept "
+        "under <spool>/<session>/<role>/refused/ with its reason",
+    ),
+    Field(
+        DELIVERY,
+        "points_spooled",
+        int,
+        "count",
+        "points the HTTP sink could not deliver (an outage) and "
+        "kept under <spool>/<session>/<role>/undelivered/ for replay",
+    ),
+    Field(
+        DELIVERY,
+        "errors",
+        int,
+        "count",
+        "failed sends: UDP socket errors, failed HTTP requests (unreachable, 5xx, auth)",
+    ),
 )
 FIELDS: dict[tuple[str, str], Field] = {(f.measurement, f.name): f for f in _FIELDS}
 DELIVERY_FIELDS = tuple(f.name for f in _FIELDS if f.measurement == DELIVERY)
@@ -220,8 +345,12 @@ def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
     """
     fields = {m: {n for (mm, n) in FIELDS if mm == m} for m in MEASUREMENT_TAGS}
     fields[CUSTOM] |= set(custom_fields)
-    return sorted(f"{m}.{name}" for m, tags in MEASUREMENT_TAGS.items()
-                  for name in set(tags) | set(extra_tags) if name in fields[m])
+    return sorted(
+        f"{m}.{name}"
+        for m, tags in MEASUREMENT_TAGS.items()
+        for name in set(tags) | set(extra_tags)
+        if name in fields[m]
+    )
 
 
 def tags_as_fields(point: Point, names) -> Point:
@@ -236,6 +365,7 @@ def tags_as_fields(point: Point, names) -> Point:
         return point
     tags = {k: v for k, v in point.tags.items() if k not in moved}
     return point._replace(tags=tags, fields={**point.fields, **moved})
+
 
 # Custom metrics land in the ``custom`` measurement, one float field per metric
 # name; per-device metrics carry the device tags.
@@ -265,16 +395,35 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "codec-util": tuple((GPU, f"utilization_{e}") for e in ("encoder", "decoder", "jpeg", "ofa")),
     "fan": ((GPU, "fan_speed"),),
     "energy": ((GPU, "total_energy_consumption"),),
-    "ecc": tuple((GPU, f"ecc_errors_{c}_{k}") for c in ("volatile", "aggregate")
-                 for k in ("correctable", "uncorrectable")),
-    "gpm": tuple((GPU, f) for f in (
-        "gr_engine_active", "sm_active", "sm_occupancy", "pipe_tensor_active", "pipe_tensor_hmma_active",
-        "pipe_tensor_imma_active", "pipe_tensor_dfma_active", "pipe_tensor_dmma_active", "dram_active",
-        "pipe_fp64_active", "pipe_fp32_active", "pipe_fp16_active", "pipe_int_active",
-        "pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes", "nvlink_rx_bytes")),
+    "ecc": tuple(
+        (GPU, f"ecc_errors_{c}_{k}") for c in ("volatile", "aggregate") for k in ("correctable", "uncorrectable")
+    ),
+    "gpm": tuple(
+        (GPU, f)
+        for f in (
+            "gr_engine_active",
+            "sm_active",
+            "sm_occupancy",
+            "pipe_tensor_active",
+            "pipe_tensor_hmma_active",
+            "pipe_tensor_imma_active",
+            "pipe_tensor_dfma_active",
+            "pipe_tensor_dmma_active",
+            "dram_active",
+            "pipe_fp64_active",
+            "pipe_fp32_active",
+            "pipe_fp16_active",
+            "pipe_int_active",
+            "pcie_tx_bytes",
+            "pcie_rx_bytes",
+            "nvlink_tx_bytes",
+            "nvlink_rx_bytes",
+        )
+    ),
     "worker-gpu-util": ((GPU, "worker_utilization_gpu"), (GPU, "worker_utilization_memory")),
-    "task-stream": tuple((TASK, n) for n in ("key", "start", "duration", "compute", "transfer",
-                                             "disk_read", "disk_write", "nbytes")),
+    "task-stream": tuple(
+        (TASK, n) for n in ("key", "start", "duration", "compute", "transfer", "disk_read", "disk_write", "nbytes")
+    ),
     "fine-metrics": ((ACTIVITY, "value"), (ACTIVITY, "jobs")),
 }
 # Fields written whenever their measurement is written at all (static, cheap).
@@ -292,16 +441,21 @@ def fields_for(tracking) -> frozenset[tuple[str, str]]:
     tracking = list(tracking)
     unknown = [t for t in tracking if t not in TRACKING]
     if unknown:
-        raise ValueError(
-            f"unknown metric name(s) {unknown}; known: {sorted(TRACKING)}"
-        )
+        raise ValueError(f"unknown metric name(s) {unknown}; known: {sorted(TRACKING)}")
     chosen = {pair for name in tracking for pair in TRACKING[name]}
     measurements = {m for m, _ in chosen}
     return frozenset(chosen | {p for p in ALWAYS if p[0] in measurements})
 
+
 # NVML's clock-event reason bits in ``clocks_event_reasons`` (nvidia-smi's names, shortened).
 CLOCK_EVENT_REASONS = {
-    0x1: "idle", 0x2: "application clocks", 0x4: "software power cap", 0x8: "hardware slowdown",
-    0x10: "sync boost", 0x20: "software thermal", 0x40: "hardware thermal", 0x80: "power brake",
+    0x1: "idle",
+    0x2: "application clocks",
+    0x4: "software power cap",
+    0x8: "hardware slowdown",
+    0x10: "sync boost",
+    0x20: "software thermal",
+    0x40: "hardware thermal",
+    0x80: "power brake",
     0x100: "display clocks",
 }

@@ -141,7 +141,7 @@ class SnapshotBuffer:
             raise ValueError(f"{len(data)} bytes do not fit in {self.capacity}")
         mm, seq = self._mm, self._seq + 1
         _SEQ.pack_into(mm, 0, seq)  # odd: readers retry
-        mm[_HEADER:_HEADER + len(data)] = data
+        mm[_HEADER : _HEADER + len(data)] = data
         _BODY.pack_into(mm, _SEQ.size, len(data), zlib.crc32(data))
         _SEQ.pack_into(mm, 0, seq + 1)
         self._seq = seq + 1
@@ -163,7 +163,7 @@ class SnapshotBuffer:
             seq = _SEQ.unpack_from(mm, 0)[0]
             length, crc = _BODY.unpack_from(mm, _SEQ.size)
             if seq % 2 == 0 and length <= self.capacity:
-                data = mm[_HEADER:_HEADER + length]
+                data = mm[_HEADER : _HEADER + length]
                 if _SEQ.unpack_from(mm, 0)[0] == seq and zlib.crc32(data) == crc:
                     return data if seq else None
             time.sleep(0 if i < 10 else 1e-4)
@@ -210,22 +210,30 @@ def _delay(delay: float) -> bytes:
     return repr(float(delay) if math.isfinite(delay) else 0.0).encode()
 
 
-def encode_snapshot(seq: int, nthreads: int, managed_bytes: int, last_job: int, delay: float,
-                    running: list[bytes], recent: list[bytes], limit: int = BUFFER_BYTES) -> bytes:
+def encode_snapshot(
+    seq: int,
+    nthreads: int,
+    managed_bytes: int,
+    last_job: int,
+    delay: float,
+    running: list[bytes],
+    recent: list[bytes],
+    limit: int = BUFFER_BYTES,
+) -> bytes:
     """The snapshot as compact JSON of at most ``limit`` bytes (entries from :func:`entry`)."""
     data = _SNAPSHOT % (seq, nthreads, managed_bytes, last_job, _delay(delay), b",".join(running), b",".join(recent))
     if len(data) <= limit:
         return data
-    head = data[:data.index(b'"running"')]
+    head = data[: data.index(b'"running"')]
     keyless = [json.dumps([None, *json.loads(e)[1:]]).encode() for e in (*running, *recent)]
-    running, recent = keyless[:len(running)], keyless[len(running):]
+    running, recent = keyless[: len(running)], keyless[len(running) :]
     while True:  # keys dropped; then the oldest recent tasks
         data = head + b'"running":[' + b",".join(running) + b'],"recent":[' + b",".join(recent) + b"]}"
         if len(data) <= limit:
             return data
         if not recent:
             raise ValueError(f"activity snapshot needs {len(data)} bytes without keys; buffer holds {limit}")
-        recent = recent[len(recent) // 2 + 1:]
+        recent = recent[len(recent) // 2 + 1 :]
 
 
 class Snapshot(NamedTuple):
@@ -242,8 +250,11 @@ def _tuples(k):
 def decode_snapshot(data: bytes) -> Snapshot:
     d = json.loads(data)
     running = tuple((_tuples(k), j, g) for k, j, g, _ in d["running"])
-    return Snapshot(d["seq"], Activity(running, d["threads"], d["bytes"], d["last"], d["delay"]),
-                    tuple((_tuples(k), j, g, s) for k, j, g, s in d["recent"]))
+    return Snapshot(
+        d["seq"],
+        Activity(running, d["threads"], d["bytes"], d["last"], d["delay"]),
+        tuple((_tuples(k), j, g, s) for k, j, g, s in d["recent"]),
+    )
 
 
 _BEAT = struct.Struct("<qQQd")  # pid, samples, extra samples, time.monotonic(); then the rest as JSON
@@ -272,7 +283,7 @@ class BeatReader:
             data = self.buffer.read()
             self._last = None
             if data and len(data) >= _BEAT.size:
-                doc = data[_BEAT.size:]
+                doc = data[_BEAT.size :]
                 if doc != self._doc:
                     try:
                         self._doc, self._decoded = doc, json.loads(doc)
@@ -300,8 +311,15 @@ class Publisher:
     on each change. Called on the event loop only; never raises (an error is logged once).
     ``acked()``: the ``seq`` the agent's latest sample used (:meth:`BeatReader.acked`)."""
 
-    def __init__(self, buffer: SnapshotBuffer, acked: Callable[[], int], nthreads: int, running=(),
-                 last_job: int = 0, keep: int = RECENT):
+    def __init__(
+        self,
+        buffer: SnapshotBuffer,
+        acked: Callable[[], int],
+        nthreads: int,
+        running=(),
+        last_job: int = 0,
+        keep: int = RECENT,
+    ):
         self._buffer, self._agent_acked, self._keep = buffer, acked, keep
         self.seq, self.nthreads, self.last_job = 0, nthreads, last_job
         self.managed_bytes, self.delay, self._delay_json = 0, 0.0, b"0.0"
@@ -372,12 +390,27 @@ class Publisher:
 
     def publish(self) -> None:
         running = [t[1] for t in self._running.values()]
-        data = _SNAPSHOT % (self.seq, self.nthreads, self.managed_bytes, self.last_job, self._delay_json,
-                            b",".join(running), self._recent_json)
+        data = _SNAPSHOT % (
+            self.seq,
+            self.nthreads,
+            self.managed_bytes,
+            self.last_job,
+            self._delay_json,
+            b",".join(running),
+            self._recent_json,
+        )
         try:
             if len(data) > self._buffer.capacity:  # rare: without keys, then fewer recent tasks
-                data = encode_snapshot(self.seq, self.nthreads, self.managed_bytes, self.last_job, self.delay,
-                                       running, [t[1] for t in self._recent], self._buffer.capacity)
+                data = encode_snapshot(
+                    self.seq,
+                    self.nthreads,
+                    self.managed_bytes,
+                    self.last_job,
+                    self.delay,
+                    running,
+                    [t[1] for t in self._recent],
+                    self._buffer.capacity,
+                )
             self._buffer.write(data)
         except Exception as e:
             self._fail(e)

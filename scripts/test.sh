@@ -15,6 +15,8 @@ print(f"Python {sys.version.split()[0]}, dask {dask.__version__}, distributed {d
 
 bash scripts/setup.sh
 .venv/bin/python -c "$VERSIONS"
+.venv/bin/ruff check .           # lint (pyproject.toml [tool.ruff])
+.venv/bin/ruff format --check .  # and formatting
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi

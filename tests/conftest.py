@@ -45,16 +45,36 @@ def dask_processes(tmp_path):
     def start(env: dict) -> Client:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_INFLUX_METRICS__")} | env
         file = tmp_path / f"scheduler-{len(procs)}.json"
-        procs.append(subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                                       "--scheduler-file", str(file)], env=env, stderr=subprocess.DEVNULL))
+        procs.append(
+            subprocess.Popen(
+                [
+                    dask,
+                    "scheduler",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--no-dashboard",
+                    "--scheduler-file",
+                    str(file),
+                ],
+                env=env,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         deadline = time.monotonic() + 60
         while not (file.exists() and file.read_text().strip()):
             assert time.monotonic() < deadline, "the dask scheduler did not start"
             time.sleep(0.1)
         address = json.loads(file.read_text())["address"]
         for _ in range(2):
-            procs.append(subprocess.Popen([dask, "worker", address, "--nthreads", "2", "--no-dashboard",
-                                           "--host", "127.0.0.1"], env=env, stderr=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [dask, "worker", address, "--nthreads", "2", "--no-dashboard", "--host", "127.0.0.1"],
+                    env=env,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         clients.append(Client(address))
         clients[-1].wait_for_workers(2, timeout=60)
         return clients[-1]
@@ -120,8 +140,9 @@ def monitored_dagfield(influxd, tmp_path_factory):
     """The same run as ``monitored`` with ``dag-tag: false`` (``dag`` a field of every sample), over
     HTTP into its own database ``dask_metrics_dagfield`` (one mode per database, see README)."""
     database = influxd.create_database("dask_metrics_dagfield")
-    return _monitored_run(influxd, tmp_path_factory, database, sink="http", influxdb_url=influxd.url,
-                          database=database, dag_tag=False)
+    return _monitored_run(
+        influxd, tmp_path_factory, database, sink="http", influxdb_url=influxd.url, database=database, dag_tag=False
+    )
 
 
 @pytest.fixture(scope="module", params=["dag-tag", "dag-field"])
@@ -140,15 +161,24 @@ def _monitored_run(influxd, tmp_path_factory, into: str, sink: str, **settings):
     from distributed import Client, LocalCluster
 
     from dask_influx_metrics import Monitor, lineprotocol
-    from dask_influx_metrics.sinks.spool import read_lines
     from dask_influx_metrics.client.tables import natural_key
+    from dask_influx_metrics.sinks.spool import read_lines
 
     run = uuid.uuid4().hex[:10]
     spool = tmp_path_factory.mktemp("spool")
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
-        monitor = Monitor(client, sink=[sink, "spool"], spool_directory=str(spool), gpu_source="simulated",
-                          gpu_count=2, tags={"run": run}, **settings)
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        monitor = Monitor(
+            client,
+            sink=[sink, "spool"],
+            spool_directory=str(spool),
+            gpu_source="simulated",
+            gpu_count=2,
+            tags={"run": run},
+            **settings,
+        )
         monitor.attach(polling_interval=50, job_type="manual")
         session = monitor.start()
         try:
@@ -157,8 +187,9 @@ def _monitored_run(influxd, tmp_path_factory, into: str, sink: str, **settings):
             monitor.new_job()
             client.gather(client.map(_slow, range(100, 104)))
             where = f"WHERE \"run\" = '{run}'"
-            influxd.wait_for(f"SELECT * FROM \"gpu\" {where} AND \"job\" = '2' AND \"dag\" != '0'", 1, timeout=30,
-                             db=database)
+            influxd.wait_for(
+                f"SELECT * FROM \"gpu\" {where} AND \"job\" = '2' AND \"dag\" != '0'", 1, timeout=30, db=database
+            )
             influxd.wait_for(f'SELECT * FROM "host" {where}', 1, timeout=30, db=database)
             influxd.wait_for(f"SELECT * FROM \"worker\" {where} AND \"dag\" != '0'", 1, timeout=30, db=database)
             influxd.wait_for(f"SELECT * FROM \"dag\" {where} AND \"event\" = 'end'", 2, timeout=30, db=database)
@@ -184,8 +215,18 @@ def _monitored_run(influxd, tmp_path_factory, into: str, sink: str, **settings):
         reused = monitor.query() is store and not store.closed
         other = monitor.query(source=influxd.url, database=database)
         monitor.shutdown()
-        answers["store"] = {"reused": reused, "other_source_closes_it": store.closed and other is not store,
-                            "shutdown_closes": other.closed}
-    return types.SimpleNamespace(influxd=influxd, run=run, spool=str(spool), session=stopped or session,
-                                 workers=workers, answers=answers, database=database,
-                                 dag_tag=settings.get("dag_tag", True))
+        answers["store"] = {
+            "reused": reused,
+            "other_source_closes_it": store.closed and other is not store,
+            "shutdown_closes": other.closed,
+        }
+    return types.SimpleNamespace(
+        influxd=influxd,
+        run=run,
+        spool=str(spool),
+        session=stopped or session,
+        workers=workers,
+        answers=answers,
+        database=database,
+        dag_tag=settings.get("dag_tag", True),
+    )

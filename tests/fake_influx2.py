@@ -30,10 +30,12 @@ def points() -> list[Point]:
             out.append(Point("gpu", {**tags, "index": str(index), "uuid": f"GPU-{index}", "name": "Sim"}, fields, t))
         out.append(Point("host", tags, {"cpu_percent": [5.0, 50.5, 75.25][k]}, t))
         out.append(Point("worker", tags, {"tasks": [0, 2, 3][k], "running": ['[]', '["a"]', '["a", ["b", 1]]'][k]}, t))
-    dag = [(T[0] + 100, "1", "running", {"event": "submit", "tasks": 4, "label": "client-1"}),
-           (T[1] + 100, "2", "running", {"event": "submit", "tasks": 2, "label": 'client "2" x'}),
-           (T[2] + 100, "1", "ok", {"event": "end", "duration": 1.0000001}),
-           (T[2] + 200, "2", "erred", {"event": "end", "duration": 0.5000001})]
+    dag = [
+        (T[0] + 100, "1", "running", {"event": "submit", "tasks": 4, "label": "client-1"}),
+        (T[1] + 100, "2", "running", {"event": "submit", "tasks": 2, "label": 'client "2" x'}),
+        (T[2] + 100, "1", "ok", {"event": "end", "duration": 1.0000001}),
+        (T[2] + 200, "2", "erred", {"event": "end", "duration": 0.5000001}),
+    ]
     out += [Point("dag", {"job": d}, {"dag": d, "status": s, **f}, t) for t, d, s, f in dag]
     return out
 
@@ -157,11 +159,18 @@ ANSWERS = {
 
 def answer(flux: str) -> tuple[int, str]:
     """Which canned answer a generated Flux query gets."""
-    for marker, name in (("buckets()", "buckets"), ('distinct(column: "_field")', "fields"),
-                         ('distinct(column: "worker")', "worker"), ('distinct(column: "job")', "job"),
-                         ("first()", "first"), ("max()", "max"), ('r._measurement == "dag"', "dag"),
-                         ('r._measurement == "gpu" and', "gpu"), ('r._measurement == "host" and', "host"),
-                         ('r._measurement == "worker" and', "worker_frame")):
+    for marker, name in (
+        ("buckets()", "buckets"),
+        ('distinct(column: "_field")', "fields"),
+        ('distinct(column: "worker")', "worker"),
+        ('distinct(column: "job")', "job"),
+        ("first()", "first"),
+        ("max()", "max"),
+        ('r._measurement == "dag"', "dag"),
+        ('r._measurement == "gpu" and', "gpu"),
+        ('r._measurement == "host" and', "host"),
+        ('r._measurement == "worker" and', "worker_frame"),
+    ):
         if marker in flux:
             return 200, ANSWERS[name]
     return 200, "\r\n"  # no tables
@@ -179,8 +188,9 @@ class LoopbackServer:
             def do_POST(self):
                 url = urllib.parse.urlsplit(self.path)
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                status, ctype, text = fake.handle(self.command, url.path, dict(urllib.parse.parse_qsl(url.query)),
-                                                  self.headers, body)
+                status, ctype, text = fake.handle(
+                    self.command, url.path, dict(urllib.parse.parse_qsl(url.query)), self.headers, body
+                )
                 data = text.encode()
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
@@ -215,8 +225,7 @@ class FakeInflux(LoopbackServer):
 
     def handle(self, method, path, params, headers, body):
         body = json.loads(body or b"{}")
-        self.requests.append({"method": method, "path": path, "headers": dict(headers), "params": params,
-                              "body": body})
+        self.requests.append({"method": method, "path": path, "headers": dict(headers), "params": params, "body": body})
         if method == "POST" and path == "/api/v2/query":
             status, text = self.answer(body.get("query", ""))
             return status, "text/csv; charset=utf-8" if status == 200 else "application/json", text

@@ -32,14 +32,24 @@ import urllib.parse
 import uuid
 
 import requests
-
 from fake_influx2 import LoopbackServer
 
 PRECISION = {  # endpoint -> {accepted name: influxd 1.x name}
     "/write": {"ns": "ns", "n": "ns", "u": "u", "µ": "u", "ms": "ms", "s": "s", "m": "m", "h": "h"},
     "/api/v2/write": {"ns": "ns", "us": "u", "ms": "ms", "s": "s"},
-    "/api/v3/write_lp": {"nanosecond": "ns", "ns": "ns", "n": "ns", "microsecond": "u", "us": "u", "u": "u",
-                         "millisecond": "ms", "ms": "ms", "second": "s", "s": "s", "auto": "auto"},
+    "/api/v3/write_lp": {
+        "nanosecond": "ns",
+        "ns": "ns",
+        "n": "ns",
+        "microsecond": "u",
+        "us": "u",
+        "u": "u",
+        "millisecond": "ms",
+        "ms": "ms",
+        "second": "s",
+        "s": "s",
+        "auto": "auto",
+    },
 }
 
 
@@ -49,7 +59,7 @@ def split(text: str, sep: str, quotes: bool = True, limit: int = -1) -> list[str
     while i < len(text):
         c = text[i]
         if c == "\\" and i + 1 < len(text):
-            cur.append(text[i:i + 2])
+            cur.append(text[i : i + 2])
             i += 2
             continue
         if c == '"' and quotes:
@@ -146,8 +156,11 @@ class FakeInflux3(LoopbackServer):
         if accepted:
             self.store(db, accepted, precision)
         if rejected:
-            return 400, "application/json", json.dumps({"error": "partial write of line protocol occurred",
-                                                        "data": rejected})
+            return (
+                400,
+                "application/json",
+                json.dumps({"error": "partial write of line protocol occurred", "data": rejected}),
+            )
         return 204, "text/plain", ""
 
     def check(self, db: str, table: str, kinds: dict[str, str]) -> None:
@@ -164,11 +177,16 @@ class FakeInflux3(LoopbackServer):
             t = parse(lines[0])[2]
             precision = "s" if t < 5e9 else "ms" if t < 5e12 else "u" if t < 5e15 else "ns"
         if db not in self.databases:
-            requests.post(self.influxd.url + "/query", params={"q": f'CREATE DATABASE "{self.real(db)}"'},
-                          timeout=10).raise_for_status()
+            requests.post(
+                self.influxd.url + "/query", params={"q": f'CREATE DATABASE "{self.real(db)}"'}, timeout=10
+            ).raise_for_status()
             self.databases.add(db)
-        r = requests.post(self.influxd.url + "/write", params={"db": self.real(db), "precision": precision},
-                          data="\n".join(lines).encode(), timeout=10)
+        r = requests.post(
+            self.influxd.url + "/write",
+            params={"db": self.real(db), "precision": precision},
+            data="\n".join(lines).encode(),
+            timeout=10,
+        )
         r.raise_for_status()
 
     def real(self, db: str) -> str:
@@ -180,13 +198,19 @@ class FakeInflux3(LoopbackServer):
         csv_wanted = accept in ("application/csv", "text/csv")
         if q.strip().upper() == "SHOW DATABASES":
             values = [[n] for n in sorted(self.databases)]
-            answer = {"results": [{"statement_id": 0, "series": [
-                {"name": "databases", "columns": ["name"], "values": values}]}]}
+            answer = {
+                "results": [
+                    {"statement_id": 0, "series": [{"name": "databases", "columns": ["name"], "values": values}]}
+                ]
+            }
             return 200, "application/json", json.dumps(answer)
         db = self.real(self.database("/query", params))
-        r = requests.get(self.influxd.url + "/query", timeout=30,
-                         params={"q": q, "db": db, **({"epoch": params["epoch"]} if "epoch" in params else {})},
-                         headers={"Accept": "application/csv" if csv_wanted else "application/json"})
+        r = requests.get(
+            self.influxd.url + "/query",
+            timeout=30,
+            params={"q": q, "db": db, **({"epoch": params["epoch"]} if "epoch" in params else {})},
+            headers={"Accept": "application/csv" if csv_wanted else "application/json"},
+        )
         if not csv_wanted:
             return 200, "application/json", r.text
         if r.status_code >= 400 or r.text.startswith("error"):

@@ -204,7 +204,8 @@ class FakeNvml:
 
     def nvmlDeviceGetProcessesUtilizationInfo(self, handle, timeStamp):
         return self._process_samples(
-            "nvmlDeviceGetProcessesUtilizationInfo", handle, "processes_utilization_info", timeStamp)
+            "nvmlDeviceGetProcessesUtilizationInfo", handle, "processes_utilization_info", timeStamp
+        )
 
     def _process_samples(self, function, handle, key, since):
         fresh = [s for s in self._value(function, handle, key) if s["timeStamp"] > since]
@@ -218,7 +219,9 @@ class FakeNvml:
         self.calls["nvmlGpmQueryDeviceSupport", device] += 1
         if device.mig is not None:
             raise pynvml.NVMLError_InvalidArgument()
-        support = self._record(device).get("gpm", {}).get("query_device_support", {"version": 1, "isSupportedDevice": 0})
+        support = (
+            self._record(device).get("gpm", {}).get("query_device_support", {"version": 1, "isSupportedDevice": 0})
+        )
         return SimpleNamespace(**support)
 
     def nvmlGpmSampleAlloc(self):
@@ -240,8 +243,9 @@ class FakeNvml:
         self.calls["nvmlGpmMigSampleGet", device] += 1
         if device.mig is not None:
             raise pynvml.NVMLError_InvalidArgument()
-        instances = [m for i, m in enumerate(self._record(device).get("mig", []))
-                     if m.get("gpu_instance_id", i) == gpuInstanceId]
+        instances = [
+            m for i, m in enumerate(self._record(device).get("mig", [])) if m.get("gpu_instance_id", i) == gpuInstanceId
+        ]
         if not instances:
             raise pynvml.NVMLError_NotFound()
         if not self._record(device).get("gpm", {}).get("query_device_support", {}).get("isSupportedDevice"):
@@ -259,8 +263,13 @@ class FakeNvml:
         self.calls["nvmlGpmMetricsGet", None] += 1
         first = self._gpm_samples.get(self._sample_id(metricsGet.sample1))
         second = self._gpm_samples.get(self._sample_id(metricsGet.sample2))
-        if (metricsGet.version != pynvml.NVML_GPM_METRICS_GET_VERSION or first is None or second is None
-                or first[0] != second[0] or first[1] >= second[1]):  # two samples of one entity, in order
+        if (
+            metricsGet.version != pynvml.NVML_GPM_METRICS_GET_VERSION
+            or first is None
+            or second is None
+            or first[0] != second[0]
+            or first[1] >= second[1]
+        ):  # two samples of one entity, in order
             raise pynvml.NVMLError_InvalidArgument()
         names = {getattr(pynvml, "NVML_GPM_METRIC_" + name): name for name in second[2]}
         for i in range(metricsGet.numMetrics):

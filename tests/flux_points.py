@@ -32,8 +32,11 @@ def _predicate(text: str):
 
 
 def _rows(points) -> list[_Row]:
-    return [_Row({"_measurement": p.measurement, "_field": f, "_value": v, "_time": p.time_ns, **p.tags})
-            for p in points for f, v in p.fields.items()]
+    return [
+        _Row({"_measurement": p.measurement, "_field": f, "_value": v, "_time": p.time_ns, **p.tags})
+        for p in points
+        for f, v in p.fields.items()
+    ]
 
 
 def _part(rows: list[_Row], flux: str) -> pd.DataFrame:
@@ -43,16 +46,24 @@ def _part(rows: list[_Row], flux: str) -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
-    if (m := re.search(r'map\(fn: \(r\) => \(\{measurement: "(\w+)"', flux)):
+    if m := re.search(r'map\(fn: \(r\) => \(\{measurement: "(\w+)"', flux):
         return pd.DataFrame({"measurement": m.group(1), "field": sorted(frame["_field"].unique())})
-    if (m := re.search(r'distinct\(column: "(\w+)"\)', flux)):
-        return pd.DataFrame({"_value": sorted(frame[m.group(1)].dropna().unique())}) if m.group(1) in frame else frame.iloc[:0]
+    if m := re.search(r'distinct\(column: "(\w+)"\)', flux):
+        return (
+            pd.DataFrame({"_value": sorted(frame[m.group(1)].dropna().unique())})
+            if m.group(1) in frame
+            else frame.iloc[:0]
+        )
     if "first()" in flux or "last()" in flux:
         return pd.DataFrame({"_time": [frame["_time"].min() if "first()" in flux else frame["_time"].max()]})
     if "max()" in flux:
         by = re.findall(r'"(\w+)"', re.search(r"group\(columns: \[(.*?)\]\)", flux).group(1))
-        return frame.fillna({c: "" for c in by if c in frame}).groupby(
-            [c for c in by if c in frame])["_value"].max().reset_index()
+        return (
+            frame.fillna({c: "" for c in by if c in frame})
+            .groupby([c for c in by if c in frame])["_value"]
+            .max()
+            .reset_index()
+        )
     keep_cols = re.findall(r'"([^"]+)"', re.search(r"keep\(columns: \[(.*?)\]\)", flux).group(1))
     tags = [c for c in frame.columns if c not in ("_field", "_value", "_time")]
     series = frame.fillna({t: "<no tag>" for t in tags})
@@ -91,8 +102,12 @@ def to_annotated_csv(frame: pd.DataFrame) -> str:
         return "\r\n"
     frame = frame.astype(object).where(frame.notna(), None)
     types = [_datatype(frame[c]) for c in frame.columns]
-    lines = ["#datatype,string,long," + ",".join(types), "#group,false,false" + ",false" * len(types),
-             "#default,_result," + "," * len(types), ",result,table," + ",".join(frame.columns)]
+    lines = [
+        "#datatype,string,long," + ",".join(types),
+        "#group,false,false" + ",false" * len(types),
+        "#default,_result," + "," * len(types),
+        ",result,table," + ",".join(frame.columns),
+    ]
     lines += [",,0," + ",".join(_cell(v, t) for v, t in zip(row, types)) for row in frame.itertuples(index=False)]
     return "\r\n".join(lines) + "\r\n\r\n"
 

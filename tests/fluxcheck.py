@@ -37,8 +37,7 @@ def flux_diagnostics(sources: dict[str, str]) -> dict[str, list[str]]:
         _unavailable("node not found (the Flux checker runs on Node.js; see scripts/setup.sh)")
     if not os.path.exists(os.path.join(PACKAGE, "package.json")):
         _unavailable(f"{os.path.relpath(PACKAGE, ROOT)} missing: run scripts/setup.sh")
-    out = subprocess.run([node, SCRIPT], input=json.dumps(sources), capture_output=True, text=True,
-                         timeout=TIMEOUT_S)
+    out = subprocess.run([node, SCRIPT], input=json.dumps(sources), capture_output=True, text=True, timeout=TIMEOUT_S)
     assert out.returncode == 0, f"flux_check.mjs failed ({out.returncode}): {out.stderr}"
     result = json.loads(out.stdout)
     assert set(result) == set(sources), out.stdout
@@ -47,5 +46,4 @@ def flux_diagnostics(sources: dict[str, str]) -> dict[str, list[str]]:
 
 def fenced_blocks(text: str, language: str) -> list[tuple[int, str]]:
     """(line number, body) of every ```language fenced block in a Markdown text."""
-    return [(text.count("\n", 0, m.start()) + 1, m.group(2)) for m in FENCE.finditer(text)
-            if m.group(1) == language]
+    return [(text.count("\n", 0, m.start()) + 1, m.group(2)) for m in FENCE.finditer(text) if m.group(1) == language]

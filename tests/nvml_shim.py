@@ -38,5 +38,8 @@ def replay_env(tmp_path, worker_pid: int) -> dict:
     shim = pathlib.Path(tmp_path) / "shim"
     shim.mkdir(exist_ok=True)
     (shim / "pynvml.py").write_text(SHIM)
-    return {"PYTHONPATH": os.pathsep.join([str(shim), *sys.path]), "FAKE_NVML_TESTS": str(TESTS),
-            "FAKE_NVML_WORKER_PID": str(worker_pid)}
+    return {
+        "PYTHONPATH": os.pathsep.join([str(shim), *sys.path]),
+        "FAKE_NVML_TESTS": str(TESTS),
+        "FAKE_NVML_WORKER_PID": str(worker_pid),
+    }

@@ -30,7 +30,10 @@ MIB = 2**20
 
 # per sample: (util %, worker 0 MiB, worker 1 MiB, (job, dag) of worker 0, (job, dag) of worker 1)
 SAMPLES = (
-    [(u, m, 0.0, ("1", "1"), ("0", "0")) for u, m in zip([55, 60, 65, 70, 62, 58], [4608, 4608, 5120, 5120, 4608, 4608])]
+    [
+        (u, m, 0.0, ("1", "1"), ("0", "0"))
+        for u, m in zip([55, 60, 65, 70, 62, 58], [4608, 4608, 5120, 5120, 4608, 4608])
+    ]
     + [(100, 4608, 16896, ("1", "0"), ("2", "2"))] * 8
     + [(0, 4608, 16896, ("3", "3"), ("2", "0"))] * 4
 )
@@ -51,9 +54,20 @@ def points() -> list[Point]:
         t = T0 + k * STEP
         for worker, own, (job, dag) in zip(W, (mem0, mem1), tags):
             common = {"host": HOST, "worker": worker, "job": job, "dag": dag}
-            out.append(Point("gpu", {**common, **DEVICE}, {
-                "utilization_gpu": float(util), "memory_used": float(mem0 + mem1), "memory_total": 81559.0,
-                "worker_memory_used": float(own), "clocks_event_reasons": 0 if util else 1}, t))
+            out.append(
+                Point(
+                    "gpu",
+                    {**common, **DEVICE},
+                    {
+                        "utilization_gpu": float(util),
+                        "memory_used": float(mem0 + mem1),
+                        "memory_total": 81559.0,
+                        "worker_memory_used": float(own),
+                        "clocks_event_reasons": 0 if util else 1,
+                    },
+                    t,
+                )
+            )
             out.append(Point("worker", common, {"tasks": int(dag != "0"), "running": "[]"}, t))
     return out
 

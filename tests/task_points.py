@@ -22,12 +22,20 @@ WORKERS = ["tcp://127.0.0.1:1001", "tcp://127.0.0.1:1002"]
 RUNS = {(0, 1, 1): range(5, 15), (1, 1, 2): range(10, 20), (0, 2, 3): range(25, 35), (1, 2, 3): range(25, 35)}
 UTIL = {1: 80.0, 2: 40.0}
 # (job, dag, prefix, count, duration s, state): the task stream, per worker that ran the DAG
-TASKS = [(1, 1, "load", 6, 0.1, "memory"), (1, 2, "matmul", 4, 0.5, "memory"),
-         (2, 3, "matmul", 5, 0.2, "memory"), (2, 3, "sum", 1, 0.05, "error")]
+TASKS = [
+    (1, 1, "load", 6, 0.1, "memory"),
+    (1, 2, "matmul", 4, 0.5, "memory"),
+    (2, 3, "matmul", 5, 0.2, "memory"),
+    (2, 3, "sum", 1, 0.05, "error"),
+]
 # (job, prefix, activity, unit, values): fine performance metrics, several deltas each
-ACTIVITY = [(1, "load", "thread-cpu", "seconds", [0.25, 0.35]), (1, "load", "disk-read", "bytes", [1000.0]),
-            (1, "matmul", "thread-noncpu", "seconds", [0.5]), (2, "matmul", "thread-cpu", "seconds", [0.75, 0.25]),
-            (2, "sum", "idle", "seconds", [0.125])]
+ACTIVITY = [
+    (1, "load", "thread-cpu", "seconds", [0.25, 0.35]),
+    (1, "load", "disk-read", "bytes", [1000.0]),
+    (1, "matmul", "thread-noncpu", "seconds", [0.5]),
+    (2, "matmul", "thread-cpu", "seconds", [0.75, 0.25]),
+    (2, "sum", "idle", "seconds", [0.125]),
+]
 
 
 def _state(worker: int, i: int) -> tuple[str, str]:
@@ -49,10 +57,24 @@ def worker_points(worker: int, dag_field: bool = False) -> list[Point]:
         tags = {"host": host, "worker": address, "job": job, "dag": dag}
         util = UTIL[int(job)] if dag != "0" else 0.0
         for index in range(2):
-            out.append(Point("gpu", {**tags, "index": str(index), "nvml_index": str(2 * worker + index),
-                                     "uuid": f"SIM-{worker}-{index}", "name": "Simulated GPU"},
-                             {"utilization_gpu": util, "memory_used": 1000.0 if dag != "0" else 100.0,
-                              "memory_used_percent": 5.0}, T0 + i * STEP))
+            out.append(
+                Point(
+                    "gpu",
+                    {
+                        **tags,
+                        "index": str(index),
+                        "nvml_index": str(2 * worker + index),
+                        "uuid": f"SIM-{worker}-{index}",
+                        "name": "Simulated GPU",
+                    },
+                    {
+                        "utilization_gpu": util,
+                        "memory_used": 1000.0 if dag != "0" else 100.0,
+                        "memory_used_percent": 5.0,
+                    },
+                    T0 + i * STEP,
+                )
+            )
         out.append(Point("worker", tags, {"tasks": int(dag != "0"), "running": "[]"}, T0 + i * STEP))
     n = 0
     for job, dag, prefix, count, duration, state in TASKS:
@@ -61,16 +83,29 @@ def worker_points(worker: int, dag_field: bool = False) -> list[Point]:
         for k in range(count):
             end = T0 + (RUNS[worker, job, dag].start + 1 + k) * STEP
             tags = {"host": host, "worker": address, "job": str(job), "prefix": prefix, "state": state}
-            fields = {"key": f"('{prefix}-abc', {k}, {worker})", "start": end / 1e9 - duration, "duration": duration,
-                      "compute": duration * 0.75, "transfer": duration * 0.25, "disk_read": 0.0, "disk_write": 0.0,
-                      **({"nbytes": 100} if state == "memory" else {})}
+            fields = {
+                "key": f"('{prefix}-abc', {k}, {worker})",
+                "start": end / 1e9 - duration,
+                "duration": duration,
+                "compute": duration * 0.75,
+                "transfer": duration * 0.25,
+                "disk_read": 0.0,
+                "disk_write": 0.0,
+                **({"nbytes": 100} if state == "memory" else {}),
+            }
             (fields if dag_field else tags)["dag"] = str(dag)
             out.append(Point("task", tags, fields, end + n))
             n += 1
     for job, prefix, activity, unit, values in ACTIVITY:
         for k, value in enumerate(values):
-            tags = {"host": host, "worker": address, "job": str(job), "prefix": prefix, "activity": activity,
-                    "unit": unit}
+            tags = {
+                "host": host,
+                "worker": address,
+                "job": str(job),
+                "prefix": prefix,
+                "activity": activity,
+                "unit": unit,
+            }
             out.append(Point("activity", tags, {"value": value / 2, "jobs": 1}, T0 + (20 + 10 * k) * STEP))
     return out
 
@@ -78,12 +113,13 @@ def worker_points(worker: int, dag_field: bool = False) -> list[Point]:
 def dag_points(dag_field: bool = False) -> list[Point]:
     out = []
     for job, dag, start, end in ((1, 1, 5, 15), (1, 2, 10, 20), (2, 3, 25, 35)):
-        for event, t, status, fields in (("submit", start, "running", {"tasks": 6, "label": f"client-{job}"}),
-                                         ("end", end, "erred" if dag == 3 else "ok", {"duration": (end - start) / 10})):
+        for event, t, status, fields in (
+            ("submit", start, "running", {"tasks": 6, "label": f"client-{job}"}),
+            ("end", end, "erred" if dag == 3 else "ok", {"duration": (end - start) / 10}),
+        ):
             ids = {"dag": str(dag), "status": status}
             tags = {"host": "node1", "job": str(job), **({} if dag_field else ids)}
-            out.append(Point("dag", tags, {"event": event, **fields, **(ids if dag_field else {})},
-                             T0 + t * STEP - 1))
+            out.append(Point("dag", tags, {"event": event, **fields, **(ids if dag_field else {})}, T0 + t * STEP - 1))
     return out
 
 
@@ -99,8 +135,11 @@ def write_influxd(influxd, database: str, dag_field: bool = False) -> None:
 def write_spool(root, dag_field: bool = False) -> str:
     """One session folder under ``root`` written by the spool sink, as workers and scheduler do; returns root."""
     session = os.path.join(os.fspath(root), "20251123T120000-000001")
-    for name, points in (("w0", worker_points(0, dag_field)), ("w1", worker_points(1, dag_field)),
-                         ("scheduler", dag_points(dag_field))):
+    for name, points in (
+        ("w0", worker_points(0, dag_field)),
+        ("w1", worker_points(1, dag_field)),
+        ("scheduler", dag_points(dag_field)),
+    ):
         sink = SpoolSink(os.path.join(session, name))
         sink.send(lineprotocol.encode_many(points))
         sink.close()
@@ -117,9 +156,12 @@ def flux_answer(points: list[Point]) -> str:
         fields = sorted({f for p in group for f in p.fields})
         kinds = ["string" if isinstance(group[0].fields.get(f, ""), str) else "double" for f in fields]
         columns = ["_time"] + [k for k, _ in tags] + fields
-        rows = [f"#datatype,string,long,dateTime:RFC3339,{','.join(['string'] * len(tags) + kinds)}",
-                "#group,false,false,false," + ",".join(["true"] * len(tags) + ["false"] * len(fields)),
-                "#default,_result,,," + "," * (len(columns) - 2), ",result,table," + ",".join(columns)]
+        rows = [
+            f"#datatype,string,long,dateTime:RFC3339,{','.join(['string'] * len(tags) + kinds)}",
+            "#group,false,false,false," + ",".join(["true"] * len(tags) + ["false"] * len(fields)),
+            "#default,_result,,," + "," * (len(columns) - 2),
+            ",result,table," + ",".join(columns),
+        ]
         for p in group:
             seconds, nanos = divmod(p.time_ns, 1_000_000_000)
             when = f"{_utc(seconds)}.{nanos:09d}Z"

@@ -13,7 +13,6 @@ import os
 import re
 
 import pytest
-
 from fluxcheck import ROOT, fenced_blocks
 
 with open(os.path.join(ROOT, "docs", "queries.md")) as _f:

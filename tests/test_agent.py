@@ -47,8 +47,9 @@ def index_plus_one(worker, handle):
 
 @pytest.fixture
 def monitor(client, tmp_path):
-    m = Monitor(client, sink="spool", spool_directory=str(tmp_path), gpu_source="simulated", gpu_count=2,
-                flush_interval=0.1)
+    m = Monitor(
+        client, sink="spool", spool_directory=str(tmp_path), gpu_source="simulated", gpu_count=2, flush_interval=0.1
+    )
     yield m
     if m.jobs()["session"]:  # the test did not stop it
         m.stop()
@@ -56,6 +57,7 @@ def monitor(client, tmp_path):
 
 def agents(client) -> dict:
     """{worker address: (worker pid, agent pid from its beat, or None)}."""
+
     def get(dask_worker):
         link = dask_worker.plugins["influx-metrics"].link
         beat = link.beat() if link else None
@@ -78,11 +80,11 @@ def test_one_agent_samples_every_worker_with_its_own_tags(cluster, client, monit
     found = agents(client)
     (agent,) = {a for _, a in found.values()}
     assert agent not in {w for w, _ in found.values()} and "dask_influx_metrics.agent" in " ".join(
-        psutil.Process(agent).cmdline()), "one agent process for the host's workers"
+        psutil.Process(agent).cmdline()
+    ), "one agent process for the host's workers"
     assert {d["gpu"]["gpu"] for w, d in session["destinations"].items() if w != "scheduler"} == {"simulated"}
     ballast = next(iter(found))  # this worker grows by 300 MiB; the others do not
-    client.run(lambda dask_worker: setattr(dask_worker, "_ballast", bytearray(b"\1") * (300 << 20)),
-               workers=[ballast])
+    client.run(lambda dask_worker: setattr(dask_worker, "_ballast", bytearray(b"\1") * (300 << 20)), workers=[ballast])
     with Client(cluster) as a, Client(cluster) as b:
         fa = a.map(slow, range(6), key=[f"a-{i}" for i in range(6)])
         fb = b.map(slow, range(6), key=[f"b-{i}" for i in range(6)])
@@ -100,8 +102,9 @@ def test_one_agent_samples_every_worker_with_its_own_tags(cluster, client, monit
     rss = {w: max(p.fields["rss"] for p in points(tmp_path, "worker") if p.tags["worker"] == w) for w in found}
     assert rss[ballast] > 300 << 20 > max(r for w, r in rss.items() if w != ballast)
     uuids = client.run(simulated_uuid, 1)
-    assert {(p.tags["worker"], p.tags["uuid"]) for p in points(tmp_path, "gpu") if p.tags["index"] == "1"} == \
-        set(uuids.items())  # each worker's own simulated devices
+    assert {(p.tags["worker"], p.tags["uuid"]) for p in points(tmp_path, "gpu") if p.tags["index"] == "1"} == set(
+        uuids.items()
+    )  # each worker's own simulated devices
     hosts = points(tmp_path, "host")
     assert len(hosts) == len({p.time_ns for p in hosts}), "the host is written once per sample"
     jobs = {p.tags["job"] for p in hosts if p.tags["dag"] != "0"}
@@ -149,8 +152,11 @@ def test_a_dead_or_hung_agent_is_replaced_within_3_intervals_and_1_s(client, mon
     os.kill(agent, how)
     try:
         wait_until(lambda: {a for _, a in agents(client).values()} - {agent, None}, timeout=10, what="a new agent")
-        wait_until(lambda: any(p.time_ns > at for p in points(tmp_path, "worker") if p.tags["worker"] == worker),
-                   timeout=10, what="samples after")
+        wait_until(
+            lambda: any(p.time_ns > at for p in points(tmp_path, "worker") if p.tags["worker"] == worker),
+            timeout=10,
+            what="samples after",
+        )
     finally:
         if alive(agent):
             os.kill(agent, signal.SIGKILL)
@@ -159,8 +165,11 @@ def test_a_dead_or_hung_agent_is_replaced_within_3_intervals_and_1_s(client, mon
     gap = _gap_after(tmp_path, worker, at)
     print(f"agent {signal.Signals(how).name}: gap {gap:.3f} s (limit {3 * POLL_MS / 1000 + 1:.2f} s)")
     assert gap <= 3 * POLL_MS / 1000 + 1.0
-    wait_until(lambda: any(c.get("dead") and c["agent"] == agent for c in monitor.delivery()[worker]),
-               timeout=5, what="the dead agent's counters kept")
+    wait_until(
+        lambda: any(c.get("dead") and c["agent"] == agent for c in monitor.delivery()[worker]),
+        timeout=5,
+        what="the dead agent's counters kept",
+    )
     monitor.stop()
     events = [e for t, e in client.get_events("influx-metrics") if e.get("what") == "agent" and t >= since]
     assert events and len({e["message"] for e in events}) <= 2, events  # said once (per worker that saw it)
@@ -185,8 +194,14 @@ def test_an_agent_that_cannot_start_is_reported_and_the_worker_samples_itself(cl
 
 
 def test_thread_mode_samples_in_the_worker(client, tmp_path):
-    m = Monitor(client, sink="spool", spool_directory=str(tmp_path), gpu_source="simulated", flush_interval=0.1,
-                sampler_mode="thread")
+    m = Monitor(
+        client,
+        sink="spool",
+        spool_directory=str(tmp_path),
+        gpu_source="simulated",
+        flush_interval=0.1,
+        sampler_mode="thread",
+    )
     m.attach(polling_interval=POLL_MS, tracking=["tasks", "compute-util", "host-cpu"])
     m.start()
     assert {a for _, a in agents(client).values()} == {None}
@@ -203,8 +218,11 @@ def test_a_killed_worker_is_forgotten_and_its_restart_joins_the_agent(cluster, c
     (agent,) = {a for _, a in before.values()}
     victim, (victim_pid, _) = next(iter(before.items()))
     os.kill(victim_pid, signal.SIGKILL)  # the nanny starts a new worker process
-    wait_until(lambda: victim_pid not in {w for w, _ in agents(client).values()} and len(agents(client)) == 2,
-               timeout=60, what="the restarted worker")
+    wait_until(
+        lambda: victim_pid not in {w for w, _ in agents(client).values()} and len(agents(client)) == 2,
+        timeout=60,
+        what="the restarted worker",
+    )
     assert {a for _, a in agents(client).values()} == {agent}, "the same agent samples the new worker"
     folder = runfolder.session_folder(monitor.jobs()["session"]["id"])
     wait_until(lambda: str(victim_pid) not in runfolder.worker_files(folder), timeout=5, what="the dead one forgotten")
@@ -223,12 +241,24 @@ def test_agents_that_keep_dying_make_the_workers_sample_in_process(client, monit
     try:
         since = time.time()
         os.kill(agent, signal.SIGKILL)
-        wait_until(lambda: all(s for s in client.run(lambda dask_worker: dask_worker.plugins[
-            "influx-metrics"].sampler is not None and dask_worker.plugins["influx-metrics"].link is None).values()),
-            timeout=20, what="every worker sampling in-process")
+        wait_until(
+            lambda: all(
+                s
+                for s in client.run(
+                    lambda dask_worker: (
+                        dask_worker.plugins["influx-metrics"].sampler is not None
+                        and dask_worker.plugins["influx-metrics"].link is None
+                    )
+                ).values()
+            ),
+            timeout=20,
+            what="every worker sampling in-process",
+        )
         at = time.time_ns()
-        wait_until(lambda: {p.tags["worker"] for p in points(tmp_path, "worker") if p.time_ns > at} == set(old),
-                   what="in-process samples")
+        wait_until(
+            lambda: {p.tags["worker"] for p in points(tmp_path, "worker") if p.time_ns > at} == set(old),
+            what="in-process samples",
+        )
     finally:
         for address, path in old.items():
             client.run(break_python, path=path, workers=[address])
@@ -239,6 +269,7 @@ def test_agents_that_keep_dying_make_the_workers_sample_in_process(client, monit
 
 def test_a_worker_the_agent_cannot_see_samples_in_process(client, monitor, tmp_path):
     """Another PID namespace (containers sharing /dev/shm only): the agent would read another process."""
+
     def pretend(dask_worker, on: bool):
         from dask_influx_metrics import runfolder
 
@@ -252,8 +283,10 @@ def test_a_worker_the_agent_cannot_see_samples_in_process(client, monitor, tmp_p
         monitor.attach(polling_interval=POLL_MS, tracking=["tasks"])
         monitor.start()
         assert {a for _, a in agents(client).values()} == {None}, "no worker stays with the agent"
-        wait_until(lambda: {p.tags["worker"] for p in points(tmp_path, "worker")}
-                   == set(client.scheduler_info()["workers"]), what="in-process samples")
+        wait_until(
+            lambda: {p.tags["worker"] for p in points(tmp_path, "worker")} == set(client.scheduler_info()["workers"]),
+            what="in-process samples",
+        )
         monitor.stop()
     finally:
         client.run(pretend, on=False)

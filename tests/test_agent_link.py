@@ -34,22 +34,39 @@ def points(directory, measurement="worker"):
 @pytest.fixture
 def config(tmp_path):
     def make(**overrides):
-        settings = Settings.resolve({"sink": "spool", "spool.directory": str(tmp_path), "gpu.source": "simulated",
-                                     "polling-interval": 50, "spool.flush-interval": 0.1, **overrides})
+        settings = Settings.resolve(
+            {
+                "sink": "spool",
+                "spool.directory": str(tmp_path),
+                "gpu.source": "simulated",
+                "polling-interval": 50,
+                "spool.flush-interval": 0.1,
+                **overrides,
+            }
+        )
         return {"settings": dataclasses.asdict(settings), "session": f"test-{os.getpid()}-{time.time_ns()}"}
+
     return make
 
 
 def link(config, n, reports=None, running=()):
-    info = {"address": f"tcp://w:{n}", "tags": {"host": "h", "worker": f"tcp://w:{n}"}, "visible": None,
-            "nthreads": 2}
-    return AgentLink(config, info, Activity(running, 2, 0, 0),
-                     lambda what, message, **d: (reports if reports is not None else []).append((what, message)))
+    info = {"address": f"tcp://w:{n}", "tags": {"host": "h", "worker": f"tcp://w:{n}"}, "visible": None, "nthreads": 2}
+    return AgentLink(
+        config,
+        info,
+        Activity(running, 2, 0, 0),
+        lambda what, message, **d: (reports if reports is not None else []).append((what, message)),
+    )
 
 
 def agent_processes(folder):
-    return [p for p in psutil.process_iter(["cmdline"]) if "dask_influx_metrics.agent" in " ".join(p.info["cmdline"] or [])
-            and p.status() != psutil.STATUS_ZOMBIE and os.path.exists(os.path.join(folder, runfolder.BEAT))]
+    return [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "dask_influx_metrics.agent" in " ".join(p.info["cmdline"] or [])
+        and p.status() != psutil.STATUS_ZOMBIE
+        and os.path.exists(os.path.join(folder, runfolder.BEAT))
+    ]
 
 
 def test_workers_starting_at_once_leave_exactly_one_agent_which_exits_with_the_last(config):
@@ -74,8 +91,10 @@ def test_workers_starting_at_once_leave_exactly_one_agent_which_exits_with_the_l
         x.leave()
     assert psutil.pid_exists(pid), "the agent outlives any one worker"
     links[-1].leave()
-    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
-               what="the agent exits with the last worker")
+    wait_until(
+        lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
+        what="the agent exits with the last worker",
+    )
     wait_until(lambda: not os.path.exists(folder), what="its run folder removed")
 
 
@@ -85,8 +104,11 @@ def test_a_task_on_an_idle_worker_wakes_the_agent_and_leave_samples_unsampled_ta
         wait_until(lambda: w.beat() and w.beat()["samples"] >= 1, what="the first (idle) sample")
         w.publisher.started("first", 1, 5)
         w.wake()
-        wait_until(lambda: any(p.tags["dag"] == "5" for p in points(tmp_path)), timeout=4,
-                   what="the woken sample, long before the next tick")
+        wait_until(
+            lambda: any(p.tags["dag"] == "5" for p in points(tmp_path)),
+            timeout=4,
+            what="the woken sample, long before the next tick",
+        )
         w.publisher.ended("first")
         w.publisher.started("brief", 2, 6)
         w.publisher.ended("brief")

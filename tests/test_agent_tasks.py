@@ -29,8 +29,13 @@ def test_running_json_follows_the_executing_keys_across_samples():
     cache = CachedActivity(reg)
     source = TaskSource(fields_for(["tasks"]), cache)
     seen = []
-    for step in (lambda: reg.started("a", 1, 1), lambda: None, lambda: reg.started(("b", 0), 1, 1),
-                 lambda: reg.finished("a"), lambda: reg.finished(("b", 0))):
+    for step in (
+        lambda: reg.started("a", 1, 1),
+        lambda: None,
+        lambda: reg.started(("b", 0), 1, 1),
+        lambda: reg.finished("a"),
+        lambda: reg.finished(("b", 0)),
+    ):
         step()
         cache.refresh()
         fields = source.read()

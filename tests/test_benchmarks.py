@@ -11,8 +11,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_quick_benchmarks_run(tmp_path):
     out = tmp_path / "bench.json"
     only = "sampler,encode,memory,query,hostonce"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", only,
-                           "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", only, "--output", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert not result["crashed"]
@@ -25,8 +30,24 @@ def test_gpu_source_nvml_runs_or_skips_cleanly(tmp_path):
     from dask_influx_metrics.agent.sources.nvml_devices import nvml_available
 
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "sampler", "--gpu-source", "nvml",
-                           "--output", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--quick",
+            "--only",
+            "sampler",
+            "--gpu-source",
+            "nvml",
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     if nvml_available():
@@ -45,9 +66,25 @@ def test_gpu_source_nvml_reads_the_replayed_h100(tmp_path):
     out = tmp_path / "bench.json"
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     env.update(replay_env(tmp_path, worker_pid=1))
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "sampler,gaps",
-                           "--gpu-source", "nvml", "--output", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks",
+            "--quick",
+            "--only",
+            "sampler,gaps",
+            "--gpu-source",
+            "nvml",
+            "--output",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = result["rows"]

@@ -27,8 +27,10 @@ def monitored(monitored_both):
 def sources(monitored):
     """CLI arguments (and the matching ``query.connect`` kwargs) for each kind of source."""
     return {
-        "influxql": (["--source", monitored.influxd.url, "--database", monitored.database, "--tag", f"run={monitored.run}"],
-                     {"source": monitored.influxd.url, "database": monitored.database, "tags": {"run": monitored.run}}),
+        "influxql": (
+            ["--source", monitored.influxd.url, "--database", monitored.database, "--tag", f"run={monitored.run}"],
+            {"source": monitored.influxd.url, "database": monitored.database, "tags": {"run": monitored.run}},
+        ),
         "spool": (["--source", monitored.spool], {"source": monitored.spool}),
     }
 
@@ -68,8 +70,13 @@ def test_peaks_json_equals_get_peaks(sources, kind, extra):
     got = json.loads(ok("peaks", "compute-util", "--format", "json", *extra, *args).stdout)
     db = query.connect(**kwargs)
     per_job = "--whole" not in extra
-    expected = db.get_peaks("compute-util", per_job=per_job, workers=[1] if "--workers" in extra else None,
-                            job=2 if "--job" in extra else None, server="--client-side" not in extra)
+    expected = db.get_peaks(
+        "compute-util",
+        per_job=per_job,
+        workers=[1] if "--workers" in extra else None,
+        job=2 if "--job" in extra else None,
+        server="--client-side" not in extra,
+    )
     assert got == json.loads(json.dumps(expected)) and got
 
 
@@ -96,7 +103,11 @@ def test_export(sources, monitored, kind, tmp_path):
     (out).mkdir()
     (out / "worker_9.csv").write_text("stale")
     result = ok("export", out, "--clear-dir", "--metrics", "compute-util,mem-util", "--job", 2, *sources[kind][0])
-    assert result.stdout.splitlines() == [str(out / "worker_0.csv"), str(out / "worker_1.csv"), str(out / "workers.csv")]
+    assert result.stdout.splitlines() == [
+        str(out / "worker_0.csv"),
+        str(out / "worker_1.csv"),
+        str(out / "workers.csv"),
+    ]
     assert sorted(os.listdir(out)) == ["worker_0.csv", "worker_1.csv", "workers.csv"]
     assert "reading worker 0/2" in result.stderr and "reading worker 2/2" in result.stderr
     assert list(pd.read_csv(out / "workers.csv")["worker"]) == monitored.workers
@@ -114,8 +125,23 @@ def test_plot_from_source(sources, kind, tmp_path):
     pytest.importorskip("dask_influx_metrics.visualize")
     pytest.importorskip("matplotlib")
     out = tmp_path / f"{kind}.png"
-    result = ok("plot", kind, "--job", 1, "--worker", 1, "--freq", 5, "--width", 6, "--height", 4,
-                "--out", out, *sources["influxql"][0])
+    result = ok(
+        "plot",
+        kind,
+        "--job",
+        1,
+        "--worker",
+        1,
+        "--freq",
+        5,
+        "--width",
+        6,
+        "--height",
+        4,
+        "--out",
+        out,
+        *sources["influxql"][0],
+    )
     assert result.stdout == f"{out}\n" and _is_png(out)
 
 
@@ -124,16 +150,37 @@ def test_plot_from_csv(sources, tmp_path):
     pytest.importorskip("matplotlib")
     ok("export", tmp_path, *sources["spool"][0])
     out = tmp_path / "boxes.png"
-    ok("plot", "boxes", "--job", 2, "--csv", tmp_path / "worker_0.csv", "--metrics", "compute-util",
-       "--width", 6, "--height", 4, "--out", out)
+    ok(
+        "plot",
+        "boxes",
+        "--job",
+        2,
+        "--csv",
+        tmp_path / "worker_0.csv",
+        "--metrics",
+        "compute-util",
+        "--width",
+        6,
+        "--height",
+        4,
+        "--out",
+        out,
+    )
     assert _is_png(out)
     result = run("plot", "lines", "--job", 2, "--csv", tmp_path / "worker_0.csv", "--worker", 0, "--out", out)
     assert result.exit_code == 2 and "give --worker or --csv, not both" in result.stderr
 
 
-@pytest.mark.parametrize("args", [["dags", "--job", 7], ["peaks", "compute-util", "--job", 7],
-                                  ["export", "{tmp}", "--job", 7], ["summary", "--job", 7],
-                                  ["plot", "lines", "--job", 7, "--out", "{tmp}/x.png"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["dags", "--job", 7],
+        ["peaks", "compute-util", "--job", 7],
+        ["export", "{tmp}", "--job", 7],
+        ["summary", "--job", 7],
+        ["plot", "lines", "--job", 7, "--out", "{tmp}/x.png"],
+    ],
+)
 def test_bad_job_lists_jobs(sources, args, tmp_path):
     if args[0] == "plot":
         pytest.importorskip("dask_influx_metrics.visualize")
@@ -166,8 +213,19 @@ def test_source_from_environment_and_config(monitored):
     import dask
 
     session = os.listdir(monitored.spool)[0]
-    assert ok("jobs", "--session", session, "--start", 0, "--stop", "2100-01-01T00:00:00Z",
-              env={SOURCE_ENV: monitored.spool}).stdout == "1\n2\n"
+    assert (
+        ok(
+            "jobs",
+            "--session",
+            session,
+            "--start",
+            0,
+            "--stop",
+            "2100-01-01T00:00:00Z",
+            env={SOURCE_ENV: monitored.spool},
+        ).stdout
+        == "1\n2\n"
+    )
     result = run("jobs", "--session", "nope", env={SOURCE_ENV: monitored.spool})
     assert result.exit_code == 2 and result.stderr.startswith("error: ") and "nope" in result.stderr
     assert ok("jobs", env={SOURCE_ENV: monitored.spool}).stdout == "1\n2\n"
@@ -186,11 +244,15 @@ def test_every_option_has_help():
         assert "Example" in command.help, name
 
 
-@pytest.mark.parametrize("argv, usage", [
-    ([os.path.join(BIN, "dask-influx-metrics")], "dask-influx-metrics"),
-    ([sys.executable, "-m", "dask_influx_metrics"], "python -m dask_influx_metrics"),
-    ([os.path.join(BIN, "dask"), "influx-metrics"], "dask influx-metrics"),
-], ids=["console-script", "python-m", "dask-cli"])
+@pytest.mark.parametrize(
+    "argv, usage",
+    [
+        ([os.path.join(BIN, "dask-influx-metrics")], "dask-influx-metrics"),
+        ([sys.executable, "-m", "dask_influx_metrics"], "python -m dask_influx_metrics"),
+        ([os.path.join(BIN, "dask"), "influx-metrics"], "dask influx-metrics"),
+    ],
+    ids=["console-script", "python-m", "dask-cli"],
+)
 def test_entry_points(argv, usage):
     if not os.path.exists(argv[0]):
         pytest.skip(f"{argv[0]} is not installed (pip install -e .)")
@@ -198,7 +260,8 @@ def test_entry_points(argv, usage):
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"Usage: {usage} [OPTIONS] COMMAND")
     assert {"workers", "jobs", "dags", "metrics", "peaks", "summary", "export", "plot"} <= {
-        line.split()[0] for line in done.stdout.split("Commands:")[1].splitlines() if line.strip()}
+        line.split()[0] for line in done.stdout.split("Commands:")[1].splitlines() if line.strip()
+    }
     assert "Warning" not in done.stderr
 
 
@@ -207,8 +270,12 @@ def test_tasks_activity_and_report(monitored, tmp_path):
 
     spool = task_points.write_spool(tmp_path / "spool")
     rows = pd.read_csv(io.StringIO(ok("tasks", "--format", "csv", "--source", spool).stdout))
-    assert rows[["job", "prefix", "tasks"]].values.tolist() == [[1, "matmul", 4], [1, "load", 6],
-                                                              [2, "matmul", 10], [2, "sum", 2]]
+    assert rows[["job", "prefix", "tasks"]].values.tolist() == [
+        [1, "matmul", 4],
+        [1, "load", 6],
+        [2, "matmul", 10],
+        [2, "sum", 2],
+    ]
     per_dag = json.loads(ok("tasks", "--job", 1, "--per-dag", "--format", "json", "--source", spool).stdout)
     assert [(r["dag"], r["prefix"]) for r in per_dag] == [(2, "matmul"), (1, "load")]
     table = ok("activity", "--job", 2, "--source", spool).stdout.splitlines()
@@ -228,4 +295,6 @@ def test_tasks_activity_and_report(monitored, tmp_path):
     sink.send(lineprotocol.encode_many([p for p in task_points.worker_points(0) if p.measurement in ("gpu", "worker")]))
     sink.close()
     missing = run("tasks", "--source", tmp_path / "bare")
-    assert missing.exit_code == 2 and missing.stderr.startswith("error: no task stream recorded: tracking `task-stream`")
+    assert missing.exit_code == 2 and missing.stderr.startswith(
+        "error: no task stream recorded: tracking `task-stream`"
+    )

@@ -5,12 +5,11 @@ import time
 
 import pandas as pd
 import pytest
-
 from click.testing import CliRunner
 
 from dask_influx_metrics import Monitor
-from dask_influx_metrics.client.cli import cli
 from dask_influx_metrics.client import sources
+from dask_influx_metrics.client.cli import cli
 
 
 @pytest.fixture
@@ -49,8 +48,13 @@ def test_spool_through_the_cluster_equals_the_folder(processes, tmp_path):
 
 
 def test_a_spool_folder_not_visible_here_is_read_through_the_cluster(tmp_path):
-    elsewhere = {"sinks": ["spool"], "telegraf": None, "influxdb": None, "host": "other-host",
-                 "spool": str(tmp_path / "not-here" / "s1" / "tcp-10.0.0.2-4000")}
+    elsewhere = {
+        "sinks": ["spool"],
+        "telegraf": None,
+        "influxdb": None,
+        "host": "other-host",
+        "spool": str(tmp_path / "not-here" / "s1" / "tcp-10.0.0.2-4000"),
+    }
     assert sources.pick([elsewhere]) == ("cluster", None)
     os.makedirs(elsewhere["spool"])
     assert sources.pick([elsewhere]) == ("spool", None)
@@ -60,8 +64,9 @@ def test_destinations_set_only_in_the_workers_environment_are_used_and_read(dask
     """Workers configured by environment (Telegraf and InfluxDB), the client by nothing: the samples go
     over UDP and the client reads them back from the InfluxDB the workers named."""
     host, port = influxd.udp_address
-    client = dask_processes({"DASK_INFLUX_METRICS__TELEGRAF__ADDRESS": f"{host}:{port}",
-                             "DASK_INFLUX_METRICS__INFLUXDB__URL": influxd.url})
+    client = dask_processes(
+        {"DASK_INFLUX_METRICS__TELEGRAF__ADDRESS": f"{host}:{port}", "DASK_INFLUX_METRICS__INFLUXDB__URL": influxd.url}
+    )
     run = os.urandom(5).hex()
     monitor = Monitor(client, gpu_source="simulated", tags={"run": run})
     monitor.attach(polling_interval=50)

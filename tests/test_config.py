@@ -37,30 +37,36 @@ def test_env_variables_reach_settings(monkeypatch):
         dask.config.refresh()
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"polling-interval": 0}, "polling-interval"),
-    ({"polling-interval": -5}, "polling-interval"),
-    ({"tracking": ["compute-util", "gpu-magic"]}, "gpu-magic"),
-    ({"telegraf.address": "nohostport"}, "telegraf.address"),
-    ({"telegraf.address": "host:99999"}, "telegraf.address"),
-    ({"sink": "kafka"}, "sink"),
-    ({"gpu.source": "cuda"}, "gpu.source"),
-    ({"job-type": "auto"}, "job-type"),
-    ({"gpu.count": 0}, "gpu.count"),
-    ({"sampler.host-refresh": 0}, "sampler.host-refresh"),
-    ({"tags": {"worker": "x"}}, "tags"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"polling-interval": 0}, "polling-interval"),
+        ({"polling-interval": -5}, "polling-interval"),
+        ({"tracking": ["compute-util", "gpu-magic"]}, "gpu-magic"),
+        ({"telegraf.address": "nohostport"}, "telegraf.address"),
+        ({"telegraf.address": "host:99999"}, "telegraf.address"),
+        ({"sink": "kafka"}, "sink"),
+        ({"gpu.source": "cuda"}, "gpu.source"),
+        ({"job-type": "auto"}, "job-type"),
+        ({"gpu.count": 0}, "gpu.count"),
+        ({"sampler.host-refresh": 0}, "sampler.host-refresh"),
+        ({"tags": {"worker": "x"}}, "tags"),
+    ],
+)
 def test_bad_settings_name_the_key(overrides, message):
     with pytest.raises(ValueError, match=message):
         Settings.resolve(overrides)
 
 
-@pytest.mark.parametrize("overrides, mode", [
-    ({}, "agent"),
-    ({"sampler.mode": "thread"}, "thread"),
-    ({"sampler.mode": "agent"}, "agent"),
-    (overrides_from_kwargs(sampler_mode="thread"), "thread"),
-])
+@pytest.mark.parametrize(
+    "overrides, mode",
+    [
+        ({}, "agent"),
+        ({"sampler.mode": "thread"}, "thread"),
+        ({"sampler.mode": "agent"}, "agent"),
+        (overrides_from_kwargs(sampler_mode="thread"), "thread"),
+    ],
+)
 def test_sampler_mode_is_agent_or_thread(overrides, mode):
     assert Settings.resolve(overrides).sampler_mode == mode
 
@@ -76,20 +82,24 @@ def test_sampler_mode_from_an_environment_variable(monkeypatch):
 
 
 def test_unknown_sampler_mode_names_the_key_and_the_choices():
-    with pytest.raises(ValueError, match=re.escape(
-            "influx-metrics.sampler.mode must be one of ('agent', 'thread'), got 'sidecar'")):
+    with pytest.raises(
+        ValueError, match=re.escape("influx-metrics.sampler.mode must be one of ('agent', 'thread'), got 'sidecar'")
+    ):
         Settings.resolve({"sampler.mode": "sidecar"})
 
 
 REMOVED = "influx-metrics.{} was removed; use influx-metrics.sampler.mode"
 
 
-@pytest.mark.parametrize("overrides, key", [
-    ({"sampler.isolate": False}, "sampler.isolate"),
-    ({"sampler.isolate": True}, "sampler.isolate"),
-    ({"sampler.host-once": True}, "sampler.host-once"),
-    ({"sampler.host_once": False}, "sampler.host-once"),
-])
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"sampler.isolate": False}, "sampler.isolate"),
+        ({"sampler.isolate": True}, "sampler.isolate"),
+        ({"sampler.host-once": True}, "sampler.host-once"),
+        ({"sampler.host_once": False}, "sampler.host-once"),
+    ],
+)
 def test_removed_sampler_settings_as_overrides_name_sampler_mode(overrides, key):
     with pytest.raises(ValueError, match=re.escape(REMOVED.format(key))):
         Settings.resolve(overrides)
@@ -101,10 +111,13 @@ def test_removed_sampler_settings_in_dask_config_name_sampler_mode():
             Settings.resolve()
 
 
-@pytest.mark.parametrize("var, key", [
-    ("DASK_INFLUX_METRICS__SAMPLER__ISOLATE", "sampler.isolate"),
-    ("DASK_INFLUX_METRICS__SAMPLER__HOST_ONCE", "sampler.host-once"),
-])
+@pytest.mark.parametrize(
+    "var, key",
+    [
+        ("DASK_INFLUX_METRICS__SAMPLER__ISOLATE", "sampler.isolate"),
+        ("DASK_INFLUX_METRICS__SAMPLER__HOST_ONCE", "sampler.host-once"),
+    ],
+)
 def test_removed_sampler_settings_as_environment_variables_name_sampler_mode(monkeypatch, var, key):
     monkeypatch.setenv(var, "false")
     dask.config.refresh()
@@ -148,8 +161,10 @@ def test_hyphenated_keys_set_from_environment_variables(monkeypatch):
 
 # --- one declaration per setting: the YAML file, docs/settings.md and the keywords come from config.SETTINGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REGENERATE = ('regenerate: python -c "from dask_influx_metrics import config; '
-              'print(config.defaults_yaml(), end=\'\')" > dask_influx_metrics/influx-metrics.yaml')
+REGENERATE = (
+    'regenerate: python -c "from dask_influx_metrics import config; '
+    'print(config.defaults_yaml(), end=\'\')" > dask_influx_metrics/influx-metrics.yaml'
+)
 
 
 def test_shipped_yaml_is_generated_from_the_table():
@@ -171,9 +186,27 @@ def test_every_setting_is_an_attribute_a_keyword_and_a_default():
         assert hasattr(s, setting.attr)
         assert all(config.KWARGS[k] == setting.key for k in setting.kwargs)
         assert dask.config.get(f"influx-metrics.{setting.key}") == setting.default
-    old_keywords = {"polling_interval", "tracking", "job_type", "sink", "tags", "telegraf_address", "max_datagram",
-                    "influxdb_url", "database", "retention_policy", "username", "password", "token",
-                    "spool_directory", "dump_loc", "mem_limit", "flush_interval", "gpu_source", "gpu_count"}
+    old_keywords = {
+        "polling_interval",
+        "tracking",
+        "job_type",
+        "sink",
+        "tags",
+        "telegraf_address",
+        "max_datagram",
+        "influxdb_url",
+        "database",
+        "retention_policy",
+        "username",
+        "password",
+        "token",
+        "spool_directory",
+        "dump_loc",
+        "mem_limit",
+        "flush_interval",
+        "gpu_source",
+        "gpu_count",
+    }
     assert old_keywords <= set(config.KWARGS)
     assert {"batch_size", "http_timeout", "sampler_mode"} <= set(config.KWARGS)  # new: every setting has a keyword
 
@@ -199,29 +232,36 @@ SECONDS = "must be a positive, finite number of seconds, got"
 URL = "influx-metrics.influxdb.url must be an http:// or https:// URL"
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"polling-interval": 0.5}, "influx-metrics.polling-interval must be a number of ms from 1 to 60000, got 0.5"),
-    ({"polling-interval": float("inf")}, "influx-metrics.polling-interval must be a number of ms from 1 to 60000, got inf"),
-    ({"spool.flush-interval": float("nan")}, f"influx-metrics.spool.flush-interval {SECONDS} nan"),
-    ({"spool.flush-interval": float("inf")}, f"influx-metrics.spool.flush-interval {SECONDS} inf"),
-    ({"spool.flush-interval": 0}, f"influx-metrics.spool.flush-interval {SECONDS} 0"),
-    ({"spool.flush-interval": -1}, f"influx-metrics.spool.flush-interval {SECONDS} -1"),
-    ({"influxdb.timeout": 0}, f"influx-metrics.influxdb.timeout {SECONDS} 0"),
-    ({"influxdb.timeout": -2.5}, f"influx-metrics.influxdb.timeout {SECONDS} -2.5"),
-    ({"influxdb.timeout": "inf"}, f"influx-metrics.influxdb.timeout {SECONDS} 'inf'"),
-    ({"gpu.count": 65}, "influx-metrics.gpu.count must be an integer from 1 to 64, got 65"),
-    ({"gpu.count": 2.5}, "influx-metrics.gpu.count must be an integer from 1 to 64, got 2.5"),
-    ({"influxdb.url": "ftp://db:8086"},
-     f"{URL} with a host, e.g. http://127.0.0.1:8086, got 'ftp://db:8086'"),
-    ({"influxdb.url": "127.0.0.1:8086"}, URL),
-    ({"influxdb.url": "http://"}, URL),
-    ({"influxdb.url": "", "sink": "http"}, "influx-metrics.influxdb.url must be set for the http sink, got ''"),
-    ({"influxdb.database": ""}, "influx-metrics.influxdb.database must be a non-empty string, got ''"),
-    ({"polling_intervall": 5}, "unknown influx-metrics setting(s) ['polling_intervall']"),
-    ({"telegraf.max-datagram": 65508},
-     "influx-metrics.telegraf.max-datagram must be 'auto' or a number of bytes from 1 to 65507, got 65508"),
-    ({"telegraf.max-datagram": "big"}, "telegraf.max-datagram must be 'auto' or a number of bytes"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"polling-interval": 0.5}, "influx-metrics.polling-interval must be a number of ms from 1 to 60000, got 0.5"),
+        (
+            {"polling-interval": float("inf")},
+            "influx-metrics.polling-interval must be a number of ms from 1 to 60000, got inf",
+        ),
+        ({"spool.flush-interval": float("nan")}, f"influx-metrics.spool.flush-interval {SECONDS} nan"),
+        ({"spool.flush-interval": float("inf")}, f"influx-metrics.spool.flush-interval {SECONDS} inf"),
+        ({"spool.flush-interval": 0}, f"influx-metrics.spool.flush-interval {SECONDS} 0"),
+        ({"spool.flush-interval": -1}, f"influx-metrics.spool.flush-interval {SECONDS} -1"),
+        ({"influxdb.timeout": 0}, f"influx-metrics.influxdb.timeout {SECONDS} 0"),
+        ({"influxdb.timeout": -2.5}, f"influx-metrics.influxdb.timeout {SECONDS} -2.5"),
+        ({"influxdb.timeout": "inf"}, f"influx-metrics.influxdb.timeout {SECONDS} 'inf'"),
+        ({"gpu.count": 65}, "influx-metrics.gpu.count must be an integer from 1 to 64, got 65"),
+        ({"gpu.count": 2.5}, "influx-metrics.gpu.count must be an integer from 1 to 64, got 2.5"),
+        ({"influxdb.url": "ftp://db:8086"}, f"{URL} with a host, e.g. http://127.0.0.1:8086, got 'ftp://db:8086'"),
+        ({"influxdb.url": "127.0.0.1:8086"}, URL),
+        ({"influxdb.url": "http://"}, URL),
+        ({"influxdb.url": "", "sink": "http"}, "influx-metrics.influxdb.url must be set for the http sink, got ''"),
+        ({"influxdb.database": ""}, "influx-metrics.influxdb.database must be a non-empty string, got ''"),
+        ({"polling_intervall": 5}, "unknown influx-metrics setting(s) ['polling_intervall']"),
+        (
+            {"telegraf.max-datagram": 65508},
+            "influx-metrics.telegraf.max-datagram must be 'auto' or a number of bytes from 1 to 65507, got 65508",
+        ),
+        ({"telegraf.max-datagram": "big"}, "telegraf.max-datagram must be 'auto' or a number of bytes"),
+    ],
+)
 def test_values_that_cannot_be_honoured_are_refused(overrides, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         Settings.resolve(overrides)
@@ -243,8 +283,9 @@ UNRESOLVABLE = "x" * 64 + ".invalid:8094"
 
 def test_session_refuses_a_telegraf_host_that_does_not_resolve():
     assert Settings.resolve({"sink": "udp", "telegraf.address": UNRESOLVABLE})  # workers never look it up
-    with pytest.raises(ValueError, match=re.escape(
-            f"influx-metrics.telegraf.address names a host that does not resolve (")) as e:
+    with pytest.raises(
+        ValueError, match=re.escape("influx-metrics.telegraf.address names a host that does not resolve (")
+    ) as e:
         Settings.for_session({"sink": "udp", "telegraf.address": UNRESOLVABLE})
     assert str(e.value).endswith(f"got {UNRESOLVABLE!r}")
     assert Settings.for_session({"sink": "udp", "telegraf.address": "localhost:8094"}).sinks == ("udp",)
@@ -254,25 +295,28 @@ def test_telegraf_host_is_only_looked_up_for_the_udp_sink():
     assert Settings.for_session({"sink": "spool", "telegraf.address": UNRESOLVABLE}).sinks == ("spool",)
 
 
-@pytest.mark.parametrize("tags, message", [
-    ({"time": "x"}, "'time'.*reserved"),
-    ({"status": "x"}, "'status'.*reserved"),
-    ({"running": "x"}, "'running'.*reserved"),  # a field name: queries could not tell them apart
-    ({"cpu_percent": "x"}, "'cpu_percent'.*reserved"),
-    ({"_start": "x"}, "'_start'.*reserved"),
-    ({"": "x"}, "empty tag key"),
-    ({"run": ""}, "'run'.*empty"),
-    ({"run": None}, "'run'.*empty"),
-    ({"run": "x" * 1025}, "'run'.*1025 bytes.*1024"),
-    ({"k" * 1025: "x"}, "1025 bytes.*1024"),
-    ({"run": "ends in \\"}, "'run'.*backslash"),
-    ({"run": {"nested": 1}}, "'run'.*str"),
-    # issue 23 item 11: stored as a space, the Monitor could no longer read its own session
-    ({"run": "a\nb"}, r"'run'.*control character\(s\) '\\n'.*read back"),
-    ({"run": "tab\there\x7f"}, r"'run'.*'\\t', '\\x7f'"),
-    ({"r\x01un": "x"}, "tag key.*control character"),
-    (["run"], "mapping"),
-])
+@pytest.mark.parametrize(
+    "tags, message",
+    [
+        ({"time": "x"}, "'time'.*reserved"),
+        ({"status": "x"}, "'status'.*reserved"),
+        ({"running": "x"}, "'running'.*reserved"),  # a field name: queries could not tell them apart
+        ({"cpu_percent": "x"}, "'cpu_percent'.*reserved"),
+        ({"_start": "x"}, "'_start'.*reserved"),
+        ({"": "x"}, "empty tag key"),
+        ({"run": ""}, "'run'.*empty"),
+        ({"run": None}, "'run'.*empty"),
+        ({"run": "x" * 1025}, "'run'.*1025 bytes.*1024"),
+        ({"k" * 1025: "x"}, "1025 bytes.*1024"),
+        ({"run": "ends in \\"}, "'run'.*backslash"),
+        ({"run": {"nested": 1}}, "'run'.*str"),
+        # issue 23 item 11: stored as a space, the Monitor could no longer read its own session
+        ({"run": "a\nb"}, r"'run'.*control character\(s\) '\\n'.*read back"),
+        ({"run": "tab\there\x7f"}, r"'run'.*'\\t', '\\x7f'"),
+        ({"r\x01un": "x"}, "tag key.*control character"),
+        (["run"], "mapping"),
+    ],
+)
 def test_bad_tags_are_refused_naming_the_tag(tags, message):
     with pytest.raises(ValueError, match=message):
         Settings.resolve({"tags": tags})
@@ -310,18 +354,21 @@ def test_gpu_source_none_from_the_environment(monkeypatch, text):
         dask.config.refresh()
 
 
-@pytest.mark.parametrize("document, attr, value", [
-    ("gpu: {source: none}", "gpu_source", "none"),
-    ("gpu: {source: null}", "gpu_source", "none"),
-    ("gpu: {source: off}", "gpu_source", "none"),  # YAML 1.1: off is False
-    ("dag-tag: off", "dag_tag", False),
-    ("dag-tag: yes", "dag_tag", True),
-    ("sampler: {mode: thread}", "sampler_mode", "thread"),
-    ("tracking: null", "tracking", None),
-    ("tags: null", "tags", {}),
-    ("telegraf: {max-datagram: null}", "max_datagram", None),
-    ("influxdb: {retention-policy: none}", "retention_policy", "none"),
-])
+@pytest.mark.parametrize(
+    "document, attr, value",
+    [
+        ("gpu: {source: none}", "gpu_source", "none"),
+        ("gpu: {source: null}", "gpu_source", "none"),
+        ("gpu: {source: off}", "gpu_source", "none"),  # YAML 1.1: off is False
+        ("dag-tag: off", "dag_tag", False),
+        ("dag-tag: yes", "dag_tag", True),
+        ("sampler: {mode: thread}", "sampler_mode", "thread"),
+        ("tracking: null", "tracking", None),
+        ("tags: null", "tags", {}),
+        ("telegraf: {max-datagram: null}", "max_datagram", None),
+        ("influxdb: {retention-policy: none}", "retention_policy", "none"),
+    ],
+)
 def test_none_null_off_spellings_from_yaml(document, attr, value):
     def dotted(node, prefix="influx-metrics"):
         if not isinstance(node, dict) or not node:
@@ -333,14 +380,17 @@ def test_none_null_off_spellings_from_yaml(document, attr, value):
     assert got == value or (value is None and got == tuple(config.schema.TRACKING))
 
 
-@pytest.mark.parametrize("name, text, attr, value", [
-    ("DASK_INFLUX_METRICS__DAG_TAG", "off", "dag_tag", False),
-    ("DASK_INFLUX_METRICS__DAG_TAG", "False", "dag_tag", False),
-    ("DASK_INFLUX_METRICS__DAG_TAG", "yes", "dag_tag", True),
-    ("DASK_INFLUX_METRICS__TAGS", "none", "tags", {}),
-    ("DASK_INFLUX_METRICS__TELEGRAF__ADDRESS", "none", "telegraf_address", ("127.0.0.1", 8094)),
-    ("DASK_INFLUX_METRICS__TRACKING", "null", "tracking", None),
-])
+@pytest.mark.parametrize(
+    "name, text, attr, value",
+    [
+        ("DASK_INFLUX_METRICS__DAG_TAG", "off", "dag_tag", False),
+        ("DASK_INFLUX_METRICS__DAG_TAG", "False", "dag_tag", False),
+        ("DASK_INFLUX_METRICS__DAG_TAG", "yes", "dag_tag", True),
+        ("DASK_INFLUX_METRICS__TAGS", "none", "tags", {}),
+        ("DASK_INFLUX_METRICS__TELEGRAF__ADDRESS", "none", "telegraf_address", ("127.0.0.1", 8094)),
+        ("DASK_INFLUX_METRICS__TRACKING", "null", "tracking", None),
+    ],
+)
 def test_none_null_off_spellings_from_the_environment(monkeypatch, name, text, attr, value):
     monkeypatch.setenv(name, text)
     dask.config.refresh()

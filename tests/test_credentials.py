@@ -37,8 +37,25 @@ class Recorder:
                 if params.get("db") == "locked":
                     status, text = 401, json.dumps({"error": "authorization failed"})
                 elif url.path == "/query" and params.get("q") == "SHOW DATABASES":
-                    status, text = 200, json.dumps({"results": [{"statement_id": 0, "series": [
-                        {"name": "databases", "columns": ["name"], "values": [["dask_metrics"], ["locked"]]}]}]})
+                    status, text = (
+                        200,
+                        json.dumps(
+                            {
+                                "results": [
+                                    {
+                                        "statement_id": 0,
+                                        "series": [
+                                            {
+                                                "name": "databases",
+                                                "columns": ["name"],
+                                                "values": [["dask_metrics"], ["locked"]],
+                                            }
+                                        ],
+                                    }
+                                ]
+                            }
+                        ),
+                    )
                 elif url.path == "/query":
                     csv = "csv" in self.headers.get("Accept", "")
                     status, text = 200, "" if csv else json.dumps({"results": [{"statement_id": 0}]})
@@ -82,8 +99,10 @@ def _no_password_in(*texts) -> None:
 def test_no_password_anywhere(recorder, caplog):
     caplog.set_level(logging.DEBUG)  # urllib3 logs each request line at DEBUG
     shown = []
-    for kw in ({"source": f"http://reader:{PW}@127.0.0.1:{recorder.port}"},
-               {"source": f"http://127.0.0.1:{recorder.port}", "username": "reader", "password": PW}):
+    for kw in (
+        {"source": f"http://reader:{PW}@127.0.0.1:{recorder.port}"},
+        {"source": f"http://127.0.0.1:{recorder.port}", "username": "reader", "password": PW},
+    ):
         with query.connect(kw.pop("source"), **kw) as db:
             assert db.jobs() == [] and db.metrics() == []
             shown += [repr(db), db.scope(), db.not_found(), repr(db.backend.__dict__)]
@@ -114,8 +133,9 @@ def test_no_password_anywhere(recorder, caplog):
     assert {r["headers"]["Authorization"] for r in reads} == {_basic("reader")}
     assert writes[0]["headers"]["Authorization"] == _basic("writer")
     assert any(r.levelno == logging.WARNING and "127.0.0.1:1" in r.getMessage() for r in caplog.records)
-    _no_password_in(*shown, *(r["line"] for r in recorder.requests),
-                    *(logging.Formatter().format(r) for r in caplog.records))
+    _no_password_in(
+        *shown, *(r["line"] for r in recorder.requests), *(logging.Formatter().format(r) for r in caplog.records)
+    )
 
 
 def test_flux_takes_the_url_credentials_as_its_token(caplog):
@@ -132,8 +152,12 @@ def test_flux_takes_the_url_credentials_as_its_token(caplog):
     finally:
         fake.stop()
     assert {r["headers"]["Authorization"] for r in fake.requests} == {f"Token reader:{PW}"}
-    _no_password_in(*shown, *(r["path"] for r in fake.requests), *(json.dumps(r["params"]) for r in fake.requests),
-                    *(logging.Formatter().format(r) for r in caplog.records))
+    _no_password_in(
+        *shown,
+        *(r["path"] for r in fake.requests),
+        *(json.dumps(r["params"]) for r in fake.requests),
+        *(logging.Formatter().format(r) for r in caplog.records),
+    )
 
 
 def test_mask_url_shows_a_url_as_given_without_its_password():

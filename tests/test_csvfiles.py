@@ -7,20 +7,29 @@ import tarfile
 import pandas as pd
 import pytest
 
-from dask_influx_metrics.client import csvfiles
-from dask_influx_metrics.client import peaks
+from dask_influx_metrics.client import csvfiles, peaks
 from dask_influx_metrics.client.monitor import Monitor
 
-OLD = ('job,dag,timestamp,total-mem,mem-util,compute-util\n'
-       '0,0,6.27e-05,"30772297728, 30068703232","0, 0","0, 0"\n'
-       '1,0,0.5296,"31138250752, 30068703232","3, 0","4, 0"\n'
-       '1,2,0.7619,"31215845376, 30068703232","0, 7","4, 60"\n'
-       '2,3,0.9836,"31326994432, 30068703232","1, 0","11, 0"\n')
+OLD = (
+    'job,dag,timestamp,total-mem,mem-util,compute-util\n'
+    '0,0,6.27e-05,"30772297728, 30068703232","0, 0","0, 0"\n'
+    '1,0,0.5296,"31138250752, 30068703232","3, 0","4, 0"\n'
+    '1,2,0.7619,"31215845376, 30068703232","0, 7","4, 60"\n'
+    '2,3,0.9836,"31326994432, 30068703232","1, 0","11, 0"\n'
+)
 
 
 def _table(i, values, worker=None):
-    t = pd.DataFrame({"job": ["1", "1,2", "2"], "dag": ["1", "1,2", "2"], "timestamp": [0.0, 0.2, 0.4],
-                      "compute-util[0]": values, "compute-util[1]": [1.0, 2.0, 3.0], "tasks": [1, 2, 1]})
+    t = pd.DataFrame(
+        {
+            "job": ["1", "1,2", "2"],
+            "dag": ["1", "1,2", "2"],
+            "timestamp": [0.0, 0.2, 0.4],
+            "compute-util[0]": values,
+            "compute-util[1]": [1.0, 2.0, 3.0],
+            "tasks": [1, 2, 1],
+        }
+    )
     t.attrs = {"worker": worker or f"tcp://10.0.0.{i}:1", "worker_index": i}
     return t
 
@@ -28,8 +37,17 @@ def _table(i, values, worker=None):
 def test_reads_the_old_tools_own_files(tmp_path):
     (tmp_path / "worker_0.csv").write_text(OLD)
     t = csvfiles.read_worker_csv(tmp_path / "worker_0.csv")
-    assert list(t.columns) == ["job", "dag", "timestamp", "total-mem[0]", "total-mem[1]", "mem-util[0]",
-                               "mem-util[1]", "compute-util[0]", "compute-util[1]"]
+    assert list(t.columns) == [
+        "job",
+        "dag",
+        "timestamp",
+        "total-mem[0]",
+        "total-mem[1]",
+        "mem-util[0]",
+        "mem-util[1]",
+        "compute-util[0]",
+        "compute-util[1]",
+    ]
     assert t["total-mem[0]"].max() == 31326994432
     assert Monitor.peaks_from_csv(tmp_path, "compute-util", per_job=True) == [{1: [4, 60], 2: [11, 0]}]
     assert Monitor.peaks_from_csv(tmp_path, "compute-util", per_job=False) == [[11, 60]]
@@ -38,12 +56,14 @@ def test_reads_the_old_tools_own_files(tmp_path):
 
 
 # job 1's peak (90 on GPU 0) is in a row whose dag still reads 0, as the old tool's counter lagged
-LAGGING = ('job,dag,timestamp,compute-util\n'
-           '0,0,0.0,"99, 0"\n'
-           '1,0,0.5,"90, 5"\n'
-           '1,1,1.0,"40, 6"\n'
-           '2,0,1.5,"70, 7"\n'
-           '2,2,2.0,"20, 8"\n')
+LAGGING = (
+    'job,dag,timestamp,compute-util\n'
+    '0,0,0.0,"99, 0"\n'
+    '1,0,0.5,"90, 5"\n'
+    '1,1,1.0,"40, 6"\n'
+    '2,0,1.5,"70, 7"\n'
+    '2,2,2.0,"20, 8"\n'
+)
 
 
 def test_old_tools_files_count_every_row_of_a_job(tmp_path):
@@ -59,16 +79,19 @@ def test_our_files_keep_the_busy_only_rule(tmp_path):
     assert Monitor.peaks_from_csv(tmp_path, "compute-util", per_job=False) == [[99, 8]]
 
 
-ARCHIVE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       "..", "shared", "data", "gpubdb-csv.tgz")
+ARCHIVE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "gpubdb-csv.tgz"
+)
 
 
 @pytest.fixture(scope="module")
 def gpubdb(tmp_path_factory):
     """The old tool's real GPU-BDB output (16 ``worker_<i>.csv``, 8 GPUs each), unpacked."""
     if not os.path.isfile(ARCHIVE):
-        pytest.skip(f"{os.path.normpath(ARCHIVE)} is not there (the old tool's real GPU-BDB CSV output, "
-                    "expected in shared/data/ beside the checkout)")
+        pytest.skip(
+            f"{os.path.normpath(ARCHIVE)} is not there (the old tool's real GPU-BDB CSV output, "
+            "expected in shared/data/ beside the checkout)"
+        )
     directory = tmp_path_factory.mktemp("gpubdb")
     with tarfile.open(ARCHIVE) as tar:
         tar.extractall(directory, filter="data")
@@ -110,7 +133,9 @@ def test_workers_2_means_worker_2_not_worker_10(tmp_path):
     assert list(manifest["index"]) == list(range(11)) and manifest["worker"][10] == "tcp://10.0.0.10:1"
     with pytest.raises(ValueError, match=r"worker\(s\) \[11\] not in .*present: \[0, 1, 2"):
         Monitor.peaks_from_csv(tmp_path, "compute-util", workers=[11])
-    with pytest.raises(ValueError, match=r"metric 'mem-util' is not in the CSV files.*present: \['compute-util', 'tasks'\]"):
+    with pytest.raises(
+        ValueError, match=r"metric 'mem-util' is not in the CSV files.*present: \['compute-util', 'tasks'\]"
+    ):
         Monitor.peaks_from_csv(tmp_path, "mem-util")
 
 
@@ -130,13 +155,19 @@ def test_clear_dir_removes_only_our_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "worker_0.csv", "workers.csv"]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("job,dag,timestamp,x\n1,1,0.5,3\n1,1,zero,4\n", r"worker_0\.csv, line 3: column 'timestamp'"),
-    ('job,dag,timestamp,x\n1,1,0.5,"1, 2"\n1,1,0.7,"1, 2, 3"\n', r"line 3: column 'x' has 3 values, earlier rows have 2"),
-    ('job,dag,timestamp,x\n1,1,0.5,"1, 2"\n1,1,0.7,"1, oops"\n', r"line 3: column 'x': '1, oops' is not a number"),
-    ("job,timestamp,x\n1,0.5,3\n", r"line 1: missing column\(s\) \['dag'\]"),
-    ("", r"empty file"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("job,dag,timestamp,x\n1,1,0.5,3\n1,1,zero,4\n", r"worker_0\.csv, line 3: column 'timestamp'"),
+        (
+            'job,dag,timestamp,x\n1,1,0.5,"1, 2"\n1,1,0.7,"1, 2, 3"\n',
+            r"line 3: column 'x' has 3 values, earlier rows have 2",
+        ),
+        ('job,dag,timestamp,x\n1,1,0.5,"1, 2"\n1,1,0.7,"1, oops"\n', r"line 3: column 'x': '1, oops' is not a number"),
+        ("job,timestamp,x\n1,0.5,3\n", r"line 1: missing column\(s\) \['dag'\]"),
+        ("", r"empty file"),
+    ],
+)
 def test_malformed_csv_names_file_and_line(tmp_path, text, message):
     (tmp_path / "worker_0.csv").write_text(text)
     with pytest.raises(ValueError, match=message):

@@ -14,8 +14,8 @@ import pytest
 
 from dask_influx_metrics import Monitor, lineprotocol, query
 from dask_influx_metrics.config import Settings
-from dask_influx_metrics.schema import Point
 from dask_influx_metrics.sampler import Sampler
+from dask_influx_metrics.schema import Point
 
 N_DAGS = 12
 
@@ -32,8 +32,9 @@ def series(influxd, db: str, measurement: str) -> int:
 
 def run_dags(client, influxd, db: str, dag_tag: bool) -> None:
     """``N_DAGS`` DAGs of two 150 ms tasks, one after another."""
-    monitor = Monitor(client, sink="http", influxdb_url=influxd.url, database=db, gpu_source="simulated",
-                      gpu_count=2, dag_tag=dag_tag)
+    monitor = Monitor(
+        client, sink="http", influxdb_url=influxd.url, database=db, gpu_source="simulated", gpu_count=2, dag_tag=dag_tag
+    )
     monitor.attach(polling_interval=50)
     monitor.start()
     try:
@@ -52,7 +53,8 @@ def test_series_count_per_dag_mode(client, influxd, fresh_db, dag_tag):
     assert series(influxd, fresh_db, "dag") == 1
     points = influxd.query('SELECT "dag", "status", "event" FROM "dag"', db=fresh_db)
     assert sorted((int(p["dag"]), p["event"]) for p in points) == sorted(
-        (d, e) for d in range(1, N_DAGS + 1) for e in ("submit", "end"))
+        (d, e) for d in range(1, N_DAGS + 1) for e in ("submit", "end")
+    )
     assert len({p["time"] for p in points}) == len(points)
     caught = {p["dag"] for p in influxd.query('SELECT "dag", "tasks" FROM "worker"', db=fresh_db)} - {"0"}
     assert len(caught) >= N_DAGS // 2, caught  # the samples saw most DAGs running
@@ -81,8 +83,11 @@ def test_series_count_per_dag_mode(client, influxd, fresh_db, dag_tag):
 
 def collect(tags):
     def points(now_ns):
-        return [Point("gpu", {**tags, "index": "0"}, {"utilization_gpu": 1.0}, now_ns),
-                Point("task", {**tags, "prefix": "sum", "state": "memory"}, {"duration": 0.5}, now_ns)]
+        return [
+            Point("gpu", {**tags, "index": "0"}, {"utilization_gpu": 1.0}, now_ns),
+            Point("task", {**tags, "prefix": "sum", "state": "memory"}, {"duration": 0.5}, now_ns),
+        ]
+
     return points
 
 
@@ -129,16 +134,25 @@ def test_a_database_with_both_forms_reads_back_whole(influxd, fresh_db):
     """Points from before (dag and status tags; dag-tag: true) and after (fields) in one database."""
     t0, w = 1_714_564_800_000_000_000, "tcp://10.0.0.1:1"
     old, new = {"job": "1", "dag": "1", "status": "ok"}, {"dag": "2", "status": "erred"}
-    points = [Point("dag", old, {"event": "submit", "tasks": 2, "label": "c"}, t0),
-              Point("dag", old, {"event": "end", "duration": 1.0}, t0 + 10**9),
-              Point("dag", {"job": "1"}, {**new, "status": "running", "event": "submit", "tasks": 1, "label": "c"},
-                    t0 + 2 * 10**9),
-              Point("dag", {"job": "1"}, {**new, "event": "end", "duration": 0.5}, t0 + 3 * 10**9)]
+    points = [
+        Point("dag", old, {"event": "submit", "tasks": 2, "label": "c"}, t0),
+        Point("dag", old, {"event": "end", "duration": 1.0}, t0 + 10**9),
+        Point(
+            "dag",
+            {"job": "1"},
+            {**new, "status": "running", "event": "submit", "tasks": 1, "label": "c"},
+            t0 + 2 * 10**9,
+        ),
+        Point("dag", {"job": "1"}, {**new, "event": "end", "duration": 0.5}, t0 + 3 * 10**9),
+    ]
     for k, dag in enumerate(["0", "1", "1,2"]):
         tags = {"host": "h", "worker": w, "job": "1", "index": "0"}
         fields = {"utilization_gpu": 10.0 * k}
-        points.append(Point("gpu", {**tags, "dag": dag}, fields, t0 + k) if k < 2 else
-                      Point("gpu", tags, {**fields, "dag": dag}, t0 + k))
+        points.append(
+            Point("gpu", {**tags, "dag": dag}, fields, t0 + k)
+            if k < 2
+            else Point("gpu", tags, {**fields, "dag": dag}, t0 + k)
+        )
     influxd.write(b"\n".join(lineprotocol.encode_many(points)), db=fresh_db)
     with query.connect(influxd.url, database=fresh_db) as db:
         dags = db.dags()

@@ -22,8 +22,10 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from dask_influx_metrics import _dask
 
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dask_influx_metrics")
-PRIVATE = re.compile(r"_send_to_scheduler|stream_handlers|protocol(\.|import)pickle|register_worker_plugin|submitting_task"
-                     r"|worker_plugins|worker\.(state|scheduler_delay|plugins)\b|digests_total")
+PRIVATE = re.compile(
+    r"_send_to_scheduler|stream_handlers|protocol(\.|import)pickle|register_worker_plugin|submitting_task"
+    r"|worker_plugins|worker\.(state|scheduler_delay|plugins)\b|digests_total"
+)
 RECORDER = "test-dask-private-recorder"
 OP = "test-dask-private-op"
 MARK = "test-dask-private-mark"
@@ -76,8 +78,10 @@ async def _uninstall(dask_scheduler=None) -> dict | None:
     _dask.unwrap_update_graph(dask_scheduler, recorder.wrapper)
     _dask.remove_stream_handler(dask_scheduler, OP, recorder.handle)
     dask_scheduler.remove_plugin(name=RECORDER)
-    return {"restored": dask_scheduler.stream_handlers["update-graph"] == dask_scheduler.update_graph,
-            "op_removed": OP not in dask_scheduler.stream_handlers}
+    return {
+        "restored": dask_scheduler.stream_handlers["update-graph"] == dask_scheduler.update_graph,
+        "op_removed": OP not in dask_scheduler.stream_handlers,
+    }
 
 
 def _events(dask_scheduler=None) -> list:
@@ -106,8 +110,10 @@ def spawn_child():
 
 
 def test_update_graph_handler_carries_the_submitting_task(client, recorder):
-    with dask_contract("the 'update-graph' stream handler or its 'submitting_task' field",
-                       "graphs submitted from inside tasks no longer join their parent's job"):
+    with dask_contract(
+        "the 'update-graph' stream handler or its 'submitting_task' field",
+        "graphs submitted from inside tasks no longer join their parent's job",
+    ):
         assert client.submit(spawn_child, key="parent").result() == 1
         events = wait_events(client, 2)
         assert ("graph", None, ["parent"]) in events, events
@@ -116,8 +122,10 @@ def test_update_graph_handler_carries_the_submitting_task(client, recorder):
 
 
 def test_client_stream_messages_reach_a_stream_handler_in_order_with_graphs(client, recorder):
-    with dask_contract("Client._send_to_scheduler or Scheduler.stream_handlers",
-                       "Monitor.new_job() fails, or is not ordered with the client's graph submissions"):
+    with dask_contract(
+        "Client._send_to_scheduler or Scheduler.stream_handlers",
+        "Monitor.new_job() fails, or is not ordered with the client's graph submissions",
+    ):
         client.submit(lambda: 1, key="before")
         _dask.send_on_client_stream(client, {"op": OP, "value": 7})
         client.submit(lambda: 2, key="after")
@@ -152,8 +160,10 @@ def _flags(client) -> set:
 
 
 def test_worker_plugins_are_added_and_removed_from_the_scheduler(client):
-    with dask_contract("Scheduler.register_worker_plugin/unregister_worker_plugin (or their replies)",
-                       "--preload and Monitor.start() cannot start sampling on the workers, or stop() cannot end it"):
+    with dask_contract(
+        "Scheduler.register_worker_plugin/unregister_worker_plugin (or their replies)",
+        "--preload and Monitor.start() cannot start sampling on the workers, or stop() cannot end it",
+    ):
         client.run_on_scheduler(_add_flag)
         assert _flags(client) == {"set up"}, "not set up on every worker"
         assert client.run_on_scheduler(_remove_flag) is True
@@ -188,23 +198,31 @@ def test_pickle_carries_closures():
 def _worker_view() -> dict:
     worker = get_worker()
     key = worker.get_current_task()
-    return {"nthreads": _dask.worker_nthreads(worker), "bytes": _dask.worker_managed_bytes(worker),
-            "running": key in _dask.worker_running_keys(worker), "offset": _dask.worker_clock_offset(worker),
-            "mark": _dask.worker_task_annotation(worker, key, MARK)}
+    return {
+        "nthreads": _dask.worker_nthreads(worker),
+        "bytes": _dask.worker_managed_bytes(worker),
+        "running": key in _dask.worker_running_keys(worker),
+        "offset": _dask.worker_clock_offset(worker),
+        "mark": _dask.worker_task_annotation(worker, key, MARK),
+    }
 
 
 def _seceded_view() -> bool:
     secede()  # now long-running: its thread left the pool
     worker = get_worker()
     key = worker.get_current_task()
-    return bool(poll(lambda: key in _dask.worker_running_keys(worker) and
-                     key in {ts.key for ts in worker.state.long_running}, 5))
+    return bool(
+        poll(
+            lambda: key in _dask.worker_running_keys(worker) and key in {ts.key for ts in worker.state.long_running}, 5
+        )
+    )
 
 
 def test_worker_state_reads(client, recorder):
-    with dask_contract("Worker.state (nthreads, nbytes, executing, long_running, tasks[key].annotations) "
-                       "or Worker.scheduler_delay",
-                       "worker samples lose their job/dag tags, managed_bytes or clock alignment"):
+    with dask_contract(
+        "Worker.state (nthreads, nbytes, executing, long_running, tasks[key].annotations) or Worker.scheduler_delay",
+        "worker samples lose their job/dag tags, managed_bytes or clock alignment",
+    ):
         worker = sorted(client.scheduler_info()["workers"])[0]
         held = client.submit(lambda: b"x" * 200_000, key="held", workers=[worker])
         held.result()  # stays in the worker's memory while `held` lives
@@ -224,9 +242,11 @@ def _ended(dask_worker, key) -> dict:
 
 
 def test_task_end_and_fine_performance_metrics(client):
-    with dask_contract("WorkerState.tasks[key] (state, prefix, startstops, nbytes) or Worker.digests_total "
-                       "('execute', span, prefix, activity, unit)",
-                       "the task stream loses its timings, sizes and states; activity points stop"):
+    with dask_contract(
+        "WorkerState.tasks[key] (state, prefix, startstops, nbytes) or Worker.digests_total "
+        "('execute', span, prefix, activity, unit)",
+        "the task stream loses its timings, sizes and states; activity points stop",
+    ):
         worker = sorted(client.scheduler_info()["workers"])[0]
         before = time.time()
         done = client.submit(lambda: b"y" * 1000, key="ended-task-1", workers=[worker])
@@ -257,6 +277,9 @@ def test_no_private_dask_api_outside_the_dask_module():
         for name in files:
             path = os.path.join(folder, name)
             if name.endswith(".py") and path != os.path.join(PKG, "_dask.py"):
-                found += [f"{os.path.relpath(path, PKG)}:{n}: {line}"
-                          for (n, line), code in code_lines(path).items() if PRIVATE.search(code)]
+                found += [
+                    f"{os.path.relpath(path, PKG)}:{n}: {line}"
+                    for (n, line), code in code_lines(path).items()
+                    if PRIVATE.search(code)
+                ]
     assert not found, "private Dask APIs belong in dask_influx_metrics/_dask.py only:\n" + "\n".join(found)

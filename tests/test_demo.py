@@ -15,16 +15,38 @@ def _check_report(out, folder):
 
 
 def test_demo_through_udp_into_influxd(influxd, capsys, tmp_path):
-    rc = demo.main(["--influxdb-url", influxd.url, "--telegraf-address", "%s:%d" % influxd.udp_address,
-                    "--workers", "1", "--gpus", "2", "--out", str(tmp_path)])
+    rc = demo.main(
+        [
+            "--influxdb-url",
+            influxd.url,
+            "--telegraf-address",
+            "%s:%d" % influxd.udp_address,
+            "--workers",
+            "1",
+            "--gpus",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "3 jobs" in out and "UDP ->" in out and "reading back with InfluxQL" in out
     _check_report(out, tmp_path)
 
 
 def test_demo_spools_when_influxdb_is_unreachable(tmp_path, capsys):
-    rc = demo.main(["--influxdb-url", "http://127.0.0.1:9", "--spool", str(tmp_path / "spool"), "--workers", "1",
-                    "--out", str(tmp_path / "out")])
+    rc = demo.main(
+        [
+            "--influxdb-url",
+            "http://127.0.0.1:9",
+            "--spool",
+            str(tmp_path / "spool"),
+            "--workers",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "spooling to disk" in out and "reading back from the spool" in out
     assert list((tmp_path / "spool").rglob("*.lp"))

@@ -19,8 +19,12 @@ DEPLOY = os.path.join(ROOT, "deploy")
 K8S = os.path.join(DEPLOY, "k8s")
 COMPOSE = os.path.join(DEPLOY, "compose", "compose.yaml")
 BIN = os.path.dirname(sys.executable)
-GRAFANA_MOUNTS = {"/etc/grafana/provisioning/datasources", "/etc/grafana/provisioning/dashboards",
-                  "/etc/grafana/provisioning/alerting", "/var/lib/grafana/dashboards"}
+GRAFANA_MOUNTS = {
+    "/etc/grafana/provisioning/datasources",
+    "/etc/grafana/provisioning/dashboards",
+    "/etc/grafana/provisioning/alerting",
+    "/var/lib/grafana/dashboards",
+}
 
 
 def _tool(name: str) -> str:
@@ -41,8 +45,12 @@ def _k8s_docs() -> list[dict]:
 
 
 def test_compose_validates_against_compose_spec():
-    out = subprocess.run([_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", COMPOSE],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [_tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", COMPOSE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -74,8 +82,9 @@ def _compose(**env) -> dict:
         if isinstance(node, list):
             return [fill(v) for v in node]
         if isinstance(node, str):
-            return re.sub(r"\$\{(\w+)(?::([-?])([^}]*))?\}",
-                          lambda m: values.get(m[1]) or (m[3] if m[2] == "-" else ""), node)
+            return re.sub(
+                r"\$\{(\w+)(?::([-?])([^}]*))?\}", lambda m: values.get(m[1]) or (m[3] if m[2] == "-" else ""), node
+            )
         return node
 
     with open(COMPOSE) as f:
@@ -103,8 +112,13 @@ def test_compose_publishes_every_port_on_loopback_only():
 def test_compose_profiles_and_grafana_login():
     services = _compose()
     assert {n: s["profiles"] for n, s in services.items()} == {
-        "influxdb": ["influxdb2"], "telegraf": ["influxdb2"], "grafana": ["influxdb2"],
-        "influxdb3": ["influxdb3"], "telegraf3": ["influxdb3"], "grafana3": ["influxdb3"]}
+        "influxdb": ["influxdb2"],
+        "telegraf": ["influxdb2"],
+        "grafana": ["influxdb2"],
+        "influxdb3": ["influxdb3"],
+        "telegraf3": ["influxdb3"],
+        "grafana3": ["influxdb3"],
+    }
     with open(COMPOSE) as f:
         raw = yaml.safe_load(f)["services"]
     for name in ("grafana", "grafana3"):
@@ -136,10 +150,20 @@ def _serve(tmp_path, token: str) -> tuple[subprocess.CompletedProcess, str]:
     """deploy/compose/influxdb3-init/serve.sh with a stand-in ``influxdb3`` that logs its arguments."""
     (tmp_path / "influxdb3").write_text('#!/bin/sh\necho "$*" >> "$TMPDIR/calls"\n')
     (tmp_path / "influxdb3").chmod(0o755)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "TMPDIR": str(tmp_path), "INFLUX3_TOKEN": token,
-           "INFLUX_BUCKET": "dask_metrics", "INFLUX_RETENTION": "7d"}
-    out = subprocess.run(["sh", os.path.join(DEPLOY, "compose", "influxdb3-init", "serve.sh")], env=env,
-                         capture_output=True, text=True, timeout=30)
+    env = {
+        "PATH": f"{tmp_path}:/usr/bin:/bin",
+        "TMPDIR": str(tmp_path),
+        "INFLUX3_TOKEN": token,
+        "INFLUX_BUCKET": "dask_metrics",
+        "INFLUX_RETENTION": "7d",
+    }
+    out = subprocess.run(
+        ["sh", os.path.join(DEPLOY, "compose", "influxdb3-init", "serve.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     calls = tmp_path / "calls"
     return out, calls.read_text() if calls.exists() else ""
 
@@ -151,10 +175,14 @@ def test_influxdb3_starts_with_the_token_from_env_and_creates_the_database(tmp_p
     assert json.loads(token_file.read_text()) == {"token": "apiv3_abc", "name": "_admin"}
     assert token_file.stat().st_mode & 0o077 == 0
     lines = calls.splitlines()  # serve runs in the background: its line may come at any point
-    assert sorted(lines) == sorted([
-        f"serve --node-id dask-metrics --object-store file --data-dir /var/lib/influxdb3/data "
-        f"--admin-token-file {token_file}",
-        "show databases", "create database dask_metrics --retention-period 7d"])
+    assert sorted(lines) == sorted(
+        [
+            f"serve --node-id dask-metrics --object-store file --data-dir /var/lib/influxdb3/data "
+            f"--admin-token-file {token_file}",
+            "show databases",
+            "create database dask_metrics --retention-period 7d",
+        ]
+    )
     assert lines.index("show databases") < lines.index("create database dask_metrics --retention-period 7d")
     out, _ = _serve(tmp_path, "not-a-v3-token")
     assert out.returncode == 1 and "must start with apiv3_" in out.stderr
@@ -162,8 +190,9 @@ def test_influxdb3_starts_with_the_token_from_env_and_creates_the_database(tmp_p
 
 def test_kubernetes_manifests_validate_strictly():
     files = [os.path.join(K8S, n) for n in ("influxdb.yaml", "telegraf.yaml", "grafana.yaml", "dask-example.yaml")]
-    out = subprocess.run([_tool("kubernetes-validate"), "--strict", *files], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [_tool("kubernetes-validate"), "--strict", *files], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -200,13 +229,18 @@ def test_kubernetes_telegraf_and_workers_meet_on_host_port():
 def test_kubernetes_telegraf_port_admits_dask_pods_only_and_grafana_needs_a_login():
     docs = {(d["kind"], d["metadata"]["name"]): d for d in _k8s_docs()}
     policy = docs["NetworkPolicy", "telegraf-udp"]["spec"]
-    assert policy["podSelector"]["matchLabels"] == docs["DaemonSet", "telegraf"]["spec"]["template"]["metadata"]["labels"]
+    assert (
+        policy["podSelector"]["matchLabels"] == docs["DaemonSet", "telegraf"]["spec"]["template"]["metadata"]["labels"]
+    )
     assert policy["policyTypes"] == ["Ingress"]
     (rule,) = policy["ingress"]
     assert rule["ports"] == [{"port": 8094, "protocol": "UDP"}]
     (source,) = rule["from"]
     allowed = set(source["podSelector"]["matchExpressions"][0]["values"])
-    labels = {docs["Deployment", n]["spec"]["template"]["metadata"]["labels"]["app"] for n in ("dask-worker", "dask-scheduler")}
+    labels = {
+        docs["Deployment", n]["spec"]["template"]["metadata"]["labels"]["app"]
+        for n in ("dask-worker", "dask-scheduler")
+    }
     assert allowed == labels
     env = {e["name"]: e for e in docs["Deployment", "grafana"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["GF_AUTH_ANONYMOUS_ENABLED"]["value"] == "false"
@@ -227,8 +261,12 @@ def _kubectl() -> str:
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> tuple[str, list[dict]]:
     """``kubectl kustomize --load-restrictor LoadRestrictionsNone deploy/k8s``: (file, documents)."""
-    out = subprocess.run([_kubectl(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", K8S],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [_kubectl(), "kustomize", "--load-restrictor", "LoadRestrictionsNone", K8S],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     path = tmp_path_factory.mktemp("k8s") / "rendered.yaml"
     path.write_text(out.stdout)
@@ -283,13 +321,21 @@ def _datasource_uids(node) -> set[str]:
 def test_rendered_kustomization_validates_strictly(rendered):
     path, docs = rendered
     assert sorted(f"{d['kind']}/{_generated_name(d)}" for d in docs) == [
-        "ConfigMap/grafana-alerting", "ConfigMap/grafana-dashboard-provider", "ConfigMap/grafana-dashboards",
+        "ConfigMap/grafana-alerting",
+        "ConfigMap/grafana-dashboard-provider",
+        "ConfigMap/grafana-dashboards",
         "ConfigMap/grafana-datasources",
-        "ConfigMap/influxdb-init", "ConfigMap/telegraf-config", "DaemonSet/telegraf", "Deployment/grafana",
-        "NetworkPolicy/telegraf-udp", "Service/grafana", "Service/influxdb", "StatefulSet/influxdb"]
+        "ConfigMap/influxdb-init",
+        "ConfigMap/telegraf-config",
+        "DaemonSet/telegraf",
+        "Deployment/grafana",
+        "NetworkPolicy/telegraf-udp",
+        "Service/grafana",
+        "Service/influxdb",
+        "StatefulSet/influxdb",
+    ]
     assert {d["metadata"].get("namespace") for d in docs} == {"dask-metrics"}
-    out = subprocess.run([_tool("kubernetes-validate"), "--strict", path], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([_tool("kubernetes-validate"), "--strict", path], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     for d in docs:  # ConfigMaps hold at most 1 MiB; `kubectl apply` keeps a copy in a 256 KiB annotation
         assert len(json.dumps(d)) < 256 * 1024, d["metadata"]["name"]
@@ -319,10 +365,18 @@ def test_rendered_mounts_give_each_container_what_it_reads(rendered):
     task_files = re.findall(r"--file (\S+)", script)
     assert task_files and all(p in influx for p in task_files), (task_files, sorted(influx))
     grafana = files["grafana"]
-    datasources = [ds for p, text in grafana.items() if p.startswith("/etc/grafana/provisioning/datasources/")
-                   for ds in yaml.safe_load(text)["datasources"]]
-    providers = [p for path, text in grafana.items() if path.startswith("/etc/grafana/provisioning/dashboards/")
-                 for p in yaml.safe_load(text)["providers"]]
+    datasources = [
+        ds
+        for p, text in grafana.items()
+        if p.startswith("/etc/grafana/provisioning/datasources/")
+        for ds in yaml.safe_load(text)["datasources"]
+    ]
+    providers = [
+        p
+        for path, text in grafana.items()
+        if path.startswith("/etc/grafana/provisioning/dashboards/")
+        for p in yaml.safe_load(text)["providers"]
+    ]
     (provider,) = providers
     dashboards = {p: json.loads(t) for p, t in grafana.items() if p.startswith(provider["options"]["path"] + "/")}
     assert dashboards, f"no dashboard under {provider['options']['path']}"
@@ -365,7 +419,10 @@ def _secret_values(text: str) -> list[tuple[int, str]]:
 
 def test_secret_checker_catches_literals():
     assert _secret_values('token = "abc123"\npassword: hunter2\nINFLUX_TOKEN=s3cret') == [
-        (1, 'token = "abc123"'), (2, "password: hunter2"), (3, "INFLUX_TOKEN=s3cret")]
+        (1, 'token = "abc123"'),
+        (2, "password: hunter2"),
+        (3, "INFLUX_TOKEN=s3cret"),
+    ]
     assert _secret_values('token = "${INFLUX_TOKEN}"\nINFLUX_TOKEN=\npassword: ${P:?set}') == []
 
 
@@ -386,16 +443,24 @@ def test_continuous_queries_run_on_influxd(influxd):
     """Every 1.x statement succeeds, and the CQ's SELECT INTO downsamples real points."""
     db = "cq_" + uuid.uuid4().hex[:10]
     with open(os.path.join(DEPLOY, "influxdb", "continuous-queries.influxql")) as f:
-        statements = [s.replace('"dask_metrics"', f'"{db}"') for s in f.read().splitlines()
-                      if s.strip() and not s.startswith("--")]
+        statements = [
+            s.replace('"dask_metrics"', f'"{db}"')
+            for s in f.read().splitlines()
+            if s.strip() and not s.startswith("--")
+        ]
     assert any(s.startswith("CREATE CONTINUOUS QUERY") for s in statements)
     for s in statements:
         influxd.query(s, db=db)
     cqs = {row["name"] for row in influxd.query("SHOW CONTINUOUS QUERIES", db=db)}
     assert "dask_metrics_1m" in cqs
     t0 = (time.time_ns() // 60_000_000_000 - 2) * 60_000_000_000  # a minute boundary, 2 min ago
-    influxd.write([f"gpu,worker=w,index=0 utilization_gpu=10,memory_used=5 {t0}",
-                   f"gpu,worker=w,index=0 utilization_gpu=30,memory_used=7 {t0 + 10**9}"], db=db)
+    influxd.write(
+        [
+            f"gpu,worker=w,index=0 utilization_gpu=10,memory_used=5 {t0}",
+            f"gpu,worker=w,index=0 utilization_gpu=30,memory_used=7 {t0 + 10**9}",
+        ],
+        db=db,
+    )
     (cq,) = [s for s in statements if s.startswith("CREATE CONTINUOUS QUERY")]
     select = cq.split(" BEGIN ", 1)[1].rsplit(" END", 1)[0]
     select = select.replace(" GROUP BY", f" WHERE time >= {t0} AND time < {t0 + 60_000_000_000} GROUP BY")

@@ -1,8 +1,8 @@
 """Where samples go: sink auto, destinations recorded per worker, the old dask-metrics flow, private spool."""
 
 import os
-import time
 import stat
+import time
 
 import pytest
 from distributed import Client
@@ -87,7 +87,9 @@ def test_old_example_flow(private_tmp_cluster, tmp_path):
     monitor.attach(tracking=["total-mem", "mem-util", "compute-util"], polling_interval=200)
     first = monitor.start()
     assert set(first["destinations"]) == set(cluster.scheduler_info["workers"]) | {"scheduler"}
-    assert all(d["sinks"] == ["spool"] and d["spool"].startswith(str(spool)) for d in first["destinations"].values()), first
+    assert all(d["sinks"] == ["spool"] and d["spool"].startswith(str(spool)) for d in first["destinations"].values()), (
+        first
+    )
     client.close()
 
     client = Client(cluster)
@@ -139,6 +141,8 @@ def test_refused_udp_is_counted_and_reachable_from_the_client(client, mode):
             if all(c and c[0]["refused"] >= 2 for c in counts.values()):
                 break
             time.sleep(0.1)
-        assert len(counts) == 2 and all(c[0]["kind"] == "udp" and c[0]["points_dropped"] > 0 for c in counts.values()), counts
+        assert len(counts) == 2 and all(
+            c[0]["kind"] == "udp" and c[0]["points_dropped"] > 0 for c in counts.values()
+        ), counts
     finally:
         monitor.shutdown()

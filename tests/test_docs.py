@@ -21,11 +21,10 @@ import subprocess
 import sys
 import sysconfig
 import time
-import tomllib
 
 import pytest
+import tomllib
 from click.testing import CliRunner
-
 from fluxcheck import ROOT
 
 from dask_influx_metrics import Monitor
@@ -35,8 +34,9 @@ from dask_influx_metrics.sinks.spool import read_lines
 FENCE = re.compile(r"^(?:<!-- docs-test: (\w+)(?: \((.*?)\))? -->\n)?```(\w+)[ \t]*\n(.*?)^```[ \t]*$", re.M | re.S)
 RUN = ("python", "bash")
 OWN_TESTS = {"custom-metrics.md"}  # pages whose examples a test of their own runs (test_docs_custom_metrics.py)
-PAGES = ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
-                               if f.endswith(".md") and f not in OWN_TESTS)
+PAGES = ["README.md"] + sorted(
+    os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md") and f not in OWN_TESTS
+)
 SKIPPED = {("README.md", "./scripts/demo.sh")}  # the only blocks allowed not to run: (page, first line)
 
 
@@ -44,9 +44,17 @@ def blocks(page: str) -> list[dict]:
     """The ``python`` and ``bash`` blocks of ``page``: line, language, body, marker, reason."""
     with open(os.path.join(ROOT, page)) as f:
         text = f.read()
-    return [{"line": text.count("\n", 0, m.start()) + 1 + bool(m.group(1)), "language": m.group(3),
-             "body": m.group(4), "marker": m.group(1), "reason": m.group(2)}
-            for m in FENCE.finditer(text) if m.group(3) in RUN]
+    return [
+        {
+            "line": text.count("\n", 0, m.start()) + 1 + bool(m.group(1)),
+            "language": m.group(3),
+            "body": m.group(4),
+            "marker": m.group(1),
+            "reason": m.group(2),
+        }
+        for m in FENCE.finditer(text)
+        if m.group(3) in RUN
+    ]
 
 
 def test_every_runnable_block_runs_or_says_why_not():
@@ -63,8 +71,11 @@ def doc_cluster(tmp_path_factory):
     from distributed import LocalCluster
 
     spool = tmp_path_factory.mktemp("docs-spool")
-    env = {"DASK_INFLUX_METRICS__GPU__SOURCE": "simulated", "DASK_INFLUX_METRICS__GPU__COUNT": "2",
-           "DASK_INFLUX_METRICS__SPOOL__DIRECTORY": str(spool)}
+    env = {
+        "DASK_INFLUX_METRICS__GPU__SOURCE": "simulated",
+        "DASK_INFLUX_METRICS__GPU__COUNT": "2",
+        "DASK_INFLUX_METRICS__SPOOL__DIRECTORY": str(spool),
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     import dask.config
@@ -87,8 +98,9 @@ def documented(doc_cluster, influxd):
 
     cluster, spool = doc_cluster
     client = Client(cluster)
-    monitor = Monitor(client, sink=["udp", "spool"], telegraf_address="%s:%d" % influxd.udp_address,
-                      tags={"run": "nightly"})
+    monitor = Monitor(
+        client, sink=["udp", "spool"], telegraf_address="%s:%d" % influxd.udp_address, tags={"run": "nightly"}
+    )
     monitor.attach(job_type="manual", polling_interval=50)
     session = monitor.start()
     for _ in (1, 2):
@@ -103,8 +115,12 @@ def documented(doc_cluster, influxd):
         if rows and rows[0]["count"] >= spooled:
             break
         time.sleep(0.2)
-    rewrites = {"tcp://scheduler:8786": cluster.scheduler_address, "http://influx:8086": influxd.url,
-                "http://127.0.0.1:8086": influxd.url, "/tmp/dask-influx-metrics-1000": spool}
+    rewrites = {
+        "tcp://scheduler:8786": cluster.scheduler_address,
+        "http://influx:8086": influxd.url,
+        "http://127.0.0.1:8086": influxd.url,
+        "/tmp/dask-influx-metrics-1000": spool,
+    }
     yield monitor, rewrites
     monitor.shutdown()
     client.close()
@@ -172,8 +188,12 @@ def test_readme_install_builds_a_wheel_that_installs_with_its_extras(tmp_path):
     venv, dist = tmp_path / "venv", tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = str(venv / "bin" / "python")
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     with open(os.path.join(site, "deps.pth"), "w") as f:
         f.write(sysconfig.get_paths()["purelib"] + "\n")
     for line in install["body"].splitlines():
@@ -182,14 +202,36 @@ def test_readme_install_builds_a_wheel_that_installs_with_its_extras(tmp_path):
         if words[2] == "build":  # in the checkout, as the README says; the wheel into this test's folder
             command = [sys.executable, "-m", "build", *words[3:], "--outdir", str(dist), ROOT]
         else:
-            command = [sys.executable, "-m", "pip", "--python", python, "install", "--no-index",
-                       "--find-links", str(dist), *(w.replace("dist/", f"{dist}/") for w in words[4:])]
+            command = [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                python,
+                "install",
+                "--no-index",
+                "--find-links",
+                str(dist),
+                *(w.replace("dist/", f"{dist}/") for w in words[4:]),
+            ]
         run = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        if run.returncode and "Could not find a version that satisfies" in run.stdout + run.stderr and \
-                words[2] == "build":
+        if (
+            run.returncode
+            and "Could not find a version that satisfies" in run.stdout + run.stderr
+            and words[2] == "build"
+        ):
             pytest.skip("python -m build cannot install setuptools into its isolated environment (offline)")
         assert run.returncode == 0, f"{line}\n{run.stdout[-2000:]}{run.stderr[-2000:]}"
-    check = subprocess.run([python, "-c", "import dask_influx_metrics, pynvml, sys; "
-                            "assert dask_influx_metrics.__file__.startswith(sys.prefix); print('ok')"],
-                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    check = subprocess.run(
+        [
+            python,
+            "-c",
+            "import dask_influx_metrics, pynvml, sys; "
+            "assert dask_influx_metrics.__file__.startswith(sys.prefix); print('ok')",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert check.stdout.strip() == "ok", check.stderr[-2000:]

@@ -28,7 +28,9 @@ def test_custom_metrics_page_runs(client, tmp_path):
         if "monitor" in scope:
             scope["monitor"].shutdown()
     printed = out.getvalue().splitlines()
-    assert re.fullmatch(r"\[\[\d+(\.\d+)?\], \[\d+(\.\d+)?\]\]", printed[0]), printed  # ready-queue, one list per worker
+    assert re.fullmatch(r"\[\[\d+(\.\d+)?\], \[\d+(\.\d+)?\]\]", printed[0]), (
+        printed
+    )  # ready-queue, one list per worker
     assert printed[1].startswith("custom metric 'gpu-fan' failed: ") and "(first report, on tcp://" in printed[1]
     assert "'gpu-fan' failed" in printed[2]  # the notes
 

@@ -10,7 +10,6 @@ import json
 import os
 
 import yaml
-
 from fluxcheck import ROOT, fenced_blocks, flux_diagnostics
 
 DOWNSAMPLE = os.path.join(ROOT, "deploy", "influxdb", "downsample.flux")
@@ -22,24 +21,26 @@ TASK_OPTION_LINT = "warning: Avoid using `task` as an identifier name."
 GRAFANA_PRELUDE = "v = {timeRangeStart: -1h, timeRangeStop: now(), windowPeriod: 1m}\n"
 
 BROKEN = {  # source -> the diagnostics flux-lsp 0.8.40 gives for it
-    'from(bucket: "b")\n    |> range(start: -1h\n    |> filter(fn: (r) => r._measurement == "gpu")\n':
-        ["2:8 error: expected RPAREN, got EOF",
-         "3:8 error: expected stream[{A with _measurement: B}] but found duration (argument tables)"],
-    'from(bucket: "b")\n    |> range(start: -1h)\n    |> nosuchfunction(n: 3)\n':
-        ["3:8 error: undefined identifier nosuchfunction"],
-    'from(bucket: "b")\n    |> range(start: -1h)\n    |> filter(fn: (r) => strings.hasPrefix(v: r.job, prefix: "1"))\n':
-        ["3:26 error: undefined identifier strings"],
-    'import "nosuch/package"\n':
-        ["1:1 error: invalid import path nosuch/package"],
-    'from(bucket: "b")\n    |> range()\n':
-        ["2:8 error: missing required argument start"],
-    'from(bucket: "b")\n    |> range(start: -1h)\n    |> aggregateWindow(every: 1m, fn: mean, creatEmpty: false)\n':
-        ["3:57 error: found unexpected argument creatEmpty (Expected one of `column`, `createEmpty`, `location`, "
-         "`offset`, `period`, `timeDst` or `timeSrc`)"],
-    'x = 1 + "a"\n':
-        ["1:9 error: expected int but found string"],
-    'from(bucket: "b")\n    |> range(start: -1h)\n    |> filter(fn: (r) => r.job =~ /[/)\n':
-        ["3:35 error: regex parse error: [ error: unclosed character class"],
+    'from(bucket: "b")\n    |> range(start: -1h\n    |> filter(fn: (r) => r._measurement == "gpu")\n': [
+        "2:8 error: expected RPAREN, got EOF",
+        "3:8 error: expected stream[{A with _measurement: B}] but found duration (argument tables)",
+    ],
+    'from(bucket: "b")\n    |> range(start: -1h)\n    |> nosuchfunction(n: 3)\n': [
+        "3:8 error: undefined identifier nosuchfunction"
+    ],
+    'from(bucket: "b")\n    |> range(start: -1h)\n    |> filter(fn: (r) => strings.hasPrefix(v: r.job, prefix: "1"))\n': [
+        "3:26 error: undefined identifier strings"
+    ],
+    'import "nosuch/package"\n': ["1:1 error: invalid import path nosuch/package"],
+    'from(bucket: "b")\n    |> range()\n': ["2:8 error: missing required argument start"],
+    'from(bucket: "b")\n    |> range(start: -1h)\n    |> aggregateWindow(every: 1m, fn: mean, creatEmpty: false)\n': [
+        "3:57 error: found unexpected argument creatEmpty (Expected one of `column`, `createEmpty`, `location`, "
+        "`offset`, `period`, `timeDst` or `timeSrc`)"
+    ],
+    'x = 1 + "a"\n': ["1:9 error: expected int but found string"],
+    'from(bucket: "b")\n    |> range(start: -1h)\n    |> filter(fn: (r) => r.job =~ /[/)\n': [
+        "3:35 error: regex parse error: [ error: unclosed character class"
+    ],
 }
 
 
@@ -49,24 +50,32 @@ def _errors(diagnostics: list[str]) -> list[str]:
 
 def test_checker_reports_syntax_and_semantic_errors():
     assert flux_diagnostics({str(i): src for i, src in enumerate(BROKEN)}) == {
-        str(i): expected for i, expected in enumerate(BROKEN.values())}
+        str(i): expected for i, expected in enumerate(BROKEN.values())
+    }
 
 
 def test_checker_checks_each_source_alone_and_accepts_valid_flux():
-    result = flux_diagnostics({
-        "defines": "x = 1\n",
-        "uses": "y = x + 1\n",  # would pass if both were one package
-        "valid": 'import "strings"\n\nfrom(bucket: "b")\n    |> range(start: -1h)\n'
-                 '    |> filter(fn: (r) => strings.containsStr(v: r.job, substr: "1"))\n',
-    })
+    result = flux_diagnostics(
+        {
+            "defines": "x = 1\n",
+            "uses": "y = x + 1\n",  # would pass if both were one package
+            "valid": 'import "strings"\n\nfrom(bucket: "b")\n    |> range(start: -1h)\n'
+            '    |> filter(fn: (r) => strings.containsStr(v: r.job, substr: "1"))\n',
+        }
+    )
     assert result == {"defines": [], "uses": ["1:5 error: undefined identifier x"], "valid": []}
 
 
 def test_checker_does_not_know_the_schema():
     """Limits: unknown buckets, measurements and fields, and column types, pass."""
-    assert flux_diagnostics({"schema": (
-        'from(bucket: "no_such_bucket")\n    |> range(start: -1h)\n'
-        '    |> filter(fn: (r) => r._measurement == 1 and r._field == "no_such_field")\n')}) == {"schema": []}
+    assert flux_diagnostics(
+        {
+            "schema": (
+                'from(bucket: "no_such_bucket")\n    |> range(start: -1h)\n'
+                '    |> filter(fn: (r) => r._measurement == 1 and r._field == "no_such_field")\n'
+            )
+        }
+    ) == {"schema": []}
 
 
 def test_downsample_task_passes():
@@ -108,8 +117,11 @@ def _grafana_queries() -> list[tuple[str, str, str]]:
 def test_grafana_flux_queries_pass():
     queries = _grafana_queries()
     assert queries, "no queries found in grafana/"
-    flux = {f"{where} #{i}": query for i, (where, uid, query) in enumerate(queries)
-            if uid == FLUX_DATASOURCE or "|>" in query}
+    flux = {
+        f"{where} #{i}": query
+        for i, (where, uid, query) in enumerate(queries)
+        if uid == FLUX_DATASOURCE or "|>" in query
+    }
     for where, uid, query in queries:  # everything else is InfluxQL on the InfluxQL datasource
         assert uid == FLUX_DATASOURCE or "|>" not in query, (where, query)
     if not flux:

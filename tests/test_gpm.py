@@ -29,19 +29,21 @@ def test_recorded_matmul_loop_is_tensor_bound_at_low_occupancy():
     first, second = reads(GpmReader(nvml, handle, interval_s=0.2), 2)
     assert first == {}  # one sample: no window yet
     recorded = nvml.devices[0]["gpm"]["metrics"]
-    assert second == pytest.approx({
-        "gr_engine_active": recorded["GRAPHICS_UTIL"]["value"],
-        "sm_active": 96.19118036660457,
-        "sm_occupancy": 14.215301385462014,
-        "pipe_tensor_active": 93.35882858142543,
-        "pipe_tensor_hmma_active": recorded["HMMA_TENSOR_UTIL"]["value"],
-        "dram_active": 26.0522261752282,
-        "pipe_fp16_active": 0.0,
-        "pipe_fp32_active": 0.0,
-        "pipe_int_active": recorded["INTEGER_UTIL"]["value"],
-        "pcie_tx_bytes": recorded["PCIE_TX_PER_SEC"]["value"] * MIB,  # MiB/s -> bytes/s
-        "pcie_rx_bytes": recorded["PCIE_RX_PER_SEC"]["value"] * MIB,
-    })
+    assert second == pytest.approx(
+        {
+            "gr_engine_active": recorded["GRAPHICS_UTIL"]["value"],
+            "sm_active": 96.19118036660457,
+            "sm_occupancy": 14.215301385462014,
+            "pipe_tensor_active": 93.35882858142543,
+            "pipe_tensor_hmma_active": recorded["HMMA_TENSOR_UTIL"]["value"],
+            "dram_active": 26.0522261752282,
+            "pipe_fp16_active": 0.0,
+            "pipe_fp32_active": 0.0,
+            "pipe_int_active": recorded["INTEGER_UTIL"]["value"],
+            "pcie_tx_bytes": recorded["PCIE_TX_PER_SEC"]["value"] * MIB,  # MiB/s -> bytes/s
+            "pcie_rx_bytes": recorded["PCIE_RX_PER_SEC"]["value"] * MIB,
+        }
+    )
 
 
 def test_no_field_without_a_value_from_nvml(caplog):
@@ -53,8 +55,14 @@ def test_no_field_without_a_value_from_nvml(caplog):
     recorded = {m.field for m in METRICS if m.gpm in nvml.devices[0]["gpm"]["metrics"]}
     assert got[0] == {} and all(set(g) == recorded for g in got[1:])
     absent = FIELDS - recorded
-    assert absent == {"pipe_fp64_active", "pipe_tensor_imma_active", "pipe_tensor_dfma_active",
-                      "pipe_tensor_dmma_active", "nvlink_tx_bytes", "nvlink_rx_bytes"}
+    assert absent == {
+        "pipe_fp64_active",
+        "pipe_tensor_imma_active",
+        "pipe_tensor_dfma_active",
+        "pipe_tensor_dmma_active",
+        "nvlink_tx_bytes",
+        "nvlink_rx_bytes",
+    }
     said = [r.getMessage() for r in caplog.records if "not available" in r.getMessage()]
     assert len(said) == len(absent)  # once each, not once per sample
 
@@ -125,6 +133,7 @@ def test_a_failed_sample_restarts_the_window(monkeypatch, caplog):
 
 # -- MIG -------------------------------------------------------------------------
 
+
 def mig_fixture(parent_gpm: bool, instance_gpm: bool):
     """The recorded A100 in MIG mode (device 3), given GPM as a Hopper would have it."""
     nvml = FakeNvml()
@@ -168,7 +177,15 @@ def test_fields_are_in_the_data_contract():
 
 def test_real_pynvml_has_every_gpm_name():
     names = {"NVML_GPM_METRIC_" + m.gpm for m in METRICS} | {
-        "nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmSampleFree", "nvmlGpmSampleGet",
-        "nvmlGpmMigSampleGet", "nvmlGpmMetricsGet", "c_nvmlGpmMetricsGet_t", "NVML_GPM_METRICS_GET_VERSION",
-        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", "nvmlDeviceGetGpuInstanceId"}
+        "nvmlGpmQueryDeviceSupport",
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmSampleFree",
+        "nvmlGpmSampleGet",
+        "nvmlGpmMigSampleGet",
+        "nvmlGpmMetricsGet",
+        "c_nvmlGpmMetricsGet_t",
+        "NVML_GPM_METRICS_GET_VERSION",
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        "nvmlDeviceGetGpuInstanceId",
+    }
     assert not sorted(n for n in names if not hasattr(pynvml, n))

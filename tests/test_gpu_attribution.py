@@ -97,8 +97,10 @@ def test_two_workers_sharing_an_h100():
     device, own, theirs = collector.collect([a, b], now_ns=0)
     assert (device.tags["job"], device.tags["dag"]) == ("2", "7"), "job 2 runs on a worker using the GPU"
     assert DEVICE_WIDE <= set(device.fields) and "worker_memory_used" not in device.fields
-    assert own.fields == {"worker_memory_used": 4909432832 / MIB} and (own.tags["job"], own.tags["dag"]) == ("1", "0"), \
-        "job 1's worker is idle: its memory stays on its own (idle) tags, never job 2's"
+    assert own.fields == {"worker_memory_used": 4909432832 / MIB} and (own.tags["job"], own.tags["dag"]) == (
+        "1",
+        "0",
+    ), "job 1's worker is idle: its memory stays on its own (idle) tags, never job 2's"
     assert theirs.tags["worker"] == b.address and theirs.tags["job"] == "2"
 
     b.idle()
@@ -154,10 +156,19 @@ def test_plain_workers_seeing_every_gpu_write_each_once():
 
 def test_shared_gpu_report_names_every_worker_on_the_scheduler():
     plugin = JobPlugin({}, worker_payload=b"")
-    plugin.log_event(EVENT_TOPIC, {"what": SHARED_GPU, "host": "node", "uuid": "GPU-da1f", "worker": "tcp://w:9",
-                                   "workers": ["tcp://w:1", "tcp://w:2"]})
+    plugin.log_event(
+        EVENT_TOPIC,
+        {
+            "what": SHARED_GPU,
+            "host": "node",
+            "uuid": "GPU-da1f",
+            "worker": "tcp://w:9",
+            "workers": ["tcp://w:1", "tcp://w:2"],
+        },
+    )
     assert plugin.state()["shared_gpus"] == [
-        {"host": "node", "uuid": "GPU-da1f", "workers": ["tcp://w:1", "tcp://w:2"]}]
+        {"host": "node", "uuid": "GPU-da1f", "workers": ["tcp://w:1", "tcp://w:2"]}
+    ]
 
 
 def test_per_worker_memory_left_out_in_a_container(monkeypatch):
@@ -168,7 +179,7 @@ def test_per_worker_memory_left_out_in_a_container(monkeypatch):
     w = Worker(1, 1001)
     gpus = NvmlDevices(ALL, nvml=h100({}), report=lambda what, message, **d: reports.append(message))
     w.uuids = gpus.resolve(w)
-    reading, = HostCollector(ALL, gpus, host=None).collect([w], now_ns=0)
+    (reading,) = HostCollector(ALL, gpus, host=None).collect([w], now_ns=0)
     assert "worker_memory_used" not in reading.fields and "memory_used" in reading.fields
     assert reports == ["per-worker GPU memory left out: own PID namespace (test)"]
 
@@ -188,8 +199,9 @@ def test_shared_h100_time_goes_to_the_matmul_worker_and_per_job_shares_fit_the_d
     seen = []
     for _ in range(4):
         points = collector.collect([a, b], now_ns=0)
-        share = {p.tags["worker"]: p.fields["worker_utilization_gpu"] for p in points
-                 if "worker_utilization_gpu" in p.fields}
+        share = {
+            p.tags["worker"]: p.fields["worker_utilization_gpu"] for p in points if "worker_utilization_gpu" in p.fields
+        }
         device = [p.fields["utilization_gpu"] for p in points if "utilization_gpu" in p.fields]
         if share:
             seen.append(share)

@@ -70,8 +70,10 @@ def test_two_workers_sharing_one_gpu_keep_their_own_numbers(tmp_path):
 
     from dask_influx_metrics import Monitor
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as admin:
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as admin,
+    ):
         w0, w1 = sorted(admin.scheduler_info()["workers"])
         monitor = Monitor(admin, gpu_source="nvml", sink="spool", spool_directory=str(tmp_path))
         monitor.attach(tracking=["total-mem", "worker-gpu-mem", "compute-util", "tasks"], polling_interval=100)

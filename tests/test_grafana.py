@@ -25,8 +25,21 @@ DASHBOARDS = os.path.join(GRAFANA, "dashboards")
 DATASOURCES = os.path.join(GRAFANA, "provisioning", "datasources", "influxdb.yaml")
 PROVIDER = os.path.join(GRAFANA, "provisioning", "dashboards", "dask.yaml")
 ALERTS = os.path.join(GRAFANA, "provisioning", "alerting", "dask-alerts.yaml")
-BUILTIN_VARS = {"timeFilter", "__interval", "__interval_ms", "__timeFilter", "__from", "__to",
-                "tag_worker", "tag_index", "tag_host", "tag_job", "tag_activity", "tag_sink", "col"}
+BUILTIN_VARS = {
+    "timeFilter",
+    "__interval",
+    "__interval_ms",
+    "__timeFilter",
+    "__from",
+    "__to",
+    "tag_worker",
+    "tag_index",
+    "tag_host",
+    "tag_job",
+    "tag_activity",
+    "tag_sink",
+    "col",
+}
 # Names a query may use besides the schema's FIELDS and TAGS (see schema.DELIVERY).
 DELIVERY_FIELDS = {(schema.DELIVERY, n) for n in schema.DELIVERY_FIELDS}
 
@@ -63,8 +76,9 @@ def test_generated_dashboard_is_committed():
     """The committed JSON and alert rules are what build_dashboard.py writes from the schema."""
     build = _build()
     with open(build.OUT) as f:
-        assert json.load(f) == json.loads(json.dumps(build.dashboard())), \
+        assert json.load(f) == json.loads(json.dumps(build.dashboard())), (
             "run grafana/build_dashboard.py and commit its output"
+        )
     with open(build.ALERTS_OUT) as f:
         assert yaml.safe_load(f) == build.alerts(), "run grafana/build_dashboard.py and commit its output"
 
@@ -90,8 +104,9 @@ def test_dashboard_structure(name):
     refs += [a["datasource"] for a in dash["annotations"]["list"]]
     assert {r["uid"] for r in refs} <= uids
     defined = {v["name"] for v in dash["templating"]["list"]} | BUILTIN_VARS
-    for where, q in _queries(dash) + [(p["title"], t.get("alias", "")) for p in dash["panels"]
-                                      for t in p.get("targets", [])]:
+    for where, q in _queries(dash) + [
+        (p["title"], t.get("alias", "")) for p in dash["panels"] for t in p.get("targets", [])
+    ]:
         used = set(re.findall(r"\$\{?(\w+)", q))
         assert used <= defined, f"{where}: undefined {used - defined}"
 
@@ -139,6 +154,7 @@ def test_provider_path_is_where_dashboards_are_mounted():
 
 # --- every query against the real influxd ------------------------------------------------
 
+
 def _regex_escape(value: str) -> str:
     """Grafana's regex escaping of variable values for InfluxQL (kbn.regexEscape)."""
     return re.sub(r"([\\^$*+?.()|{}\[\]/])", r"\\\1", value)
@@ -161,8 +177,7 @@ def variable_values(influxd, dash: dict, database: str, since: str = "now() - 1h
     for var in dash["templating"]["list"]:
         rows = influxd.query(substitute(var["query"], values, since), db=database)
         assert rows, f"variable {var['name']}: no values"
-        found = sorted({str(r["value"] if "value" in r else [v for k, v in r.items() if k != "time"][0])
-                        for r in rows})
+        found = sorted({str(r["value"] if "value" in r else [v for k, v in r.items() if k != "time"][0]) for r in rows})
         if var["multi"]:
             values[var["name"]] = found
         else:
@@ -175,8 +190,16 @@ def _is_delivery(query: str) -> bool:
 
 
 # Written by NVML only, not by the simulated GPU of the monitored run: test_gpu_panels_on_written_points.
-SIMULATED = ("utilization_gpu", "utilization_memory", "memory_used", "memory_total", "memory_used_percent",
-             "power_draw", "temperature_gpu", "clocks_current_sm")
+SIMULATED = (
+    "utilization_gpu",
+    "utilization_memory",
+    "memory_used",
+    "memory_total",
+    "memory_used_percent",
+    "power_draw",
+    "temperature_gpu",
+    "clocks_current_sm",
+)
 NOT_SIMULATED = tuple(n for m, n in schema.FIELDS if m == schema.GPU and n not in SIMULATED)
 
 
@@ -209,8 +232,11 @@ def test_task_panels_return_rows(influxd):
     database = influxd.create_database("grafana_tasks")
     task_points.write_influxd(influxd, database)
     values = {"host": ["node1"], "worker": task_points.WORKERS, "job": ["1", "2"], "dag": ["1", "2", "3"]}
-    panels = [p for p in _dashboards()["dask-influx-metrics.json"]["panels"]
-              if re.search(r'FROM "(task|activity)"', p["targets"][0]["query"])]
+    panels = [
+        p
+        for p in _dashboards()["dask-influx-metrics.json"]["panels"]
+        if re.search(r'FROM "(task|activity)"', p["targets"][0]["query"])
+    ]
     assert len(panels) == 2
     for panel in panels:
         sent = substitute(panel["targets"][0]["query"], values).replace("now() - 1h", str(task_points.T0))
@@ -221,8 +247,14 @@ def test_task_panels_return_rows(influxd):
 def test_build_script_runs(tmp_path):
     """The generator is a plain script (python grafana/build_dashboard.py)."""
     env = {**os.environ, "PYTHONPATH": ROOT}
-    out = subprocess.run([sys.executable, "-c", "import build_dashboard as b; print(len(b.panels()))"],
-                         cwd=GRAFANA, env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "import build_dashboard as b; print(len(b.panels()))"],
+        cwd=GRAFANA,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and int(out.stdout) >= 8, out.stderr
 
 
@@ -241,9 +273,16 @@ def _schema_check(dashboard: dict, tmp_path) -> subprocess.CompletedProcess:
     with open(os.path.join(GRAFANA, "schema_check.ts.in")) as f:
         source = f.read().replace("DASHBOARD_JSON", json.dumps(dashboard, indent=1))
     (tmp_path / "dashboard.ts").write_text(source)
-    options = {"strict": True, "noEmit": True, "module": "esnext", "moduleResolution": "bundler",
-               "target": "es2022", "skipLibCheck": True, "types": [],
-               "paths": {"@grafana/schema": [os.path.join(GRAFANA_TOOLS, "@grafana", "schema")]}}
+    options = {
+        "strict": True,
+        "noEmit": True,
+        "module": "esnext",
+        "moduleResolution": "bundler",
+        "target": "es2022",
+        "skipLibCheck": True,
+        "types": [],
+        "paths": {"@grafana/schema": [os.path.join(GRAFANA_TOOLS, "@grafana", "schema")]},
+    }
     (tmp_path / "tsconfig.json").write_text(json.dumps({"compilerOptions": options, "files": ["dashboard.ts"]}))
     return subprocess.run(["node", tsc, "-p", str(tmp_path)], capture_output=True, text=True, timeout=120)
 
@@ -282,13 +321,20 @@ def _gpu_lines() -> list[str]:
         for index in (0, 1):
             util = 80.0 if job == "2" and dag != "0" else 50.0 if index == 0 and dag == "1" else 0.0
             reasons = (4 if i % 2 else 0) if index == 0 and dag == "1" else 8 if index == 1 and dag == "2" else 0
-            fields = (f"utilization_gpu={util},utilization_memory={util / 2},memory_used=1000,memory_total=8000,"
-                      f"memory_used_percent=12.5,power_draw={60 + util},temperature_gpu=40,clocks_current_sm=1410,"
-                      f"worker_memory_used=600,clocks_event_reasons={reasons}i,"
-                      + ",".join(f"{n}=1{'i' if schema.FIELDS[schema.GPU, n].type is int else ''}"
-                                 for n in NOT_SIMULATED if n not in ("worker_memory_used", "clocks_event_reasons")))
-            lines.append(f"gpu,host=node1,worker={WORKER},job={job},dag={dag},index={index},"
-                         f"uuid=GPU-{index},nvml_index={index},name=Test {fields} {T0 + i * 200_000_000}")
+            fields = (
+                f"utilization_gpu={util},utilization_memory={util / 2},memory_used=1000,memory_total=8000,"
+                f"memory_used_percent=12.5,power_draw={60 + util},temperature_gpu=40,clocks_current_sm=1410,"
+                f"worker_memory_used=600,clocks_event_reasons={reasons}i,"
+                + ",".join(
+                    f"{n}=1{'i' if schema.FIELDS[schema.GPU, n].type is int else ''}"
+                    for n in NOT_SIMULATED
+                    if n not in ("worker_memory_used", "clocks_event_reasons")
+                )
+            )
+            lines.append(
+                f"gpu,host=node1,worker={WORKER},job={job},dag={dag},index={index},"
+                f"uuid=GPU-{index},nvml_index={index},name=Test {fields} {T0 + i * 200_000_000}"
+            )
     return lines
 
 
@@ -329,15 +375,32 @@ def test_gpu_panels_on_written_points(influxd, written_gpu):
     assert hours["1"]["held_idle_gpu_hours"] == pytest.approx(30 * 0.2 / 3600)  # GPU 1 only
     assert hours["2"]["gpu_hours"] == pytest.approx(20 * 2 * 0.2 / 3600)
     assert hours["2"]["held_idle_gpu_hours"] == 0
-    slowed = _run(influxd, written_gpu, "Clock-event reasons: % of samples slowed down, per reason", values,
-                  since=str(T0 + 40 * 200_000_000 - 1))  # job 2 only: GPU 1 in hardware slowdown throughout
-    assert {(r["index"], r["hardware slowdown"], r["software power cap"]) for r in slowed} == {("0", 0, 0), ("1", 100, 0)}
-    slowed = _run(influxd, written_gpu, "Clock-event reasons: % of samples slowed down, per reason",
-                  {**values, "job": ["1"], "dag": ["1"]})
+    slowed = _run(
+        influxd,
+        written_gpu,
+        "Clock-event reasons: % of samples slowed down, per reason",
+        values,
+        since=str(T0 + 40 * 200_000_000 - 1),
+    )  # job 2 only: GPU 1 in hardware slowdown throughout
+    assert {(r["index"], r["hardware slowdown"], r["software power cap"]) for r in slowed} == {
+        ("0", 0, 0),
+        ("1", 100, 0),
+    }
+    slowed = _run(
+        influxd,
+        written_gpu,
+        "Clock-event reasons: % of samples slowed down, per reason",
+        {**values, "job": ["1"], "dag": ["1"]},
+    )
     assert sum(r["software power cap"] for r in slowed if r["index"] == "0") / len(
-        [r for r in slowed if r["index"] == "0"]) == pytest.approx(50)
-    held = _run(influxd, written_gpu, "GPU held idle while a job runs (% of busy samples)", {**values, "job": ["1"],
-                                                                                            "dag": ["1"]})
+        [r for r in slowed if r["index"] == "0"]
+    ) == pytest.approx(50)
+    held = _run(
+        influxd,
+        written_gpu,
+        "GPU held idle while a job runs (% of busy samples)",
+        {**values, "job": ["1"], "dag": ["1"]},
+    )
     assert {(r["index"], r["mean"]) for r in held} == {("0", 0), ("1", 100)}
 
 
@@ -348,11 +411,15 @@ def _delivery_lines() -> list[str]:
     for i in range(13):
         t = T0 + i * 10_000_000_000
         dropped = 5 * max(0, i - 6)
-        lines.append(f"delivery,host=node1,worker={WORKER},sink=udp points_sent={100 * i}i,"
-                     f"points_dropped={dropped}i,points_refused=0i,points_spooled=0i,errors=0i {t}")
+        lines.append(
+            f"delivery,host=node1,worker={WORKER},sink=udp points_sent={100 * i}i,"
+            f"points_dropped={dropped}i,points_refused=0i,points_spooled=0i,errors=0i {t}"
+        )
         sent = 50 * (i if i < 6 else i - 6)
-        lines.append(f"delivery,host=node0,worker=scheduler,sink=http points_sent={sent}i,points_dropped=0i,"
-                     f"points_refused={2 if i == 3 else 0}i,points_spooled=0i,errors=0i {t}")
+        lines.append(
+            f"delivery,host=node0,worker=scheduler,sink=http points_sent={sent}i,points_dropped=0i,"
+            f"points_refused={2 if i == 3 else 0}i,points_spooled=0i,errors=0i {t}"
+        )
     return lines
 
 
@@ -366,8 +433,10 @@ def test_delivery_panels(influxd):
     assert {r["points_sent"] for r in sent if r["sink"] == "udp"} == {10}  # 100 points per 10 s
     lost = _run(influxd, database, "Points dropped, refused, spooled and sink errors per second", values)
     assert max(r["points_dropped"] for r in lost if r["sink"] == "udp") == 0.5
-    totals = {r["sink"]: r for r in _run(influxd, database,
-                                         "Sampling health: points per sender and sink in the time range", values)}
+    totals = {
+        r["sink"]: r
+        for r in _run(influxd, database, "Sampling health: points per sender and sink in the time range", values)
+    }
     assert (totals["udp"]["points_sent"], totals["udp"]["points_dropped"]) == (1200, 30)
     # http: 0..250 before the restart, 50..300 after it (the step across the reset is left out)
     assert (totals["http"]["points_sent"], totals["http"]["points_refused"]) == (250 + 300, 2)

@@ -15,17 +15,43 @@ import re
 
 import pytest
 import yaml
-
 from test_grafana import ALERTS, DATASOURCES, _check_names, _dashboards
 
 # Keys Grafana's file provisioning reads (yaml tags of its V1 structs); anything else is ignored
 # silently by Grafana, so a misspelt key would drop a setting without a word.
-TOP_KEYS = {"apiVersion", "groups", "deleteRules", "contactPoints", "deleteContactPoints", "policies",
-            "resetPolicies", "templates", "deleteTemplates", "muteTimes", "deleteMuteTimes"}
+TOP_KEYS = {
+    "apiVersion",
+    "groups",
+    "deleteRules",
+    "contactPoints",
+    "deleteContactPoints",
+    "policies",
+    "resetPolicies",
+    "templates",
+    "deleteTemplates",
+    "muteTimes",
+    "deleteMuteTimes",
+}
 GROUP_KEYS = {"orgId", "name", "folder", "interval", "rules"}
-RULE_KEYS = {"uid", "title", "condition", "data", "dasboardUid", "dashboardUid", "panelId", "noDataState",
-             "execErrState", "for", "keepFiringFor", "missing_series_evals_to_resolve", "annotations", "labels",
-             "isPaused", "notification_settings", "record"}
+RULE_KEYS = {
+    "uid",
+    "title",
+    "condition",
+    "data",
+    "dasboardUid",
+    "dashboardUid",
+    "panelId",
+    "noDataState",
+    "execErrState",
+    "for",
+    "keepFiringFor",
+    "missing_series_evals_to_resolve",
+    "annotations",
+    "labels",
+    "isPaused",
+    "notification_settings",
+    "record",
+}
 QUERY_KEYS = {"refId", "queryType", "relativeTimeRange", "datasourceUid", "model"}
 NO_DATA_STATES = {"Alerting", "NoData", "OK", "KeepLast"}
 EXEC_ERR_STATES = {"Alerting", "Error", "OK", "KeepLast"}
@@ -113,13 +139,17 @@ def query_problems(where: str, q: dict, others: set, datasources: set) -> list[s
         used = set(REF.findall(model.get("expression", ""))) if kind == "math" else {model.get("expression")}
         if kind not in EXPRESSION_TYPES or not used or not used <= others:
             out.append(f"{where}: expression {kind} {model.get('expression')!r} must use other refIds")
-        if kind == "reduce" and (model.get("reducer") not in REDUCERS
-                                 or model.get("settings", {}).get("mode", "") not in REDUCE_MODES):
+        if kind == "reduce" and (
+            model.get("reducer") not in REDUCERS or model.get("settings", {}).get("mode", "") not in REDUCE_MODES
+        ):
             out.append(f"{where}: reducer/mode not one of {sorted(REDUCERS)}/{sorted(REDUCE_MODES)}")
         if kind == "threshold":
             evaluators = [c.get("evaluator", {}) for c in model.get("conditions", [])]
-            if len(evaluators) != 1 or evaluators[0].get("type") not in EVALUATORS or not all(
-                    isinstance(p, (int, float)) for p in evaluators[0].get("params", [None])):
+            if (
+                len(evaluators) != 1
+                or evaluators[0].get("type") not in EVALUATORS
+                or not all(isinstance(p, (int, float)) for p in evaluators[0].get("params", [None]))
+            ):
                 out.append(f"{where}: threshold needs one evaluator of {sorted(EVALUATORS)} with numbers")
         return out
     if q.get("datasourceUid") not in datasources:
@@ -154,22 +184,33 @@ def test_alert_file_is_what_grafana_provisioning_reads():
     assert set(_rules()) == {"dask-gpu-held-idle", "dask-samples-dropped"}
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda r: r.update(noDataState="Ok"), "noDataState/execErrState not one of"),
-    (lambda r: r.update(fro="5m"), "unknown key 'fro'"),
-    (lambda r: r.update(condition="Z"), "condition 'Z' is not a refId"),
-    (lambda r: r["data"][-1]["model"].update(expression="$D == 0 && $Z == $F"), "must use other refIds"),
-    (lambda r: r["data"][3]["model"].update(reducer="avg"), "reducer/mode not one of"),
-    (lambda r: r["data"][0]["model"].update(query=r["data"][0]["model"]["query"].replace(
-        "WHERE", 'WHERE "host" =~ /^$host$/ AND')), "have no dashboard variables: ['host']"),
-    (lambda r: r["data"][0]["model"].update(query=r["data"][0]["model"]["query"].replace(
-        "utilization_gpu", "utilisation_gpu")), "gpu has no field or tag utilisation_gpu"),
-    (lambda r: r["data"][0].update(datasourceUid="influx"), "'influx' is not provisioned"),
-    (lambda r: r["data"][0].update(relativeTimeRange={"from": 0, "to": 600}), "from > to"),
-    (lambda r: r.update(panelId=999), "name no provisioned panel"),
-    (lambda r: r["annotations"].update(summary="${HOSTNAME}"), "expands from the environment"),
-    (lambda r: r.update(uid="a" * 41), "uid must be 1-40"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: r.update(noDataState="Ok"), "noDataState/execErrState not one of"),
+        (lambda r: r.update(fro="5m"), "unknown key 'fro'"),
+        (lambda r: r.update(condition="Z"), "condition 'Z' is not a refId"),
+        (lambda r: r["data"][-1]["model"].update(expression="$D == 0 && $Z == $F"), "must use other refIds"),
+        (lambda r: r["data"][3]["model"].update(reducer="avg"), "reducer/mode not one of"),
+        (
+            lambda r: r["data"][0]["model"].update(
+                query=r["data"][0]["model"]["query"].replace("WHERE", 'WHERE "host" =~ /^$host$/ AND')
+            ),
+            "have no dashboard variables: ['host']",
+        ),
+        (
+            lambda r: r["data"][0]["model"].update(
+                query=r["data"][0]["model"]["query"].replace("utilization_gpu", "utilisation_gpu")
+            ),
+            "gpu has no field or tag utilisation_gpu",
+        ),
+        (lambda r: r["data"][0].update(datasourceUid="influx"), "'influx' is not provisioned"),
+        (lambda r: r["data"][0].update(relativeTimeRange={"from": 0, "to": 600}), "from > to"),
+        (lambda r: r.update(panelId=999), "name no provisioned panel"),
+        (lambda r: r["annotations"].update(summary="${HOSTNAME}"), "expands from the environment"),
+        (lambda r: r.update(uid="a" * 41), "uid must be 1-40"),
+    ],
+)
 def test_alert_check_catches(change, message):
     doc = copy.deepcopy(_alerts())
     change(doc["groups"][0]["rules"][0])
@@ -209,8 +250,7 @@ def evaluate(rule: dict, influxd, database: str) -> set[frozenset]:
             used = REF.findall(model["expression"])
             python = REF.sub(r"v['\1']", model["expression"]).replace("&&", " and ").replace("||", " or ")
             common = set.intersection(*(set(results[u]) for u in used))
-            results[q["refId"]] = {k: float(eval(python, {}, {"v": {u: results[u][k] for u in used}}))
-                                   for k in common}
+            results[q["refId"]] = {k: float(eval(python, {}, {"v": {u: results[u][k] for u in used}})) for k in common}
         elif model["type"] == "threshold":
             (condition,) = model["conditions"]
             assert condition["evaluator"]["type"] == "gt"
@@ -221,6 +261,7 @@ def evaluate(rule: dict, influxd, database: str) -> set[frozenset]:
 
 def _gpu_lines(dag_tag: bool) -> list[str]:
     """20 minutes of one sample per 10 s for 5 GPUs of host n1 (uuid: what each shows)."""
+
     def util(uuid: str, i: int) -> float:
         if uuid == "U-busy-once" and i == 110:
             return 30.0
@@ -245,7 +286,8 @@ def test_held_idle_rule_fires_only_for_a_gpu_held_idle_all_window(influxd, dag_t
     database = influxd.create_database(f"alerts_gpu_{int(dag_tag)}")
     influxd.write(_gpu_lines(dag_tag), db=database)
     assert evaluate(_rules()["dask-gpu-held-idle"], influxd, database) == {
-        frozenset({("host", "n1"), ("uuid", "U-held")})}
+        frozenset({("host", "n1"), ("uuid", "U-held")})
+    }
 
 
 def _delivery_lines() -> list[str]:
@@ -261,8 +303,10 @@ def _delivery_lines() -> list[str]:
             ("n2", "w3", "http"): (20 * i, 0, recent // 4),
         }
         for (host, worker, sink), (sent, dropped, refused) in counters.items():
-            lines.append(f"delivery,host={host},worker={worker},sink={sink} points_sent={sent}i,"
-                         f"points_dropped={dropped}i,points_refused={refused}i,points_spooled=0i,errors=0i {t}")
+            lines.append(
+                f"delivery,host={host},worker={worker},sink={sink} points_sent={sent}i,"
+                f"points_dropped={dropped}i,points_refused={refused}i,points_spooled=0i,errors=0i {t}"
+            )
     return lines
 
 
@@ -271,7 +315,8 @@ def test_dropped_rule_fires_only_for_senders_that_lost_points_in_the_window(infl
     influxd.write(_delivery_lines(), db=database)
     assert evaluate(_rules()["dask-samples-dropped"], influxd, database) == {
         frozenset({("host", "n1"), ("worker", "w1"), ("sink", "udp")}),
-        frozenset({("host", "n2"), ("worker", "w3"), ("sink", "http")})}
+        frozenset({("host", "n2"), ("worker", "w3"), ("sink", "http")}),
+    }
 
 
 def test_alert_rules_are_mounted_where_grafana_reads_them():

@@ -83,8 +83,11 @@ def stores(influxd, tmp_path_factory):
         fake = FakeInflux()
         fake.answer = answer_from(points)
         fakes.append(fake)
-        out[name] = {"influxql": query.connect(influxd.url, db), "spool": query.connect(root),
-                     "flux": query.connect(fake.url, "dask_metrics", language="flux", timeout=5)}
+        out[name] = {
+            "influxql": query.connect(influxd.url, db),
+            "spool": query.connect(root),
+            "flux": query.connect(fake.url, "dask_metrics", language="flux", timeout=5),
+        }
     yield out
     for kinds in out.values():
         for db in kinds.values():
@@ -119,8 +122,9 @@ def test_every_worker_table_has_its_hosts_columns(stores, data, kind):
 def test_one_host_series_written_once_per_host(stores, kind):
     db = stores["host-once"][kind]
     rows = db.backend.max_by("host", "cpu_percent", ("host", "worker"))
-    assert sorted(zip(rows["host"], rows["worker"])) == [("node-a", W1), ("node-a", W2), ("node-b", W3)], \
+    assert sorted(zip(rows["host"], rows["worker"])) == [("node-a", W1), ("node-a", W2), ("node-b", W3)], (
         "node-a: W1, then W2 after it left (one writer at a time)"
+    )
     series = db.host_series("node-a", ["cpu_percent"])
     assert series["time"].is_unique and len(series) == N
 
@@ -141,12 +145,17 @@ def test_host_peaks_are_the_hosts_per_job(stores, kind, server):
 @pytest.mark.parametrize("per_job", [True, False])
 def test_server_side_equals_client_side(stores, data, kind, per_job):
     db = stores[data][kind]
-    server, client = db.peaks("host-cpu", per_job=per_job, server=True), db.peaks("host-cpu", per_job=per_job,
-                                                                                   server=False)
+    server, client = (
+        db.peaks("host-cpu", per_job=per_job, server=True),
+        db.peaks("host-cpu", per_job=per_job, server=False),
+    )
     assert len(server) and set(server["worker"]) == {W1, W2, W3}
     pd.testing.assert_frame_equal(server, client, check_dtype=False)
-    pd.testing.assert_frame_equal(db.peaks("host-cpu", job=2, per_job=per_job, server=True),
-                                  db.peaks("host-cpu", job=2, per_job=per_job, server=False), check_dtype=False)
+    pd.testing.assert_frame_equal(
+        db.peaks("host-cpu", job=2, per_job=per_job, server=True),
+        db.peaks("host-cpu", job=2, per_job=per_job, server=False),
+        check_dtype=False,
+    )
 
 
 def test_legacy_peaks_follow_the_same_rule(stores):

@@ -8,13 +8,12 @@ import base64
 import pandas as pd
 import pytest
 import requests
-
-from dask_influx_metrics import custom_metric, lineprotocol, query, schema
-from dask_influx_metrics.sinks.http import HttpSink
-
 from conftest import _slow
 from fake_influx2 import points
 from fake_influx3 import FakeInflux3
+
+from dask_influx_metrics import custom_metric, lineprotocol, query, schema
+from dask_influx_metrics.sinks.http import HttpSink
 
 
 class Fallback:
@@ -59,14 +58,18 @@ def test_a_custom_metric_named_like_a_tag_is_refused(name):
 
 # --- the fake enforces the documented 3.x rules ----------------------------------------------------
 def test_fake_wants_a_token_in_any_documented_form(fake3):
-    post = lambda path, **kw: requests.post(fake3.url + path, data=b"m,t=a v=1 1", timeout=5, **kw)
+    def post(path, **kw):
+        return requests.post(fake3.url + path, data=b"m,t=a v=1 1", timeout=5, **kw)
+
     assert post("/write", params={"db": "d"}).status_code == 401
     assert post("/write", params={"db": "d"}, headers={"Authorization": "Token wrong"}).status_code == 401
     basic = base64.b64encode(f"ignored:{fake3.token}".encode()).decode()
-    for headers, params in [({"Authorization": f"Token {fake3.token}"}, {"db": "d"}),
-                            ({"Authorization": f"Bearer {fake3.token}"}, {"db": "d"}),
-                            ({"Authorization": f"Basic {basic}"}, {"db": "d"}),
-                            ({}, {"db": "d", "p": fake3.token})]:
+    for headers, params in [
+        ({"Authorization": f"Token {fake3.token}"}, {"db": "d"}),
+        ({"Authorization": f"Bearer {fake3.token}"}, {"db": "d"}),
+        ({"Authorization": f"Basic {basic}"}, {"db": "d"}),
+        ({}, {"db": "d", "p": fake3.token}),
+    ]:
         assert post("/write", params=params, headers=headers).status_code == 204
     bearer = {"Authorization": f"Bearer {fake3.token}"}
     assert post("/api/v3/write_lp", params={"db": "d", "precision": "nanosecond"}, headers=bearer).status_code == 204
@@ -77,12 +80,18 @@ def test_fake_wants_a_token_in_any_documented_form(fake3):
 
 def test_fake_refuses_tag_field_collisions_and_kind_changes_partially(fake3):
     body = "\n".join(["m,t=a v=1 1", "m,v=x w=1 2", "m t=1 3", "m,t=b v=2i 4", "m,t=c v=3 5", "n,v=x v=1 6"])
-    r = requests.post(fake3.url + "/write", params={"db": "d"}, data=body, timeout=5,
-                      headers={"Authorization": f"Token {fake3.token}"})
+    r = requests.post(
+        fake3.url + "/write",
+        params={"db": "d"},
+        data=body,
+        timeout=5,
+        headers={"Authorization": f"Token {fake3.token}"},
+    )
     assert r.status_code == 400
     assert [e["line_number"] for e in r.json()["data"]] == [2, 3, 4, 6]
-    rows = requests.get(fake3.influxd.url + "/query", params={"db": fake3.real("d"), "q": 'SELECT v FROM "m"'},
-                        timeout=5).json()["results"][0]["series"][0]["values"]
+    rows = requests.get(
+        fake3.influxd.url + "/query", params={"db": fake3.real("d"), "q": 'SELECT v FROM "m"'}, timeout=5
+    ).json()["results"][0]["series"][0]["values"]
     assert [v for _, v in rows] == [1, 3]  # the good lines were written
 
 
@@ -131,8 +140,15 @@ def test_influxql_reader_reads_3x_as_it_reads_1x(fake3, influxd):
 def test_a_monitored_run_over_http_into_3x_reads_back(fake3, client):
     from dask_influx_metrics import Monitor
 
-    monitor = Monitor(client, sink="http", influxdb_url=fake3.url, database="dask_metrics", token=fake3.token,
-                      gpu_source="simulated", gpu_count=1)
+    monitor = Monitor(
+        client,
+        sink="http",
+        influxdb_url=fake3.url,
+        database="dask_metrics",
+        token=fake3.token,
+        gpu_source="simulated",
+        gpu_count=1,
+    )
     monitor.attach(polling_interval=50)
     monitor.start()
     client.gather(client.map(_slow, range(4), delay=0.2))

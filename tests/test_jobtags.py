@@ -14,10 +14,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAGS = ["0", "1", "2", "12", "1,2", "2,12", "1,12", "3,20,21", "", "x,2"]
 
 
-@pytest.mark.parametrize("numbers, idle, tag", [
-    ([2], 0, "2"), ([2, 1, 2], 0, "1,2"), ([10, 9], 0, "9,10"), ([0, None, 3], 0, "3"),
-    ([], 0, "0"), ([], 4, "4"), ((n for n in [5, 5]), 0, "5"), ([np.int64(7)], 0, "7"),
-])
+@pytest.mark.parametrize(
+    "numbers, idle, tag",
+    [
+        ([2], 0, "2"),
+        ([2, 1, 2], 0, "1,2"),
+        ([10, 9], 0, "9,10"),
+        ([0, None, 3], 0, "3"),
+        ([], 0, "0"),
+        ([], 4, "4"),
+        ((n for n in [5, 5]), 0, "5"),
+        ([np.int64(7)], 0, "7"),
+    ],
+)
 def test_format(numbers, idle, tag):
     assert jobtags.format(numbers, idle=idle) == tag
 
@@ -89,6 +98,8 @@ def test_influxdb_selects_what_the_codec_selects(monitored):
     gpu = [p for p in map(lineprotocol.parse, read_lines(monitored.spool)) if p.measurement == "gpu"]
     for job in (1, 2):
         expected = sum(jobtags.contains(p.tags["job"], job) for p in gpu)
-        rows = monitored.influxd.query(f'SELECT count("utilization_gpu") FROM "gpu" WHERE "run" = '
-                                       f"'{monitored.run}' AND \"job\" =~ {jobtags.influxql_regex(job)}")
+        rows = monitored.influxd.query(
+            f'SELECT count("utilization_gpu") FROM "gpu" WHERE "run" = '
+            f"'{monitored.run}' AND \"job\" =~ {jobtags.influxql_regex(job)}"
+        )
         assert expected > 0 and rows[0]["count"] == expected

@@ -10,13 +10,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PKG = os.path.join(ROOT, "dask_influx_metrics")
 
 
-@pytest.mark.parametrize("path, names", [
-    ("dask_influx_metrics", ["Monitor", "custom_metric"]),
-    ("dask_influx_metrics.query", ["connect", "Store", "QueryError"]),
-    ("dask_influx_metrics.visualize", ["lines", "boxes"]),
-    ("dask_influx_metrics.preload", ["dask_setup"]),
-    ("dask_influx_metrics.__main__", ["main"]),
-])
+@pytest.mark.parametrize(
+    "path, names",
+    [
+        ("dask_influx_metrics", ["Monitor", "custom_metric"]),
+        ("dask_influx_metrics.query", ["connect", "Store", "QueryError"]),
+        ("dask_influx_metrics.visualize", ["lines", "boxes"]),
+        ("dask_influx_metrics.preload", ["dask_setup"]),
+        ("dask_influx_metrics.__main__", ["main"]),
+    ],
+)
 def test_public_import_paths_keep_working(path, names):
     module = importlib.import_module(path)
     for name in names:
@@ -81,14 +84,20 @@ def test_no_import_circle_and_no_back_arrow():
         part = (m.split(".") + [""])[1]
         return part if part in order or part in entry else "shared"
 
-    back = sorted((m, d) for m, deps in graph.items() for d in deps if kind(d) in order and kind(m) not in entry
-                  and (kind(m) == "shared" or order.index(kind(d)) < order.index(kind(m))))
+    back = sorted(
+        (m, d)
+        for m, deps in graph.items()
+        for d in deps
+        if kind(d) in order
+        and kind(m) not in entry
+        and (kind(m) == "shared" or order.index(kind(d)) < order.index(kind(m)))
+    )
     assert not back, back
     seen, stack = set(), []
 
     def visit(m):
         if m in stack:
-            raise AssertionError(f"import circle: {' -> '.join(stack[stack.index(m):] + [m])}")
+            raise AssertionError(f"import circle: {' -> '.join(stack[stack.index(m) :] + [m])}")
         if m in seen:
             return
         stack.append(m)

@@ -14,11 +14,54 @@ from dask_influx_metrics.schema import Point
 BASE_NS = 1_700_000_000_000_000_000
 
 HOSTILE = [
-    "plain", "with space", " leading", "trailing ", "a,b", "a=b", 'a"b', "=", ",", " ", '"',
-    "a\\b", "a\\\\b", "trail\\", "trail\\\\", "\\", "\\ x", "a\\,b", "a\\=b", "a\\ b", 'a\\"b',
-    "a\\\\,b", "a\\\\ b", "a\\\nb", "a\nb", "\n", "a\r\nb", "a\rb", "a\tb", "a\x00b", "a\x7fb",
-    "a\fb", "#hash", "# hash", "\\#x", "é ünï", "日本語", "emoji 😀", "", "time", "Time", "_field",
-    "lone\ud800", "x=1 y=2,z", 'q="x"', "\\\\", "a\\", "\x1b[31mred",
+    "plain",
+    "with space",
+    " leading",
+    "trailing ",
+    "a,b",
+    "a=b",
+    'a"b',
+    "=",
+    ",",
+    " ",
+    '"',
+    "a\\b",
+    "a\\\\b",
+    "trail\\",
+    "trail\\\\",
+    "\\",
+    "\\ x",
+    "a\\,b",
+    "a\\=b",
+    "a\\ b",
+    'a\\"b',
+    "a\\\\,b",
+    "a\\\\ b",
+    "a\\\nb",
+    "a\nb",
+    "\n",
+    "a\r\nb",
+    "a\rb",
+    "a\tb",
+    "a\x00b",
+    "a\x7fb",
+    "a\fb",
+    "#hash",
+    "# hash",
+    "\\#x",
+    "é ünï",
+    "日本語",
+    "emoji 😀",
+    "",
+    "time",
+    "Time",
+    "_field",
+    "lone\ud800",
+    "x=1 y=2,z",
+    'q="x"',
+    "\\\\",
+    "a\\",
+    "\x1b[31mred",
 ]
 KINDS = ("measurement", "tag_key", "tag_value", "field_key", "string")
 
@@ -62,17 +105,18 @@ def readback(kind: str, s: str, p: Point | None):
 
 
 def test_types_and_layout():
-    line = lp.encode(Point("m", {"b": "2", "a": "1", "e": ""},
-                           {"f": 1.5, "i": -3, "t": True, "n": False, "s": "x"}, 42))
+    line = lp.encode(
+        Point("m", {"b": "2", "a": "1", "e": ""}, {"f": 1.5, "i": -3, "t": True, "n": False, "s": "x"}, 42)
+    )
     assert line == b'm,a=1,b=2 f=1.5,i=-3i,t=true,n=false,s="x" 42'
-    assert lp.parse(line) == Point("m", {"a": "1", "b": "2"},
-                                   {"f": 1.5, "i": -3, "t": True, "n": False, "s": "x"}, 42)
+    assert lp.parse(line) == Point("m", {"a": "1", "b": "2"}, {"f": 1.5, "i": -3, "t": True, "n": False, "s": "x"}, 42)
     assert lp.encode(Point("m", {}, {"v": 1.0}, None)) == b"m v=1.0"
     assert lp.parse(b"m v=1.0").time_ns is None
 
 
-@pytest.mark.parametrize("x", [0.1, 1e16, 1e-7, -0.0, 5e-324, 1.7976931348623157e308,
-                               123456789.12345679, float(2**53 + 2), 1 / 3, -2.5e-300])
+@pytest.mark.parametrize(
+    "x", [0.1, 1e16, 1e-7, -0.0, 5e-324, 1.7976931348623157e308, 123456789.12345679, float(2**53 + 2), 1 / 3, -2.5e-300]
+)
 def test_floats_round_trip_exactly(x):
     value = lp.parse(lp.encode(Point("m", {}, {"v": x}, 1))).fields["v"]
     assert type(value) is float and value == x and repr(value) == repr(x)
@@ -80,8 +124,22 @@ def test_floats_round_trip_exactly(x):
 
 def test_nonfinite_and_out_of_range_fields_are_dropped_and_counted():
     lp.stats.clear()
-    line = lp.encode(Point("m", {}, {"a": float("nan"), "b": float("inf"), "c": -float("inf"),
-                                     "d": 2**63, "e": None, "f": object(), "ok": 2**63 - 1}, 1))
+    line = lp.encode(
+        Point(
+            "m",
+            {},
+            {
+                "a": float("nan"),
+                "b": float("inf"),
+                "c": -float("inf"),
+                "d": 2**63,
+                "e": None,
+                "f": object(),
+                "ok": 2**63 - 1,
+            },
+            1,
+        )
+    )
     assert line == b"m ok=9223372036854775807i 1"
     assert lp.stats == {"nonfinite": 3, "int_range": 1, "unsupported_type": 1}
     assert lp.encode(Point("m", {"t": "x"}, {"a": float("nan")}, 1)) is None
@@ -95,19 +153,26 @@ def test_numpy_scalars_are_written_by_kind():
 
 def test_reserved_empty_and_duplicate_keys():
     lp.stats.clear()
-    p = Point("m", {"time": "x", "": "y", "a\n": "1", "a\t": "2", "k": None},
-              {"time": 1, "": 2, "v\\": 3, "v": 4}, 1)
+    p = Point("m", {"time": "x", "": "y", "a\n": "1", "a\t": "2", "k": None}, {"time": 1, "": 2, "v\\": 3, "v": 4}, 1)
     assert lp.parse(lp.encode(p)) == Point("m", {"a ": "2"}, {"v": 3}, 1)  # "a\t" sorts first
     assert lp.stats == {"reserved_key": 2, "empty_key": 2, "duplicate_key": 2}
 
 
 def test_documented_policy_examples():
     cases = [
-        ("measurement", "trail\\", "trail"), ("measurement", "#hash", "\\#hash"),
-        ("measurement", "a\\,b", "a,b"), ("measurement", 'a\\"b', 'a"b'),
-        ("tag_value", "a\\,b", "a\\,b"), ("tag_value", "a\nb", "a b"), ("tag_value", "\\", None),
-        ("tag_key", 'a\\"b', 'a\\"b'), ("field_key", "a\\=b", "a=b"), ("field_key", "a\\\\b", "a\\\\b"),
-        ("string", "a\rb", "a b"), ("string", "a\r\nb\\", "a\r\nb\\"), ("string", "", ""),
+        ("measurement", "trail\\", "trail"),
+        ("measurement", "#hash", "\\#hash"),
+        ("measurement", "a\\,b", "a,b"),
+        ("measurement", 'a\\"b', 'a"b'),
+        ("tag_value", "a\\,b", "a\\,b"),
+        ("tag_value", "a\nb", "a b"),
+        ("tag_value", "\\", None),
+        ("tag_key", 'a\\"b', 'a\\"b'),
+        ("field_key", "a\\=b", "a=b"),
+        ("field_key", "a\\\\b", "a\\\\b"),
+        ("string", "a\rb", "a b"),
+        ("string", "a\r\nb\\", "a\r\nb\\"),
+        ("string", "", ""),
         ("measurement", "lone\ud800", "lone?"),
     ]
     for kind, s, want in cases:
@@ -143,8 +208,9 @@ def test_split_lines_keeps_quoted_newlines_and_returns_partial_rest():
     assert lp.parse(lines[0]).fields["s"] == 'multi\nline "q" \\'
 
 
-@pytest.mark.parametrize("bad", [b"", b"m", b"m,t=1", b"m v=", b"m v=x 1", b'm s="open 1', b"m v=1 1x",
-                                 b"m,t v=1", b"m v=nan", b"m =1"])
+@pytest.mark.parametrize(
+    "bad", [b"", b"m", b"m,t=1", b"m v=", b"m v=x 1", b'm s="open 1', b"m v=1 1x", b"m,t v=1", b"m v=nan", b"m =1"]
+)
 def test_parse_rejects_malformed_lines(bad):
     with pytest.raises(ValueError):
         lp.parse(bad)

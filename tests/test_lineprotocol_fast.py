@@ -8,15 +8,42 @@ import random
 import struct
 
 import pytest
+from test_lineprotocol import BASE_NS, HOSTILE
 
 from dask_influx_metrics import lineprotocol as lp
 from dask_influx_metrics.schema import Point
-from test_lineprotocol import BASE_NS, HOSTILE
 
 NAN, INF = float("nan"), float("inf")
-VALUES = [0.5, -0.0, 1e308, 5e-324, 123456789.125, NAN, INF, -INF, 7, -3, 2**63 - 1, -2**63, 2**63, -2**63 - 1,
-          True, False, None, "", "plain", 'say "hi"', "back\\slash\\", "cr\r only", "crlf\r\n", "form\ffeed",
-          "%s %d %%", "{0}", "lone\ud800", "ünïcode"]
+VALUES = [
+    0.5,
+    -0.0,
+    1e308,
+    5e-324,
+    123456789.125,
+    NAN,
+    INF,
+    -INF,
+    7,
+    -3,
+    2**63 - 1,
+    -(2**63),
+    2**63,
+    -(2**63) - 1,
+    True,
+    False,
+    None,
+    "",
+    "plain",
+    'say "hi"',
+    "back\\slash\\",
+    "cr\r only",
+    "crlf\r\n",
+    "form\ffeed",
+    "%s %d %%",
+    "{0}",
+    "lone\ud800",
+    "ünïcode",
+]
 
 
 def general_only(m) -> None:
@@ -27,6 +54,7 @@ def general_only(m) -> None:
 
 def both_paths(monkeypatch, points: list) -> tuple:
     """(fast, general): each point encoded twice (the second from the cache), with ``stats`` after each run."""
+
     def run():
         lp.stats.clear()
         lines = [(lp.encode(p), lp.encode(p)) for p in points]
@@ -45,7 +73,9 @@ def test_the_fast_path_is_taken_for_sampler_like_points(monkeypatch):
     p = Point("gpu", {"host": "h", "index": "0"}, {"u": 1.5, "mem": 3, "busy": True, "s": 'a"b'}, BASE_NS)
     assert lp.encode(p) == b'gpu,host=h,index=0 u=1.5,mem=3i,busy=true,s="a\\"b" ' + str(BASE_NS).encode()
     assert lp.encode_many([p._replace(time_ns=None), p]) == [
-        b'gpu,host=h,index=0 u=1.5,mem=3i,busy=true,s="a\\"b"', lp.encode(p)]
+        b'gpu,host=h,index=0 u=1.5,mem=3i,busy=true,s="a\\"b"',
+        lp.encode(p),
+    ]
     assert general == []
 
 
@@ -66,21 +96,33 @@ def test_mixed_types_write_what_the_general_path_writes(monkeypatch, seed):
 def test_the_cache_follows_tags_keys_and_types(monkeypatch):
     series = Point("m", {"t": "1"}, {"a": 1.5, "b": 2}, BASE_NS)
     changes = [
-        series._replace(tags={"t": "2"}), series._replace(tags={"t": "1", "u": "x"}), series._replace(tags={}),
-        series._replace(tags={"t": ""}), series._replace(measurement="n"),
-        series._replace(fields={"a": 2, "b": 2}), series._replace(fields={"a": "1.5", "b": 2}),
-        series._replace(fields={"a": True, "b": 2}), series._replace(fields={"a": None, "b": 2}),
-        series._replace(fields={"a": 1.5, "b": 2.0}), series._replace(fields={"b": 2, "a": 1.5}),
-        series._replace(fields={"a": 1.5, "c": 2}), series._replace(fields={"a": NAN, "b": 2}),
-        series._replace(fields={"a": 1.5, "b": 2**64}), series._replace(time_ns=None),
+        series._replace(tags={"t": "2"}),
+        series._replace(tags={"t": "1", "u": "x"}),
+        series._replace(tags={}),
+        series._replace(tags={"t": ""}),
+        series._replace(measurement="n"),
+        series._replace(fields={"a": 2, "b": 2}),
+        series._replace(fields={"a": "1.5", "b": 2}),
+        series._replace(fields={"a": True, "b": 2}),
+        series._replace(fields={"a": None, "b": 2}),
+        series._replace(fields={"a": 1.5, "b": 2.0}),
+        series._replace(fields={"b": 2, "a": 1.5}),
+        series._replace(fields={"a": 1.5, "c": 2}),
+        series._replace(fields={"a": NAN, "b": 2}),
+        series._replace(fields={"a": 1.5, "b": 2**64}),
+        series._replace(time_ns=None),
     ]
     points = [p for change in changes for p in (series, change)]  # back to the first series after each change
     fast, general = both_paths(monkeypatch, points)
     assert fast == general
     first, others = {line for line, _ in fast[0][0::2]}, [line for line, _ in fast[0][1::2]]
     assert first == {b"m,t=1 a=1.5,b=2i %d" % BASE_NS} and first.isdisjoint(others)
-    assert others[5:9] == [b"m,t=1 a=2i,b=2i %d" % BASE_NS, b'm,t=1 a="1.5",b=2i %d' % BASE_NS,
-                           b"m,t=1 a=true,b=2i %d" % BASE_NS, b"m,t=1 b=2i %d" % BASE_NS]
+    assert others[5:9] == [
+        b"m,t=1 a=2i,b=2i %d" % BASE_NS,
+        b'm,t=1 a="1.5",b=2i %d' % BASE_NS,
+        b"m,t=1 a=true,b=2i %d" % BASE_NS,
+        b"m,t=1 b=2i %d" % BASE_NS,
+    ]
 
 
 def test_changing_a_tag_dict_in_place_is_seen():
@@ -114,16 +156,32 @@ def random_float(rng: random.Random) -> float:
     while True:
         x = struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))[0]
         if math.isfinite(x):
-            return rng.choice([x, float(f"{rng.random():.3f}e{rng.randint(-30, 30)}"), float(rng.randint(-10**6, 10**6)),
-                               rng.randint(0, 10**4) / 100])
+            return rng.choice(
+                [
+                    x,
+                    float(f"{rng.random():.3f}e{rng.randint(-30, 30)}"),
+                    float(rng.randint(-(10**6), 10**6)),
+                    rng.randint(0, 10**4) / 100,
+                ]
+            )
 
 
 def sample(rng: random.Random, t: int) -> list:
     """A sampler-like batch: several series of numbers-only points (floats, ints, bools), time or not."""
-    return [Point("gpu", {"index": str(i), "job": "%d" % (t % 3)},
-                  {"util": random_float(rng), "mem": rng.randint(-2**53 + 1, 2**53 - 1), "on": rng.random() < 0.5,
-                   "%s": random_float(rng)}, None if i == 3 else t + i) for i in range(5)] + [
-            Point("host", {"host": "h"}, {"cpu": random_float(rng), "load": random_float(rng)}, t)]
+    return [
+        Point(
+            "gpu",
+            {"index": str(i), "job": "%d" % (t % 3)},
+            {
+                "util": random_float(rng),
+                "mem": rng.randint(-(2**53) + 1, 2**53 - 1),
+                "on": rng.random() < 0.5,
+                "%s": random_float(rng),
+            },
+            None if i == 3 else t + i,
+        )
+        for i in range(5)
+    ] + [Point("host", {"host": "h"}, {"cpu": random_float(rng), "load": random_float(rng)}, t)]
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -139,7 +197,7 @@ def test_a_batch_of_numbers_writes_what_each_point_writes_alone(monkeypatch, see
         assert [lp.parse(line) for line in lines] == [p._replace(fields=dict(p.fields)) for p in points]
 
 
-@pytest.mark.parametrize("bad", [NAN, INF, -INF, 2**63, -2**63 - 1])
+@pytest.mark.parametrize("bad", [NAN, INF, -INF, 2**63, -(2**63) - 1])
 def test_one_unwritable_value_in_a_batch_leaves_the_others_as_they_were(bad):
     points = sample(random.Random(9), 7)
     lp.stats.clear()
@@ -151,7 +209,7 @@ def test_one_unwritable_value_in_a_batch_leaves_the_others_as_they_were(bad):
     assert sum(lp.stats.values()) == 1
 
 
-@pytest.mark.parametrize("big", [2**53, -2**53, 2**63 - 1, -2**63])
+@pytest.mark.parametrize("big", [2**53, -(2**53), 2**63 - 1, -(2**63)])
 def test_ints_beyond_2_53_are_written_exactly(big):
     """orjson is asked to refuse them (beyond float precision), so such a batch is written point by point."""
     points = sample(random.Random(3), 5)
@@ -172,10 +230,22 @@ def test_float_texts_read_back_exactly():
 
 def test_float_texts_are_stored_exactly_by_real_influxd(influxd, fresh_db):
     rng = random.Random(2)
-    values = [random_float(rng) for _ in range(1_990)] + [5e-324, -0.0, 1e-5, 1e-7, 1e16, 1e22, 2.0**63, 1e-300,
-                                                         1.7976931348623157e308, 0.1]
-    points = [Point("f", {"i": str(i)}, {f"v{j}": values[i * 10 + j] for j in range(10)}, BASE_NS + i)
-              for i in range(len(values) // 10)]
+    values = [random_float(rng) for _ in range(1_990)] + [
+        5e-324,
+        -0.0,
+        1e-5,
+        1e-7,
+        1e16,
+        1e22,
+        2.0**63,
+        1e-300,
+        1.7976931348623157e308,
+        0.1,
+    ]
+    points = [
+        Point("f", {"i": str(i)}, {f"v{j}": values[i * 10 + j] for j in range(10)}, BASE_NS + i)
+        for i in range(len(values) // 10)
+    ]
     influxd.write(lp.encode_many(points), db=fresh_db)
     rows = sorted(influxd.query("SELECT * FROM f", db=fresh_db), key=lambda r: r["time"])
     # (the server's JSON writes integral floats as integers: float() reads them back)
@@ -197,17 +267,34 @@ def each_alone_as_the_general_path(monkeypatch, points: list) -> None:
 def test_fast_numeric_path_writes_what_the_general_path_writes(monkeypatch):
     nan, inf = float("nan"), float("inf")
     keys = ["a", "b", "{x}", "c d", "time", "", "v\\", "v", "q\"", "lone\ud800"] + HOSTILE[:20]
-    values = [0.5, -3, 2**63 - 1, -2**63, 2**63, -2**63 - 1, nan, inf, -inf, 1e308, True, None, 7, 1.0]
-    points = [Point("m", {"t": "1"}, {k: v for k, v in zip(keys[i % 5:], values[j:] + values[:j])}, i)
-              for i in range(10) for j in range(len(values))]
-    points += [Point("m", {}, {"a": 1e308, "b": 1e308}, 1), Point("m", {}, {"a": 1.5, "b": 2}, None),
-               Point("m", {}, {"a": 10**400, "b": 1.0}, 1), Point("m", {}, {"a": 1.0, "b": 10**400}, 1)]
+    values = [0.5, -3, 2**63 - 1, -(2**63), 2**63, -(2**63) - 1, nan, inf, -inf, 1e308, True, None, 7, 1.0]
+    points = [
+        Point("m", {"t": "1"}, {k: v for k, v in zip(keys[i % 5 :], values[j:] + values[:j])}, i)
+        for i in range(10)
+        for j in range(len(values))
+    ]
+    points += [
+        Point("m", {}, {"a": 1e308, "b": 1e308}, 1),
+        Point("m", {}, {"a": 1.5, "b": 2}, None),
+        Point("m", {}, {"a": 10**400, "b": 1.0}, 1),
+        Point("m", {}, {"a": 1.0, "b": 10**400}, 1),
+    ]
     each_alone_as_the_general_path(monkeypatch, points)
 
 
 def test_fast_path_with_string_fields_writes_what_the_general_path_writes(monkeypatch):
-    texts = ["", "plain", 'say "hi"', "back\\slash\\", "cr\r only", "crlf\r\n", "form\ffeed", "{0} {x}",
-             "lone\ud800", "ünïcode"] + HOSTILE[:10]
+    texts = [
+        "",
+        "plain",
+        'say "hi"',
+        "back\\slash\\",
+        "cr\r only",
+        "crlf\r\n",
+        "form\ffeed",
+        "{0} {x}",
+        "lone\ud800",
+        "ünïcode",
+    ] + HOSTILE[:10]
     others = [1.5, 7, float("nan"), 2**63, None, True]
     points = [Point("m", {"t": "1"}, {"s": text, "n": other}, i) for i, text in enumerate(texts) for other in others]
     points += [Point("m", {}, {"s": text}, 1) for text in texts] + [Point("m", {}, {"a": "x", "b": "y"}, None)]
@@ -218,7 +305,8 @@ def test_a_batch_written_again_point_by_point_counts_each_drop_once(monkeypatch)
     """The caches are cleared between batches, never inside one: the fallback finds what the batch built."""
     monkeypatch.setattr(lp, "_CACHE_LIMIT", 2)
     points = [Point("m", {"": "v", "time": "x"}, {"x": NAN, "y": 1.0}, 1)] + [
-        Point("m", {"i": str(i)}, {"y": 1.0}, 1) for i in range(5)]
+        Point("m", {"i": str(i)}, {"y": 1.0}, 1) for i in range(5)
+    ]
     lp.stats.clear()
     lines = lp.encode_many(points)
     stats = dict(lp.stats)

@@ -52,8 +52,14 @@ def run_id():
 @pytest.fixture
 def monitor(client, influxd, run_id):
     """A monitor sending over UDP to influxd, tagged with this test's run id."""
-    m = Monitor(client, sink="udp", telegraf_address="%s:%d" % influxd.udp_address,
-                gpu_source="simulated", gpu_count=2, tags={"run": run_id})
+    m = Monitor(
+        client,
+        sink="udp",
+        telegraf_address="%s:%d" % influxd.udp_address,
+        gpu_source="simulated",
+        gpu_count=2,
+        tags={"run": run_id},
+    )
     yield m
     try:
         m.stop()
@@ -71,7 +77,9 @@ def test_every_worker_and_simulated_gpu_reports_with_tags(client, monitor, influ
     client.gather(client.map(slow, range(8), pure=False))
     monitor.stop()
     workers = set(client.scheduler_info()["workers"])
-    got = rows(influxd, "SELECT count(utilization_gpu) FROM gpu WHERE run='$run' GROUP BY worker, \"index\", host", run_id, 4)
+    got = rows(
+        influxd, "SELECT count(utilization_gpu) FROM gpu WHERE run='$run' GROUP BY worker, \"index\", host", run_id, 4
+    )
     assert {(r["worker"], r["index"]) for r in got} == {(w, i) for w in workers for i in ("0", "1")}
     assert {r["host"] for r in got} == {socket.gethostname()}
     busy = influxd.query(f"SELECT tasks, running, job, dag FROM worker WHERE run='{run_id}' AND tasks > 0")
@@ -147,26 +155,40 @@ def test_tasks_submitted_from_tasks_belong_to_the_parent_job(cluster, monitor):
 
 
 def test_custom_metrics_land_and_a_broken_one_is_reported_once(client, monitor, influxd, run_id):
-    monitor.attach(polling_interval=POLL_MS, tracking=["compute-util"],
-                   custom_metrics=[index_times_ten, device_count, always_broken])
+    monitor.attach(
+        polling_interval=POLL_MS,
+        tracking=["compute-util"],
+        custom_metrics=[index_times_ten, device_count, always_broken],
+    )
     monitor.start()
-    got = rows(influxd, 'SELECT last("index-times-ten") FROM custom WHERE run=\'$run\' GROUP BY worker, "index"', run_id, 4)
+    got = rows(
+        influxd, 'SELECT last("index-times-ten") FROM custom WHERE run=\'$run\' GROUP BY worker, "index"', run_id, 4
+    )
     assert sorted({r["last"] for r in got}) == [0.0, 10.0]
     counts = rows(influxd, 'SELECT last("device-count") FROM custom WHERE run=\'$run\' GROUP BY worker', run_id, 2)
     assert {r["last"] for r in counts} == {2.0}
     before = influxd.query(f"SELECT count(utilization_gpu) FROM gpu WHERE run='{run_id}'")[0]["count"]
-    influxd.wait_for(f"SELECT count(utilization_gpu) FROM gpu WHERE run='{run_id}'",
-                     lambda r: r and r[0]["count"] > before + 8, timeout=15)  # still sampling
+    influxd.wait_for(
+        f"SELECT count(utilization_gpu) FROM gpu WHERE run='{run_id}'",
+        lambda r: r and r[0]["count"] > before + 8,
+        timeout=15,
+    )  # still sampling
     monitor.stop()
-    events = [e for _, e in client.get_events("influx-metrics")
-              if e.get("what") == "custom-metric" and e.get("metric") == "always-broken"]
+    events = [
+        e
+        for _, e in client.get_events("influx-metrics")
+        if e.get("what") == "custom-metric" and e.get("metric") == "always-broken"
+    ]
     assert len(events) == 2  # once per worker
     assert all("custom metric exploded" in e["message"] and e["problem"] == "failed" for e in events)
     # issue 24 item 4: readers name it as failed, with the first error, not as "unknown"
     failed = monitor.jobs()["last_session"]["failed_metrics"]
     assert list(failed) == ["always-broken"] and failed["always-broken"]["worker"] in {e["worker"] for e in events}
-    with pytest.raises(ValueError, match=r"custom metric 'always-broken' failed: RuntimeError: custom metric "
-                       r"exploded \(first report, on tcp://.*\); no samples of it in"):
+    with pytest.raises(
+        ValueError,
+        match=r"custom metric 'always-broken' failed: RuntimeError: custom metric "
+        r"exploded \(first report, on tcp://.*\); no samples of it in",
+    ):
         monitor.get_peaks("always-broken", source=influxd.url)
     assert any("'always-broken' failed" in n for n in monitor.query(source=influxd.url).notes)
     assert monitor.get_peaks("device-count", source=influxd.url, per_job=False) == [[2.0], [2.0]]
@@ -178,8 +200,13 @@ HOSTILE = 'sp ace,com=ma "quo\\te" ünï\\,= x'
 
 
 def test_hostile_tag_values_round_trip_through_influxd(client, influxd, run_id):
-    m = Monitor(client, sink="udp", telegraf_address="%s:%d" % influxd.udp_address, gpu_source="none",
-                tags={"run": run_id, "note": HOSTILE})
+    m = Monitor(
+        client,
+        sink="udp",
+        telegraf_address="%s:%d" % influxd.udp_address,
+        gpu_source="none",
+        tags={"run": run_id, "note": HOSTILE},
+    )
     m.attach(polling_interval=POLL_MS, tracking=["host-cpu"])
     m.start()
     try:
@@ -198,7 +225,9 @@ def test_worker_joining_after_start_is_monitored(cluster, monitor, influxd, run_
         with Client(cluster) as c:
             c.wait_for_workers(len(before) + 1, timeout=30)
             new = set(c.scheduler_info()["workers"]) - before
-            got = rows(influxd, "SELECT count(tasks) FROM worker WHERE run='$run' GROUP BY worker", run_id, len(before) + 1)
+            got = rows(
+                influxd, "SELECT count(tasks) FROM worker WHERE run='$run' GROUP BY worker", run_id, len(before) + 1
+            )
             assert new <= {r["worker"] for r in got}
     finally:
         monitor.stop()
@@ -223,8 +252,7 @@ def test_stop_from_a_second_client_stops_sampling_everywhere(cluster, client, in
 
 def test_interleaved_attach_from_two_clients_starts_with_the_starters_settings(cluster, client, tmp_path):
     # issue 23 item 3: A.attach, B.attach, A.start ran A's session with B's tags, spool and interval
-    a = Monitor(client, sink="spool", spool_directory=str(tmp_path / "a"), gpu_source="simulated",
-                tags={"run": "a"})
+    a = Monitor(client, sink="spool", spool_directory=str(tmp_path / "a"), gpu_source="simulated", tags={"run": "a"})
     a.attach(polling_interval=POLL_MS, tracking=["compute-util"], custom_metrics=[device_count])
     with Client(cluster) as other:
         b = Monitor(other, sink="spool", spool_directory=str(tmp_path / "b"), gpu_source="none", tags={"run": "b"})
@@ -249,20 +277,33 @@ def test_readers_take_only_the_sessions_own_series(client, influxd, fresh_db, tm
     # and CSV file), and a foreign host point crashed host_tables
     from dask_influx_metrics import query
 
-    m = Monitor(client, sink="http", influxdb_url=influxd.url, database=fresh_db, gpu_source="simulated",
-                gpu_count=1, spool_directory=str(tmp_path / "spool"))
+    m = Monitor(
+        client,
+        sink="http",
+        influxdb_url=influxd.url,
+        database=fresh_db,
+        gpu_source="simulated",
+        gpu_count=1,
+        spool_directory=str(tmp_path / "spool"),
+    )
     m.attach(polling_interval=POLL_MS, tracking=["compute-util", "host-cpu", "tasks"])
     m.start()
     try:
         client.gather(client.map(slow, range(4), delay=0.2, pure=False))
         now = time.time_ns()
-        for line in (f"worker,host=elsewhere,worker=celery@host,job=x,dag=y tasks=3i {now}",
-                     f"gpu,host=elsewhere,worker=celery@host,index=0 utilization_gpu=1000.0 {now}",
-                     f"host,host={socket.gethostname()},worker=celery@host cpu_percent=1000.0 {now}",
-                     f"host,host=elsewhere cpu_percent=1000.0 {now}"):  # no tags at all
+        for line in (
+            f"worker,host=elsewhere,worker=celery@host,job=x,dag=y tasks=3i {now}",
+            f"gpu,host=elsewhere,worker=celery@host,index=0 utilization_gpu=1000.0 {now}",
+            f"host,host={socket.gethostname()},worker=celery@host cpu_percent=1000.0 {now}",
+            f"host,host=elsewhere cpu_percent=1000.0 {now}",
+        ):  # no tags at all
             influxd.write(line, db=fresh_db)
-        influxd.wait_for('SELECT count(cpu_percent) FROM host WHERE cpu_percent > 999',
-                         lambda r: r and r[0]["count"] == 2, timeout=10, db=fresh_db)
+        influxd.wait_for(
+            'SELECT count(cpu_percent) FROM host WHERE cpu_percent > 999',
+            lambda r: r and r[0]["count"] == 2,
+            timeout=10,
+            db=fresh_db,
+        )
         threading.Event().wait(0.2)
     finally:
         m.stop()
@@ -284,16 +325,19 @@ def test_readers_take_only_the_sessions_own_series(client, influxd, fresh_db, tm
     m.shutdown()
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"tracking": ["compute-util", "gpu-fun"]}, ValueError, "gpu-fun"),
-    ({"polling_interval": 0}, ValueError, "polling-interval"),
-    ({"polling_interval": -1}, ValueError, "polling-interval"),
-    ({"telegraf_address": "not-an-address"}, ValueError, "telegraf.address"),
-    ({"sink": "udp", "telegraf_address": "x" * 64 + ".invalid:8094"}, ValueError, "does not resolve"),
-    ({"custom_metrics": [slow]}, TypeError, "not decorated"),
-    ({"job_type": "sometimes"}, ValueError, "job-type"),
-    ({"tags": {"run": "x" * 70_000}}, ValueError, "tag 'run'.*70000 bytes"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"tracking": ["compute-util", "gpu-fun"]}, ValueError, "gpu-fun"),
+        ({"polling_interval": 0}, ValueError, "polling-interval"),
+        ({"polling_interval": -1}, ValueError, "polling-interval"),
+        ({"telegraf_address": "not-an-address"}, ValueError, "telegraf.address"),
+        ({"sink": "udp", "telegraf_address": "x" * 64 + ".invalid:8094"}, ValueError, "does not resolve"),
+        ({"custom_metrics": [slow]}, TypeError, "not decorated"),
+        ({"job_type": "sometimes"}, ValueError, "job-type"),
+        ({"tags": {"run": "x" * 70_000}}, ValueError, "tag 'run'.*70000 bytes"),
+    ],
+)
 def test_bad_input_is_refused_at_attach(client, kwargs, error, message):
     with pytest.raises(error, match=message):
         Monitor(client).attach(**kwargs)
@@ -319,12 +363,16 @@ def test_stop_twice_is_one_clear_error_and_no_traceback_on_the_scheduler(client)
     session = monitor.start()
     monitor.stop()
     before = len(client.get_scheduler_logs(n=10_000))
-    with pytest.raises(RuntimeError, match=f"no monitoring session is running on .*the last one, {session['id']}, "
-                                           "has already stopped"):
+    with pytest.raises(
+        RuntimeError, match=f"no monitoring session is running on .*the last one, {session['id']}, has already stopped"
+    ):
         monitor.stop()
     after = client.get_scheduler_logs(n=10_000)
-    assert not [m for _, m in after[: len(after) - before]  # newest first
-                if "Run Failed" in m or "Traceback" in m], "stop() twice logged an error on the scheduler"
+    assert not [
+        m
+        for _, m in after[: len(after) - before]  # newest first
+        if "Run Failed" in m or "Traceback" in m
+    ], "stop() twice logged an error on the scheduler"
     monitor.shutdown()
 
 

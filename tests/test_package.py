@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 import sysconfig
-import tomllib
 import zipfile
 
 import pytest
+import tomllib
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 SMOKE = r"""
@@ -50,15 +50,17 @@ def dist(tmp_path_factory) -> dict[str, str]:
     """``python -m build`` (isolated: setuptools comes from the package index) -> {"wheel", "sdist"}."""
     pytest.importorskip("build", reason="pip install build (a test extra)")
     out = tmp_path_factory.mktemp("dist")
-    run = subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), ROOT],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), ROOT], capture_output=True, text=True, timeout=300
+    )
     if run.returncode != 0 and "Could not find a version that satisfies" in run.stdout + run.stderr:
-        pytest.skip("python -m build cannot install setuptools into its isolated environment (offline, "
-                    "no local index)")
+        pytest.skip("python -m build cannot install setuptools into its isolated environment (offline, no local index)")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     files = os.listdir(out)
-    return {"wheel": str(out / next(f for f in files if f.endswith(".whl"))),
-            "sdist": str(out / next(f for f in files if f.endswith(".tar.gz")))}
+    return {
+        "wheel": str(out / next(f for f in files if f.endswith(".whl"))),
+        "sdist": str(out / next(f for f in files if f.endswith(".tar.gz"))),
+    }
 
 
 def test_wheel_holds_the_settings_file_and_the_typed_marker(dist):
@@ -75,16 +77,26 @@ def test_built_package_installs_in_a_fresh_venv_and_runs(dist, kind, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = str(venv / "bin" / "python")
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     with open(os.path.join(site, "deps.pth"), "w") as f:  # a path line: .pth files there are not run
         f.write(sysconfig.get_paths()["purelib"] + "\n")
     # the sdist is built by pip in an isolated environment, setuptools from the index as for `build`
-    install = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", dist[kind]],
-                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", dist[kind]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
-    cli = subprocess.run([str(venv / "bin" / "dask-influx-metrics"), "--help"], capture_output=True, text=True,
-                         timeout=60, cwd=tmp_path)
+    cli = subprocess.run(
+        [str(venv / "bin" / "dask-influx-metrics"), "--help"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert cli.returncode == 0 and "Usage" in cli.stdout, cli.stderr
     smoke = subprocess.run([python, "-c", SMOKE], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert smoke.returncode == 0 and "smoke ok" in smoke.stdout, smoke.stdout[-2000:] + smoke.stderr[-3000:]

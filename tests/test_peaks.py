@@ -7,8 +7,8 @@ device-wide readings show job 2's memory and utilization.
 
 import pandas as pd
 import pytest
-
 import shared_gpu as S
+
 from dask_influx_metrics.client import peaks, tables
 
 
@@ -59,13 +59,15 @@ def test_the_influxql_peak_query_selects_busy_samples(stores):
         stores["influxql"].peaks("compute-util", per_job=False)
     finally:
         backend._json = real
-    per_job, whole = [q for q in asked if q.startswith("SELECT max(")][::len(S.W)]
+    per_job, whole = [q for q in asked if q.startswith("SELECT max(")][:: len(S.W)]
     assert "\"dag\" != '0'" in per_job and "dag" not in whole.split("GROUP BY")[0]
 
 
 def test_byte_metrics_and_an_int_field():
     assert [(m.name, m.unit, m.scale) for m in tables.resolve(["worker-gpu-mem", "throttle"])] == [
-        ("worker-gpu-mem", "bytes", 2**20), ("throttle", "bitmask", 1.0)]
+        ("worker-gpu-mem", "bytes", 2**20),
+        ("throttle", "bitmask", 1.0),
+    ]
 
 
 def test_tables_without_busy_samples_have_no_job_peaks():
@@ -85,7 +87,9 @@ def test_gpus_marks_a_gpu_two_workers_used(influxd, tmp_path):
         for name, db in stores.items():
             gpus = db.gpus()
             assert gpus[["worker_index", "uuid", "shared"]].values.tolist() == [
-                [0, S.DEVICE["uuid"], True], [1, S.DEVICE["uuid"], True]], name
+                [0, S.DEVICE["uuid"], True],
+                [1, S.DEVICE["uuid"], True],
+            ], name
     out = CliRunner().invoke(cli, ["workers", "--gpus", "--format", "csv", "--source", str(tmp_path)])
     assert out.exit_code == 0, out.output
     assert out.output.splitlines()[0] == "host,worker_index,worker,uuid,shared"

@@ -32,8 +32,9 @@ def _env(influxd, run: str) -> dict:
 
 
 def _spawn(args, env, log):
-    return subprocess.Popen([DASK, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        [DASK, *args], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
 
 
 def _stop(proc) -> None:
@@ -63,13 +64,42 @@ def test_preload_monitors_cluster_from_boot(influxd, tmp_path):
     procs = []
     try:
         with open(logs["scheduler"], "w") as log:
-            procs.append(_spawn(["scheduler", "--preload", "dask_influx_metrics.preload",
-                                 "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                                 "--scheduler-file", scheduler_file], env, log))
+            procs.append(
+                _spawn(
+                    [
+                        "scheduler",
+                        "--preload",
+                        "dask_influx_metrics.preload",
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        "0",
+                        "--no-dashboard",
+                        "--scheduler-file",
+                        scheduler_file,
+                    ],
+                    env,
+                    log,
+                )
+            )
         _wait_file(scheduler_file, procs[0], logs["scheduler"])
         with open(logs["worker"], "w") as log:
-            procs.append(_spawn(["worker", "--scheduler-file", scheduler_file, "--host", "127.0.0.1",
-                                 "--nthreads", "2", "--no-dashboard"], env, log))
+            procs.append(
+                _spawn(
+                    [
+                        "worker",
+                        "--scheduler-file",
+                        scheduler_file,
+                        "--host",
+                        "127.0.0.1",
+                        "--nthreads",
+                        "2",
+                        "--no-dashboard",
+                    ],
+                    env,
+                    log,
+                )
+            )
         with Client(scheduler_file=scheduler_file, timeout=30) as client:
             client.wait_for_workers(1, timeout=30)
             futures = client.map(lambda x: time.sleep(0.2) or x * 2, range(6))
@@ -93,9 +123,8 @@ def test_preload_refuses_an_unresolvable_telegraf_host_before_installing_anythin
 
     from distributed import Scheduler
 
-    from dask_influx_metrics.names import JOBS_PLUGIN
+    from dask_influx_metrics.names import JOBS_PLUGIN, WORKER_PLUGIN
     from dask_influx_metrics.scheduler.preload import start_monitoring
-    from dask_influx_metrics.names import WORKER_PLUGIN
 
     async def attempt():
         async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as scheduler:

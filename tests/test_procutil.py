@@ -38,10 +38,13 @@ def windows(reader, clock, n, step=1.0):
     return out
 
 
-@pytest.mark.parametrize("drop, used", [
-    ((), "nvmlDeviceGetProcessesUtilizationInfo"),
-    (("nvmlDeviceGetProcessesUtilizationInfo",), "nvmlDeviceGetProcessUtilization"),
-])
+@pytest.mark.parametrize(
+    "drop, used",
+    [
+        ((), "nvmlDeviceGetProcessesUtilizationInfo"),
+        (("nvmlDeviceGetProcessesUtilizationInfo",), "nvmlDeviceGetProcessUtilization"),
+    ],
+)
 def test_matmul_gets_the_sm_time_and_the_holder_none(drop, used):
     nvml, handle = h100(drop=drop)
     clock = Clock()
@@ -58,12 +61,15 @@ def test_last_seen_timestamp_is_passed_and_never_zero_again(monkeypatch):
     nvml, handle = h100()
     seen = []
     real = nvml.nvmlDeviceGetProcessesUtilizationInfo
-    monkeypatch.setattr(nvml, "nvmlDeviceGetProcessesUtilizationInfo",
-                        lambda h, ts: seen.append(ts) or real(h, ts), raising=False)
+    monkeypatch.setattr(
+        nvml, "nvmlDeviceGetProcessesUtilizationInfo", lambda h, ts: seen.append(ts) or real(h, ts), raising=False
+    )
     clock = Clock()
     windows(ProcessUtilization(nvml, handle, clock=clock), clock, 5)
-    recorded = [s["processes_utilization_info_arg"] for s in FakeNvml("nvml_h100_shared.json").data[
-        "phases"]["shared"]["samples"]]
+    recorded = [
+        s["processes_utilization_info_arg"]
+        for s in FakeNvml("nvml_h100_shared.json").data["phases"]["shared"]["samples"]
+    ]
     assert seen == recorded  # the recorder's own arguments: newest timestamp of the previous answer
     assert seen[0] == 0 and all(seen[1:])
 
@@ -101,9 +107,11 @@ def test_several_samples_of_one_process_are_averaged():
     nvml, handle = h100()
     nvml.devices[0]["processes_utilization_info"] = [
         [{"timeStamp": 10, "pid": 1, "smUtil": 0, "memUtil": 0}],
-        [{"timeStamp": 20, "pid": 1, "smUtil": 50, "memUtil": 10},
-         {"timeStamp": 30, "pid": 1, "smUtil": 100, "memUtil": 20},
-         {"timeStamp": 30, "pid": 2, "smUtil": 4, "memUtil": 0}],
+        [
+            {"timeStamp": 20, "pid": 1, "smUtil": 50, "memUtil": 10},
+            {"timeStamp": 30, "pid": 1, "smUtil": 100, "memUtil": 20},
+            {"timeStamp": 30, "pid": 2, "smUtil": 4, "memUtil": 0},
+        ],
     ]
     clock = Clock()
     assert windows(ProcessUtilization(nvml, handle, clock=clock), clock, 2)[1] == {1: (75.0, 15.0), 2: (4.0, 0.0)}
@@ -149,4 +157,6 @@ def test_worker_utilization_sums_a_process_tree_and_charges_no_stranger():
 
 def test_fields_are_in_the_data_contract():
     assert set(schema.TRACKING["worker-gpu-util"]) == {
-        (schema.GPU, "worker_utilization_gpu"), (schema.GPU, "worker_utilization_memory")}
+        (schema.GPU, "worker_utilization_gpu"),
+        (schema.GPU, "worker_utilization_memory"),
+    }

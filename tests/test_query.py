@@ -21,8 +21,12 @@ def stores(monitored):
     spool = query.connect(monitored.spool)
     # one clock for both: the collection start as the spool sees it
     origin = spool.origin_ns
-    influx = query.connect(monitored.influxd.url, database=monitored.database, tags={"run": monitored.run},
-                           start=pd.Timestamp(origin, unit="ns", tz="UTC"))
+    influx = query.connect(
+        monitored.influxd.url,
+        database=monitored.database,
+        tags={"run": monitored.run},
+        start=pd.Timestamp(origin, unit="ns", tz="UTC"),
+    )
     return {"influxql": influx, "spool": spool}
 
 
@@ -64,7 +68,7 @@ def test_the_host_is_written_once_and_every_table_shows_it(stores, kind):
     while the jobs ran; another worker may take over only while the first tears down), and every worker's
     table holds its host's readings: each row the last one at or before it."""
     db = stores[kind]
-    host, = set(db.hosts().values())
+    (host,) = set(db.hosts().values())
     series = db.host_series(host, ["cpu_percent"]).sort_values("time")
     assert series["time"].is_unique, "never two host readings of one instant"
     ended = db.dags()["ended"].max().value
@@ -116,8 +120,9 @@ def test_get_peaks_shapes(stores, monitored):
             assert len(peaks) == 2 and all(isinstance(v, (int, float)) for v in peaks)
     flat = db.get_peaks("compute-util", per_job=False, workers=[1])
     assert isinstance(flat, list) and len(flat) == 1 and len(flat[0]) == 2
-    assert flat[0] == [max(job[d] for job in per_job[1].values()) for d in range(2)] or \
-        all(f >= max(job[d] for job in per_job[1].values()) for d, f in enumerate(flat[0]))
+    assert flat[0] == [max(job[d] for job in per_job[1].values()) for d in range(2)] or all(
+        f >= max(job[d] for job in per_job[1].values()) for d, f in enumerate(flat[0])
+    )
     assert stores["spool"].get_peaks("compute-util", per_job=True) == per_job
 
 
@@ -156,7 +161,8 @@ def test_metric_not_collected(tmp_path):
     folder.mkdir(parents=True)
     (folder / "spool-1-000000.lp").write_text(
         'gpu,host=h,worker=tcp://127.0.0.1:1,job=1,dag=1,index=0 utilization_gpu=50 1000000000\n'
-        'gpu,host=h,worker=tcp://127.0.0.1:1,job=1,dag=1,index=0 utilization_gpu=70 1200000000\n')
+        'gpu,host=h,worker=tcp://127.0.0.1:1,job=1,dag=1,index=0 utilization_gpu=70 1200000000\n'
+    )
     db = query.connect(tmp_path)
     assert db.metrics() == ["compute-util"]
     with pytest.raises(ValueError, match=r"\['power'\] were not collected; present: \['compute-util'\]"):
@@ -213,8 +219,12 @@ def test_csv_round_trip(stores, monitored, tmp_path):
 
 def test_a_truncated_answer_is_read_again_in_pages(stores, monitored):
     """A server max-row-limit cuts the grouped answer short: the count check notices, pages fix it."""
-    small = query.connect(monitored.influxd.url, database=monitored.database, tags={"run": monitored.run},
-                          start=pd.Timestamp(stores["spool"].origin_ns, unit="ns", tz="UTC"))
+    small = query.connect(
+        monitored.influxd.url,
+        database=monitored.database,
+        tags={"run": monitored.run},
+        start=pd.Timestamp(stores["spool"].origin_ns, unit="ns", tz="UTC"),
+    )
     backend, real_csv, paged = small.backend, small.backend._csv, []
     backend.page_rows = 7
 

@@ -18,12 +18,12 @@ import pytest
 
 pytest.importorskip("influxdb_client")
 
-from dask_influx_metrics import lineprotocol, query  # noqa: E402
-from dask_influx_metrics.client.query import QueryError, Store, flux as F  # noqa: E402
-from dask_influx_metrics.client.query.spool import SpoolBackend  # noqa: E402
-from dask_influx_metrics.schema import Point  # noqa: E402
+from fake_influx2 import ANSWERS, HOSTILE, JOBS, T0, FakeInflux, T, W, answer, crlf, points  # noqa: E402,F401
 
-from fake_influx2 import ANSWERS, FakeInflux, HOSTILE, JOBS, T, T0, W, answer, crlf, points  # noqa: E402,F401
+from dask_influx_metrics import lineprotocol, query  # noqa: E402
+from dask_influx_metrics.client.query import QueryError, Store  # noqa: E402
+from dask_influx_metrics.client.query import flux as F
+
 
 @pytest.fixture(scope="module")
 def server():
@@ -40,14 +40,23 @@ def fake(server):
 
 
 def _connect(fake, **kw) -> Store:
-    return query.connect(fake.url, database=kw.pop("database", "dask_metrics"), language="flux", org="my-org",
-                         token="my-token", timeout=5, **kw)
+    return query.connect(
+        fake.url,
+        database=kw.pop("database", "dask_metrics"),
+        language="flux",
+        org="my-org",
+        token="my-token",
+        timeout=5,
+        **kw,
+    )
 
 
 @pytest.fixture
 def spool_store(tmp_path):
-    for folder, keep in (("tcp___10.0.0.1_1234", lambda p: p.measurement != "dag"),
-                         ("scheduler", lambda p: p.measurement == "dag")):
+    for folder, keep in (
+        ("tcp___10.0.0.1_1234", lambda p: p.measurement != "dag"),
+        ("scheduler", lambda p: p.measurement == "dag"),
+    ):
         path = tmp_path / "20240501T120000-000001" / folder
         path.mkdir(parents=True)
         lines = lineprotocol.encode_many(p for p in points() if keep(p))
@@ -58,25 +67,37 @@ def spool_store(tmp_path):
 # --- the Flux text -------------------------------------------------------------------
 def _all_queries() -> dict[str, str]:
     out = {}
-    for name, kw in {"plain": {}, "window": {"start_ns": T0, "stop_ns": T[2]},
-                     "hostile": {"tags": HOSTILE, "start_ns": 0, "stop_ns": 2**62}}.items():
+    for name, kw in {
+        "plain": {},
+        "window": {"start_ns": T0, "stop_ns": T[2]},
+        "hostile": {"tags": HOSTILE, "start_ns": 0, "stop_ns": 2**62},
+    }.items():
         out[f"fields-{name}"] = F.flux_fields_query('dask "metrics"/autogen', **kw)
         out[f"tags-{name}"] = F.flux_tag_values_query("b", "job", **kw)
         out[f"tags-odd-{name}"] = F.flux_tag_values_query("b", 'we"ird\\key', **kw)
         out[f"first-{name}"] = F.flux_first_time_query("b", **kw)
         out[f"dag-{name}"] = F.flux_dag_query("b", **kw)
-        for m, fields in (("gpu", ["utilization_gpu", "memory_used"]), ("host", ["cpu_percent"]),
-                          ("worker", ["tasks", "running"]), ("custom", ['my "metric"'])):
+        for m, fields in (
+            ("gpu", ["utilization_gpu", "memory_used"]),
+            ("host", ["cpu_percent"]),
+            ("worker", ["tasks", "running"]),
+            ("custom", ['my "metric"']),
+        ):
             for job in (None, 2):
                 out[f"frame-{m}-{job}-{name}"] = F.flux_frame_query("b", m, fields, 'tcp://h:1"\\${x}', job, **kw)
-        for by, workers, job in ((["worker", "index", "job"], [W, 'w"2\\'], 3), (["worker"], None, None),
-                                 (["worker", "index"], [W], None)):
+        for by, workers, job in (
+            (["worker", "index", "job"], [W, 'w"2\\'], 3),
+            (["worker"], None, None),
+            (["worker", "index"], [W], None),
+        ):
             out[f"max-{len(by)}-{job}-{name}"] = F.flux_max_query("b", "gpu", "memory_used", by, workers, job, **kw)
-        out[f"max-busy-{name}"] = F.flux_max_query("b", "gpu", "memory_used", ["worker", "index", "job"], [W], 2,
-                                                   busy=True, **kw)
+        out[f"max-busy-{name}"] = F.flux_max_query(
+            "b", "gpu", "memory_used", ["worker", "index", "job"], [W], 2, busy=True, **kw
+        )
         out[f"frame-dagfield-{name}"] = F.flux_frame_query("b", "gpu", ["utilization_gpu"], W, 2, **kw, dag_field=True)
-        out[f"max-busy-dagfield-{name}"] = F.flux_max_query("b", "gpu", 'my "metric"', ["worker", "job"], [W], 2,
-                                                            busy=True, dag_field=True, **kw)
+        out[f"max-busy-dagfield-{name}"] = F.flux_max_query(
+            "b", "gpu", 'my "metric"', ["worker", "job"], [W], 2, busy=True, dag_field=True, **kw
+        )
     out["buckets"] = F.BUCKETS_QUERY
     return out
 
@@ -95,11 +116,13 @@ def test_flux_text():
         '    |> filter(fn: (r) => r._measurement == "gpu" and r._field == "utilization_gpu" and r["run"] == "x"'
         f' and r.worker == "{W}" and r.job =~ /(^|,)2(,|$)/)\n'
         '    |> pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")\n'
-        '    |> keep(columns: ["_time", "job", "dag", "index", "utilization_gpu"])\n')
+        '    |> keep(columns: ["_time", "job", "dag", "index", "utilization_gpu"])\n'
+    )
     assert "range(start: time(v: 0), stop: 1d)" in F.flux_first_time_query("b")
     assert F.flux_max_query("b", "host", "cpu_percent", ["worker", "job"], ["a", "b"]).endswith(
         '"cpu_percent" and (r.worker == "a" or r.worker == "b"))\n'
-        '    |> group(columns: ["worker", "job"])\n    |> max()\n    |> keep(columns: ["worker", "job", "_value"])\n')
+        '    |> group(columns: ["worker", "job"])\n    |> max()\n    |> keep(columns: ["worker", "job", "_value"])\n'
+    )
     assert F.string('say "hi" \\ ${x} $y\n') == '"say \\"hi\\" \\\\ \\${x} $y\\n"'
 
 
@@ -122,10 +145,13 @@ def test_read_annotated_csv_types():
     assert F.read_annotated_csv("").empty and F.read_annotated_csv("\r\n").empty
 
 
-@pytest.mark.parametrize("text", [
-    "error,reference\r\nfailed to read: boom,\r\n",  # InfluxDB 2.x: the error after the tables it sent
-    crlf("#datatype,string,string\n#group,true,true\n#default,,\n,error,reference\n,failed to read: boom,"),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "error,reference\r\nfailed to read: boom,\r\n",  # InfluxDB 2.x: the error after the tables it sent
+        crlf("#datatype,string,string\n#group,true,true\n#default,,\n,error,reference\n,failed to read: boom,"),
+    ],
+)
 def test_error_table_raises(text):
     with pytest.raises(QueryError, match=r"failed to read: boom\nmy query"):
         F.read_annotated_csv(ANSWERS["host"].rstrip("\r\n") + "\r\n\r\n" + text, "my query")
@@ -143,8 +169,10 @@ def test_requests_the_client_sends(fake):
     assert request["headers"]["Authorization"] == "Token my-token"
     assert request["body"]["dialect"]["annotations"] == ["datatype", "group", "default"]
     assert request["body"]["dialect"]["dateTimeFormat"] == "RFC3339Nano"
-    assert fake.queries() == [F.BUCKETS_QUERY, F.flux_frame_query(
-        "dask_metrics", "gpu", ["utilization_gpu", "memory_used"], W, 2, {"run": "r1"}, start_ns=T0)]
+    assert fake.queries() == [
+        F.BUCKETS_QUERY,
+        F.flux_frame_query("dask_metrics", "gpu", ["utilization_gpu", "memory_used"], W, 2, {"run": "r1"}, start_ns=T0),
+    ]
     assert len(frame) == 6
 
 
@@ -182,8 +210,9 @@ def test_store_on_flux_equals_spool(fake, spool_store):
     pd.testing.assert_frame_equal(flux.dags(), spool_store.dags(), check_dtype=False)
     assert list(flux.dags()["status"]) == ["ok", "erred"] and flux.dags()["label"].iloc[1] == 'client "2" x'
     server = flux.peaks("compute-util", per_job=True, server=True)
-    pd.testing.assert_frame_equal(server, spool_store.peaks("compute-util", per_job=True, server=False),
-                                  check_dtype=False)
+    pd.testing.assert_frame_equal(
+        server, spool_store.peaks("compute-util", per_job=True, server=False), check_dtype=False
+    )
     assert flux.get_peaks("compute-util") == [{1: [90, 60], 2: [90, 60]}]
     assert 'group(columns: ["worker", "index", "job"])' in fake.queries()[-1]
 
@@ -197,8 +226,11 @@ def test_backend_answers_equal_influxql(fake, fresh_db, influxd):
     assert ql.fields() == fx.fields()
     assert ql.tag_values("worker") == fx.tag_values("worker") and ql.tag_values("job") == fx.tag_values("job")
     assert ql.first_time() == fx.first_time() == T0
-    for m, fields in (("gpu", ["utilization_gpu", "memory_used"]), ("host", ["cpu_percent"]),
-                      ("worker", ["tasks", "running"])):
+    for m, fields in (
+        ("gpu", ["utilization_gpu", "memory_used"]),
+        ("host", ["cpu_percent"]),
+        ("worker", ["tasks", "running"]),
+    ):
         a, b = fx.frame(m, fields, W), ql.frame(m, fields, W)
         assert sorted(a.columns) == sorted(b.columns), m
         keys = ["time", "index"] if "index" in a else ["time"]
@@ -228,19 +260,25 @@ def test_unreachable():
 
 
 def test_unknown_bucket_lists_buckets(fake):
-    with pytest.raises(QueryError, match=r"bucket 'nope' not found at http://127\.0\.0\.1:\d+; "
-                                         r"buckets: \['_monitoring', '_tasks', 'dask_metrics'\]"):
+    with pytest.raises(
+        QueryError,
+        match=r"bucket 'nope' not found at http://127\.0\.0\.1:\d+; "
+        r"buckets: \['_monitoring', '_tasks', 'dask_metrics'\]",
+    ):
         _connect(fake, database="nope")
     # InfluxDB 1.8: buckets are database/retention-policy; the database alone is its default policy
     fake.answer = lambda flux: (200, ANSWERS["buckets"].replace("dask_metrics", "dask_metrics/autogen"))
     assert _connect(fake).backend.bucket == "dask_metrics"
 
 
-@pytest.mark.parametrize("status, body", [
-    (400, {"code": "invalid", "message": "compilation failed: error at @3:8-3:9: undefined identifier x"}),
-    (404, {"code": "not found", "message": 'failed to initialize execute state: could not find bucket "gone"'}),
-    (401, {"code": "unauthorized", "message": "unauthorized access"}),
-])
+@pytest.mark.parametrize(
+    "status, body",
+    [
+        (400, {"code": "invalid", "message": "compilation failed: error at @3:8-3:9: undefined identifier x"}),
+        (404, {"code": "not found", "message": 'failed to initialize execute state: could not find bucket "gone"'}),
+        (401, {"code": "unauthorized", "message": "unauthorized access"}),
+    ],
+)
 def test_http_errors_name_the_query(fake, status, body):
     backend = _connect(fake).backend
     fake.answer = lambda flux: (status, json.dumps(body))
@@ -263,12 +301,13 @@ def _without_dag(text: str) -> str:
     """A canned answer as it reads with dag-tag: false before dag is asked for: no dag column."""
     import csv
     import io
+
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\r\n")
     for block in text.strip("\r\n").split("\r\n\r\n"):  # one table each: annotations, header, rows
         rows = list(csv.reader(io.StringIO(block)))
         at = next(r for r in rows if r[0] == "").index("dag")
-        writer.writerows([r[:at] + r[at + 1:] for r in rows] + [[]])
+        writer.writerows([r[:at] + r[at + 1 :] for r in rows] + [[]])
     return out.getvalue()
 
 
@@ -281,8 +320,10 @@ def test_dag_as_a_field_is_found_and_read(fake):
     frame = backend.frame("gpu", ["utilization_gpu", "memory_used"], W)
     pd.testing.assert_frame_equal(frame, tagged)
     asked = fake.queries()[-2:]
-    assert 'r._field == "dag"' not in asked[0] and '(r._field == "utilization_gpu" or r._field == "memory_used" ' \
-        'or r._field == "dag")' in asked[1]
+    assert (
+        'r._field == "dag"' not in asked[0]
+        and '(r._field == "utilization_gpu" or r._field == "memory_used" or r._field == "dag")' in asked[1]
+    )
     backend.frame("host", ["cpu_percent"], W)
     assert 'r._field == "dag"' in fake.queries()[-1]  # remembered: one question per frame from now on
     assert backend.dag_is_field()
@@ -292,4 +333,5 @@ def test_dag_as_a_field_is_found_and_read(fake):
         '    |> filter(fn: (r) => r.dag != "0" and exists r["memory_used"])\n'
         '    |> map(fn: (r) => ({r with _value: r["memory_used"]}))\n'
         '    |> group(columns: ["worker", "index", "job"])\n    |> max()\n'
-        '    |> keep(columns: ["worker", "index", "job", "_value"])\n')
+        '    |> keep(columns: ["worker", "index", "job", "_value"])\n'
+    )

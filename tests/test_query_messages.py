@@ -43,30 +43,42 @@ def test_tags_that_match_nothing(influxd, db):
 def test_a_window_that_matches_nothing(influxd, db):
     result = _cli("export", "out", "--source", influxd.url, "--database", db, "--start", "2025-01-01T00:00:00Z")
     assert result.exit_code == 2
-    assert result.stderr.endswith(f"error: no worker samples in database '{db}' at {influxd.url} from "
-                                  "2025-01-01T00:00:00Z; the source holds samples from 2024-05-01T12:00:00Z "
-                                  "to 2024-05-01T12:00:02Z\n")
+    assert result.stderr.endswith(
+        f"error: no worker samples in database '{db}' at {influxd.url} from "
+        "2025-01-01T00:00:00Z; the source holds samples from 2024-05-01T12:00:00Z "
+        "to 2024-05-01T12:00:02Z\n"
+    )
 
 
 def test_metrics_answer_for_the_window(influxd, db):
     with query.connect(influxd.url, db, start=(T0 + 10**9) / 1e9) as store:
         assert store.metrics() == ["compute-util"]  # host-cpu was sampled before the window only
-        with pytest.raises(ValueError, match=r"\['host-cpu'\] were not collected; present: \['compute-util'\] "
-                                             r"\(in database .* from 2024-05-01T12:00:01Z\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"\['host-cpu'\] were not collected; present: \['compute-util'\] "
+            r"\(in database .* from 2024-05-01T12:00:01Z\)",
+        ):
             store.peaks("host-cpu")
 
 
 def test_an_unknown_metric_lists_the_metrics_present(influxd, db):
     with query.connect(influxd.url, db) as store, pytest.raises(ValueError) as info:
         store.worker_tables(metrics=["gpu-magic"])
-    assert str(info.value).startswith(f"unknown metric(s) ['gpu-magic']; present in database '{db}' at "
-                                      f"{influxd.url}, at any time: ['compute-util', 'host-cpu'] (known: ")
+    assert str(info.value).startswith(
+        f"unknown metric(s) ['gpu-magic']; present in database '{db}' at "
+        f"{influxd.url}, at any time: ['compute-util', 'host-cpu'] (known: "
+    )
     assert "'mem-util'" not in str(info.value)  # not the 34 names the package knows
 
 
-@pytest.mark.parametrize("source, hint", [("127.0.0.1:8086", "'http://127.0.0.1:8086'"),
-                                          ("influx.example:8086/", "'http://influx.example:8086/'"),
-                                          ("influxdb://h:8086", "http:// or https://, not influxdb://")])
+@pytest.mark.parametrize(
+    "source, hint",
+    [
+        ("127.0.0.1:8086", "'http://127.0.0.1:8086'"),
+        ("influx.example:8086/", "'http://influx.example:8086/'"),
+        ("influxdb://h:8086", "http:// or https://, not influxdb://"),
+    ],
+)
 def test_a_source_without_scheme(source, hint):
     message = f"spool folder {source!r} does not exist; for InfluxDB write the URL with its scheme: {hint}"
     with pytest.raises(query.QueryError) as info:
@@ -80,7 +92,9 @@ def test_flux_against_a_server_without_flux(influxd):
     pytest.importorskip("influxdb_client")
     with pytest.raises(query.QueryError) as info:
         query.connect(influxd.url, "dask_metrics", language="flux", timeout=5)
-    assert str(info.value).startswith(f"InfluxDB at {influxd.url} does not answer Flux (/api/v2/query: 404 page "
-                                      "not found): InfluxDB 1.x answers Flux from 1.8 on, with flux-enabled = true")
+    assert str(info.value).startswith(
+        f"InfluxDB at {influxd.url} does not answer Flux (/api/v2/query: 404 page "
+        "not found): InfluxDB 1.x answers Flux from 1.8 on, with flux-enabled = true"
+    )
     result = _cli("jobs", "--source", influxd.url, "--language", "flux")
     assert result.exit_code == 2 and "b'404" not in result.stderr and "--language influxql" in result.stderr

@@ -22,7 +22,9 @@ def _dags(t0: int, jobs) -> list[Point]:
     out = []
     for j in jobs:
         tags, dag = {"job": str(j)}, {"dag": str(j)}
-        out.append(Point("dag", tags, {**dag, "status": "running", "event": "submit", "tasks": 2, "label": "x"}, t0 + j))
+        out.append(
+            Point("dag", tags, {**dag, "status": "running", "event": "submit", "tasks": 2, "label": "x"}, t0 + j)
+        )
         out.append(Point("dag", tags, {**dag, "status": "ok", "event": "end", "duration": 1.0}, t0 + 3 * 10**9 + j))
     return out
 
@@ -123,7 +125,9 @@ def test_tables_of_both_kinds_of_custom_metric(two_sessions, kind):
         assert a.get_peaks("queue") == [{1: [1], 2: [3]}, {1: [11], 2: [13]}]
         assert a.get_peaks("dev-x", per_job=False) == [[3, 103], [4, 104]]
         for metric in ("queue", "dev-x"):
-            pd.testing.assert_frame_equal(a.peaks(metric, server=True), a.peaks(metric, server=False), check_dtype=False)
+            pd.testing.assert_frame_equal(
+                a.peaks(metric, server=True), a.peaks(metric, server=False), check_dtype=False
+            )
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -163,6 +167,9 @@ def test_the_readers_agree(two_sessions):
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_metric_of_the_other_session(two_sessions, kind):
     with _open(two_sessions, kind, "b") as b:
-        with pytest.raises(ValueError, match=r"metric\(s\) \['compute-util'\] were not collected; present: "
-                                             r"\['mem-util', 'tasks', 'power', 'queue'\] \(in "):
+        with pytest.raises(
+            ValueError,
+            match=r"metric\(s\) \['compute-util'\] were not collected; present: "
+            r"\['mem-util', 'tasks', 'power', 'queue'\] \(in ",
+        ):
             b.worker_tables(metrics=["compute-util"])

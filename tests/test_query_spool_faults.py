@@ -18,8 +18,9 @@ T0 = 1_714_564_800_000_000_000
 
 def _lines(n: int, start: int = 0) -> list[bytes]:
     tags = {"host": "h", "worker": W, "job": "1", "dag": "1", "index": "0"}
-    return lineprotocol.encode_many(Point("gpu", tags, {"utilization_gpu": float(k)}, T0 + k * 10**8)
-                                    for k in range(start, start + n))
+    return lineprotocol.encode_many(
+        Point("gpu", tags, {"utilization_gpu": float(k)}, T0 + k * 10**8) for k in range(start, start + n)
+    )
 
 
 def _session(root, lines: list[bytes], torn: bytes = b"") -> str:
@@ -79,9 +80,11 @@ def test_reading_never_writes_undelivered_samples_it_names_them_and_replay_is_ex
     undelivered = session / "tcp-10.0.0.1-1" / "undelivered"
     with query.connect(influxd.url, fresh_db, undelivered=session) as db:
         assert db.get_peaks("compute-util", per_job=False) == [[9]]  # the outage is missing, and said so
-        assert db.notes == [f"20 sample(s) under {undelivered} are not in InfluxDB (not delivered over HTTP at "
-                            f"the time); write them with db.replay_undelivered({str(session)!r}) or "
-                            f"`dask-influx-metrics replay {session} --source URL`"]
+        assert db.notes == [
+            f"20 sample(s) under {undelivered} are not in InfluxDB (not delivered over HTTP at "
+            f"the time); write them with db.replay_undelivered({str(session)!r}) or "
+            f"`dask-influx-metrics replay {session} --source URL`"
+        ]
         assert len(spool_files(session)) >= 1  # reading deleted nothing
         assert db.replay_undelivered(session) == {"files": 1, "lines": 20, "written": 20, "refused": 0, "kept": 0}
         assert db.notes == [] and len(db.worker_tables()[W]) == 30
@@ -94,8 +97,9 @@ def test_a_partial_write_stays_refused_on_disk_until_a_replay_writes_it(influxd,
     influxd.write(b'gpu,host=other utilization_gpu="foreign" %d' % (T0 - 1), db=fresh_db)  # the same shard
     session = tmp_path / "20240501T120000-000001"
     role = session / "tcp-10.0.0.1-1"
-    sink = HttpSink(influxd.url, fresh_db, flush_interval=0.05, fallback=SpoolSink(role / "undelivered"),
-                    refused=role / "refused")
+    sink = HttpSink(
+        influxd.url, fresh_db, flush_interval=0.05, fallback=SpoolSink(role / "undelivered"), refused=role / "refused"
+    )
     lines = _lines(30) + [b"host,host=h,worker=%s cpu_percent=5.0 %d" % (W.encode(), T0)]
     sink.send(lines)
     sink.close()
@@ -122,14 +126,18 @@ def test_cli_replay_writes_the_undelivered_samples(influxd, fresh_db, tmp_path):
 
     session = tmp_path / "20240501T120000-000001"
     _outage(influxd, fresh_db, session)
-    result = CliRunner().invoke(cli, ["replay", str(session), "--source", influxd.url, "--database", fresh_db,
-                                      "--format", "csv"])
+    result = CliRunner().invoke(
+        cli, ["replay", str(session), "--source", influxd.url, "--database", fresh_db, "--format", "csv"]
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == ["files,lines,written,refused,kept", "1,20,20,0,0"]
     assert spool_files(session) == []
     _session(tmp_path / "spool", _lines(2))
     result = CliRunner().invoke(cli, ["replay", str(session), "--source", str(tmp_path / "spool")])
-    assert result.exit_code == 2 and "error: replay writes into InfluxDB (InfluxQL over http(s)://), not spool" in result.stderr
+    assert (
+        result.exit_code == 2
+        and "error: replay writes into InfluxDB (InfluxQL over http(s)://), not spool" in result.stderr
+    )
 
 
 def test_the_spool_reader_counts_undelivered_samples(influxd, fresh_db, tmp_path):
@@ -154,8 +162,9 @@ def test_the_spool_reader_reads_refused_samples_once(tmp_path):
     sink.close()
     with query.connect(tmp_path) as db:
         assert len(db.worker_tables()[W]) == 5
-        assert db.notes == ["5 sample(s) came from refused/ (InfluxDB refused them; its reasons are in "
-                            "refused/reasons.txt)"]
+        assert db.notes == [
+            "5 sample(s) came from refused/ (InfluxDB refused them; its reasons are in refused/reasons.txt)"
+        ]
     beside = SpoolSink(session / "tcp-10.0.0.1-1")
     beside.send(_lines(5))
     beside.close()
@@ -181,16 +190,19 @@ def test_a_session_folder_of_undelivered_samples_reads_every_worker(tmp_path):
         assert db.workers() == workers
         assert db.get_peaks("compute-util", per_job=False) == [[4], [14]]
     with query.connect(tmp_path) as db:  # the root: its one session
-        assert db.workers() == workers and db.notes == ["10 sample(s) came from undelivered/ (not delivered over "
-                                                        "HTTP at the time)"]
+        assert db.workers() == workers and db.notes == [
+            "10 sample(s) came from undelivered/ (not delivered over HTTP at the time)"
+        ]
 
 
 def test_a_spool_root_read_without_a_session_says_which_one(tmp_path):
     older, newer = tmp_path / "20240501T120000-000001", tmp_path / "20240502T120000-000002"
     _undelivered_only(older, [W])
     _undelivered_only(newer, [W])
-    note = (f"read session '{newer.name}', the latest of 2 under '{tmp_path}' (the others: ['{older.name}']); "
-            "choose one with session= (CLI: --session)")
+    note = (
+        f"read session '{newer.name}', the latest of 2 under '{tmp_path}' (the others: ['{older.name}']); "
+        "choose one with session= (CLI: --session)"
+    )
     with query.connect(tmp_path) as db:
         assert db.notes[0] == note
     with query.connect(tmp_path, session=older.name) as db:

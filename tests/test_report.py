@@ -24,8 +24,8 @@ import shutil
 import subprocess
 
 import pytest
-
 import task_points as P
+
 from dask_influx_metrics import demo, query
 
 pytest.importorskip("bokeh")
@@ -49,8 +49,16 @@ PROBE = """<script>(function () {
 
 
 def _chromium(*args, timeout=120) -> subprocess.CompletedProcess:
-    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--proxy-server=127.0.0.1:9",
-               "--enable-logging=stderr", "--v=0", *args]
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--proxy-server=127.0.0.1:9",
+        "--enable-logging=stderr",
+        "--v=0",
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
 
 
@@ -70,8 +78,14 @@ def test_report_content(spool_store, tmp_path):
     for job in (1, 2):
         assert f'id="job-{job}"' in text and f"Job {job}: GPU utilization (%)" in text
     assert text.count('data-root-id="') == 6  # per job: utilization, memory, activity bars
-    for needle in ("Session overview", "held-but-idle GPU-hours", "thread-noncpu", "Slowest task prefixes",
-                   "matmul", "disk-read"):
+    for needle in (
+        "Session overview",
+        "held-but-idle GPU-hours",
+        "thread-noncpu",
+        "Slowest task prefixes",
+        "matmul",
+        "disk-read",
+    ):
         assert needle in text
     assert "{{" not in body  # every figure placeholder was filled
 
@@ -100,8 +114,20 @@ def test_missing_bokeh_names_the_extra(spool_store, tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def demo_report(influxd, tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    rc = demo.main(["--influxdb-url", influxd.url, "--telegraf-address", "%s:%d" % influxd.udp_address,
-                    "--workers", "2", "--gpus", "2", "--out", str(out)])
+    rc = demo.main(
+        [
+            "--influxdb-url",
+            influxd.url,
+            "--telegraf-address",
+            "%s:%d" % influxd.udp_address,
+            "--workers",
+            "2",
+            "--gpus",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     return out / "gpu-report.html"
 
@@ -110,12 +136,15 @@ def test_demo_report_in_headless_chromium(demo_report, tmp_path):
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (scripts/setup.sh installs Debian's chromium)")
     probed = tmp_path / "probed.html"
-    probed.write_text(demo_report.read_text(encoding="utf-8").replace("<head>", "<head>\n" + PROBE, 1),
-                      encoding="utf-8")
+    probed.write_text(
+        demo_report.read_text(encoding="utf-8").replace("<head>", "<head>\n" + PROBE, 1), encoding="utf-8"
+    )
     run = _chromium("--virtual-time-budget=10000", "--dump-dom", probed.as_uri())
     dom = run.stdout
     assert 'id="probe-errors"' in dom, "the probe did not run: " + run.stderr[-2000:]
-    assert re.search(r'<pre id="probe-errors"></pre>', dom), re.search(r'<pre id="probe-errors">.*?</pre>', dom, re.S)[0]
+    assert re.search(r'<pre id="probe-errors"></pre>', dom), re.search(r'<pre id="probe-errors">.*?</pre>', dom, re.S)[
+        0
+    ]
     rendered, roots = map(int, re.search(r'<pre id="probe-roots">(\d+)/(\d+)</pre>', dom).groups())
     assert roots == 9 and rendered == roots  # 3 jobs x (utilization, memory, activity): BokehJS drew every figure
     console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
@@ -125,8 +154,13 @@ def test_demo_report_in_headless_chromium(demo_report, tmp_path):
     assert "no task stream recorded" not in dom  # the demo's workers write task points
 
     shot = tmp_path / "gpu-report.png"
-    _chromium("--virtual-time-budget=10000", "--hide-scrollbars", "--window-size=1400,2400",
-              f"--screenshot={shot}", demo_report.as_uri())
+    _chromium(
+        "--virtual-time-budget=10000",
+        "--hide-scrollbars",
+        "--window-size=1400,2400",
+        f"--screenshot={shot}",
+        demo_report.as_uri(),
+    )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
     shutil.copyfile(shot, "/tmp/gpu-report.png")
     print(f"\nscreenshot of the demo report: {shot} (copy: /tmp/gpu-report.png); report: {demo_report}")
@@ -141,9 +175,16 @@ def test_timelines_start_at_0_and_equal_lines_differ():
 
     from dask_influx_metrics.client import reportfigs
 
-    table = pd.DataFrame({"job": ["1"] * 4, "dag": ["1"] * 4, "timestamp": [0.0, 0.5, 1.0, 1.5],
-                          "compute-util[0]": [50.0, 51.0, 50.0, 51.0], "compute-util[1]": [50.0, 51.0, 50.0, 51.0],
-                          "total-mem[0]": [3e9] * 4})
+    table = pd.DataFrame(
+        {
+            "job": ["1"] * 4,
+            "dag": ["1"] * 4,
+            "timestamp": [0.0, 0.5, 1.0, 1.5],
+            "compute-util[0]": [50.0, 51.0, 50.0, 51.0],
+            "compute-util[1]": [50.0, 51.0, 50.0, 51.0],
+            "total-mem[0]": [3e9] * 4,
+        }
+    )
     tables = {"w": table}
     data = reportfigs.sources(tables, {"compute-util": 1.0, "total-mem": 2**30})
     util = reportfigs.timeline(tables, data, 1, "compute-util", "GPU utilization (%)")

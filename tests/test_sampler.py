@@ -3,10 +3,10 @@ import threading
 import time
 
 import pytest
+from polling import wait_until
 
 from dask_influx_metrics.sampler import Sampler
 from dask_influx_metrics.schema import Point
-from polling import wait_until
 
 TAGS = {"host": "h", "worker": "w", "job": "1", "dag": "2"}
 
@@ -122,8 +122,10 @@ def test_wake_takes_one_extra_sample_before_the_next_tick():
 
 def test_dag_tag_false_moves_dag_to_a_field_on_every_point():
     def collect(now_ns):
-        return [Point("gpu", {**TAGS, "index": "0"}, {"utilization_gpu": 1.0}, now_ns),
-                Point("task", {**TAGS, "prefix": "inc", "state": "memory"}, {"duration": 0.5}, now_ns - 1)]
+        return [
+            Point("gpu", {**TAGS, "index": "0"}, {"utilization_gpu": 1.0}, now_ns),
+            Point("task", {**TAGS, "prefix": "inc", "state": "memory"}, {"duration": 0.5}, now_ns - 1),
+        ]
 
     s = Sampler(collect, None, field_tags=("dag",))
     points = {p.measurement: p for p in s.sample()}

@@ -77,14 +77,17 @@ def test_shutdown_after_stop_logs_no_error_on_the_scheduler(small_cluster, tmp_p
 
 
 def test_idle_processes_spool_within_the_flush_interval_and_the_scheduler_writes_its_delivery_counts(
-        small_cluster, tmp_path, monkeypatch):
+    small_cluster, tmp_path, monkeypatch
+):
     """Issue 23 items 2 and 9, delivery health: while the session still runs, the scheduler's last DAG point
     and the worker's task points reach the disk within ~flush-interval; every folder is 0700; the
     scheduler's sink writes its ``delivery`` counters (every HEALTH_INTERVAL s, and at stop)."""
     from dask_influx_metrics import lineprotocol, sinks
     from dask_influx_metrics.sinks.spool import read_lines
 
-    monkeypatch.setattr(sinks, "HEALTH_INTERVAL", 0.5, raising=False)  # LocalCluster: the scheduler runs in this process
+    monkeypatch.setattr(
+        sinks, "HEALTH_INTERVAL", 0.5, raising=False
+    )  # LocalCluster: the scheduler runs in this process
     with Client(small_cluster) as client:
         m = Monitor(client, spool_directory=str(tmp_path / "spool"), gpu_source="none", flush_interval=0.5)
         m.attach(polling_interval=100, tracking=["task-stream"])

@@ -42,7 +42,7 @@ def test_batches_reach_influxd(influxd, fresh_db):
     sink = HttpSink(influxd.url, fresh_db, batch_size=100, flush_interval=0.05, max_pending=2000)
     lines = numbered(1000)
     for i in range(0, 1000, 37):
-        sink.send(lines[i:i + 37])
+        sink.send(lines[i : i + 37])
     influxd.wait_for("SELECT count(v) FROM m", lambda rows: rows and rows[0]["count"] == 1000, db=fresh_db)
     sink.close()
     assert (sink.points_written, sink.points_failed, sink.pending) == (1000, 0, 0)
@@ -61,15 +61,16 @@ def test_dead_url_sends_every_line_to_the_fallback(caplog):
     lines = numbered(250)
     with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
         for i in range(0, 250, 25):
-            sink.send(lines[i:i + 25])
+            sink.send(lines[i : i + 25])
         sink.close()
     assert sorted(fallback.lines) == sorted(lines) and fallback.closed
     assert (sink.points_written, sink.points_failed) == (0, 250)
     assert len([r for r in caplog.records if "cannot reach" in r.message]) == 1  # once, not per batch
 
 
-def test_a_line_influxd_cannot_parse_is_kept_alone_with_the_reason_never_counted_written(influxd, fresh_db, tmp_path,
-                                                                                     caplog):
+def test_a_line_influxd_cannot_parse_is_kept_alone_with_the_reason_never_counted_written(
+    influxd, fresh_db, tmp_path, caplog
+):
     fallback, refused = Collect(), tmp_path / "refused"
     sink = HttpSink(influxd.url, fresh_db, fallback=fallback, flush_interval=0.01, refused=refused)
     batch = [b"m,t=x v=1i 1", b"this is not line protocol"]
@@ -80,8 +81,9 @@ def test_a_line_influxd_cannot_parse_is_kept_alone_with_the_reason_never_counted
     assert list(read_lines(refused)) == [b"this is not line protocol"]
     reasons = (refused / "reasons.txt").read_text()
     assert "HTTP 400" in reasons and "unable to parse 'this is not line protocol'" in reasons
-    assert any("HTTP 400" in r.message and "unable to parse" in r.message and str(refused) in r.message
-               for r in caplog.records)
+    assert any(
+        "HTTP 400" in r.message and "unable to parse" in r.message and str(refused) in r.message for r in caplog.records
+    )
 
 
 def test_a_field_type_conflict_keeps_exactly_the_refused_lines(influxd, fresh_db, tmp_path):
@@ -95,8 +97,10 @@ def test_a_field_type_conflict_keeps_exactly_the_refused_lines(influxd, fresh_db
     sink.close()
     assert (sink.points_written, sink.points_refused, sink.points_failed) == (5, 10, 0)
     assert list(read_lines(refused)) == gpu
-    assert 'field type conflict: input field "utilization_gpu" on measurement "gpu"' in (
-        refused / "reasons.txt").read_text()
+    assert (
+        'field type conflict: input field "utilization_gpu" on measurement "gpu"'
+        in (refused / "reasons.txt").read_text()
+    )
     assert influxd.query("SELECT count(cpu_percent) FROM host", db=fresh_db)[0]["count"] == 5
 
 
@@ -144,13 +148,20 @@ def test_http_413_splits_batches_down_to_what_fits_says_so_once_and_counts_it(in
     proxy = BodyLimit(influxd.url, 4096)
     try:
         refused = tmp_path / "refused"
-        sink = HttpSink(proxy.url, fresh_db, batch_size=500, flush_interval=0.05, refused=refused, fallback=Collect(),
-                        max_pending=10_000)
+        sink = HttpSink(
+            proxy.url,
+            fresh_db,
+            batch_size=500,
+            flush_interval=0.05,
+            refused=refused,
+            fallback=Collect(),
+            max_pending=10_000,
+        )
         lines = numbered(2000)
         huge = b'm,t=x s="%s" %d' % (b"x" * 5000, BASE_NS + 10**6)
         with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
             for i in range(0, 2000, 100):
-                sink.send(lines[i:i + 100])
+                sink.send(lines[i : i + 100])
             sink.send([huge])
             sink.close()
     finally:
@@ -180,12 +191,19 @@ def test_send_never_blocks_on_a_hung_server_and_close_is_bounded():
         server.bind(("127.0.0.1", 0))
         server.listen(16)
         fallback = Collect()
-        sink = HttpSink("http://127.0.0.1:%d" % server.getsockname()[1], "db", batch_size=10,
-                        flush_interval=0.0, timeout=30, max_pending=100, fallback=fallback)
+        sink = HttpSink(
+            "http://127.0.0.1:%d" % server.getsockname()[1],
+            "db",
+            batch_size=10,
+            flush_interval=0.0,
+            timeout=30,
+            max_pending=100,
+            fallback=fallback,
+        )
         lines = numbered(1000)
         started = time.monotonic()
         for i in range(0, 1000, 10):
-            sink.send(lines[i:i + 10])
+            sink.send(lines[i : i + 10])
         assert time.monotonic() - started < 0.5  # the writer thread is stuck, send is not
         started = time.monotonic()
         sink.close(wait=0.2)
@@ -210,8 +228,9 @@ class FakeSession:
 
 def test_url_params_and_auth():
     session = FakeSession()
-    sink = HttpSink("http://influx:8086/", "metrics", retention_policy="week", token="t0k",
-                    flush_interval=0.0, session=session)
+    sink = HttpSink(
+        "http://influx:8086/", "metrics", retention_policy="week", token="t0k", flush_interval=0.0, session=session
+    )
     sink.send([b"m v=1i 1"])
     sink.close()
     url, kw = session.calls[0]
@@ -248,7 +267,7 @@ def test_a_dead_server_is_tried_once_per_backoff_not_per_batch(tmp_path):
     sink = HttpSink(dead, "db", batch_size=10, flush_interval=0.0, fallback=fallback, session=Counting())
     lines = numbered(200)
     for i in range(0, 200, 10):
-        sink.send(lines[i:i + 10])
+        sink.send(lines[i : i + 10])
     sink.close()
     assert Counting.posts == 1 and sink.points_failed == 200
     assert sorted(read_lines(tmp_path / "fallback")) == sorted(lines)

@@ -20,8 +20,17 @@ NASTY = ["plain", "multi\nline", 'quote " and \\', "a=b, c", "\\", "", "x\r\ny"]
 
 def nasty_lines(n, measurement="spool"):
     """Lines whose string values hold raw newlines, quotes and backslashes."""
-    return [lp.encode(Point(measurement, {"host": "h 1", "k": NASTY[i % 7] or "e"},
-                            {"s": NASTY[i % 7] + str(i), "i": i}, BASE_NS + i)) for i in range(n)]
+    return [
+        lp.encode(
+            Point(
+                measurement,
+                {"host": "h 1", "k": NASTY[i % 7] or "e"},
+                {"s": NASTY[i % 7] + str(i), "i": i},
+                BASE_NS + i,
+            )
+        )
+        for i in range(n)
+    ]
 
 
 class Clock:
@@ -49,7 +58,7 @@ def test_files_hold_every_line_in_order_across_rotations(tmp_path):
     lines = nasty_lines(5000)
     sink = SpoolSink(tmp_path / "a" / "b", mem_limit=300, max_file_bytes=64 * 1024)
     for i in range(0, 5000, 123):
-        sink.send(lines[i:i + 123])
+        sink.send(lines[i : i + 123])
     sink.close()
     files = spool_files(tmp_path)
     assert len(files) > 5
@@ -117,8 +126,7 @@ def test_replay_into_real_influxd_loses_nothing(tmp_path, influxd, fresh_db):
     spool.close()
     undelivered = tmp_path / "undelivered"
     # a queue of 200 lines, far smaller than the replay: replay must wait for room, never overflow
-    http = HttpSink(influxd.url, fresh_db, batch_size=100, flush_interval=0.01,
-                    fallback=SpoolSink(undelivered))
+    http = HttpSink(influxd.url, fresh_db, batch_size=100, flush_interval=0.01, fallback=SpoolSink(undelivered))
     assert replay(tmp_path / "spool", http, remove=True, batch_size=400) == 3000
     http.close()
     assert http.points_written == 3000 and not spool_files(tmp_path / "spool")
@@ -128,8 +136,12 @@ def test_replay_into_real_influxd_loses_nothing(tmp_path, influxd, fresh_db):
     want = {p.time_ns: p for p in map(lp.parse, lines)}
     for row in rows:
         p = want[row["time"]]
-        assert (row["s"], row["i"], row["host"], row["k"]) == (p.fields["s"], p.fields["i"],
-                                                               p.tags["host"], p.tags.get("k"))
+        assert (row["s"], row["i"], row["host"], row["k"]) == (
+            p.fields["s"],
+            p.fields["i"],
+            p.tags["host"],
+            p.tags.get("k"),
+        )
 
 
 def test_failed_replay_is_kept_in_the_fallback_spool(tmp_path):
@@ -186,8 +198,13 @@ def fill_disk(directory, limit, flushes, per_flush) -> dict:
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", FULL_DISK, str(directory), str(limit), str(flushes), str(per_flush)],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(directory), str(limit), str(flushes), str(per_flush)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 

@@ -44,8 +44,17 @@ def lines_of(lengths):
     return [(b"m%d v=" % i).ljust(n, b"x") for i, n in enumerate(lengths)]
 
 
-@pytest.mark.parametrize("host, size", [("127.0.0.1", 65507), ("127.8.9.10", 65507), ("::1", 65507),
-                                        ("localhost", 65507), ("10.1.2.3", 1472), ("telegraf.example", 1472)])
+@pytest.mark.parametrize(
+    "host, size",
+    [
+        ("127.0.0.1", 65507),
+        ("127.8.9.10", 65507),
+        ("::1", 65507),
+        ("localhost", 65507),
+        ("10.1.2.3", 1472),
+        ("telegraf.example", 1472),
+    ],
+)
 def test_auto_datagrams_are_as_large_as_udp_allows_on_loopback_only(host, size):
     assert UdpSink((host, 9), sock=FakeSocket()).max_datagram == size  # nothing is sent
 
@@ -106,8 +115,7 @@ def test_oserror_is_logged_once_resets_socket_and_recovers(caplog):
 
 def test_socket_is_reopened_periodically():
     clock, made = Clock(), []
-    sink = UdpSink(("127.0.0.1", 9), sock=lambda: made.append(FakeSocket()) or made[-1],
-                   reopen_every=60.0, clock=clock)
+    sink = UdpSink(("127.0.0.1", 9), sock=lambda: made.append(FakeSocket()) or made[-1], reopen_every=60.0, clock=clock)
     sink.send([b"a v=1i"])
     clock.now += 30
     sink.send([b"b v=1i"])
@@ -137,8 +145,15 @@ def test_send_never_raises():
 
 def test_points_land_in_influxd_with_their_tags(influxd):
     measurement = "udp_" + uuid.uuid4().hex[:10]
-    points = [Point(measurement, {"worker": f"tcp://10.0.0.{i % 3}:4000", "job": str(i % 2)},
-                    {"v": float(i), "n": i}, BASE_NS + i) for i in range(300)]
+    points = [
+        Point(
+            measurement,
+            {"worker": f"tcp://10.0.0.{i % 3}:4000", "job": str(i % 2)},
+            {"v": float(i), "n": i},
+            BASE_NS + i,
+        )
+        for i in range(300)
+    ]
     sink = UdpSink(influxd.udp_address)
     sink.send(lp.encode_many(points))
     sink.close()
@@ -148,7 +163,11 @@ def test_points_land_in_influxd_with_their_tags(influxd):
     for p in points:
         row = by_time[p.time_ns]
         assert (row["worker"], row["job"], row["v"], row["n"]) == (
-            p.tags["worker"], p.tags["job"], p.fields["v"], p.fields["n"])
+            p.tags["worker"],
+            p.tags["job"],
+            p.fields["v"],
+            p.fields["n"],
+        )
 
 
 def test_pytelegraf_points_sit_beside_ours(influxd):
@@ -160,7 +179,9 @@ def test_pytelegraf_points_sit_beside_ours(influxd):
     ours.send([lp.encode(Point(measurement, {"src": "ours", "host": "h1"}, {"value": 1.5, "count": 3}, BASE_NS))])
     rows = influxd.wait_for(f'SELECT * FROM "{measurement}"', 2)
     assert {(r["src"], r["host"], r["value"], r["count"]) for r in rows} == {
-        ("pytelegraf", "h1", 2.5, 7), ("ours", "h1", 1.5, 3)}
+        ("pytelegraf", "h1", 2.5, 7),
+        ("ours", "h1", 1.5, 3),
+    }
     fields = influxd.query(f'SHOW FIELD KEYS FROM "{measurement}"')
     assert {(r["fieldKey"], r["fieldType"]) for r in fields} == {("value", "float"), ("count", "integer")}
 

@@ -8,13 +8,20 @@ import threading
 import time
 
 import pytest
+from polling import wait_until
 
 from dask_influx_metrics.agent.sources.tasks import key_json
 from dask_influx_metrics.snapshot import (
-    BEAT_BYTES, BeatReader, Publisher, SnapshotBuffer, SnapshotReader, decode_snapshot, encode_snapshot, entry,
+    BEAT_BYTES,
+    BeatReader,
+    Publisher,
+    SnapshotBuffer,
+    SnapshotReader,
+    decode_snapshot,
+    encode_snapshot,
+    entry,
     write_beat,
 )
-from polling import wait_until
 
 
 class Pair:
@@ -33,7 +40,9 @@ class Pair:
     def sample(self) -> None:
         self.reader.refresh()
         self.samples += 1
-        write_beat(self.beat, 1, self.samples, 0, doc({"acked": {"w1": self.reader.acked}, "counters": [], "reports": []}))
+        write_beat(
+            self.beat, 1, self.samples, 0, doc({"acked": {"w1": self.reader.acked}, "counters": [], "reports": []})
+        )
 
 
 def doc(rest: dict) -> bytes:
@@ -201,8 +210,11 @@ def test_a_torn_or_half_written_snapshot_is_never_returned():
 def _consistent(snap) -> bool:
     """Writers below publish n tasks named k<i>/<n>, job n, dag n."""
     n = snap.executing
-    return (len(snap.running) == n and snap.dag_tag == (str(n) if n else "0")
-            and all(k == f"k{i}/{n}" and j == d == n for i, (k, j, d) in enumerate(snap.running)))
+    return (
+        len(snap.running) == n
+        and snap.dag_tag == (str(n) if n else "0")
+        and all(k == f"k{i}/{n}" and j == d == n for i, (k, j, d) in enumerate(snap.running))
+    )
 
 
 def _writer_snapshot(n: int) -> bytes:
@@ -225,6 +237,7 @@ def test_concurrent_writer_and_reader_never_see_a_torn_snapshot(writer):
     iterations = 20000
     try:
         if writer == "thread":
+
             def write():
                 for it in range(iterations):
                     buf.write(_writer_snapshot((it * 37) % 200))
@@ -233,8 +246,9 @@ def test_concurrent_writer_and_reader_never_see_a_torn_snapshot(writer):
             thread.start()
             running = thread.is_alive
         else:  # a real second process writing while this one reads: true parallelism
-            proc = subprocess.Popen([sys.executable, "-c", WRITER, str(buf.fd), str(buf.size), str(iterations)],
-                                    pass_fds=(buf.fd,))
+            proc = subprocess.Popen(
+                [sys.executable, "-c", WRITER, str(buf.fd), str(buf.size), str(iterations)], pass_fds=(buf.fd,)
+            )
             running = lambda: proc.poll() is None  # noqa: E731
         wait_until(lambda: buf.read() is not None or not running(), what="the first write")
         reader = SnapshotReader(buf)

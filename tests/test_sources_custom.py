@@ -11,9 +11,11 @@ from dask_influx_metrics.worker.sources.custom import CustomSource, custom_metri
 
 def _into(reports):
     """A ``report`` collecting (metric name, message) of the custom-metric reports."""
+
     def report(what, message, **details):
         assert what == CUSTOM_METRIC and details["problem"] in ("failed", "overran")
         reports.append((details["metric"], message))
+
     return report
 
 
@@ -34,19 +36,22 @@ def test_duplicate_names_and_bad_names_are_refused():
         custom_metric("")
 
 
-@pytest.mark.parametrize("name, message", [
-    # issue 23 item 4: reads returned the built-in's values, every all-metric read crashed
-    ("compute-util", "'compute-util' is a built-in metric name"),
-    ("tasks", "built-in metric name"),
-    ("host.memory_used", "field 'host.memory_used' of the 'host' measurement"),
-    ("custom.x", "'custom' measurement"),
-    ("timestamp", "column of every table"),
-    ("br[0]", r"per-GPU column \('name\[0\]'\)"),
-    ("new\nline", r"control character\(s\) '\\n'"),
-    ("back\\slash", "backslash"),
-    (" padded", "leading or trailing spaces"),
-    ("uuid", "tag name of the custom measurement"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        # issue 23 item 4: reads returned the built-in's values, every all-metric read crashed
+        ("compute-util", "'compute-util' is a built-in metric name"),
+        ("tasks", "built-in metric name"),
+        ("host.memory_used", "field 'host.memory_used' of the 'host' measurement"),
+        ("custom.x", "'custom' measurement"),
+        ("timestamp", "column of every table"),
+        ("br[0]", r"per-GPU column \('name\[0\]'\)"),
+        ("new\nline", r"control character\(s\) '\\n'"),
+        ("back\\slash", "backslash"),
+        (" padded", "leading or trailing spaces"),
+        ("uuid", "tag name of the custom measurement"),
+    ],
+)
 def test_names_that_do_not_read_back_as_the_metric_are_refused(name, message):
     with pytest.raises(ValueError, match=message):
         custom_metric(name)
@@ -66,9 +71,12 @@ def test_a_signature_that_fits_neither_form_is_refused_showing_both():
     def ready_queue(worker):
         return 1
 
-    with pytest.raises(TypeError, match=r"'ready-queue' is per_device=True \(the default\), so it is called as "
-                       r"fn\(worker, handle\) once per GPU, but ready_queue\(worker\) cannot take that; the "
-                       r"accepted forms: .*fn\(worker, handle\).*per_device=False\) calls fn\(worker\) once"):
+    with pytest.raises(
+        TypeError,
+        match=r"'ready-queue' is per_device=True \(the default\), so it is called as "
+        r"fn\(worker, handle\) once per GPU, but ready_queue\(worker\) cannot take that; the "
+        r"accepted forms: .*fn\(worker, handle\).*per_device=False\) calls fn\(worker\) once",
+    ):
         custom_metric("ready-queue")(ready_queue)
     per_worker = custom_metric("ready-queue", per_device=False)(ready_queue)
     per_worker.per_device = True  # changed after decoration: attach's validate() checks again
@@ -164,8 +172,9 @@ def test_a_hung_metric_never_blocks_stop_and_leaks_no_thread_per_cycle():
     try:
         for _ in range(5):
             src = CustomSource([hung], worker, lambda: [], timeout=0.01)
-            sampler = Sampler(lambda now_ns, src=src: [Point("custom", {}, r.fields, now_ns) for r in src.read()],
-                              None, interval=0.01)
+            sampler = Sampler(
+                lambda now_ns, src=src: [Point("custom", {}, r.fields, now_ns) for r in src.read()], None, interval=0.01
+            )
             sampler.start()
             threading.Event().wait(0.05)
             started = time.monotonic()

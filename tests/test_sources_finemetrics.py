@@ -25,8 +25,10 @@ def digests():
 
 
 def tick(fine, ended=()):
-    return {(p.tags["job"], p.tags["prefix"], p.tags["activity"], p.tags["unit"]): (p.fields["value"], p.fields["jobs"])
-            for p in fine.points(fine.snapshot(), list(ended), now_ns=7)}
+    return {
+        (p.tags["job"], p.tags["prefix"], p.tags["activity"], p.tags["unit"]): (p.fields["value"], p.fields["jobs"])
+        for p in fine.points(fine.snapshot(), list(ended), now_ns=7)
+    }
 
 
 def test_one_job_gets_the_whole_delta_and_spans_are_summed(digests):
@@ -37,7 +39,9 @@ def test_one_job_gets_the_whole_delta_and_spans_are_summed(digests):
     digests.add("inc", "my-label", 0.0)  # a zero delta writes nothing
     digests[("gather-dep", "cancelled", "seconds")] = 9.0
     assert tick(fine, [("inc", 3, 0.1), ("inc", 3, 0.2)]) == {
-        ("3", "inc", "thread-cpu", "seconds"): (0.75, 1), ("3", "inc", "disk-write", "bytes"): (1000.0, 1)}
+        ("3", "inc", "thread-cpu", "seconds"): (0.75, 1),
+        ("3", "inc", "disk-write", "bytes"): (1000.0, 1),
+    }
     assert tick(fine) == {}  # nothing changed since
 
 

@@ -47,12 +47,14 @@ def test_only_requested_fields(monkeypatch):
 
 
 def test_host_cpu_percent_from_own_deltas(monkeypatch):
-    times = iter([
-        CpuTimes(100, 0, 50, 850, 0, 0, 0, 0, 0, 0),   # primed at construction
-        CpuTimes(130, 0, 60, 910, 0, 0, 0, 0, 0, 0),   # +40 busy of +100
-        CpuTimes(130, 0, 60, 910, 0, 0, 0, 0, 0, 0),   # same tick: previous value
-        CpuTimes(135, 0, 60, 1005, 10, 0, 0, 0, 5, 0),  # busy 5 of 110: iowait is idle, guest already in user
-    ])
+    times = iter(
+        [
+            CpuTimes(100, 0, 50, 850, 0, 0, 0, 0, 0, 0),  # primed at construction
+            CpuTimes(130, 0, 60, 910, 0, 0, 0, 0, 0, 0),  # +40 busy of +100
+            CpuTimes(130, 0, 60, 910, 0, 0, 0, 0, 0, 0),  # same tick: previous value
+            CpuTimes(135, 0, 60, 1005, 10, 0, 0, 0, 5, 0),  # busy 5 of 110: iowait is idle, guest already in user
+        ]
+    )
     monkeypatch.setattr(host_mod.psutil, "cpu_times", lambda: next(times))
     src = HostSource(frozenset({(HOST, "cpu_percent")}), procfs=False)
     assert [src.read(HOST)["cpu_percent"] for _ in range(3)] == [40.0, 40.0, 4.5]
@@ -133,8 +135,11 @@ def test_procfs_values_equal_psutils_definitions():
             continue
         names = [n for n in ours]
         got = [ours[n] for n in names]
-        want = [theirs.read_bytes, theirs.write_bytes] if "disk_read_bytes" in ours else [theirs.bytes_recv,
-                                                                                           theirs.bytes_sent]
+        want = (
+            [theirs.read_bytes, theirs.write_bytes]
+            if "disk_read_bytes" in ours
+            else [theirs.bytes_recv, theirs.bytes_sent]
+        )
         assert all(0 <= w - g < 1 << 20 for g, w in zip(got, want)), (names, got, want)  # counters only grow
     assert abs(reader.process_rss() - proc.memory_info().rss) < 1 << 20
     cpu = proc.cpu_times()
@@ -156,8 +161,11 @@ def test_worker_cpu_percent_like_psutil():
 @pytest.fixture
 def sleeper():
     """A live process other than this one, standing in for a second worker's pid; started and asleep."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout.readline() == "ready\n"
     yield psutil.Process(proc.pid)
     proc.kill()

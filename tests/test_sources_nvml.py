@@ -10,15 +10,15 @@ import sys
 
 import pynvml
 import pytest
+from fake_nvml import FakeNvml
 
 from dask_influx_metrics.agent.sources import nvml as nvml_mod
 from dask_influx_metrics.agent.sources import nvml_devices
+from dask_influx_metrics.agent.sources.gpm import FIELDS as GPM_FIELDS
 from dask_influx_metrics.agent.sources.nvml import NvmlDevices
 from dask_influx_metrics.agent.sources.nvml_devices import nvml_available, parse_visible
-from dask_influx_metrics.schema import FIELDS, GPU, Reading
-from dask_influx_metrics.agent.sources.gpm import FIELDS as GPM_FIELDS
 from dask_influx_metrics.agent.sources.slowfields import SLOW, SLOW_FIELDS, SlowFields
-from fake_nvml import FakeNvml
+from dask_influx_metrics.schema import FIELDS, GPU, Reading
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
 PER_SAMPLE = frozenset(k for k in ALL if k[1] not in GPM_FIELDS | SLOW_FIELDS)  # nvml.TABLE's fields
@@ -68,6 +68,7 @@ def by_index(readings):
 
 
 # -- CUDA_VISIBLE_DEVICES ------------------------------------------------------
+
 
 def test_parse_visible():
     assert parse_visible(None) is None
@@ -148,6 +149,7 @@ def test_visible_entries_as_cuda_reads_them(fake, visible, kept, message, caplog
 
 # -- values ----------------------------------------------------------------------
 
+
 def test_all_fields_follow_schema(fake):
     readings = by_index(Source(ALL, visible=None, nvml=fake).read())
     for r in readings.values():
@@ -196,6 +198,7 @@ def test_no_gpu_fields_no_calls(fake):
 
 
 # -- errors ----------------------------------------------------------------------
+
 
 def test_not_supported_is_omitted_and_never_retried(fake, caplog):
     src = Source(ALL, visible="2", nvml=fake)  # the K80: no power reading
@@ -353,14 +356,27 @@ def test_video_engine_utilization_where_nvml_gives_it(fake):
 
 def test_table_fields_follow_telegraf_names():
     """Issue 25: where Telegraf's nvidia_smi input has the field with this meaning and unit, the same name."""
-    telegraf = {"clocks_current_memory", "utilization_encoder", "utilization_decoder", "utilization_jpeg",
-                "utilization_ofa", "fan_speed", "utilization_gpu", "utilization_memory", "memory_used",
-                "memory_total", "power_draw", "temperature_gpu", "clocks_current_sm"}
+    telegraf = {
+        "clocks_current_memory",
+        "utilization_encoder",
+        "utilization_decoder",
+        "utilization_jpeg",
+        "utilization_ofa",
+        "fan_speed",
+        "utilization_gpu",
+        "utilization_memory",
+        "memory_used",
+        "memory_total",
+        "power_draw",
+        "temperature_gpu",
+        "clocks_current_sm",
+    }
     ours = {name for _, name in ALL}
     assert telegraf <= ours
 
 
 # -- fields read at most once a second (slowfields.py) -----------------------------
+
 
 class Clock:
     t = 0.0
@@ -391,9 +407,13 @@ def test_slow_fields_ecc_counters_and_types(fake):
     fake.devices[0]["fan"] = 41
     fake.nvmlInit()
     got = SlowFields(fake, fake.nvmlDeviceGetHandleByIndex(0), SLOW_FIELDS).read()
-    assert got == {"ecc_errors_volatile_correctable": 3, "ecc_errors_volatile_uncorrectable": 0,
-                   "ecc_errors_aggregate_correctable": 17, "ecc_errors_aggregate_uncorrectable": 1,
-                   "fan_speed": 41.0}  # the A100 recording has no energy reading: left out
+    assert got == {
+        "ecc_errors_volatile_correctable": 3,
+        "ecc_errors_volatile_uncorrectable": 0,
+        "ecc_errors_aggregate_correctable": 17,
+        "ecc_errors_aggregate_uncorrectable": 1,
+        "fan_speed": 41.0,
+    }  # the A100 recording has no energy reading: left out
     for name, value in got.items():
         assert type(value) is FIELDS[GPU, name].type, name
 
@@ -439,6 +459,7 @@ def test_names_as_bytes_from_old_pynvml():
 
 
 # -- init, availability, import ----------------------------------------------
+
 
 def test_init_once_per_process(fake, monkeypatch):
     Source(ALL, visible="0", nvml=fake)
@@ -488,6 +509,7 @@ def test_handles_and_close(fake):
 
 # -- the real pynvml has every name nvml.py uses ------------------------------------
 
+
 def nvml_names_used() -> set[str]:
     """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in agent/sources/nvml*.py (and the
     GPM, per-process and slow-field modules), and every name the calls in ``nvml.TABLE``/``SLOW`` need."""
@@ -505,8 +527,11 @@ def names_in(tree) -> set[str]:
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "nvml":
             names.add(node.attr)
         if (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-            and isinstance(node.args[0], ast.Name) and node.args[0].id == "nvml"
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "getattr"
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == "nvml"
             and isinstance(node.args[1], ast.Constant)  # a variable name: its values are in TABLE
         ):
             names.add(node.args[1].value)

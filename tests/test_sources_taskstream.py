@@ -17,14 +17,24 @@ def record(key, job=1, dag=2, state="memory", start=100.0, stop=100.5, nbytes=8,
 
 def test_a_finished_task_becomes_one_point_with_its_job_dag_prefix_state_and_timings():
     stream = TaskStream(STREAM, BASE)
-    spent = ({"action": "transfer", "start": 99.0, "stop": 99.25, "source": "tcp://x:2"},
-             {"action": "disk-read", "start": 99.5, "stop": 99.75})
+    spent = (
+        {"action": "transfer", "start": 99.0, "stop": 99.25, "source": "tcp://x:2"},
+        {"action": "disk-read", "start": 99.5, "stop": 99.75},
+    )
     stream.ended.append(record("sum-aggregate-3", extra=spent))
     [p] = stream.points(now_ns=1)
     assert p.measurement == "task" and p.time_ns == 100_500_000_000
     assert p.tags == {**BASE, "job": "1", "dag": "2", "prefix": "sum-aggregate", "state": "memory"}
-    assert p.fields == {"key": "sum-aggregate-3", "start": 100.0, "duration": 0.5, "compute": 0.5,
-                        "transfer": 0.25, "disk_read": 0.25, "disk_write": 0.0, "nbytes": 8}
+    assert p.fields == {
+        "key": "sum-aggregate-3",
+        "start": 100.0,
+        "duration": 0.5,
+        "compute": 0.5,
+        "transfer": 0.25,
+        "disk_read": 0.25,
+        "disk_write": 0.0,
+        "nbytes": 8,
+    }
     assert not stream.pending() and stream.points(now_ns=2) == []
     assert lineprotocol.encode_many([p])  # the encoder takes every field as typed
 
@@ -72,8 +82,12 @@ def stream_fields():
 
 def test_field_order_and_sums_with_several_spent_intervals_and_tags_shared_per_series_within_a_tick():
     stream = TaskStream(STREAM, BASE)
-    spent = ({"action": "disk-write", "start": 1.0, "stop": 1.5}, {"action": "transfer", "start": 2.0, "stop": 2.25},
-             {"action": "compute", "start": 3.0, "stop": 3.5}, {"action": "transfer", "start": 4.0, "stop": 4.5})
+    spent = (
+        {"action": "disk-write", "start": 1.0, "stop": 1.5},
+        {"action": "transfer", "start": 2.0, "stop": 2.25},
+        {"action": "compute", "start": 3.0, "stop": 3.5},
+        {"action": "transfer", "start": 4.0, "stop": 4.5},
+    )
     stream.ended.extend([record("a-1", extra=spent), record("a-2", stop=100.75), record("b-1", dag=3)])
     p1, p2, p3 = sorted(stream.points(now_ns=1), key=lambda p: p.fields["key"])
     assert list(p1.fields) == ["key", "start", "duration", "compute", "transfer", "disk_read", "disk_write", "nbytes"]

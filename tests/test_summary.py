@@ -3,8 +3,8 @@
 import numpy as np
 import pandas as pd
 import pytest
-
 import shared_gpu as S
+
 from dask_influx_metrics.client import summary
 
 HOUR_PER_SAMPLE = S.STEP / 1e9 / 3600
@@ -17,8 +17,11 @@ def stores(influxd, tmp_path_factory):
 
 
 def _gpu(frame, worker, job):
-    rows = frame[(frame["worker_index"] == worker) & (frame["resource"] == "gpu")
-                 & (frame["job"].isna() if job is None else frame["job"] == job)]
+    rows = frame[
+        (frame["worker_index"] == worker)
+        & (frame["resource"] == "gpu")
+        & (frame["job"].isna() if job is None else frame["job"] == job)
+    ]
     assert len(rows) == 1
     return rows.iloc[0]
 
@@ -55,10 +58,15 @@ def _table(**columns):
 
 
 def test_held_but_idle_uses_the_workers_own_memory_then_the_devices():
-    t = _table(**{"compute-util[0]": [0.0, 0.0, 0.0, 50.0, 0.0],
-                  "worker-gpu-mem[0]": [0.0, 2e9, np.nan, 2e9, np.nan],   # missing in two samples
-                  "total-mem[0]": [3e9, 3e9, 3e9, 3e9, 0.0],
-                  "compute-util[1]": [0.0] * 5, "total-mem[1]": [1e9] * 5})  # GPU 1: device memory only
+    t = _table(
+        **{
+            "compute-util[0]": [0.0, 0.0, 0.0, 50.0, 0.0],
+            "worker-gpu-mem[0]": [0.0, 2e9, np.nan, 2e9, np.nan],  # missing in two samples
+            "total-mem[0]": [3e9, 3e9, 3e9, 3e9, 0.0],
+            "compute-util[1]": [0.0] * 5,
+            "total-mem[1]": [1e9] * 5,
+        }
+    )  # GPU 1: device memory only
     held = summary.held_memory(t, ["compute-util[0]", "compute-util[1]"])
     assert held[:, 0].tolist() == [0, 1, 1, 1, 0] and held[:, 1].tolist() == [1] * 5
     (whole,) = summary.summarize([t], per_job=False).itertuples()
@@ -84,8 +92,13 @@ def _short_task_table():
     times = np.concatenate([ticks, wakes, ends])
     util = np.concatenate([np.zeros(len(ticks)), np.full(len(wakes), 100.0), np.zeros(len(ends))])
     order = np.argsort(times, kind="stable")
-    return _table(**{"compute-util[0]": util[order], "compute-util[1]": np.full(len(times), 40.0),
-                     "total-mem[0]": np.full(len(times), 1e9)}).assign(timestamp=times[order])
+    return _table(
+        **{
+            "compute-util[0]": util[order],
+            "compute-util[1]": np.full(len(times), 40.0),
+            "total-mem[0]": np.full(len(times), 1e9),
+        }
+    ).assign(timestamp=times[order])
 
 
 def test_means_and_hours_are_time_weighted_on_irregular_samples():

@@ -7,17 +7,25 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 import task_points as P
+
 from dask_influx_metrics import query
 from dask_influx_metrics.client import tasks as T
 from dask_influx_metrics.client.query import flux as F
 
-TASKS = [[1, "matmul", 4, 0, 2.0, 0.5], [1, "load", 6, 0, 0.6, 0.1],
-         [2, "matmul", 10, 0, 2.0, 0.2], [2, "sum", 2, 2, 0.1, 0.05]]  # DAG 3 ran on both workers
-ACTIVITY = [[1, "load", "disk-read", "bytes", 1000.0], [1, "load", "thread-cpu", "seconds", 0.6],
-            [1, "matmul", "thread-noncpu", "seconds", 0.5], [2, "matmul", "thread-cpu", "seconds", 1.0],
-            [2, "sum", "idle", "seconds", 0.125]]
+TASKS = [
+    [1, "matmul", 4, 0, 2.0, 0.5],
+    [1, "load", 6, 0, 0.6, 0.1],
+    [2, "matmul", 10, 0, 2.0, 0.2],
+    [2, "sum", 2, 2, 0.1, 0.05],
+]  # DAG 3 ran on both workers
+ACTIVITY = [
+    [1, "load", "disk-read", "bytes", 1000.0],
+    [1, "load", "thread-cpu", "seconds", 0.6],
+    [1, "matmul", "thread-noncpu", "seconds", 0.5],
+    [2, "matmul", "thread-cpu", "seconds", 1.0],
+    [2, "sum", "idle", "seconds", 0.125],
+]
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["dag-tag", "dag-field"])
@@ -43,7 +51,11 @@ def test_tasks_per_job_and_prefix(stores, kind):
     assert frame["nbytes"].tolist() == [400, 600, 1000, 0]
     per_dag = db.tasks(per_dag=True)
     assert per_dag[["job", "dag", "prefix", "tasks"]].values.tolist() == [
-        [1, 2, "matmul", 4], [1, 1, "load", 6], [2, 3, "matmul", 10], [2, 3, "sum", 2]]
+        [1, 2, "matmul", 4],
+        [1, 1, "load", 6],
+        [2, 3, "matmul", 10],
+        [2, 3, "sum", 2],
+    ]
     assert db.tasks(job=2)["prefix"].tolist() == ["matmul", "sum"]
     stream = db.task_stream(job=1)
     assert len(stream) == 10 and set(stream["dag"]) == {1, 2} and stream["key"].str.contains("-abc").all()
@@ -66,8 +78,13 @@ def test_gpu_utilization_during_tasks(stores, kind):
     frame = stores[kind].gpu_during_tasks()
     assert list(frame.columns) == T.GPU
     rows = frame[["job", "dag", "samples", "mean_utilization_gpu"]].astype(object).where(frame.notna(), None)
-    assert rows.values.tolist() == [[1, None, 40, 80.0], [1, 1, 20, 80.0], [1, 2, 20, 80.0],
-                                    [2, None, 40, 40.0], [2, 3, 40, 40.0]]
+    assert rows.values.tolist() == [
+        [1, None, 40, 80.0],
+        [1, 1, 20, 80.0],
+        [1, 2, 20, 80.0],
+        [2, None, 40, 40.0],
+        [2, 3, 40, 40.0],
+    ]
     assert stores[kind].gpu_during_tasks(job=2)["samples"].tolist() == [40, 40]
 
 
@@ -92,8 +109,10 @@ def test_nothing_recorded_says_why(influxd, tmp_path):
 # --- Flux: the same answers through influxdb-client and a fake InfluxDB 2.x -----------------
 def test_flux_points_query_passes_the_flux_language_server():
     fluxcheck = pytest.importorskip("fluxcheck")
-    sources = {m: F.flux_points_query("b", m, cols, {"run": "x"}, start_ns=1, stop_ns=2)
-               for m, cols in (("task", T.TASK_COLUMNS), ("activity", T.ACTIVITY_COLUMNS))}
+    sources = {
+        m: F.flux_points_query("b", m, cols, {"run": "x"}, start_ns=1, stop_ns=2)
+        for m, cols in (("task", T.TASK_COLUMNS), ("activity", T.ACTIVITY_COLUMNS))
+    }
     assert fluxcheck.flux_diagnostics(sources) == {"task": [], "activity": []}
 
 
@@ -140,8 +159,9 @@ def test_gpu_utilization_during_tasks_is_time_weighted():
     starts = np.arange(1, 20) + 0.03
     times = np.concatenate([ticks, (starts[:, None] + np.arange(5) * 0.002).ravel(), starts + 0.01])
     util = np.concatenate([np.zeros(200), np.full(19 * 5, 100.0), np.zeros(19)])
-    frame = pd.DataFrame({"time": (T0_NS + times * 1e9).astype("int64"), "job": "1", "dag": "1", "index": "0",
-                          "utilization_gpu": util})
+    frame = pd.DataFrame(
+        {"time": (T0_NS + times * 1e9).astype("int64"), "job": "1", "dag": "1", "index": "0", "utilization_gpu": util}
+    )
     row = T.gpu_during(T._timed(frame), {1: 1}).iloc[0]
     assert util.mean() > 30 and row["mean_utilization_gpu"] == pytest.approx(0.95, rel=1e-4)  # 19 x 10 ms busy in 20 s
     assert row["samples"] == len(util) and row["max_utilization_gpu"] == 100

@@ -50,10 +50,17 @@ def execute_seconds(cluster) -> float:
 @pytest.fixture(scope="module")
 def spilling_cluster():
     """2 workers x 2 threads that spill early: 200 MiB each, spill from 10 % of it."""
-    spill = {"distributed.worker.memory.target": 0.1, "distributed.worker.memory.spill": 0.15,
-             "distributed.worker.memory.pause": False}
-    with dask.config.set(spill), LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
-                                              dashboard_address=None, memory_limit="200MiB") as cluster:
+    spill = {
+        "distributed.worker.memory.target": 0.1,
+        "distributed.worker.memory.spill": 0.15,
+        "distributed.worker.memory.pause": False,
+    }
+    with (
+        dask.config.set(spill),
+        LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None, memory_limit="200MiB"
+        ) as cluster,
+    ):
         yield cluster
 
 
@@ -75,8 +82,9 @@ def spill_then_read(client, name: str) -> list:
     return client.gather(client.map(total, blocks, key=[f"{name}-total-{i}" for i in range(24)]))
 
 
-def test_every_task_lands_with_its_job_and_dag_and_activity_sums_to_thread_time(spilling_cluster, monitor, influxd,
-                                                                                   fresh_db, tmp_path):
+def test_every_task_lands_with_its_job_and_dag_and_activity_sums_to_thread_time(
+    spilling_cluster, monitor, influxd, fresh_db, tmp_path
+):
     monitor.attach(polling_interval=POLL_MS, tracking=["task-stream", "fine-metrics", "tasks"])
     before = execute_seconds(spilling_cluster)
     monitor.start()
@@ -97,7 +105,7 @@ def test_every_task_lands_with_its_job_and_dag_and_activity_sums_to_thread_time(
     for p in points:
         side = p["key"][0]
         assert p["job"] == job_of[side] and p["dag"] in dags_of[side], p
-        assert p["prefix"] == p["key"][:-len(p["key"].split("-")[-1]) - 1] and p["state"] == "memory", p
+        assert p["prefix"] == p["key"][: -len(p["key"].split("-")[-1]) - 1] and p["state"] == "memory", p
         assert 0 < p["duration"] < 30 and abs(p["time"] / 1e9 - p["start"] - p["duration"]) < 1e-3, p
     blocks = [p for p in points if "block" in p["prefix"]]
     assert all(p["duration"] >= 0.03 for p in blocks)
@@ -106,8 +114,9 @@ def test_every_task_lands_with_its_job_and_dag_and_activity_sums_to_thread_time(
 
     # Per job, the activities measured on the task's thread (thread-cpu + thread-noncpu: Dask's split
     # of each task's execution) add up to the thread time of the job's tasks
-    activity = influxd.wait_for('SELECT sum("value") FROM activity WHERE unit = \'seconds\' GROUP BY job, activity',
-                                1, timeout=30, db=fresh_db)
+    activity = influxd.wait_for(
+        'SELECT sum("value") FROM activity WHERE unit = \'seconds\' GROUP BY job, activity', 1, timeout=30, db=fresh_db
+    )
     for side, job in job_of.items():
         thread = sum(r["sum"] for r in activity if r["job"] == job and r["activity"].startswith("thread-"))
         durations = sum(p["duration"] for p in points if p["job"] == job)
@@ -125,7 +134,9 @@ def test_every_task_lands_with_its_job_and_dag_and_activity_sums_to_thread_time(
         assert f'id="job-{job}"' in html and f"{side}-block" in html, (side, job)
 
 
-def test_erred_and_cancelled_tasks_get_their_state_and_tracking_turns_the_stream_off(spilling_cluster, monitor, influxd, fresh_db):
+def test_erred_and_cancelled_tasks_get_their_state_and_tracking_turns_the_stream_off(
+    spilling_cluster, monitor, influxd, fresh_db
+):
     monitor.attach(polling_interval=POLL_MS, tracking=["task-stream"])
     monitor.start()
     with Client(spilling_cluster) as c:

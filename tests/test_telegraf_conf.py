@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+
 import tomllib
 
 from dask_influx_metrics.parsers import TELEGRAF_FALLBACK
@@ -25,8 +26,11 @@ def _parse(text: str) -> dict:
 def _v1_alternative() -> str:
     """The commented InfluxDB 1.x output block, uncommented."""
     block = _text().split("# --- InfluxDB 1.x alternative", 1)[1]
-    return "\n".join(line[2:] for line in block.splitlines() if line.startswith("# ") and
-                     (line.startswith("# [[") or line.startswith("#   ")))
+    return "\n".join(
+        line[2:]
+        for line in block.splitlines()
+        if line.startswith("# ") and (line.startswith("# [[") or line.startswith("#   "))
+    )
 
 
 def test_parses_and_listens_on_the_worker_default_port():
@@ -46,7 +50,11 @@ def test_v2_output_from_environment():
     assert set(conf["outputs"]) == {"influxdb_v2"}
     (out,) = conf["outputs"]["influxdb_v2"]
     assert (out["urls"], out["token"], out["organization"], out["bucket"]) == (
-        ["dummy-influx_url"], "dummy-influx_token", "dummy-influx_org", "dummy-influx_bucket")
+        ["dummy-influx_url"],
+        "dummy-influx_token",
+        "dummy-influx_org",
+        "dummy-influx_bucket",
+    )
 
 
 def test_v1_alternative_parses_from_environment():

@@ -79,7 +79,8 @@ def box_stats(ax):
         (median,) = [
             ln.get_ydata()[0]
             for ln in ax.lines
-            if len(ln.get_xdata()) == 2 and sorted(ln.get_xdata()) == sorted({min(x), max(x)})
+            if len(ln.get_xdata()) == 2
+            and sorted(ln.get_xdata()) == sorted({min(x), max(x)})
             and ln.get_ydata()[0] == ln.get_ydata()[1]
         ]
         stats.append((min(y), median, max(y)))
@@ -116,8 +117,9 @@ def test_lines_x_is_the_selected_jobs_timestamps(table, job):
         assert len(ax.lines) == len(columns)
         for line, column in zip(ax.lines, columns):
             np.testing.assert_array_equal(line.get_xdata(), rows["timestamp"].to_numpy())
-            np.testing.assert_array_equal(line.get_ydata(), rows[column].to_numpy(dtype=float)
-                                          / (GIB if metric in IN_GIB else 1))
+            np.testing.assert_array_equal(
+                line.get_ydata(), rows[column].to_numpy(dtype=float) / (GIB if metric in IN_GIB else 1)
+            )
 
 
 def test_job_two_starts_later_and_shared_row_is_in_both_jobs(table):
@@ -156,7 +158,12 @@ def test_titles_units_and_labels(table):
 def test_unit_derivation():
     unit = visualize.unit_of
     assert [unit(m) for m in ("total-mem", "mem-util", "compute-util", "mem-busy", "host-cpu", "worker-cpu")] == [
-        "bytes", "%", "%", "%", "%", "%"
+        "bytes",
+        "%",
+        "%",
+        "%",
+        "%",
+        "%",
     ]
     assert [unit(m) for m in ("power", "temperature", "sm-clock")] == ["W", "C", "MHz"]
     assert unit("gpu.memory_used") == "MiB" and unit("custom.thing") == "" and unit("thing") == ""
@@ -344,20 +351,25 @@ def test_a_jobs_plot_leaves_out_its_workers_idle_time(tmp_path):
 
 
 def test_busy_intervals_are_shaded_and_lines_break_between_them(table):
-    table = table.assign(dag=["0"] * 3 + ["1"] * 5 + ["0"] * 4 + ["1"] * 11 + ["1,2"] + ["2"] * 17 + ["0"] * 2,
-                         job=["0"] * 3 + ["1"] * 20 + ["1,2"] + ["2"] * 19)
+    table = table.assign(
+        dag=["0"] * 3 + ["1"] * 5 + ["0"] * 4 + ["1"] * 11 + ["1,2"] + ["2"] * 17 + ["0"] * 2,
+        job=["0"] * 3 + ["1"] * 20 + ["1,2"] + ["2"] * 19,
+    )
     fig = lines(table, 1, ["compute-util"])
     ax = fig.axes[0]
     t = table["timestamp"].to_numpy()
     half = np.median(np.diff(t)) / 2
-    assert spans(ax) == [(round(t[3] - half, 6), round(t[7] + half, 6)),
-                         (round(t[12] - half, 6), round(t[23] + half, 6))]
+    assert spans(ax) == [
+        (round(t[3] - half, 6), round(t[7] + half, 6)),
+        (round(t[12] - half, 6), round(t[23] + half, 6)),
+    ]
     x = ax.lines[0].get_xdata()
     assert len(x) == 5 + 1 + 12 and np.isnan(x[5]) and np.isnan(ax.lines[0].get_ydata()[5])
     assert not boxes(table, 1, ["compute-util"], freq=5).axes[0].patches  # boxes: samples of the job, no shading
 
 
 # --- axes and styles: no 4 % band that makes noise look dramatic, no line hiding another ---------------
+
 
 def _flat_table() -> pd.DataFrame:
     """Job 1 on 2 GPUs with equal readings: utilization in a narrow band (50-52 %), equal memory."""
@@ -404,4 +416,5 @@ def test_equal_lines_stay_distinguishable():
     start0, stride = gpu0.get_markevery()
     start1, _ = gpu1.get_markevery()
     assert {i for i in range(start0, len(gpu0.get_xdata()), stride)}.isdisjoint(
-        range(start1, len(gpu1.get_xdata()), stride))
+        range(start1, len(gpu1.get_xdata()), stride)
+    )

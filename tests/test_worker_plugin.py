@@ -15,6 +15,7 @@ from dask_influx_metrics import Monitor
 
 def round_trip(address: str) -> float:
     """Seconds for one ``identity`` call straight to ``address`` (a fresh connection each time)."""
+
     async def call():
         async with rpc(address) as remote:
             await remote.identity()
@@ -36,12 +37,15 @@ def worst_round_trips(addresses, busy: threading.Event) -> dict:
 
 def test_teardown_with_a_frozen_influxdb_never_blocks_the_event_loops(tmp_path):
     # a server that accepts connections and never answers: every write hangs until its timeout
-    with socket.create_server(("127.0.0.1", 0), backlog=128) as frozen, \
-            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        socket.create_server(("127.0.0.1", 0), backlog=128) as frozen,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         url = "http://127.0.0.1:%d" % frozen.getsockname()[1]
-        monitor = Monitor(client, sink="http", influxdb_url=url, spool_directory=str(tmp_path),
-                          gpu_source="simulated", http_timeout=3)
+        monitor = Monitor(
+            client, sink="http", influxdb_url=url, spool_directory=str(tmp_path), gpu_source="simulated", http_timeout=3
+        )
         monitor.attach(polling_interval=50)
         monitor.start()
         [worker] = client.scheduler_info()["workers"]
@@ -56,8 +60,10 @@ def test_teardown_with_a_frozen_influxdb_never_blocks_the_event_loops(tmp_path):
         stopping.join()
         took = time.monotonic() - started
         monitor.shutdown()
-    print(f"stop() took {took:.2f} s; slowest round trips: worker {worst[worker] * 1000:.0f} ms, "
-          f"scheduler {worst[cluster.scheduler_address] * 1000:.0f} ms")
+    print(
+        f"stop() took {took:.2f} s; slowest round trips: worker {worst[worker] * 1000:.0f} ms, "
+        f"scheduler {worst[cluster.scheduler_address] * 1000:.0f} ms"
+    )
     assert took > 1.0  # the frozen writes really were waited for (bounded), off the loops
     assert worst[worker] < 0.5 and worst[cluster.scheduler_address] < 0.5
 
@@ -80,12 +86,19 @@ def wait_for(predicate, timeout=10.0, what="condition"):
 
 @pytest.mark.parametrize("mode", ["agent", "thread"])
 def test_an_extra_sample_for_a_graph_after_idleness_not_between_back_to_back_short_tasks(mode):
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver, \
-            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
-            Client(cluster) as client:
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         receiver.bind(("127.0.0.1", 0))
-        monitor = Monitor(client, sink="udp", telegraf_address="127.0.0.1:%d" % receiver.getsockname()[1],
-                          gpu_source="simulated", sampler_mode=mode)
+        monitor = Monitor(
+            client,
+            sink="udp",
+            telegraf_address="127.0.0.1:%d" % receiver.getsockname()[1],
+            gpu_source="simulated",
+            sampler_mode=mode,
+        )
         monitor.attach(polling_interval=500, tracking=["tasks", "compute-util"])
         monitor.start()
         counts = lambda: next(iter(client.run(sampler_counts).values()))  # noqa: E731
@@ -120,7 +133,8 @@ def hold(event_name: str, timeout: float = 30.0):
 
 @pytest.mark.parametrize("mode", ["agent", "thread"])
 def test_brief_tasks_leave_a_trace_and_a_last_sample_shows_those_that_ended_after_the_last_tick(
-        mode, cluster, tmp_path):
+    mode, cluster, tmp_path
+):
     """A task that starts and ends between two samples counts as executing at the next one; one
     that ends after the last sample gets a last sample at stop. The worker is kept busy by another
     task, so no wake samples them."""
@@ -139,8 +153,14 @@ def test_brief_tasks_leave_a_trace_and_a_last_sample_shows_those_that_ended_afte
         return keys
 
     with Client(cluster) as client:
-        monitor = Monitor(client, sink="spool", spool_directory=str(tmp_path), gpu_source="none",
-                          sampler_mode=mode, flush_interval=0.1)
+        monitor = Monitor(
+            client,
+            sink="spool",
+            spool_directory=str(tmp_path),
+            gpu_source="none",
+            sampler_mode=mode,
+            flush_interval=0.1,
+        )
         monitor.attach(polling_interval=400, tracking=["tasks"])
         monitor.start()
         [worker, *_] = sorted(client.scheduler_info()["workers"])

@@ -80,8 +80,17 @@ def open_gpus(settings, report=None, nvml=None) -> tuple[object | None, GpuState
     from .sources.nvml import NvmlDevices
 
     try:
-        return NvmlDevices(settings.fields if wanted else frozenset(), settings.gpu_devices, nvml=nvml,
-                           report=report, interval_s=settings.polling_interval / 1000.0), GpuState.NVML, ""
+        return (
+            NvmlDevices(
+                settings.fields if wanted else frozenset(),
+                settings.gpu_devices,
+                nvml=nvml,
+                report=report,
+                interval_s=settings.polling_interval / 1000.0,
+            ),
+            GpuState.NVML,
+            "",
+        )
     except ImportError as e:
         return None, GpuState.NO_NVML, str(e)
     except Exception as e:  # RuntimeError: NVML could not start (no driver, no GPU)

@@ -89,14 +89,22 @@ class Agent:
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
         self.sink = make_sink(settings, role=agent_role(), session=session, report=self.report.once)
         self.beat = SnapshotBuffer.create(BEAT_BYTES, path=os.path.join(folder, runfolder.BEAT))
-        self.sampler = Sampler(self.collect, self, interval=settings.polling_interval / 1000.0,
-                               name="influx-metrics-agent", field_tags=() if settings.dag_tag else ("dag",))
+        self.sampler = Sampler(
+            self.collect,
+            self,
+            interval=settings.polling_interval / 1000.0,
+            name="influx-metrics-agent",
+            field_tags=() if settings.dag_tag else ("dag",),
+        )
         self._left: list[WorkerView] = []
         self._woken = False  # a worker woke the agent since the last sample
         self._lock = threading.Lock()  # the sampler thread and the main thread both write the beat
         self._counted, self._counters, self._doc_key, self._doc = -COUNTERS_S, [], None, b"{}"
         self._beat_at = 0.0
-        self._health_at, self._health_tags = 0.0, {**settings.tags, "host": socket.gethostname(), "worker": agent_role()}
+        self._health_at, self._health_tags = (
+            0.0,
+            {**settings.tags, "host": socket.gethostname(), "worker": agent_role()},
+        )
 
     def _keep(self, event: dict) -> None:
         self._reported += 1
@@ -111,19 +119,26 @@ class Agent:
         reader.buffer.close()
         if not beat or beat.get("pid") == os.getpid():
             return []
-        self.report("agent", f"the previous sampling agent (pid {beat.get('pid')}) stopped without a last "
-                    "sample; this one took over", pid=beat.get("pid"))
-        return [{**c, "agent": beat.get("pid"), "dead": True} for c in beat.get("counters", []) if not c.get("dead")] \
-            + [c for c in beat.get("counters", []) if c.get("dead")]
+        self.report(
+            "agent",
+            f"the previous sampling agent (pid {beat.get('pid')}) stopped without a last sample; this one took over",
+            pid=beat.get("pid"),
+        )
+        return [
+            {**c, "agent": beat.get("pid"), "dead": True} for c in beat.get("counters", []) if not c.get("dead")
+        ] + [c for c in beat.get("counters", []) if c.get("dead")]
 
     def _view(self, wid: str, info: dict, activity) -> WorkerView:
         view = WorkerView(wid, info, activity, self.settings.fields)
         differ = sorted(k for k, v in (info.get("settings") or {}).items() if self._public.get(k, v) != v)
         if differ:
-            self.report.once("agent", f"worker {view.address} resolved other settings than this host's agent "
-                             f"runs with ({differ}); the agent samples every worker of the host with its own "
-                             "(those of the worker that started it): configure the host's workers alike",
-                             key=("settings", tuple(differ)))
+            self.report.once(
+                "agent",
+                f"worker {view.address} resolved other settings than this host's agent "
+                f"runs with ({differ}); the agent samples every worker of the host with its own "
+                "(those of the worker that started it): configure the host's workers alike",
+                key=("settings", tuple(differ)),
+            )
         state, why = self.gpu_state, self.gpu_why
         if self.gpus is not None:
             try:
@@ -131,8 +146,10 @@ class Agent:
             except Exception as e:  # a malformed CUDA_VISIBLE_DEVICES, NVML failing
                 state, why = GpuState.ERROR, f"{type(e).__name__}: {e}"
             if state == GpuState.NVML and not view.uuids:
-                state, why = GpuState.NONE_VISIBLE, ("no GPU is visible to this worker (CUDA_VISIBLE_DEVICES="
-                                                     f"{view.visible!r})")
+                state, why = (
+                    GpuState.NONE_VISIBLE,
+                    (f"no GPU is visible to this worker (CUDA_VISIBLE_DEVICES={view.visible!r})"),
+                )
         self.found[wid] = {"gpu": state.value, "devices": list(view.uuids), "why": why}
         return view
 
@@ -163,9 +180,15 @@ class Agent:
         points = self.collector.collect(live + self._left, now_ns)
         for uuid, users in self.collector.shared.items():
             addresses = [w.address for w in users]
-            self.report.once("shared-gpu", f"GPU {uuid} is used by {len(users)} workers of this host ({addresses}); "
-                             "its device-wide readings are written once, tagged with all their jobs",
-                             key=("shared-gpu", uuid), uuid=uuid, workers=addresses, host=socket.gethostname())
+            self.report.once(
+                "shared-gpu",
+                f"GPU {uuid} is used by {len(users)} workers of this host ({addresses}); "
+                "its device-wide readings are written once, tagged with all their jobs",
+                key=("shared-gpu", uuid),
+                uuid=uuid,
+                workers=addresses,
+                host=socket.gethostname(),
+            )
         return points
 
     def write_beat(self) -> None:
@@ -175,16 +198,30 @@ class Agent:
         if now - self._counted >= COUNTERS_S:
             self._counted, self._counters = now, [{**c, "agent": os.getpid()} for c in counters(self.sink)]
         acked = {w.id: w.activity.acked for w in views}
-        key = (acked, self._counters, self._reported, len(self.found), len(self.workers.foreign),
-               next(iter(self.workers.views), None))
+        key = (
+            acked,
+            self._counters,
+            self._reported,
+            len(self.found),
+            len(self.workers.foreign),
+            next(iter(self.workers.views), None),
+        )
         if key == self._doc_key and now - self._beat_at < BEAT_S:
             return  # nothing new to say, and the last beat is recent enough for the workers' watch
         self._beat_at = now
         if key != self._doc_key:
             self._doc_key = key
-            self._doc = json.dumps({"acked": acked, "relay": key[-1], "found": self.found, "foreign": self.workers.foreign,
-                                    "counters": self._counters + self.previous, "reports": self.reports},
-                                   separators=(",", ":")).encode()
+            self._doc = json.dumps(
+                {
+                    "acked": acked,
+                    "relay": key[-1],
+                    "found": self.found,
+                    "foreign": self.workers.foreign,
+                    "counters": self._counters + self.previous,
+                    "reports": self.reports,
+                },
+                separators=(",", ":"),
+            ).encode()
         with self._lock:
             write_beat(self.beat, os.getpid(), self.sampler.samples, self.sampler.extra, self._doc)
 
@@ -237,8 +274,9 @@ def main(stdin: int = 0) -> int:
     if not config:
         return 2
     logging.raiseExceptions = False  # a log whose reader is gone must not stop sampling
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s - influx-metrics agent "
-                        f"{os.getpid()} - %(levelname)s - %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format=f"%(asctime)s - influx-metrics agent {os.getpid()} - %(levelname)s - %(message)s"
+    )
     folder = config["folder"]
     agent = Agent(Settings.from_dict(config["settings"]), config["session"], folder)
     path = os.path.join(folder, runfolder.SOCKET)

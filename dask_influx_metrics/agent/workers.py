@@ -34,8 +34,9 @@ class WorkerView:
     ``worker`` fields. ``offset()``: seconds to add to this host's time (default: the worker's
     published clock-offset estimate, steadied)."""
 
-    def __init__(self, worker_id: str, info: dict, activity, fields: frozenset,
-                 offset: Callable[[], float] | None = None):
+    def __init__(
+        self, worker_id: str, info: dict, activity, fields: frozenset, offset: Callable[[], float] | None = None
+    ):
         self.id, self.info = worker_id, info
         self.address, self.pid, self.visible = info["address"], int(info["pid"]), info.get("visible")
         self.tags = dict(info["tags"])
@@ -114,9 +115,11 @@ class FolderWorkers:
             return None
         if info.get("started") is not None and runfolder.started(info["pid"]) != info["started"]:
             # its pid names another process (or none) here: never read that one's numbers as the worker's
-            self.foreign[wid] = (f"the host's sampling agent (pid {os.getpid()}) cannot see worker {info['address']} "
-                                 f"as pid {info['pid']}: they run in different PID namespaces (containers sharing "
-                                 "/dev/shm but not the PID namespace)")
+            self.foreign[wid] = (
+                f"the host's sampling agent (pid {os.getpid()}) cannot see worker {info['address']} "
+                f"as pid {info['pid']}: they run in different PID namespaces (containers sharing "
+                "/dev/shm but not the PID namespace)"
+            )
             return None
         try:
             buffer = SnapshotBuffer.open(os.path.join(self._dir, f"{wid}.snap"), BUFFER_BYTES)

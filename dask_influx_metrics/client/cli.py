@@ -26,18 +26,22 @@ import click
 from .cliopts import (
     SOURCE_ENV,
     Group,
-    store_options,
+    emit,
     format_option,
-    workers_option,
+    found,
     job_option,
     metrics_option,
     per_job_option,
-    found,
-    emit,
+    store_options,
+    workers_option,
 )
 
-@click.group(name="influx-metrics", cls=Group, epilog=f"Set ${SOURCE_ENV} to skip --source. "
-             "Errors print 'error: ...' on stderr and exit with status 2.")
+
+@click.group(
+    name="influx-metrics",
+    cls=Group,
+    epilog=f"Set ${SOURCE_ENV} to skip --source. Errors print 'error: ...' on stderr and exit with status 2.",
+)
 @click.version_option(package_name="dask-influx-metrics")
 def cli():
     """Query the GPU and host metrics a dask-influx-metrics Monitor collected.
@@ -53,8 +57,12 @@ def cli():
 
 @cli.command()
 @format_option
-@click.option("--gpus", is_flag=True, help="One row per worker and physical GPU it used (host, uuid), "
-              "with shared=True where several workers of a host used that GPU.")
+@click.option(
+    "--gpus",
+    is_flag=True,
+    help="One row per worker and physical GPU it used (host, uuid), "
+    "with shared=True where several workers of a host used that GPU.",
+)
 @store_options
 def workers(open_store, fmt, gpus):
     """Worker index and address (with --gpus: the GPUs each used, shared ones marked).
@@ -191,8 +199,9 @@ def export(open_store, directory, fname, clear_dir, metrics, workers, job):
             bar.label = f"reading worker {done}/{total}"  # off a terminal, each new label is a line
             bar.update(done - bar.pos)
 
-        paths = db.to_csv(directory, fname=fname, clear_dir=clear_dir, metrics=metrics, workers=workers,
-                          job=job, progress=progress)
+        paths = db.to_csv(
+            directory, fname=fname, clear_dir=clear_dir, metrics=metrics, workers=workers, job=job, progress=progress
+        )
     click.echo("\n".join(paths + [os.path.join(directory, MANIFEST)]))
 
 
@@ -200,15 +209,24 @@ def export(open_store, directory, fname, clear_dir, metrics, workers, job):
 @click.argument("kind", type=click.Choice(["lines", "boxes"]))
 @click.option("--job", type=int, required=True, metavar="N", help="The job to plot (see `jobs`).")
 @click.option("--worker", metavar="I|ADDR", help="Worker index or address to read from --source [default: 0].")
-@click.option("--csv", "csv_file", type=click.Path(exists=True, dir_okay=False), metavar="FILE",
-              help="Plot this exported CSV file instead of reading --source.")
+@click.option(
+    "--csv",
+    "csv_file",
+    type=click.Path(exists=True, dir_okay=False),
+    metavar="FILE",
+    help="Plot this exported CSV file instead of reading --source.",
+)
 @metrics_option
-@click.option("--freq", type=click.IntRange(min=1), default=15, show_default=True,
-              help="boxes: samples per box.")
+@click.option("--freq", type=click.IntRange(min=1), default=15, show_default=True, help="boxes: samples per box.")
 @click.option("--width", type=float, default=20, show_default=True, help="Figure width (inches).")
 @click.option("--height", type=float, default=10, show_default=True, help="Figure height (inches).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), metavar="FILE",
-              help="Image to write; the format follows the extension (.png, .svg, .pdf).")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    metavar="FILE",
+    help="Image to write; the format follows the extension (.png, .svg, .pdf).",
+)
 @store_options
 def plot(open_store, kind, job, worker, csv_file, metrics, freq, width, height, out):
     """Plot one worker's metrics during one job (lines or boxes).

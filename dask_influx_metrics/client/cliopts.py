@@ -8,7 +8,6 @@ import json
 
 import click
 
-
 SOURCE_ENV = "DASK_INFLUX_METRICS_SOURCE"
 
 
@@ -90,21 +89,44 @@ def _from_scheduler(address: str, **options):
 
 
 _STORE_OPTIONS = [
-    click.option("--source", envvar=SOURCE_ENV, metavar="URL|DIR",
-                 help=f"InfluxDB URL (http[s]://host:8086), spool folder, or a Dask scheduler address "
-                      "(tcp://host:8786: the monitor's last session, read where its workers sent it). "
-                      f"Default: ${SOURCE_ENV}, else "
-                      "the configured spool.directory when the 'spool' sink is on, else influxdb.url "
-                      "(Dask config influx-metrics.*)."),
-    click.option("--database", metavar="NAME", help="InfluxDB database (a bucket for Flux, e.g. "
-                 "dask_metrics/autogen). Default: influx-metrics.influxdb.database, i.e. dask_metrics."),
-    click.option("--language", type=click.Choice(["influxql", "flux"]), default="influxql", show_default=True,
-                 help="Query language for a URL source (flux needs influxdb-client)."),
+    click.option(
+        "--source",
+        envvar=SOURCE_ENV,
+        metavar="URL|DIR",
+        help=f"InfluxDB URL (http[s]://host:8086), spool folder, or a Dask scheduler address "
+        "(tcp://host:8786: the monitor's last session, read where its workers sent it). "
+        f"Default: ${SOURCE_ENV}, else "
+        "the configured spool.directory when the 'spool' sink is on, else influxdb.url "
+        "(Dask config influx-metrics.*).",
+    ),
+    click.option(
+        "--database",
+        metavar="NAME",
+        help="InfluxDB database (a bucket for Flux, e.g. "
+        "dask_metrics/autogen). Default: influx-metrics.influxdb.database, i.e. dask_metrics.",
+    ),
+    click.option(
+        "--language",
+        type=click.Choice(["influxql", "flux"]),
+        default="influxql",
+        show_default=True,
+        help="Query language for a URL source (flux needs influxdb-client).",
+    ),
     click.option("--session", metavar="NAME", help="Spool session folder to read (default: the latest)."),
-    click.option("--tag", "tags", multiple=True, callback=_tags, metavar="KEY=VALUE",
-                 help="Read only points with this tag, e.g. --tag run=nightly (repeatable)."),
-    click.option("--start", callback=_time, metavar="TIME", help="Read samples from this time on: ISO time or epoch seconds."),
-    click.option("--stop", callback=_time, metavar="TIME", help="Read samples before this time: ISO time or epoch seconds."),
+    click.option(
+        "--tag",
+        "tags",
+        multiple=True,
+        callback=_tags,
+        metavar="KEY=VALUE",
+        help="Read only points with this tag, e.g. --tag run=nightly (repeatable).",
+    ),
+    click.option(
+        "--start", callback=_time, metavar="TIME", help="Read samples from this time on: ISO time or epoch seconds."
+    ),
+    click.option(
+        "--stop", callback=_time, metavar="TIME", help="Read samples before this time: ISO time or epoch seconds."
+    ),
     click.option("--retention-policy", metavar="RP", help="InfluxQL retention policy (default: the database's)."),
     click.option("--username", help="InfluxDB user (default: influx-metrics.influxdb.username)."),
     click.option("--password", help="InfluxDB password (default: influx-metrics.influxdb.password)."),
@@ -112,8 +134,21 @@ _STORE_OPTIONS = [
     click.option("--org", help="InfluxDB 2.x organization (Flux only)."),
     click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds per HTTP request."),
 ]
-_STORE_KEYS = ("source", "database", "language", "session", "tags", "start", "stop", "retention_policy",
-               "username", "password", "token", "org", "timeout")
+_STORE_KEYS = (
+    "source",
+    "database",
+    "language",
+    "session",
+    "tags",
+    "start",
+    "stop",
+    "retention_policy",
+    "username",
+    "password",
+    "token",
+    "org",
+    "timeout",
+)
 
 
 def _connect(source=None, database=None, username=None, password=None, token=None, retention_policy=None, **kw):
@@ -125,12 +160,24 @@ def _connect(source=None, database=None, username=None, password=None, token=Non
         return given if given is not None else dask.config.get(f"influx-metrics.influxdb.{key}", default=None)
 
     if source and source.startswith(SCHEDULER_SCHEMES):
-        return _from_scheduler(source, database=database, username=username, password=password, token=token,
-                               retention_policy=retention_policy, **{k: v for k, v in kw.items() if k != "session"})
-    return query.connect(source or default_source(), conf("database", database) or "dask_metrics",
-                         username=conf("username", username), password=conf("password", password),
-                         token=conf("token", token), retention_policy=conf("retention-policy", retention_policy),
-                         **kw)
+        return _from_scheduler(
+            source,
+            database=database,
+            username=username,
+            password=password,
+            token=token,
+            retention_policy=retention_policy,
+            **{k: v for k, v in kw.items() if k != "session"},
+        )
+    return query.connect(
+        source or default_source(),
+        conf("database", database) or "dask_metrics",
+        username=conf("username", username),
+        password=conf("password", password),
+        token=conf("token", token),
+        retention_policy=conf("retention-policy", retention_policy),
+        **kw,
+    )
 
 
 def store_options(f):
@@ -156,15 +203,30 @@ def store_options(f):
 
 
 # Options shared by several commands (click makes a fresh Option each time one is applied).
-format_option = click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
-                             show_default=True, help="Output: an aligned table, CSV, or JSON.")
-workers_option = click.option("--workers", callback=_comma(numbers=True), metavar="I,J|ADDR",
-                              help="Workers by index (see `workers`) or address, comma separated [default: all].")
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json"]),
+    default="table",
+    show_default=True,
+    help="Output: an aligned table, CSV, or JSON.",
+)
+workers_option = click.option(
+    "--workers",
+    callback=_comma(numbers=True),
+    metavar="I,J|ADDR",
+    help="Workers by index (see `workers`) or address, comma separated [default: all].",
+)
 job_option = click.option("--job", type=int, metavar="N", help="Only samples of job N (see `jobs`).")
-metrics_option = click.option("--metrics", callback=_comma(), metavar="A,B",
-                              help="Metric names, comma separated (see `metrics`) [default: all collected].")
-per_job_option = click.option("--per-job/--whole", default=True, show_default=True,
-                              help="One row per job, or one over the whole session.")
+metrics_option = click.option(
+    "--metrics",
+    callback=_comma(),
+    metavar="A,B",
+    help="Metric names, comma separated (see `metrics`) [default: all collected].",
+)
+per_job_option = click.option(
+    "--per-job/--whole", default=True, show_default=True, help="One row per job, or one over the whole session."
+)
 
 
 def found(db, answer, what: str):

@@ -63,12 +63,20 @@ def fetch(client, destinations: dict, session_id: str, into: str) -> str:
             continue
         run = _runner(client, who, live)
         if run is None:
-            logger.warning("influx-metrics: worker %s (host %s) has left the cluster; its spooled samples under %s "
-                           "cannot be read through the cluster", who, where.get("host"), where["spool"])
+            logger.warning(
+                "influx-metrics: worker %s (host %s) has left the cluster; its spooled samples under %s "
+                "cannot be read through the cluster",
+                who,
+                where.get("host"),
+                where["spool"],
+            )
             continue
         folder = where["spool"]  # <session>/<worker>, or <session>/<worker>/undelivered: keep that shape
-        parts = [os.path.basename(os.path.dirname(folder)), "undelivered"] \
-            if os.path.basename(folder) == "undelivered" else [os.path.basename(folder)]
+        parts = (
+            [os.path.basename(os.path.dirname(folder)), "undelivered"]
+            if os.path.basename(folder) == "undelivered"
+            else [os.path.basename(folder)]
+        )
         local = os.path.join(target, *parts)
         for relative, size in run(listing, where["spool"]):
             path = os.path.join(local, relative)

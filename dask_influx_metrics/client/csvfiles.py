@@ -68,8 +68,13 @@ def to_old_layout(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def write_tables(tables: list[pd.DataFrame], directory, fname: str = "worker", clear_dir: bool = False,
-                 progress: Optional[Callable[[int, int], None]] = None) -> list[str]:
+def write_tables(
+    tables: list[pd.DataFrame],
+    directory,
+    fname: str = "worker",
+    clear_dir: bool = False,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> list[str]:
     """Write each table to ``<directory>/<fname>_<worker_index>.csv`` plus ``workers.csv``.
 
     ``clear_dir`` first removes the ``<fname>_*.csv`` files already there
@@ -89,12 +94,14 @@ def write_tables(tables: list[pd.DataFrame], directory, fname: str = "worker", c
         path = os.path.join(directory, f"{fname}_{i}.csv")
         to_old_layout(table).to_csv(path, index=False)
         paths.append(path)
-        manifest.append({"index": i, "worker": table.attrs.get("worker", ""),
-                         "file": os.path.basename(path), "rows": len(table)})
+        manifest.append(
+            {"index": i, "worker": table.attrs.get("worker", ""), "file": os.path.basename(path), "rows": len(table)}
+        )
         if progress:
             progress(done, len(tables))
     pd.DataFrame(manifest, columns=["index", "worker", "file", "rows"]).to_csv(
-        os.path.join(directory, MANIFEST), index=False)
+        os.path.join(directory, MANIFEST), index=False
+    )
     return paths
 
 
@@ -147,8 +154,12 @@ def read_worker_csv(path, metrics=None) -> pd.DataFrame:
     try:
         head = pd.read_csv(path, dtype=str, keep_default_na=False, nrows=1)
         wanted = None if metrics is None else set(BASE_COLUMNS) | set(metrics)
-        raw = pd.read_csv(path, dtype=str, keep_default_na=False,
-                          usecols=None if wanted is None else [c for c in head.columns if c in wanted])
+        raw = pd.read_csv(
+            path,
+            dtype=str,
+            keep_default_na=False,
+            usecols=None if wanted is None else [c for c in head.columns if c in wanted],
+        )
     except (pd.errors.ParserError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not a readable CSV file: {e}") from None
     except pd.errors.EmptyDataError:
@@ -175,9 +186,12 @@ def read_worker_csv(path, metrics=None) -> pd.DataFrame:
     number = re.search(r"_(\d+)\.csv$", os.path.basename(path))
     ours = "worker" in head.columns  # the column we always write; the old tool never did
     worker = head["worker"].iloc[0] if ours and len(head) else ""
-    table.attrs = {"worker": worker or os.path.basename(path),
-                   "worker_index": int(number.group(1)) if number else 0, "units": {},
-                   jobtags.RULE: jobtags.Rule.BUSY if ours else jobtags.Rule.EVERY_ROW}
+    table.attrs = {
+        "worker": worker or os.path.basename(path),
+        "worker_index": int(number.group(1)) if number else 0,
+        "units": {},
+        jobtags.RULE: jobtags.Rule.BUSY if ours else jobtags.Rule.EVERY_ROW,
+    }
     return table
 
 

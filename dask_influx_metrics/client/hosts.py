@@ -32,7 +32,8 @@ from typing import Optional
 import pandas as pd
 
 from .. import schema
-from . import peaks as _peaks, tables as _tables
+from . import peaks as _peaks
+from . import tables as _tables
 
 
 class HostQuestions:
@@ -43,8 +44,11 @@ class HostQuestions:
         if getattr(self, "_hosts", None) is None:
             fields, workers, out = self.fields(), set(self.workers()), {}
             for m in (schema.WORKER, schema.GPU, schema.CUSTOM, schema.HOST):
-                numeric = [f for f in fields.get(m, ()) if m == schema.CUSTOM
-                           or getattr(schema.FIELDS.get((m, f)), "type", str) is not str]
+                numeric = [
+                    f
+                    for f in fields.get(m, ())
+                    if m == schema.CUSTOM or getattr(schema.FIELDS.get((m, f)), "type", str) is not str
+                ]
                 if not numeric or workers <= set(out):
                     continue
                 rows = self.backend.max_by(m, numeric[0], ("host", "worker"))
@@ -76,8 +80,10 @@ class HostQuestions:
             return long
         ours = long["worker"].map(self.ours).astype(bool)
         if not ours.all():
-            self.skip_note(f"skipped the host points of host {host!r} not written by this session's workers "
-                       f"(worker tags {sorted(str(w) for w in long.loc[~ours, 'worker'].unique())[:5]})")
+            self.skip_note(
+                f"skipped the host points of host {host!r} not written by this session's workers "
+                f"(worker tags {sorted(str(w) for w in long.loc[~ours, 'worker'].unique())[:5]})"
+            )
         return long[ours].reset_index(drop=True)
 
     def host_tables(self, metrics=None, job: Optional[int] = None, hosts=None) -> dict[str, pd.DataFrame]:
@@ -85,8 +91,11 @@ class HostQuestions:
         worker's table but with the host points' own ``job``/``dag`` (every worker of the host);
         ``attrs["interval"]`` is the seconds a row stands for where no later row tells (1/N of an
         interval where N workers wrote the host at once: older data). ``job``: points whose ``job`` tag holds it only."""
-        chosen = [m for m in self.resolve_metrics(metrics) if m.measurement == schema.HOST] if metrics is not None else \
-            [m for m in _tables.default_metrics(self.fields()) if m.measurement == schema.HOST]
+        chosen = (
+            [m for m in self.resolve_metrics(metrics) if m.measurement == schema.HOST]
+            if metrics is not None
+            else [m for m in _tables.default_metrics(self.fields()) if m.measurement == schema.HOST]
+        )
         out = {}
         for host in sorted(set(self.hosts().values()) if hosts is None else set(hosts) - {None}):
             long = self.host_series(host, [m.field for m in chosen], job)

@@ -24,8 +24,8 @@ import shutil
 
 from .. import _dask
 from ..config import SETTINGS, Settings, overrides_from_kwargs
-from ..scheduler import session as scheduler_session
 from ..names import JOBS_PLUGIN, NEW_JOB_OP
+from ..scheduler import session as scheduler_session
 from ..scheduler.plugin import JobPlugin
 from ..sinks import remove_spool
 from ..worker.sources import custom
@@ -73,8 +73,16 @@ class Monitor:
         self._attached = None  # (overrides, custom metrics payload) of this Monitor's attach(): what start() runs
 
     # --- old dask-metrics API --------------------------------------------
-    def attach(self, tracking=None, custom_metrics=None, job_type="client", polling_interval=None,
-               mem_limit=None, dump_loc=None, **settings) -> Settings:
+    def attach(
+        self,
+        tracking=None,
+        custom_metrics=None,
+        job_type="client",
+        polling_interval=None,
+        mem_limit=None,
+        dump_loc=None,
+        **settings,
+    ) -> Settings:
         """Validate the options and install the scheduler plugin (sampling starts at ``start()``).
 
         ``tracking`` names metrics (default: all, see docs/data-contract.md), ``custom_metrics``
@@ -87,9 +95,17 @@ class Monitor:
 
         >>> monitor.attach(["mem-util", "compute-util"], job_type="manual")  # doctest: +SKIP
         """
-        overrides = {**self._settings, **overrides_from_kwargs(
-            tracking=_names(tracking), job_type=job_type,
-            polling_interval=polling_interval, mem_limit=mem_limit, dump_loc=dump_loc, **settings)}
+        overrides = {
+            **self._settings,
+            **overrides_from_kwargs(
+                tracking=_names(tracking),
+                job_type=job_type,
+                polling_interval=polling_interval,
+                mem_limit=mem_limit,
+                dump_loc=dump_loc,
+                **settings,
+            ),
+        }
         resolved = Settings.for_session(overrides)  # raises on anything invalid
         metrics = custom.validate(custom_metrics)  # names and signatures
         state = self._state(required=False)
@@ -122,13 +138,21 @@ class Monitor:
             Settings.resolve({**overrides, "tracking": tracking})  # raises on bad names
         elif not self._attached:  # attached by another Monitor, client or the preload: say what is reused
             shown = {k: v for k, v in state["overrides"].items() if k not in _PRIVATE}
-            logger.warning("influx-metrics: start() without attach() on this Monitor reuses the settings attached "
-                           "to %s earlier: %s", self.client.scheduler.address,
-                           ", ".join(f"{k}={v!r}" for k, v in sorted(shown.items())) or "the defaults")
+            logger.warning(
+                "influx-metrics: start() without attach() on this Monitor reuses the settings attached "
+                "to %s earlier: %s",
+                self.client.scheduler.address,
+                ", ".join(f"{k}={v!r}" for k, v in sorted(shown.items())) or "the defaults",
+            )
         # the same start path as --preload; a worker's setup error stops the session and lands here
         session = self.client.run_on_scheduler(scheduler_session.start, tracking=tracking, attached=self._attached)
-        logger.info("influx-metrics session %s: %s", session["id"], "; ".join(
-            f"{who}: {scheduler_session.describe(where)}" for who, where in sorted(session["destinations"].items())))
+        logger.info(
+            "influx-metrics session %s: %s",
+            session["id"],
+            "; ".join(
+                f"{who}: {scheduler_session.describe(where)}" for who, where in sorted(session["destinations"].items())
+            ),
+        )
         return session
 
     def stop(self, force=False) -> dict:
@@ -143,8 +167,10 @@ class Monitor:
         if state["session"] is None:  # checked here: an error raised on the scheduler logs a traceback there
             self.client.run_on_scheduler(scheduler_session.stop, missing_ok=True)  # workers left sampling, if any
             last = state["last_session"]
-            raise RuntimeError(f"no monitoring session is running on {self.client.scheduler.address}"
-                               + (f"; the last one, {last['id']}, has already stopped" if last else ""))
+            raise RuntimeError(
+                f"no monitoring session is running on {self.client.scheduler.address}"
+                + (f"; the last one, {last['id']}, has already stopped" if last else "")
+            )
         return self.client.run_on_scheduler(scheduler_session.stop)
 
     def new_job(self, job=None) -> None:
@@ -254,8 +280,11 @@ class Monitor:
             raise RuntimeError("no monitoring session has run yet; start() one first")
         reader = Settings.resolve({**state["overrides"], **self._settings})  # credentials: this reader's own
         stop = session.get("stop")
-        options = {"start": session.get("cleared") or session["start"],
-                   "stop": stop + CLOCK_SLACK if stop is not None else None, "tags": reader.tags or None}
+        options = {
+            "start": session.get("cleared") or session["start"],
+            "stop": stop + CLOCK_SLACK if stop is not None else None,
+            "tags": reader.tags or None,
+        }
         args = (source,) if source is not None else self._where(state, session, reader, options)
         own = sorted(w for w in state.get("destinations") or {} if w != "scheduler")
         if own:  # only the session's own series: another tool may write to the same database
@@ -296,17 +325,27 @@ class Monitor:
         kind, influxdb = sources.pick(workers.values())
         if kind == "unknown":  # no worker reported: its sinks are those of this reader's settings
             spool = os.path.join(reader.spool_directory, session["id"])
-            kind = "spool" if "spool" in reader.sinks and os.path.isdir(spool) else (
-                "influxdb" if {"udp", "http"} & set(reader.sinks) else "cluster")
+            kind = (
+                "spool"
+                if "spool" in reader.sinks and os.path.isdir(spool)
+                else ("influxdb" if {"udp", "http"} & set(reader.sinks) else "cluster")
+            )
             if kind == "spool":
                 return (spool,)
         if kind == "spool":
             return (sources.spool_session_folder(workers.values()),)
         if kind == "influxdb":
-            influxdb = influxdb or {"url": reader.influxdb_url, "database": reader.database,
-                                    "retention_policy": reader.retention_policy}
-            options.update(retention_policy=influxdb["retention_policy"] or reader.retention_policy,
-                           username=reader.username, password=reader.password, token=reader.token)
+            influxdb = influxdb or {
+                "url": reader.influxdb_url,
+                "database": reader.database,
+                "retention_policy": reader.retention_policy,
+            }
+            options.update(
+                retention_policy=influxdb["retention_policy"] or reader.retention_policy,
+                username=reader.username,
+                password=reader.password,
+                token=reader.token,
+            )
             spool = os.path.join(reader.spool_directory, session["id"])
             if os.path.isdir(spool):  # samples an HTTP sink kept on disk: named in the notes
                 options["undelivered"] = spool
@@ -363,8 +402,10 @@ class Monitor:
             present = store.workers()
             missing = sorted(sampled - set(present))
             if missing and present:  # none present: store.to_csv says what the source holds
-                raise QueryError(f"worker(s) {missing} sampled in this session but wrote no samples "
-                                 f"{store.scope()}; no CSV written ({NO_GPU})")
+                raise QueryError(
+                    f"worker(s) {missing} sampled in this session but wrote no samples "
+                    f"{store.scope()}; no CSV written ({NO_GPU})"
+                )
         return store.to_csv(path, fname=fname, clear_dir=clear_dir, metrics=metrics)
 
     def report(self, path="gpu-report.html", title=None, **kwargs) -> str:
@@ -388,7 +429,9 @@ class Monitor:
         if not any(metric in table_metrics(t) for t in tables):
             files = csvfiles.csv_files(path, fname)
             present = {m for w in (files if workers is None else workers) for m in csvfiles.file_metrics(files[w])}
-            raise ValueError(f"metric {metric!r} is not in the CSV files under {os.fspath(path)!r}; present: {sorted(present)}")
+            raise ValueError(
+                f"metric {metric!r} is not in the CSV files under {os.fspath(path)!r}; present: {sorted(present)}"
+            )
         tidy = peaks.from_tables(tables, metric, per_job)
         return peaks.to_lists(tidy, per_job, [t.attrs["worker_index"] for t in tables])
 
@@ -403,8 +446,9 @@ class Monitor:
         'ok'
         """
         state = self._state()
-        return {k: state[k] for k in ("job_type", "jobs", "dags", "session", "last_session", "shared_gpus",
-                                      "destinations")}
+        return {
+            k: state[k] for k in ("job_type", "jobs", "dags", "session", "last_session", "shared_gpus", "destinations")
+        }
 
     def _state(self, required=True) -> dict | None:
         state = self.client.run_on_scheduler(_on_scheduler, action="state")

@@ -17,13 +17,23 @@ import os
 
 import pandas as pd
 
-from . import reportfigs as figs, summary as _summary
+from . import reportfigs as figs
+from . import summary as _summary
 from .tables import MIB, device_columns
 
 GIB = 2.0**30
 TIMELINES = {"compute-util": ("GPU utilization (%)", 1.0), "total-mem": ("GPU memory used (GiB)", GIB)}
-SUMMARY_COLUMNS = ["worker_index", "resource", "samples", "mean", "max", "above_40", "device_hours",
-                   "unused_device_hours", "held_idle_device_hours"]
+SUMMARY_COLUMNS = [
+    "worker_index",
+    "resource",
+    "samples",
+    "mean",
+    "max",
+    "above_40",
+    "device_hours",
+    "unused_device_hours",
+    "held_idle_device_hours",
+]
 SLOWEST = 10
 STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222}
@@ -46,10 +56,14 @@ def _why(reason: str) -> str:
 def _table(frame: pd.DataFrame, why: str = "") -> str:
     if frame is None or frame.empty:
         return _why(why or (frame.attrs.get("why", "no rows") if frame is not None else "no rows"))
-    times = {c: frame[c].dt.strftime("%Y-%m-%d %H:%M:%S") for c in frame.columns
-             if isinstance(frame[c].dtype, pd.DatetimeTZDtype)}
-    return frame.assign(**times).to_html(index=False, border=0, classes="data", na_rep="-",
-                                         float_format=lambda v: f"{v:.4g}")
+    times = {
+        c: frame[c].dt.strftime("%Y-%m-%d %H:%M:%S")
+        for c in frame.columns
+        if isinstance(frame[c].dtype, pd.DatetimeTZDtype)
+    }
+    return frame.assign(**times).to_html(
+        index=False, border=0, classes="data", na_rep="-", float_format=lambda v: f"{v:.4g}"
+    )
 
 
 def _attempt(fn, *args, **kw):
@@ -70,13 +84,27 @@ def collect(db) -> dict:
     has_util = {_summary.GPU_METRIC, _summary.CPU_METRIC} & set(wanted)
     peaks = [_attempt(db.peaks, m) for m in TIMELINES if m in metrics]
     return {
-        "scope": db.scope(), "notes": db.notes, "workers": db.worker_map(), "jobs": db.jobs(),
-        "first": db.backend.first_time(), "last": db.backend.last_time(), "dags": db.dags(),
-        "gpus": _attempt(db.gpus) if "gpu" in db.fields() else pd.DataFrame(), "tables": tables,
-        "summary": _summary.summarize(list(tables.values()), hosts=db.host_tables_by_worker(
-            list(tables), [_summary.CPU_METRIC]) if _summary.CPU_METRIC in wanted else None) if has_util else pd.DataFrame(),
+        "scope": db.scope(),
+        "notes": db.notes,
+        "workers": db.worker_map(),
+        "jobs": db.jobs(),
+        "first": db.backend.first_time(),
+        "last": db.backend.last_time(),
+        "dags": db.dags(),
+        "gpus": _attempt(db.gpus) if "gpu" in db.fields() else pd.DataFrame(),
+        "tables": tables,
+        "summary": _summary.summarize(
+            list(tables.values()),
+            hosts=db.host_tables_by_worker(list(tables), [_summary.CPU_METRIC])
+            if _summary.CPU_METRIC in wanted
+            else None,
+        )
+        if has_util
+        else pd.DataFrame(),
         "peaks": pd.concat([p for p in peaks if not p.empty]) if any(not p.empty for p in peaks) else pd.DataFrame(),
-        "tasks": db.tasks(), "activity": db.activity(), "gpu": db.gpu_during_tasks(),
+        "tasks": db.tasks(),
+        "activity": db.activity(),
+        "gpu": db.gpu_during_tasks(),
     }
 
 
@@ -85,8 +113,11 @@ def _when(ns) -> str:
 
 
 def _gpu_hours(summary: pd.DataFrame, job) -> dict:
-    rows = summary[(summary["resource"] == "gpu") & (summary["job"].isna() if job is None else summary["job"] == job)] \
-        if not summary.empty else summary
+    rows = (
+        summary[(summary["resource"] == "gpu") & (summary["job"].isna() if job is None else summary["job"] == job)]
+        if not summary.empty
+        else summary
+    )
     cols = ("device_hours", "unused_device_hours", "held_idle_device_hours")
     if rows.empty:
         return {c: float("nan") for c in cols}
@@ -100,13 +131,16 @@ def job_overview(data: dict) -> pd.DataFrame:
     for job in data["jobs"]:
         mine = dags[dags["job"] == job] if not dags.empty else dags
         util = gpu[(gpu["job"] == job) & gpu["dag"].isna()] if not gpu.empty else gpu
-        row = {"job": job, "dags": len(mine),
-               "status": ", ".join(f"{n} {s}" for s, n in mine["status"].value_counts().items()) if len(mine) else "-",
-               "tasks": int(mine["tasks"].sum()) if len(mine) else float("nan"),
-               "tasks_finished": int(tasks.loc[tasks["job"] == job, "tasks"].sum()) if not tasks.empty else float("nan"),
-               "submitted": mine["submitted"].min() if len(mine) else pd.NaT,
-               "wall_s": (mine["ended"].max() - mine["submitted"].min()).total_seconds() if len(mine) else float("nan"),
-               "gpu_util_while_busy": float(util["mean_utilization_gpu"].iloc[0]) if len(util) else float("nan")}
+        row = {
+            "job": job,
+            "dags": len(mine),
+            "status": ", ".join(f"{n} {s}" for s, n in mine["status"].value_counts().items()) if len(mine) else "-",
+            "tasks": int(mine["tasks"].sum()) if len(mine) else float("nan"),
+            "tasks_finished": int(tasks.loc[tasks["job"] == job, "tasks"].sum()) if not tasks.empty else float("nan"),
+            "submitted": mine["submitted"].min() if len(mine) else pd.NaT,
+            "wall_s": (mine["ended"].max() - mine["submitted"].min()).total_seconds() if len(mine) else float("nan"),
+            "gpu_util_while_busy": float(util["mean_utilization_gpu"].iloc[0]) if len(util) else float("nan"),
+        }
         rows.append({**row, **_gpu_hours(data["summary"], job)})
     return pd.DataFrame(rows)
 
@@ -114,13 +148,19 @@ def job_overview(data: dict) -> pd.DataFrame:
 def _overview(data: dict) -> str:
     parts = ["<h2 id=\"overview\">Session overview</h2>", "<table class=\"data\">"]
     hours = _gpu_hours(data["summary"], None)
-    facts = [("source", data["scope"]), ("samples from", _when(data["first"])), ("to", _when(data["last"])),
-             ("workers", len(data["workers"])), ("GPUs (worker, uuid)", len(data["gpus"])),
-             ("jobs", ", ".join(map(str, data["jobs"])) or "-"), ("DAGs", len(data["dags"])),
-             ("tasks finished (task stream)", int(data["tasks"]["tasks"].sum()) if not data["tasks"].empty else "-"),
-             ("GPU device-hours", f"{hours['device_hours']:.4g}"),
-             ("unused GPU-hours", f"{hours['unused_device_hours']:.4g}"),
-             ("held-but-idle GPU-hours", f"{hours['held_idle_device_hours']:.4g}")]
+    facts = [
+        ("source", data["scope"]),
+        ("samples from", _when(data["first"])),
+        ("to", _when(data["last"])),
+        ("workers", len(data["workers"])),
+        ("GPUs (worker, uuid)", len(data["gpus"])),
+        ("jobs", ", ".join(map(str, data["jobs"])) or "-"),
+        ("DAGs", len(data["dags"])),
+        ("tasks finished (task stream)", int(data["tasks"]["tasks"].sum()) if not data["tasks"].empty else "-"),
+        ("GPU device-hours", f"{hours['device_hours']:.4g}"),
+        ("unused GPU-hours", f"{hours['unused_device_hours']:.4g}"),
+        ("held-but-idle GPU-hours", f"{hours['held_idle_device_hours']:.4g}"),
+    ]
     parts += [f"<tr><th>{_text(k)}</th><td style=\"text-align:left\">{_text(v)}</td></tr>" for k, v in facts]
     parts.append("</table><h3>Jobs</h3>" + _table(job_overview(data), "no job ran: no busy samples"))
     parts.append("<h3>Workers</h3>" + _table(pd.DataFrame(list(data["workers"].items()), columns=["index", "address"])))
@@ -134,8 +174,10 @@ def _peaks(frame: pd.DataFrame, job: int) -> pd.DataFrame:
     if frame.empty:
         return frame
     mine = frame[frame["job"] == job]
-    scaled = mine.assign(peak=mine["peak"] / mine["unit"].map({"bytes": GIB, "MiB": GIB / MIB}).fillna(1.0),
-                         metric=mine["metric"].map(lambda m: TIMELINES.get(m, (m,))[0].replace("used", "peak")))
+    scaled = mine.assign(
+        peak=mine["peak"] / mine["unit"].map({"bytes": GIB, "MiB": GIB / MIB}).fillna(1.0),
+        metric=mine["metric"].map(lambda m: TIMELINES.get(m, (m,))[0].replace("used", "peak")),
+    )
     out = scaled.pivot_table(index=["worker_index", "device"], columns="metric", values="peak").reset_index()
     out.columns.name = None
     return out
@@ -143,8 +185,13 @@ def _peaks(frame: pd.DataFrame, job: int) -> pd.DataFrame:
 
 def _job(data: dict, job: int, figures: dict) -> str:
     dags, tables = data["dags"], data["tables"]
-    parts = [f'<h2 id="job-{job}">Job {job}</h2>', "<h3>DAGs</h3>",
-             _table(dags[dags["job"] == job] if not dags.empty else dags, "no dag points: the scheduler wrote none in range")]
+    parts = [
+        f'<h2 id="job-{job}">Job {job}</h2>',
+        "<h3>DAGs</h3>",
+        _table(
+            dags[dags["job"] == job] if not dags.empty else dags, "no dag points: the scheduler wrote none in range"
+        ),
+    ]
     parts.append("<h3>GPU utilization and memory (busy intervals of this job shaded)</h3>")
     x_range = None
     for metric, (label, _) in TIMELINES.items():
@@ -157,11 +204,14 @@ def _job(data: dict, job: int, figures: dict) -> str:
         parts.append(_why("no GPU samples: tracking `compute-util`/`total-mem` is off, or the workers saw no GPU"))
     summary = data["summary"]
     mine = summary[summary["job"] == job] if not summary.empty else summary
-    parts += ["<h3>Peaks</h3>", _table(_peaks(data["peaks"], job), "no GPU peaks: no GPU metric was collected"),
-              "<h3>Utilization while the job ran (per worker)</h3>",
-              _table(mine[SUMMARY_COLUMNS] if not mine.empty else mine, "no utilization: compute-util and host-cpu are off"),
-              "<h3>GPU utilization during its tasks (job, then each DAG)</h3>",
-              _table(data["gpu"][data["gpu"]["job"] == job] if not data["gpu"].empty else data["gpu"])]
+    parts += [
+        "<h3>Peaks</h3>",
+        _table(_peaks(data["peaks"], job), "no GPU peaks: no GPU metric was collected"),
+        "<h3>Utilization while the job ran (per worker)</h3>",
+        _table(mine[SUMMARY_COLUMNS] if not mine.empty else mine, "no utilization: compute-util and host-cpu are off"),
+        "<h3>GPU utilization during its tasks (job, then each DAG)</h3>",
+        _table(data["gpu"][data["gpu"]["job"] == job] if not data["gpu"].empty else data["gpu"]),
+    ]
     activity = data["activity"]
     mine = activity[activity["job"] == job] if not activity.empty else activity
     parts.append("<h3>Where worker time went (Dask fine performance metrics)</h3>")
@@ -173,8 +223,10 @@ def _job(data: dict, job: int, figures: dict) -> str:
     parts.append(_table(mine, data["activity"].attrs.get("why", "no activity recorded for this job")))
     tasks = data["tasks"]
     mine = tasks[tasks["job"] == job].head(SLOWEST) if not tasks.empty else tasks
-    parts += [f"<h3>Slowest task prefixes (by total execution time, top {SLOWEST})</h3>",
-              _table(mine, data["tasks"].attrs.get("why", "no task of this job finished in range"))]
+    parts += [
+        f"<h3>Slowest task prefixes (by total execution time, top {SLOWEST})</h3>",
+        _table(mine, data["tasks"].attrs.get("why", "no task of this job finished in range")),
+    ]
     return "\n".join(parts)
 
 
@@ -189,10 +241,12 @@ def render(data: dict, title: str) -> str:
         text = text.replace(f"{{{{{name}}}}}", div)
     nav = " ".join(f'<a href="#job-{j}">job {j}</a>' for j in data["jobs"])
     made = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_text(title)}</title>\n'
-            f"<style>{STYLE}</style>\n{figs.resources()}\n</head>\n<body>\n<h1>{_text(title)}</h1>\n"
-            f'<p class="scope">{_text(data["scope"])}; written {made} by dask-influx-metrics</p>\n'
-            f'<nav><a href="#overview">overview</a> {nav}</nav>\n{text}\n{script}\n</body>\n</html>\n')
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>{_text(title)}</title>\n'
+        f"<style>{STYLE}</style>\n{figs.resources()}\n</head>\n<body>\n<h1>{_text(title)}</h1>\n"
+        f'<p class="scope">{_text(data["scope"])}; written {made} by dask-influx-metrics</p>\n'
+        f'<nav><a href="#overview">overview</a> {nav}</nav>\n{text}\n{script}\n</body>\n</html>\n'
+    )
 
 
 def write(db, path, title=None) -> str:

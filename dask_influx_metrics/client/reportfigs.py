@@ -21,8 +21,7 @@ from .tables import device_columns
 from .visualize import unit_of
 
 EXTRA = "pip install dask-influx-metrics[report]"
-COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-          "#bcbd22", "#17becf"]
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 BUSY_COLOR = "#2ca02c"
 DASHES = ("solid", "dashed", "dotted", "dotdash", "dashdot")  # equal lines stay distinguishable
 TOOLS = "pan,xwheel_zoom,box_zoom,reset,save"
@@ -85,20 +84,32 @@ def timeline(tables: dict, data: dict, job: int, metric: str, label: str, x_rang
     from bokeh.models import BoxAnnotation, HoverTool
     from bokeh.plotting import figure
 
-    fig = figure(title=f"Job {job}: {label}", height=280, sizing_mode="stretch_width", tools=TOOLS,
-                 x_axis_label="seconds since collection start", y_axis_label=label,
-                 **({"x_range": x_range} if x_range is not None else {}))
+    fig = figure(
+        title=f"Job {job}: {label}",
+        height=280,
+        sizing_mode="stretch_width",
+        tools=TOOLS,
+        x_axis_label="seconds since collection start",
+        y_axis_label=label,
+        **({"x_range": x_range} if x_range is not None else {}),
+    )
     k = 0
     for worker, table in tables.items():
         for column in device_columns(table, metric):
-            device = column[len(metric):].strip("[]")
+            device = column[len(metric) :].strip("[]")
             name = f"worker {table.attrs.get('worker_index', worker)}" + (f" GPU {device}" if device else "")
-            fig.line("t", column, source=data[worker], legend_label=name, color=COLORS[k % len(COLORS)],
-                     line_dash=DASHES[k % len(DASHES)], line_width=1.5)
+            fig.line(
+                "t",
+                column,
+                source=data[worker],
+                legend_label=name,
+                color=COLORS[k % len(COLORS)],
+                line_dash=DASHES[k % len(DASHES)],
+                line_width=1.5,
+            )
             k += 1
         for left, right in busy_intervals(table, job):
-            fig.add_layout(BoxAnnotation(left=left, right=right, fill_color=BUSY_COLOR, fill_alpha=0.12,
-                                         line_alpha=0))
+            fig.add_layout(BoxAnnotation(left=left, right=right, fill_color=BUSY_COLOR, fill_alpha=0.12, line_alpha=0))
     fig.y_range.start = 0
     if unit_of(metric) == "%":
         fig.y_range.end = 100
@@ -115,9 +126,15 @@ def bars(frame: pd.DataFrame, job: int, label: str):
 
     names = (frame["prefix"] + " / " + frame["activity"]).tolist()
     source = ColumnDataSource({"name": names, "value": frame["value"].astype(float).tolist()})
-    fig = figure(title=f"Job {job}: {label}", y_range=list(reversed(names)), height=60 + 24 * len(names),
-                 sizing_mode="stretch_width", tools="save", x_axis_label=label,
-                 tooltips=[("", "@name"), ("value", "@value{0.000}")])
+    fig = figure(
+        title=f"Job {job}: {label}",
+        y_range=list(reversed(names)),
+        height=60 + 24 * len(names),
+        sizing_mode="stretch_width",
+        tools="save",
+        x_axis_label=label,
+        tooltips=[("", "@name"), ("value", "@value{0.000}")],
+    )
     fig.hbar(y="name", right="value", height=0.7, source=source, color=COLORS[0])
     fig.x_range.start = 0
     return fig

@@ -29,7 +29,8 @@ def pick(destinations) -> tuple[str, dict | None]:
     here = socket.gethostname()
     visible = spooling and all(
         os.path.isdir(d["spool"]) or (d.get("host") == here and os.path.isdir(os.path.dirname(d["spool"])))
-        for d in spooling)
+        for d in spooling
+    )
     if visible:
         return "spool", None
     named = [d["influxdb"] for d in destinations if d.get("influxdb")]
@@ -53,19 +54,25 @@ def unreachable(error, destinations: dict, configured) -> str:
     message = str(error)
     udp = sorted({d["telegraf"] for d in workers.values() if "udp" in d["sinks"] and d.get("telegraf")})
     if udp and not any(d.get("influxdb") for d in workers.values()) and "influxdb.url" not in configured:
-        message = (f"cannot read the samples back: the workers sent them over UDP to Telegraf at {', '.join(udp)}, "
-                   "and this reader has no influxdb.url configured (the default tried: "
-                   f"{message.removeprefix('cannot reach InfluxDB at ')}); set influx-metrics.influxdb.url to the "
-                   "InfluxDB that Telegraf writes to, or pass query(source='http://host:8086')")
+        message = (
+            f"cannot read the samples back: the workers sent them over UDP to Telegraf at {', '.join(udp)}, "
+            "and this reader has no influxdb.url configured (the default tried: "
+            f"{message.removeprefix('cannot reach InfluxDB at ')}); set influx-metrics.influxdb.url to the "
+            "InfluxDB that Telegraf writes to, or pass query(source='http://host:8086')"
+        )
     undelivered = sorted({d["spool"] for d in workers.values() if "http" in d["sinks"] and d.get("spool")})
     if undelivered:
         folder = os.path.dirname(os.path.dirname(undelivered[0]))  # <root>/<session>
         here = os.path.isdir(folder)
-        message += (f". The samples InfluxDB did not take are kept under {folder}/<sender>/undelivered/ (the host's "
-                    "agent-<host>/ and each worker's own folder)"
-                    + (f": read them with monitor.query(source={folder!r}) or `dask-influx-metrics jobs --source "
-                       f"{folder}`; once InfluxDB is back, write them into it with "
-                       f"`dask-influx-metrics replay {folder} --source <url>`"
-                       if here else " on the workers' hosts: read them through the cluster with "
-                       "monitor.query(source='cluster')"))
+        message += (
+            f". The samples InfluxDB did not take are kept under {folder}/<sender>/undelivered/ (the host's "
+            "agent-<host>/ and each worker's own folder)"
+            + (
+                f": read them with monitor.query(source={folder!r}) or `dask-influx-metrics jobs --source "
+                f"{folder}`; once InfluxDB is back, write them into it with "
+                f"`dask-influx-metrics replay {folder} --source <url>`"
+                if here
+                else " on the workers' hosts: read them through the cluster with monitor.query(source='cluster')"
+            )
+        )
     return message

@@ -65,9 +65,22 @@ THRESHOLDS = (20, 40, 80)
 CAP_INTERVALS = 3
 # The regular step: this quantile of the steps (wake samples at task starts make many steps short).
 REGULAR_STEP_QUANTILE = 0.95
-COLUMNS = ["worker_index", "worker", "job", "resource", "samples", "devices", "hours", "mean", "max",
-           *[f"above_{t}" for t in THRESHOLDS], "at_100", "device_hours", "unused_device_hours",
-           "held_idle_device_hours"]
+COLUMNS = [
+    "worker_index",
+    "worker",
+    "job",
+    "resource",
+    "samples",
+    "devices",
+    "hours",
+    "mean",
+    "max",
+    *[f"above_{t}" for t in THRESHOLDS],
+    "at_100",
+    "device_hours",
+    "unused_device_hours",
+    "held_idle_device_hours",
+]
 
 
 def interval_seconds(table: pd.DataFrame) -> float:
@@ -110,7 +123,7 @@ def held_memory(table: pd.DataFrame, util_columns: list[str]):
     ``worker-gpu-mem[i] > 0`` where that value exists, else ``total-mem[i] > 0``;
     None when the table has neither metric.
     """
-    names = [[m + column[len(GPU_METRIC):] for m in MEMORY_METRICS] for column in util_columns]
+    names = [[m + column[len(GPU_METRIC) :] for m in MEMORY_METRICS] for column in util_columns]
     if not any(n in table.columns for pair in names for n in pair):
         return None
     nan = np.full(len(table), np.nan)
@@ -134,16 +147,21 @@ def _row(util: np.ndarray, held, seconds: np.ndarray) -> dict:
         return float(time[mask].sum() / total) if known else float("nan")
 
     mean = float((values * time).sum() / total) if known else float("nan")
-    row = {"samples": len(values) // max(devices, 1), "devices": devices,
-           "hours": float(seconds.max(axis=1, initial=0).sum()) / 3600 if len(util) else 0.0, "mean": mean,
-           "max": float(values.max()) if len(values) else float("nan")}
+    row = {
+        "samples": len(values) // max(devices, 1),
+        "devices": devices,
+        "hours": float(seconds.max(axis=1, initial=0).sum()) / 3600 if len(util) else 0.0,
+        "mean": mean,
+        "max": float(values.max()) if len(values) else float("nan"),
+    }
     for t in THRESHOLDS:
         row[f"above_{t}"] = share(values > t)
     row["at_100"] = share(values >= 100)
     row["device_hours"] = total / 3600
     row["unused_device_hours"] = float((time * (1 - values / 100)).sum()) / 3600 if known else 0.0
-    row["held_idle_device_hours"] = (float(seconds[(held == 1) & (util == 0)].sum()) / 3600
-                                     if held is not None else float("nan"))
+    row["held_idle_device_hours"] = (
+        float(seconds[(held == 1) & (util == 0)].sum()) / 3600 if held is not None else float("nan")
+    )
     return row
 
 
@@ -167,8 +185,16 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | No
             rows.append({**who, "job": pd.NA, "resource": resource, **_row(util, held, seconds)})
             for job in jobs:
                 mask = jobtags.counts_for(table, job).to_numpy()
-                rows.append({**who, "job": job, "resource": resource,
-                             **_row(util[mask], None if held is None else held[mask], seconds[mask])})
+                rows.append(
+                    {
+                        **who,
+                        "job": job,
+                        "resource": resource,
+                        **_row(util[mask], None if held is None else held[mask], seconds[mask]),
+                    }
+                )
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["job"] = frame["job"].astype("Int64")
-    return frame.sort_values(["worker_index", "resource", "job"], na_position="first", kind="stable").reset_index(drop=True)
+    return frame.sort_values(["worker_index", "resource", "job"], na_position="first", kind="stable").reset_index(
+        drop=True
+    )

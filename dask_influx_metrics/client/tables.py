@@ -63,7 +63,7 @@ def _field_metric(measurement: str, field: str) -> Metric:
 def _tracking_metrics(name: str) -> list[Metric]:
     pairs = [p for p in schema.TRACKING[name] if _numeric(*p)]
     if len(pairs) == 1:
-        (m, f), = pairs
+        ((m, f),) = pairs
         if name in BYTES_METRICS:
             return [Metric(name, m, f, "bytes", MIB)]
         return [Metric(name, m, f, schema.FIELDS[m, f].unit)]
@@ -106,10 +106,13 @@ def resolve(names: Iterable[str], custom: Iterable[str] = ()) -> list[Metric]:
         out.extend(_named(name, custom) or [])
     missing = unknown(names, custom)
     if missing:
-        known = sorted(schema.TRACKING) + sorted(f"{m}.{f}" for m, f in schema.FIELDS
-                                                 if _numeric(m, f) and m != schema.DAG)
-        raise ValueError(f"unknown metric(s) {missing}; known: {known}"
-                         + (f"; custom metrics in this data: {sorted(custom)}" if custom else ""))
+        known = sorted(schema.TRACKING) + sorted(
+            f"{m}.{f}" for m, f in schema.FIELDS if _numeric(m, f) and m != schema.DAG
+        )
+        raise ValueError(
+            f"unknown metric(s) {missing}; known: {known}"
+            + (f"; custom metrics in this data: {sorted(custom)}" if custom else "")
+        )
     seen: dict[str, Metric] = {}
     for m in out:
         seen.setdefault(m.name, m)
@@ -154,8 +157,14 @@ def _per_device(long: pd.DataFrame, field: str) -> bool:
     return bool(long.loc[held if held.any() else slice(None), "index"].notna().all())
 
 
-def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int,
-          worker: str = "", worker_index: int = 0, host: pd.DataFrame | None = None) -> pd.DataFrame:
+def build(
+    frames: dict[str, pd.DataFrame],
+    metrics: list[Metric],
+    origin_ns: int,
+    worker: str = "",
+    worker_index: int = 0,
+    host: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """One worker's table from long frames (one per measurement).
 
     Each long frame has ``time`` (int ns), ``job``, ``dag``, the field columns
@@ -168,8 +177,11 @@ def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int
     parts: list[pd.DataFrame] = []
     units: dict[str, str] = {}
     joined = {schema.HOST} if host is not None else set()
-    tags = [long[["time", "job", "dag"]] for m, long in frames.items()
-            if m not in joined and long is not None and not long.empty]
+    tags = [
+        long[["time", "job", "dag"]]
+        for m, long in frames.items()
+        if m not in joined and long is not None and not long.empty
+    ]
     base = pd.concat(tags).drop_duplicates("time", keep="last").set_index("time").sort_index() if tags else None
     for measurement, long in frames.items():
         if measurement in joined:
@@ -190,10 +202,14 @@ def build(frames: dict[str, pd.DataFrame], metrics: list[Metric], origin_ns: int
         if device:
             # a GPU's owner may write two points of one device at one instant (device-wide fields
             # tagged with every user's jobs, its own memory with its own): merge their fields
-            values = long.dropna(subset=["index"]).groupby(["time", "index"], sort=False, as_index=False)[
-                [m.field for m in device]].last()
-            values = values.assign(**{f"_{m.name}": pd.to_numeric(values[m.field], errors="coerce") * m.scale
-                                      for m in device})
+            values = (
+                long.dropna(subset=["index"])
+                .groupby(["time", "index"], sort=False, as_index=False)[[m.field for m in device]]
+                .last()
+            )
+            values = values.assign(
+                **{f"_{m.name}": pd.to_numeric(values[m.field], errors="coerce") * m.scale for m in device}
+            )
             wide = values.pivot(index="time", columns="index", values=[f"_{m.name}" for m in device])
             order = _device_sort(wide.columns.get_level_values(1).unique())
             wide = wide.reindex(columns=pd.MultiIndex.from_product([[f"_{m.name}" for m in device], order]))
@@ -248,8 +264,12 @@ def host_part(times: pd.Index, host: pd.DataFrame, metrics: list[Metric], worker
     right = host.dropna(subset=fields, how="all")
     own = (right["worker"] == worker) if "worker" in right.columns else False
     right = right.assign(_own=own).sort_values(["time", "_own"], kind="stable")
-    right = pd.DataFrame({"time": right["time"].astype("int64"),
-                          **{m.name: pd.to_numeric(right[m.field], errors="coerce") * m.scale for m in metrics}})
+    right = pd.DataFrame(
+        {
+            "time": right["time"].astype("int64"),
+            **{m.name: pd.to_numeric(right[m.field], errors="coerce") * m.scale for m in metrics},
+        }
+    )
     step = host_step_ns(host)
     tolerance = HOST_TOLERANCE_INTERVALS * step if step else HOST_TOLERANCE_DEFAULT_NS
     left = pd.DataFrame({"time": pd.Index(times).astype("int64")})
@@ -265,8 +285,7 @@ def device_columns(table: pd.DataFrame, metric: str) -> list[str]:
     """
     if metric in table.columns:
         return [metric]
-    cols = [(int(m["index"]), c) for c in table.columns
-            if (m := DEVICE_COLUMN.match(str(c))) and m["metric"] == metric]
+    cols = [(int(m["index"]), c) for c in table.columns if (m := DEVICE_COLUMN.match(str(c))) and m["metric"] == metric]
     return [c for _, c in sorted(cols)]
 
 

@@ -34,11 +34,23 @@ from .. import jobtags, schema
 from .summary import weights
 
 TASK_COLUMNS = list(schema.MEASUREMENT_TAGS[schema.TASK]) + [f for m, f in schema.FIELDS if m == schema.TASK]
-ACTIVITY_COLUMNS = list(schema.MEASUREMENT_TAGS[schema.ACTIVITY]) + [f for m, f in schema.FIELDS
-                                                                     if m == schema.ACTIVITY]
+ACTIVITY_COLUMNS = list(schema.MEASUREMENT_TAGS[schema.ACTIVITY]) + [
+    f for m, f in schema.FIELDS if m == schema.ACTIVITY
+]
 STARTSTOPS = ("compute", "transfer", "disk_read", "disk_write")
-TASKS = ["job", "dag", "prefix", "tasks", "erred", "total_s", "median_s", "p95_s", "max_s",
-         *[f"{s}_s" for s in STARTSTOPS], "nbytes"]
+TASKS = [
+    "job",
+    "dag",
+    "prefix",
+    "tasks",
+    "erred",
+    "total_s",
+    "median_s",
+    "p95_s",
+    "max_s",
+    *[f"{s}_s" for s in STARTSTOPS],
+    "nbytes",
+]
 ACTIVITY = ["job", "prefix", "activity", "unit", "value"]
 GPU = ["job", "dag", "samples", "mean_utilization_gpu", "max_utilization_gpu"]
 UTIL = "utilization_gpu"
@@ -64,18 +76,27 @@ def summarize_tasks(points: pd.DataFrame, per_dag: bool = False) -> pd.DataFrame
     if points.empty:
         return _empty(TASKS if per_dag else [c for c in TASKS if c != "dag"], NO_TASK_STREAM)
     by = ["job", "dag", "prefix"] if per_dag else ["job", "prefix"]
-    points = points.assign(job=_numbers(points["job"]), dag=_numbers(points["dag"]),
-                           erred=points["state"].eq("error").astype(int))
-    numbers = {c: pd.to_numeric(points[c]) if c in points.columns else pd.Series(0.0, index=points.index)
-               for c in ("duration", *STARTSTOPS, "nbytes")}
+    points = points.assign(
+        job=_numbers(points["job"]), dag=_numbers(points["dag"]), erred=points["state"].eq("error").astype(int)
+    )
+    numbers = {
+        c: pd.to_numeric(points[c]) if c in points.columns else pd.Series(0.0, index=points.index)
+        for c in ("duration", *STARTSTOPS, "nbytes")
+    }
     points = points.assign(**numbers)
     groups = points.groupby(by, sort=True)
-    out = pd.DataFrame({
-        "tasks": groups.size(), "erred": groups["erred"].sum(), "total_s": groups["duration"].sum(),
-        "median_s": groups["duration"].median(), "p95_s": groups["duration"].quantile(0.95),
-        "max_s": groups["duration"].max(), **{f"{s}_s": groups[s].sum() for s in STARTSTOPS},
-        "nbytes": groups["nbytes"].sum().astype("int64"),
-    }).reset_index()
+    out = pd.DataFrame(
+        {
+            "tasks": groups.size(),
+            "erred": groups["erred"].sum(),
+            "total_s": groups["duration"].sum(),
+            "median_s": groups["duration"].median(),
+            "p95_s": groups["duration"].quantile(0.95),
+            "max_s": groups["duration"].max(),
+            **{f"{s}_s": groups[s].sum() for s in STARTSTOPS},
+            "nbytes": groups["nbytes"].sum().astype("int64"),
+        }
+    ).reset_index()
     out = out.sort_values(["job", "total_s"], ascending=[True, False], kind="stable")
     return out[[c for c in TASKS if c in out.columns]].reset_index(drop=True)
 
@@ -115,13 +136,28 @@ def gpu_during(samples: pd.DataFrame, dag_jobs: dict) -> pd.DataFrame:
     busy = busy.assign(_time=seconds, _area=busy[UTIL] * seconds)
     rows = []
     for column in ("job", "dag"):
-        stats = jobtags.explode(busy[[column, UTIL, "_time", "_area"]], column).groupby(column).agg(
-            count=(UTIL, "count"), mean=(UTIL, "mean"), top=(UTIL, "max"), time=("_time", "sum"), area=("_area", "sum"))
+        stats = (
+            jobtags.explode(busy[[column, UTIL, "_time", "_area"]], column)
+            .groupby(column)
+            .agg(
+                count=(UTIL, "count"),
+                mean=(UTIL, "mean"),
+                top=(UTIL, "max"),
+                time=("_time", "sum"),
+                area=("_area", "sum"),
+            )
+        )
         for number, s in stats.iterrows():
             job = number if column == "job" else dag_jobs.get(number, pd.NA)
-            rows.append({"job": job, "dag": pd.NA if column == "job" else number, "samples": int(s["count"]),
-                         "mean_utilization_gpu": s["area"] / s["time"] if s["time"] > 0 else s["mean"],
-                         "max_utilization_gpu": s["top"]})
+            rows.append(
+                {
+                    "job": job,
+                    "dag": pd.NA if column == "job" else number,
+                    "samples": int(s["count"]),
+                    "mean_utilization_gpu": s["area"] / s["time"] if s["time"] > 0 else s["mean"],
+                    "max_utilization_gpu": s["top"],
+                }
+            )
     out = pd.DataFrame(rows, columns=GPU).astype({"job": "Int64", "dag": "Int64"})
     return out.sort_values(["job", "dag"], na_position="first", kind="stable").reset_index(drop=True)
 

@@ -62,8 +62,7 @@ def _figure_class():
         from matplotlib.figure import Figure
     except ImportError as error:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "dask_influx_metrics.visualize needs matplotlib; install it with "
-            "`pip install dask-influx-metrics[plot]`"
+            "dask_influx_metrics.visualize needs matplotlib; install it with `pip install dask-influx-metrics[plot]`"
         ) from error
     return Figure
 
@@ -103,8 +102,7 @@ def _metric_columns(table) -> dict[str, list[tuple[str, str]]]:
         else:
             found.setdefault(column, []).append((-1, column))
     return {
-        metric: [(f"GPU {i}" if i >= 0 else metric, col) for i, col in sorted(cols)]
-        for metric, cols in found.items()
+        metric: [(f"GPU {i}" if i >= 0 else metric, col) for i, col in sorted(cols)] for metric, cols in found.items()
     }
 
 
@@ -158,10 +156,7 @@ def _select(source, job, metrics):
         raise ValueError("metrics is empty: name at least one metric to plot")
     missing = [m for m in metrics if m not in available]
     if missing:
-        raise ValueError(
-            f"metric(s) {missing} not in {name}; metrics present: "
-            f"{', '.join(available) or '(none)'}"
-        )
+        raise ValueError(f"metric(s) {missing} not in {name}; metrics present: {', '.join(available) or '(none)'}")
     if rows.empty:  # pragma: no cover - a present job always has rows
         raise ValueError(f"{name}: no samples for job {job!r}")
     panels = []
@@ -181,9 +176,10 @@ def _plot(source, job, metrics, width, height, save, draw):
     fig = _figure_class()(figsize=(width, height), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (metric, unit, divisor, columns) in zip(axes, panels):
-        values = np.column_stack(
-            [pd.to_numeric(rows[col], errors="coerce").to_numpy(dtype=float) for _, col in columns]
-        ) / divisor
+        values = (
+            np.column_stack([pd.to_numeric(rows[col], errors="coerce").to_numpy(dtype=float) for _, col in columns])
+            / divisor
+        )
         draw(ax, x, values, [label for label, _ in columns], runs, step)
         _y_limits(ax, unit, values)
         ax.set_title(f"{metric} ({unit})" if unit else metric)
@@ -237,9 +233,15 @@ def lines(source, job, metrics=None, width=20, height=10, save=None):
         x, values = np.insert(x, cut, np.nan), np.insert(values, cut, np.nan, axis=0)
         stride = max(len(labels), len(x) // MARKS_PER_LINE)  # line k marks samples k*stride/n + j*stride
         for k, label in enumerate(labels):
-            ax.plot(x, values[:, k], label=label, linestyle=LINESTYLES[k % len(LINESTYLES)],
-                    marker=MARKERS[k % len(MARKERS)], markersize=4,
-                    markevery=(k * stride // len(labels), stride))
+            ax.plot(
+                x,
+                values[:, k],
+                label=label,
+                linestyle=LINESTYLES[k % len(LINESTYLES)],
+                marker=MARKERS[k % len(MARKERS)],
+                markersize=4,
+                markevery=(k * stride // len(labels), stride),
+            )
         if labels[0].startswith("GPU "):
             ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
@@ -274,4 +276,3 @@ def boxes(source, job, metrics=None, freq=15, width=20, height=10, save=None):
             ax.tick_params(axis="x", labelrotation=90)
 
     return _plot(source, job, metrics, width, height, save, draw)
-

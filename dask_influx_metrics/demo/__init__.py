@@ -15,7 +15,6 @@ import threading
 import requests
 
 
-
 def _busy(x, seconds=0.2):
     threading.Event().wait(seconds)  # stands in for a GPU kernel
     return x
@@ -66,14 +65,28 @@ def report(db, out_dir) -> str:
     parts = [f"workers: {db.worker_map()}", "", "DAGs:", db.dags().to_string(index=False), ""]
     peaks = db.peaks("total-mem", per_job=True)
     table = peaks.assign(peak_MiB=peaks["peak"] / 2**20).pivot_table(
-        index=["worker_index", "job"], columns="device", values="peak_MiB")
+        index=["worker_index", "job"], columns="device", values="peak_MiB"
+    )
     table.columns = [f"GPU {d} peak MiB" for d in table.columns]
     parts += ["Peak GPU memory per worker and job (server-side MAX ... GROUP BY):", table.round(1).to_string(), ""]
     summary = db.summary(per_job=True)
-    cols = ["worker_index", "job", "resource", "samples", "mean", "max", "above_40", "device_hours", "unused_device_hours"]
+    cols = [
+        "worker_index",
+        "job",
+        "resource",
+        "samples",
+        "mean",
+        "max",
+        "above_40",
+        "device_hours",
+        "unused_device_hours",
+    ]
     with pd.option_context("display.float_format", "{:.3g}".format):
-        parts += ["Utilization (mean/max %, share of samples above 40%, device-hours):",
-                  summary[cols].to_string(index=False), ""]
+        parts += [
+            "Utilization (mean/max %, share of samples above 40%, device-hours):",
+            summary[cols].to_string(index=False),
+            "",
+        ]
     paths = db.to_csv(os.path.join(out_dir, "csv"))
     parts.append(f"CSV: {len(paths)} files in {os.path.join(out_dir, 'csv')}")
     try:
@@ -81,10 +94,14 @@ def report(db, out_dir) -> str:
 
         first, last = db.jobs()[0], db.jobs()[-1]
         lines = vis.lines(paths[0], first, ["compute-util", "mem-util"], save=os.path.join(out_dir, "lines.png"))
-        boxes = vis.boxes(paths[0], last, ["compute-util", "total-mem"], freq=5, save=os.path.join(out_dir, "boxes.png"))
+        boxes = vis.boxes(
+            paths[0], last, ["compute-util", "total-mem"], freq=5, save=os.path.join(out_dir, "boxes.png")
+        )
         del lines, boxes
-        parts.append(f"plots: {os.path.join(out_dir, 'lines.png')} (job {first}), "
-                     f"{os.path.join(out_dir, 'boxes.png')} (job {last})")
+        parts.append(
+            f"plots: {os.path.join(out_dir, 'lines.png')} (job {first}), "
+            f"{os.path.join(out_dir, 'boxes.png')} (job {last})"
+        )
     except ImportError as e:
         parts.append(f"plots skipped: {e}")
     try:
@@ -95,19 +112,16 @@ def report(db, out_dir) -> str:
 
 
 def main(argv=None) -> int:
-    import uuid
-
-    from distributed import Client, LocalCluster
-
-    from .. import Monitor
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--influxdb-url", default="http://127.0.0.1:8086", help="InfluxDB to write to and read from")
     ap.add_argument("--database", default="dask_metrics", help="database the UDP listener writes to")
     ap.add_argument("--telegraf-address", default="127.0.0.1:8089", help="UDP line-protocol listener (host:port)")
     ap.add_argument("--spool", default=None, help="spool directory when InfluxDB is not reachable")
-    ap.add_argument("--local-influxd", action="store_true",
-                    help="start a private influxd on free loopback ports for the demo (needs the influxd binary)")
+    ap.add_argument(
+        "--local-influxd",
+        action="store_true",
+        help="start a private influxd on free loopback ports for the demo (needs the influxd binary)",
+    )
     ap.add_argument("--workers", type=int, default=2, help="LocalCluster worker processes")
     ap.add_argument("--gpus", type=int, default=2, help="simulated GPUs per worker")
     ap.add_argument("--out", default="out/demo", help="folder for the CSV files and plots")
@@ -140,11 +154,25 @@ def _run(args) -> int:
 
     run = uuid.uuid4().hex[:8]
     online = _reachable(args.influxdb_url)
-    sink = dict(sink="udp", telegraf_address=args.telegraf_address) if online else dict(sink="spool", spool_directory=args.spool)
+    sink = (
+        dict(sink="udp", telegraf_address=args.telegraf_address)
+        if online
+        else dict(sink="spool", spool_directory=args.spool)
+    )
     print(f"run {run}: {'UDP -> ' + args.telegraf_address if online else 'InfluxDB not reachable; spooling to disk'}")
-    with LocalCluster(n_workers=args.workers, threads_per_worker=2, dashboard_address=None) as cluster, Client(cluster) as client:
-        monitor = Monitor(client, gpu_source="simulated", gpu_count=args.gpus, tags={"run": run},
-                          influxdb_url=args.influxdb_url, database=args.database, **sink)
+    with (
+        LocalCluster(n_workers=args.workers, threads_per_worker=2, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        monitor = Monitor(
+            client,
+            gpu_source="simulated",
+            gpu_count=args.gpus,
+            tags={"run": run},
+            influxdb_url=args.influxdb_url,
+            database=args.database,
+            **sink,
+        )
         monitor.attach(polling_interval=100, job_type="manual")
         session = monitor.start()
         for job in range(3):

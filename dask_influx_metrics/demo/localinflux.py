@@ -135,9 +135,7 @@ class Influxd:
         if isinstance(lines, (bytes, str)):
             lines = [lines]
         body = b"\n".join(x.encode() if isinstance(x, str) else x for x in lines)
-        r = self._session.post(
-            f"{self.url}/write", params={"db": db, "precision": precision}, data=body, timeout=10
-        )
+        r = self._session.post(f"{self.url}/write", params={"db": db, "precision": precision}, data=body, timeout=10)
         if r.status_code >= 300:
             raise RuntimeError(f"influxd write failed ({r.status_code}): {r.text}")
         return r
@@ -173,8 +171,7 @@ class Influxd:
                 return rows
             if time.monotonic() > deadline:
                 raise AssertionError(
-                    f"timed out after {timeout}s waiting for {q!r} on {db!r}: "
-                    f"last rows={rows!r} error={error!r}"
+                    f"timed out after {timeout}s waiting for {q!r} on {db!r}: last rows={rows!r} error={error!r}"
                 )
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
@@ -215,14 +212,19 @@ def start(timeout: float = 30.0) -> Influxd:
     with open(config, "w") as f:
         f.write(
             _CONFIG.format(
-                root=root, rpc_port=rpc_port, http_port=http_port,
-                udp_port=udp_port, udp_database=UDP_DATABASE,
+                root=root,
+                rpc_port=rpc_port,
+                http_port=http_port,
+                udp_port=udp_port,
+                udp_database=UDP_DATABASE,
             )
         )
     log_path = os.path.join(root, "influxd.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [INFLUXD, "-config", config], stdout=log, stderr=subprocess.STDOUT,
+            [INFLUXD, "-config", config],
+            stdout=log,
+            stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
     server = Influxd(proc, root, http_port, udp_port, log_path)

@@ -136,8 +136,14 @@ class JobBook:
             "job_type": self.job_type,
             "jobs": {n: {"label": j.label, "dags": list(j.dags)} for n, j in self.jobs.items()},
             "dags": {
-                n: {"job": d.job, "client": d.client, "submitted": d.submitted, "ended": d.ended,
-                    "status": d.status, "tasks": d.ntasks}
+                n: {
+                    "job": d.job,
+                    "client": d.client,
+                    "submitted": d.submitted,
+                    "ended": d.ended,
+                    "status": d.status,
+                    "tasks": d.ntasks,
+                }
                 for n, d in self.dags.items()
             },
         }

@@ -29,12 +29,13 @@ import time
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _dask, lineprotocol, schema
-from ..names import ANNOTATION, CUSTOM_METRIC, DESTINATIONS, EVENT_TOPIC, JOBS_PLUGIN, NEW_JOB_OP, SHARED_GPU
 from ..config import Settings
-from .jobs import JobBook
+from ..names import ANNOTATION, CUSTOM_METRIC, DESTINATIONS, EVENT_TOPIC, JOBS_PLUGIN, NEW_JOB_OP, SHARED_GPU
 from ..sinks import HealthWriter, destinations, make_sink
+from .jobs import JobBook
 
 logger = logging.getLogger(__name__)
+
 
 class JobPlugin(SchedulerPlugin):
     """Counts jobs/DAGs, tags tasks, and holds what any client needs to start or stop."""
@@ -114,12 +115,18 @@ class JobPlugin(SchedulerPlugin):
 
     def state(self) -> dict:
         """What a client needs: settings overrides, session, jobs and DAGs."""
-        return {"overrides": dict(self.overrides), "worker_payload": self.worker_payload,
-                "session": dict(self.session) if self.session else None,
-                "last_session": dict(self.last_session) if self.last_session else None,
-                "destinations": {w: dict(d) for w, d in self.destinations.items()}, "temporary_spool": sorted(f for f, temporary in self.spooled.items() if temporary),
-                "shared_gpus": [{"host": h, "uuid": u, "workers": sorted(w)} for (h, u), w in sorted(self.shared_gpus.items())],
-                **self.book.summary()}
+        return {
+            "overrides": dict(self.overrides),
+            "worker_payload": self.worker_payload,
+            "session": dict(self.session) if self.session else None,
+            "last_session": dict(self.last_session) if self.last_session else None,
+            "destinations": {w: dict(d) for w, d in self.destinations.items()},
+            "temporary_spool": sorted(f for f, temporary in self.spooled.items() if temporary),
+            "shared_gpus": [
+                {"host": h, "uuid": u, "workers": sorted(w)} for (h, u), w in sorted(self.shared_gpus.items())
+            ],
+            **self.book.summary(),
+        }
 
     # --- Dask hooks ----------------------------------------------------------
     def update_graph(self, scheduler, *, client, keys, tasks, annotations=None, stimulus_id=None, **kwargs):
@@ -162,8 +169,13 @@ class JobPlugin(SchedulerPlugin):
     def _write_dag(self, dag, event: str) -> None:
         if self.sink is None:
             return
-        fields = {"dag": str(dag.number), "status": dag.status, "event": event, "tasks": dag.ntasks,
-                  "label": dag.client}
+        fields = {
+            "dag": str(dag.number),
+            "status": dag.status,
+            "event": event,
+            "tasks": dag.ntasks,
+            "label": dag.client,
+        }
         if event == "end":
             fields["duration"] = float(dag.ended - dag.submitted)
         t = dag.submitted if event == "submit" else dag.ended
@@ -182,8 +194,10 @@ class JobPlugin(SchedulerPlugin):
             self._record(msg["worker"], {k: v for k, v in msg.items() if k not in ("what", "session", "worker")})
         elif msg.get("what") == CUSTOM_METRIC and self.session is not None:
             self.session.setdefault("failed_metrics", {}).setdefault(
-                str(msg.get("metric")), {"worker": msg.get("worker"), "message": msg.get("message")})
+                str(msg.get("metric")), {"worker": msg.get("worker"), "message": msg.get("message")}
+            )
         elif msg.get("what") == SHARED_GPU:
             # from the host's agent, relayed by a worker: every worker using the GPU is named
             self.shared_gpus.setdefault((msg.get("host"), msg.get("uuid")), set()).update(
-                msg.get("workers") or [msg.get("worker")])
+                msg.get("workers") or [msg.get("worker")]
+            )

@@ -30,8 +30,8 @@ import logging
 from distributed import Scheduler
 
 from ..config import Settings
-from . import session as _session
 from ..names import JOBS_PLUGIN
+from . import session as _session
 from .plugin import JobPlugin
 
 logger = logging.getLogger(__name__)
@@ -40,8 +40,9 @@ logger = logging.getLogger(__name__)
 async def dask_setup(server) -> None:
     """Called by Dask with the scheduler, worker or nanny being started."""
     if not isinstance(server, Scheduler):
-        logger.info("influx-metrics preload on %s: nothing to do (plugins come from the scheduler)",
-                    type(server).__name__)
+        logger.info(
+            "influx-metrics preload on %s: nothing to do (plugins come from the scheduler)", type(server).__name__
+        )
         return
     await start_monitoring(server)
 

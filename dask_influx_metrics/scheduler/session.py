@@ -68,8 +68,11 @@ def describe(where: dict) -> str:
     """
     parts = []
     for sink in where["sinks"]:
-        target = {"udp": where.get("telegraf"), "http": (where.get("influxdb") or {}).get("url"),
-                  "spool": where.get("spool")}[sink]
+        target = {
+            "udp": where.get("telegraf"),
+            "http": (where.get("influxdb") or {}).get("url"),
+            "spool": where.get("spool"),
+        }[sink]
         parts.append(f"{sink} -> {target}")
     return ", ".join(parts)
 

@@ -30,8 +30,18 @@ def counters(sink) -> list[dict]:
     >>> counters(UdpSink(("127.0.0.1", 9)))[0]["kind"]
     'udp'
     """
-    names = ("points_sent", "datagrams_sent", "points_written", "points_dropped", "refused", "errors",
-             "points_failed", "points_refused", "points_spooled", "batches_split")
+    names = (
+        "points_sent",
+        "datagrams_sent",
+        "points_written",
+        "points_dropped",
+        "refused",
+        "errors",
+        "points_failed",
+        "points_refused",
+        "points_spooled",
+        "batches_split",
+    )
     out = []
     for one in getattr(sink, "sinks", [sink]):
         kind = type(one).__name__.removesuffix("Sink").lower()
@@ -42,9 +52,13 @@ def counters(sink) -> list[dict]:
 # ``delivery`` fields of one sink, from its counters (:func:`health_points`); absent counters are 0.
 _HEALTH = {
     "udp": {"points_sent": "points_sent", "points_dropped": "points_dropped", "errors": "errors"},
-    "http": {"points_sent": "points_written", "points_refused": "points_refused",
-             "points_spooled": "points_spooled", "errors": "errors",
-             "points_dropped": None},  # failed and not spooled: lost (no fallback, or the fallback's disk failed)
+    "http": {
+        "points_sent": "points_written",
+        "points_refused": "points_refused",
+        "points_spooled": "points_spooled",
+        "errors": "errors",
+        "points_dropped": None,
+    },  # failed and not spooled: lost (no fallback, or the fallback's disk failed)
     "spool": {"points_sent": "points_written", "points_dropped": "points_dropped"},
 }
 
@@ -153,13 +167,21 @@ def destinations(settings, session: str, role: str) -> dict:
     >>> destinations(Settings.resolve({"sink": "udp", "telegraf.address": "t:1"}), "s1", "w")["telegraf"]
     't:1'
     """
-    out = {"sinks": list(settings.sinks), "telegraf": None, "influxdb": None, "spool": None,
-           "temporary": "spool.directory" not in settings.configured}
+    out = {
+        "sinks": list(settings.sinks),
+        "telegraf": None,
+        "influxdb": None,
+        "spool": None,
+        "temporary": "spool.directory" not in settings.configured,
+    }
     if "udp" in settings.sinks:
         out["telegraf"] = "%s:%d" % settings.telegraf_address
     if "http" in settings.sinks or ("udp" in settings.sinks and "influxdb.url" in settings.configured):
-        out["influxdb"] = {"url": settings.influxdb_url, "database": settings.database,
-                           "retention_policy": settings.retention_policy}
+        out["influxdb"] = {
+            "url": settings.influxdb_url,
+            "database": settings.database,
+            "retention_policy": settings.retention_policy,
+        }
     if "spool" in settings.sinks:
         out["spool"] = spool_dir(settings, session, role)
     elif "http" in settings.sinks:
@@ -193,14 +215,30 @@ def make_sink(settings, role: str, session: str, report=None):
     if "udp" in settings.sinks:
         sinks.append(UdpSink(settings.telegraf_address, max_datagram=settings.max_datagram, report=report))
     if "http" in settings.sinks:
-        fallback = None if spool else SpoolSink(
-            os.path.join(directory, UNDELIVERED_DIR), mem_limit=settings.mem_limit,
-            flush_interval=settings.flush_interval)
-        sinks.append(HttpSink(
-            settings.influxdb_url, settings.database, retention_policy=settings.retention_policy,
-            username=settings.username, password=settings.password, token=settings.token,
-            batch_size=settings.batch_size, timeout=settings.http_timeout, flush_interval=settings.flush_interval,
-            fallback=fallback, refused=os.path.join(directory, REFUSED_DIR)))
+        fallback = (
+            None
+            if spool
+            else SpoolSink(
+                os.path.join(directory, UNDELIVERED_DIR),
+                mem_limit=settings.mem_limit,
+                flush_interval=settings.flush_interval,
+            )
+        )
+        sinks.append(
+            HttpSink(
+                settings.influxdb_url,
+                settings.database,
+                retention_policy=settings.retention_policy,
+                username=settings.username,
+                password=settings.password,
+                token=settings.token,
+                batch_size=settings.batch_size,
+                timeout=settings.http_timeout,
+                flush_interval=settings.flush_interval,
+                fallback=fallback,
+                refused=os.path.join(directory, REFUSED_DIR),
+            )
+        )
     return sinks[0] if len(sinks) == 1 else FanOut(sinks)
 
 
@@ -254,8 +292,11 @@ def pending_folders(folder) -> list[str]:
     """
     from .spool import spool_files
 
-    return sorted(root for root, _, _ in os.walk(os.fspath(folder))
-                  if os.path.basename(root) in (UNDELIVERED_DIR, REFUSED_DIR) and spool_files(root))
+    return sorted(
+        root
+        for root, _, _ in os.walk(os.fspath(folder))
+        if os.path.basename(root) in (UNDELIVERED_DIR, REFUSED_DIR) and spool_files(root)
+    )
 
 
 def replay_folders(folder, url: str, database: str, **options) -> dict:

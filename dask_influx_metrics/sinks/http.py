@@ -78,11 +78,22 @@ def write_url(url: str) -> str:
 class HttpSink:
     """Batched, non-blocking writes to InfluxDB's ``/write`` (see the module docstring)."""
 
-    def __init__(self, url: str, database: str, retention_policy: Optional[str] = None,
-                 username: Optional[str] = None, password: Optional[str] = None,
-                 token: Optional[str] = None, batch_size: int = 5000, timeout: float = 5.0,
-                 flush_interval: float = 1.0, fallback=None, max_pending: Optional[int] = None,
-                 session: Optional[requests.Session] = None, refused=None):
+    def __init__(
+        self,
+        url: str,
+        database: str,
+        retention_policy: Optional[str] = None,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        token: Optional[str] = None,
+        batch_size: int = 5000,
+        timeout: float = 5.0,
+        flush_interval: float = 1.0,
+        fallback=None,
+        max_pending: Optional[int] = None,
+        session: Optional[requests.Session] = None,
+        refused=None,
+    ):
         url, username, password = credentials.take(url, username, password)  # user:password@ out of the URL
         self.url = write_url(url)
         self.params = {"db": database, "precision": "ns"}
@@ -155,8 +166,8 @@ class HttpSink:
                 if remaining <= 0:
                     break
                 self._cond.wait(remaining)
-            batch = self._buffer[:self.batch_size]
-            del self._buffer[:len(batch)]
+            batch = self._buffer[: self.batch_size]
+            del self._buffer[: len(batch)]
             if self._buffer:
                 self._first_at = time.monotonic()
             self._busy = bool(batch)
@@ -166,8 +177,9 @@ class HttpSink:
         while True:
             batch, done = self._next_batch()
             if batch and time.monotonic() < self._down_until:  # the same outage: not a new failure
-                self._give_up(batch, f"{self.url} is down; retrying in {self._down_until - time.monotonic():.1f} s",
-                              self._failure)
+                self._give_up(
+                    batch, f"{self.url} is down; retrying in {self._down_until - time.monotonic():.1f} s", self._failure
+                )
             elif batch:
                 try:
                     self._post(batch)
@@ -198,8 +210,14 @@ class HttpSink:
 
     def _post(self, batch: list[bytes]) -> None:
         try:
-            r = self._session.post(self.url, params=self.params, data=b"\n".join(batch),
-                                   headers=self.headers, auth=self.auth, timeout=self.timeout)
+            r = self._session.post(
+                self.url,
+                params=self.params,
+                data=b"\n".join(batch),
+                headers=self.headers,
+                auth=self.auth,
+                timeout=self.timeout,
+            )
         except requests.RequestException as e:
             self.errors += 1
             self._back_off()
@@ -221,7 +239,9 @@ class HttpSink:
         if r.status_code >= 500:
             self._back_off()
         kind = "rejected (auth or database)" if r.status_code < 500 else "server error"
-        self._give_up(batch, f"HTTP {r.status_code} {kind} from {self.url}: {_reason(r)[:500]}", f"HTTP {r.status_code}")
+        self._give_up(
+            batch, f"HTTP {r.status_code} {kind} from {self.url}: {_reason(r)[:500]}", f"HTTP {r.status_code}"
+        )
 
     def _split(self, batch: list[bytes]) -> None:
         """HTTP 413 (a body limit, e.g. a proxy's): post each half, and send smaller batches from now on."""
@@ -231,8 +251,13 @@ class HttpSink:
             self.batch_size = min(self.batch_size, max(1, half))
         if not self._splitting:
             self._splitting = True
-            logger.warning("HTTP sink: HTTP 413 (request body too large) from %s for %d line(s); splitting "
-                           "batches (now at most %d line(s) each)", self.url, len(batch), self.batch_size)
+            logger.warning(
+                "HTTP sink: HTTP 413 (request body too large) from %s for %d line(s); splitting "
+                "batches (now at most %d line(s) each)",
+                self.url,
+                len(batch),
+                self.batch_size,
+            )
         self._post(batch[:half])
         self._post(batch[half:])
 
@@ -246,11 +271,21 @@ class HttpSink:
             self._failure = f"HTTP {status} refused"
         if not kept:
             return
-        where = self._keep_refused(kept, f"HTTP {status} from {self.url}: InfluxDB refused {dropped} of "
-                                         f"{len(batch)} line(s) ({len(kept)} kept here): {reason}")
+        where = self._keep_refused(
+            kept,
+            f"HTTP {status} from {self.url}: InfluxDB refused {dropped} of "
+            f"{len(batch)} line(s) ({len(kept)} kept here): {reason}",
+        )
         (logger.warning if new else logger.debug)(
-            "HTTP sink: HTTP %d from %s: %d of %d line(s) refused, %d kept in %s: %s", status, self.url, dropped,
-            len(batch), len(kept), where, reason[:500])
+            "HTTP sink: HTTP %d from %s: %d of %d line(s) refused, %d kept in %s: %s",
+            status,
+            self.url,
+            dropped,
+            len(batch),
+            len(kept),
+            where,
+            reason[:500],
+        )
 
     def _keep_refused(self, lines: list[bytes], reason: str) -> str:
         """Write ``lines`` (flushed now: they are the only copy) and the reason into the refused folder,
@@ -362,7 +397,7 @@ def refused_lines(batch: list[bytes], reason: str) -> tuple[list[bytes], int]:
     for part in reason.split("\n"):
         at = part.find(_UNPARSABLE)
         if at >= 0:
-            line = part[at + len(_UNPARSABLE):].rpartition("': ")[0]
+            line = part[at + len(_UNPARSABLE) :].rpartition("': ")[0]
             if line in text:
                 named.append(text[line])
     m, w = _DROPPED.search(reason), _WRITTEN.search(reason)

@@ -79,16 +79,24 @@ def private_folder(path) -> str:
         pass
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{path!r} is not a private folder of user {os.getuid()} (owner {info.st_uid}, "
-                              f"mode {stat.filemode(info.st_mode)}); remove it or fix its owner and mode")
+        raise PermissionError(
+            f"{path!r} is not a private folder of user {os.getuid()} (owner {info.st_uid}, "
+            f"mode {stat.filemode(info.st_mode)}); remove it or fix its owner and mode"
+        )
     return path
 
 
 class SpoolSink:
     """Append line protocol to files under ``directory`` (see the module docstring)."""
 
-    def __init__(self, directory, mem_limit: int = 1000, flush_interval: float = 1.0,
-                 max_file_bytes: int = 64 * 2**20, clock=time.monotonic):
+    def __init__(
+        self,
+        directory,
+        mem_limit: int = 1000,
+        flush_interval: float = 1.0,
+        max_file_bytes: int = 64 * 2**20,
+        clock=time.monotonic,
+    ):
         self.directory = os.fspath(directory)
         self.mem_limit = max(1, int(mem_limit))
         self.flush_interval = float(flush_interval)
@@ -125,7 +133,7 @@ class SpoolSink:
                 i = 0
                 while i < len(lines):
                     room = self.mem_limit - len(self._buffer)
-                    self._buffer.extend(lines[i:i + room])
+                    self._buffer.extend(lines[i : i + room])
                     i += room
                     if len(self._buffer) >= self.mem_limit:
                         self._flush()
@@ -205,7 +213,7 @@ class SpoolSink:
                     self._attempt = (path, 0)
                     try:
                         while view:
-                            view = view[os.write(fd, view):]
+                            view = view[os.write(fd, view) :]
                             self._attempt = (path, len(data) - len(view))
                     except OSError:
                         if size == 0 and self._attempt[1] == 0:

@@ -41,7 +41,6 @@ import threading
 import time
 from typing import Optional
 
-
 logger = logging.getLogger(__name__)
 
 MAX_UDP_PAYLOAD = 65507  # 65535 - 8 (UDP header) - 20 (IPv4 header)
@@ -65,8 +64,7 @@ class _Socket:
 
 def _open_socket(address: tuple[str, int]) -> tuple[_Socket, tuple]:
     """A non-blocking UDP socket for ``address`` and the resolved target."""
-    family, kind, proto, _, target = socket.getaddrinfo(
-        address[0], address[1], type=socket.SOCK_DGRAM)[0]
+    family, kind, proto, _, target = socket.getaddrinfo(address[0], address[1], type=socket.SOCK_DGRAM)[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
@@ -123,12 +121,20 @@ class UdpSink:
     used for every (re-)open. ``clock`` is injectable for tests.
     """
 
-    def __init__(self, address: tuple[str, int], max_datagram: Optional[int] = None, sock=None,
-                 reopen_every: float = 60.0, clock=time.monotonic, report=None):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        max_datagram: Optional[int] = None,
+        sock=None,
+        reopen_every: float = 60.0,
+        clock=time.monotonic,
+        report=None,
+    ):
         self.address = (str(address[0]), int(address[1]))
         self._auto = max_datagram is None  # from the address, once more when it is resolved
-        self.max_datagram = self._auto_size(self.address[0]) if self._auto else max(
-            1, min(int(max_datagram), MAX_UDP_PAYLOAD))
+        self.max_datagram = (
+            self._auto_size(self.address[0]) if self._auto else max(1, min(int(max_datagram), MAX_UDP_PAYLOAD))
+        )
         self.reopen_every = reopen_every
         self.points_sent = 0
         self.datagrams_sent = 0
@@ -159,7 +165,7 @@ class UdpSink:
                     logger.warning("dropped %d line(s) longer than %d bytes", too_long, MAX_UDP_PAYLOAD)
                 for i, (payload, count) in enumerate(datagrams):
                     if not self._send_one(payload, count):
-                        self.points_dropped += sum(c for _, c in datagrams[i + 1:])
+                        self.points_dropped += sum(c for _, c in datagrams[i + 1 :])
                         break
         except Exception:  # a sink must never take the sampler down
             logger.exception("UDP sink: unexpected error; %d line(s) dropped", len(lines))
@@ -205,16 +211,20 @@ class UdpSink:
         if not self._refusing:
             self._refusing = True
             self._refused_before = self.refused - 1
-            message = (f"nothing listens at the Telegraf address {self.address[0]}:{self.address[1]} (datagrams "
-                       "refused); samples are dropped until a listener starts")
+            message = (
+                f"nothing listens at the Telegraf address {self.address[0]}:{self.address[1]} (datagrams "
+                "refused); samples are dropped until a listener starts"
+            )
             logger.warning("UDP sink: %s", message)
             if self._report is not None:
                 self._report("udp-refused", message)
 
     def _listening(self) -> None:
         self._refusing = False
-        message = (f"a listener is back at the Telegraf address {self.address[0]}:{self.address[1]}; "
-                   f"{self.refused - self._refused_before} datagram(s) were refused meanwhile")
+        message = (
+            f"a listener is back at the Telegraf address {self.address[0]}:{self.address[1]}; "
+            f"{self.refused - self._refused_before} datagram(s) were refused meanwhile"
+        )
         logger.info("UDP sink: %s", message)
         if self._report is not None:
             self._report("udp-listening", message)
@@ -248,8 +258,12 @@ class UdpSink:
         self._close_socket()
         self._retry_at = self._clock() + _RETRY_OPEN_AFTER
         if not self._failing:  # once per run of failures, not per call
-            logger.warning("UDP sink: cannot send to %s:%d (%s); dropping lines until it works again",
-                           self.address[0], self.address[1], error)
+            logger.warning(
+                "UDP sink: cannot send to %s:%d (%s); dropping lines until it works again",
+                self.address[0],
+                self.address[1],
+                error,
+            )
             self._failing = True
 
     def _close_socket(self) -> None:

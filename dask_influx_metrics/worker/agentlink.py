@@ -124,8 +124,13 @@ class AgentLink:
     def _start(self, held: int) -> None:
         """Start an agent, handing it ``held`` (our lock on ``agent.lock``); caller holds ``start.lock``."""
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "dask_influx_metrics.agent"], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, pass_fds=(held,), start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dask_influx_metrics.agent"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                pass_fds=(held,),
+                start_new_session=True,
+            )
             self._agents.append(proc)
             proc.stdin.write(json.dumps({**self.config, "folder": self.folder}).encode() + b"\n")
             proc.stdin.close()
@@ -135,8 +140,11 @@ class AgentLink:
         finally:
             os.close(held)
         if line != b"ready\n":
-            self.report("agent", f"the sampling agent did not start (exit code {proc.poll()}); "
-                        "this host's samples are missing until it does")
+            self.report(
+                "agent",
+                f"the sampling agent did not start (exit code {proc.poll()}); "
+                "this host's samples are missing until it does",
+            )
         self._follow_beat()
 
     def _watch(self) -> None:
@@ -195,8 +203,10 @@ class AgentLink:
         self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW_S] + [now]
         if len(self._restarts) > MAX_RESTARTS:
             fcntl.flock(self._probe, fcntl.LOCK_UN)
-            self.failed = (f"the sampling agent stopped {len(self._restarts)} times within {RESTART_WINDOW_S:.0f} s "
-                           "(its log says why)")
+            self.failed = (
+                f"the sampling agent stopped {len(self._restarts)} times within {RESTART_WINDOW_S:.0f} s "
+                "(its log says why)"
+            )
             self._closed.set()
             return
         with runfolder.locked(self.folder, runfolder.START_LOCK):
@@ -210,8 +220,12 @@ class AgentLink:
                 self.report("agent", f"cannot start the sampling agent ({type(e).__name__}: {e})")
             self._probe = os.open(os.path.join(self.folder, runfolder.AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
         self.gaps += 1
-        self.report("agent", f"the sampling agent (pid {old}) stopped; another was started (samples of this "
-                    "host are missing for the gap)", pid=old)
+        self.report(
+            "agent",
+            f"the sampling agent (pid {old}) stopped; another was started (samples of this "
+            "host are missing for the gap)",
+            pid=old,
+        )
 
     # --- what the worker does ---------------------------------------------------------------
     def wake(self) -> None:

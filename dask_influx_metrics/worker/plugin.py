@@ -41,9 +41,8 @@ import os
 import socket
 import time
 
-from tornado.ioloop import PeriodicCallback
-
 from distributed.diagnostics.plugin import WorkerPlugin
+from tornado.ioloop import PeriodicCallback
 
 from .. import _dask
 from ..agent.collect import HostCollector
@@ -97,9 +96,13 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.report = Reporter(self._event, worker=worker.address, host=self.base_tags["host"])
         # Dask's clock-offset estimate, steadied: it jumps by tens of ms while tasks hold the GIL
         self.offset = SteadyOffset(functools.partial(_dask.worker_clock_offset, worker))
-        self.tasks = taskstream.TaskStream(
-            settings.fields, self.base_tags, self.offset,
-            digests=functools.partial(_dask.worker_digests, worker)) if taskstream.wanted(settings.fields) else None
+        self.tasks = (
+            taskstream.TaskStream(
+                settings.fields, self.base_tags, self.offset, digests=functools.partial(_dask.worker_digests, worker)
+            )
+            if taskstream.wanted(settings.fields)
+            else None
+        )
         if settings.sampler_mode == "agent":
             return self._join_agent()  # awaited by Dask: sampling has begun when start() returns
         self._sample_in_process()
@@ -109,13 +112,19 @@ class MetricsWorkerPlugin(WorkerPlugin):
         from .agentlink import AgentLink
 
         config = {"settings": dataclasses.asdict(self.settings), "session": self.session["id"]}
-        info = {"address": self.worker.address, "tags": self.base_tags, "settings": public(self.settings),
-                "visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "nthreads": self.registry.nthreads}
+        info = {
+            "address": self.worker.address,
+            "tags": self.base_tags,
+            "settings": public(self.settings),
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "nthreads": self.registry.nthreads,
+        }
         try:
             link = await asyncio.to_thread(AgentLink, config, info, self.registry.snapshot(), self.report)
         except Exception as e:
-            self.report("agent", f"cannot join this host's sampling agent ({type(e).__name__}: {e}); "
-                        "sampling in-process")
+            self.report(
+                "agent", f"cannot join this host's sampling agent ({type(e).__name__}: {e}); sampling in-process"
+            )
             return self._sample_in_process()
         if self.closed:
             return await asyncio.to_thread(link.leave, 0)
@@ -169,8 +178,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
     def _sample_in_process(self) -> None:
         settings = self.settings
         self.gpus, state, why = open_gpus(settings, report=self.report.once)
-        info = {"address": self.worker.address, "pid": os.getpid(), "tags": self.base_tags,
-                "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        info = {
+            "address": self.worker.address,
+            "pid": os.getpid(),
+            "tags": self.base_tags,
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
         self.view = WorkerView("self", info, self.activity, settings.fields, offset=self.offset)
         found = {"gpu": state.value, "devices": [], "why": why}
         if self.gpus is not None:
@@ -191,20 +204,43 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if self.custom and any(m.per_device for m in self.custom) and self.gpus is None:
             self.gpus, _, _ = open_gpus(self.settings, report=self.report.once)
             if self.gpus is not None:
-                self.view = WorkerView("self", {"address": self.worker.address, "pid": os.getpid(), "tags": {},
-                                                "visible": os.environ.get("CUDA_VISIBLE_DEVICES")},
-                                       self.activity, frozenset(), offset=self.offset)
+                self.view = WorkerView(
+                    "self",
+                    {
+                        "address": self.worker.address,
+                        "pid": os.getpid(),
+                        "tags": {},
+                        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                    },
+                    self.activity,
+                    frozenset(),
+                    offset=self.offset,
+                )
                 self.view.uuids = _resolved(self.gpus, self.view)
-        custom = CustomSource(self.custom, self.worker, self._devices, report=self.report,
-                              timeout=self.settings.polling_interval / 2000.0) if self.custom else None  # per sample
+        custom = (
+            CustomSource(
+                self.custom,
+                self.worker,
+                self._devices,
+                report=self.report,
+                timeout=self.settings.polling_interval / 2000.0,
+            )
+            if self.custom
+            else None
+        )  # per sample
         self.extras = extras.WorkerExtras(custom, self.tasks, self.base_tags, self.activity, self.offset)
         role = agent_role() if self.link is not None else self.worker.address
         self.sink = make_sink(self.settings, role=role, session=self.session["id"], report=self.report.once)
-        self.health = HealthWriter(self.sink, {**self.settings.tags, "host": self.base_tags["host"],
-                                               "worker": self.worker.address})
+        self.health = HealthWriter(
+            self.sink, {**self.settings.tags, "host": self.base_tags["host"], "worker": self.worker.address}
+        )
         collect = self.extras.collect if self.link is not None else self._collect_all
-        self.sampler = Sampler(_refreshing(self.activity, collect) if refresh else collect, self.sink, interval,
-                               field_tags=() if self.settings.dag_tag else ("dag",))
+        self.sampler = Sampler(
+            _refreshing(self.activity, collect) if refresh else collect,
+            self.sink,
+            interval,
+            field_tags=() if self.settings.dag_tag else ("dag",),
+        )
         self.sampler.start()
 
     def _collect_all(self, now_ns: int) -> list:
@@ -279,10 +315,18 @@ class MetricsWorkerPlugin(WorkerPlugin):
         where["gpu"] = found or {"gpu": "unknown", "devices": [], "why": "the sampling agent did not answer"}
         wanted = any(m == GPU for m, _ in self.settings.fields)
         if wanted and where["gpu"]["gpu"] not in ("nvml", "simulated"):
-            self.report.once("gpu-source", f"no GPU samples from this worker: {where['gpu']['gpu']} "
-                             f"({where['gpu']['why']})")
-        self._event({"what": DESTINATIONS, "session": self.session["id"], "worker": self.worker.address,
-                     "host": self.base_tags["host"], **where})
+            self.report.once(
+                "gpu-source", f"no GPU samples from this worker: {where['gpu']['gpu']} ({where['gpu']['why']})"
+            )
+        self._event(
+            {
+                "what": DESTINATIONS,
+                "session": self.session["id"],
+                "worker": self.worker.address,
+                "host": self.base_tags["host"],
+                **where,
+            }
+        )
 
     def _event(self, event: dict) -> None:
         try:
@@ -295,6 +339,7 @@ def _refreshing(activity, collect):
     def refreshed(now_ns: int) -> list:
         activity.refresh()
         return collect(now_ns)
+
     return refreshed
 
 

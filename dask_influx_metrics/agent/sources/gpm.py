@@ -89,8 +89,17 @@ class GpmReader:
     ``label`` names the device in the one message about missing support.
     """
 
-    def __init__(self, nvml, handle, *, gpu_instance_id: int | None = None, interval_s: float = MIN_WINDOW_S,
-                 window_s: float = MIN_WINDOW_S, fields=FIELDS, label: str = "GPU"):
+    def __init__(
+        self,
+        nvml,
+        handle,
+        *,
+        gpu_instance_id: int | None = None,
+        interval_s: float = MIN_WINDOW_S,
+        window_s: float = MIN_WINDOW_S,
+        fields=FIELDS,
+        label: str = "GPU",
+    ):
         self._nvml, self._handle, self._gi = nvml, handle, gpu_instance_id
         self._label = label
         window_s = max(window_s, MIN_WINDOW_S)  # a longer window costs less (one ~39 us sample per window)
@@ -114,8 +123,13 @@ class GpmReader:
     def _support(self) -> str | None:
         """Why this device has no GPM, or None."""
         nvml = self._nvml
-        needed = ("nvmlGpmQueryDeviceSupport", "nvmlGpmSampleAlloc", "nvmlGpmMetricsGet", "c_nvmlGpmMetricsGet_t",
-                  "nvmlGpmMigSampleGet" if self._gi is not None else "nvmlGpmSampleGet")
+        needed = (
+            "nvmlGpmQueryDeviceSupport",
+            "nvmlGpmSampleAlloc",
+            "nvmlGpmMetricsGet",
+            "c_nvmlGpmMetricsGet_t",
+            "nvmlGpmMigSampleGet" if self._gi is not None else "nvmlGpmSampleGet",
+        )
         missing = [n for n in needed if getattr(nvml, n, None) is None]
         if missing:
             return f"this pynvml lacks {', '.join(missing)}; nvidia-ml-py >= 12.535 has them"
@@ -178,14 +192,23 @@ class GpmReader:
             if result.nvmlReturn == ok:
                 fields[metric.field] = metric.convert(result.value)
             elif self._once(metric.field):  # not offered here (NVLink on a PCIe card): said once
-                logger.info("%s: GPM metric %s not available (NVML status %d); left out", self._label,
-                            metric.gpm, result.nvmlReturn)
+                logger.info(
+                    "%s: GPM metric %s not available (NVML status %d); left out",
+                    self._label,
+                    metric.gpm,
+                    result.nvmlReturn,
+                )
         return fields
 
     def _fail(self, what: str, error: Exception) -> dict:
         if self._once(what):
-            logger.warning("%s: GPM %s failed (%s: %s); left out of this sample (reported once)",
-                           self._label, what, type(error).__name__, error)
+            logger.warning(
+                "%s: GPM %s failed (%s: %s); left out of this sample (reported once)",
+                self._label,
+                what,
+                type(error).__name__,
+                error,
+            )
         return {}
 
     def close(self) -> None:

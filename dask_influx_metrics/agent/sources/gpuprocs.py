@@ -40,9 +40,11 @@ def host_pid_problem(ns_link: str | None = None) -> str | None:
         return f"cannot read this process's PID namespace ({e})"
     if link == INIT_PID_NAMESPACE:
         return None
-    return (f"the worker runs in its own PID namespace ({link}; a container), and NVML lists host PIDs; "
-            "run the worker with the host's PID namespace (Kubernetes hostPID, docker --pid=host) "
-            "to get per-worker GPU memory")
+    return (
+        f"the worker runs in its own PID namespace ({link}; a container), and NVML lists host PIDs; "
+        "run the worker with the host's PID namespace (Kubernetes hostPID, docker --pid=host) "
+        "to get per-worker GPU memory"
+    )
 
 
 def tree_memory_mib(processes, pids) -> float | None:

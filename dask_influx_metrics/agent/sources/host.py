@@ -82,16 +82,14 @@ class HostSource:
     between host reads; reads in between repeat the last.
     """
 
-    def __init__(self, fields: frozenset, pid: int | None = None, process=None, procfs: bool = True,
-                 refresh: float = 0.0):
+    def __init__(
+        self, fields: frozenset, pid: int | None = None, process=None, procfs: bool = True, refresh: float = 0.0
+    ):
         pid = process.pid if process is not None else pid
         self._refresh = refresh
         self._host_due = 0.0  # monotonic time of the next host read
         self._host_fields: dict = {}  # the last host read, repeated until the next
-        self._groups = {
-            key: tuple(n for n in names if (key[0], n) in fields)
-            for key, names in _GROUPS.items()
-        }
+        self._groups = {key: tuple(n for n in names if (key[0], n) in fields) for key, names in _GROUPS.items()}
         self._groups = {k: v for k, v in self._groups.items() if v}
         self._once = Once()
         self._process = process
@@ -169,7 +167,10 @@ class HostSource:
         if self._once(key):
             logger.warning(
                 "%s %s unavailable (%s: %s); omitted while it fails (reported once)",
-                key[0], "/".join(_GROUPS[key]), type(e).__name__, e,
+                key[0],
+                "/".join(_GROUPS[key]),
+                type(e).__name__,
+                e,
             )
 
     def read(self, measurement: str) -> dict:

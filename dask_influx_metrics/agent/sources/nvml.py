@@ -48,12 +48,11 @@ from typing import Callable
 from ...reports import Once
 from ...schema import GPU
 from . import gpm, procutil, slowfields
-from .nvmlcalls import Call, Group
 from .gpuprocs import host_pid_problem, tree_memory_mib
 from .nvml_devices import as_text, choose, import_nvml, init_once, parse_visible, visible_handles
+from .nvmlcalls import Call, Group
 
 logger = logging.getLogger(__name__)
-
 
 
 def _mib(nbytes) -> float:
@@ -66,22 +65,26 @@ TABLE: dict[str, Group] = {
         {"utilization_gpu": lambda u: float(u.gpu), "utilization_memory": lambda u: float(u.memory)},
     ),
     "memory": Group(  # v2 does not count reserved memory as used; bytes -> MiB
-        (Call("nvmlDeviceGetMemoryInfo", keywords=(("version", "nvmlMemory_v2"),)),
-         Call("nvmlDeviceGetMemoryInfo")),
-        {"memory_used": lambda m: _mib(m.used),
-         "memory_used_percent": lambda m: 100.0 * m.used / m.total if m.total else None,
-         "memory_total": lambda m: _mib(m.total) if m.total else None},
+        (Call("nvmlDeviceGetMemoryInfo", keywords=(("version", "nvmlMemory_v2"),)), Call("nvmlDeviceGetMemoryInfo")),
+        {
+            "memory_used": lambda m: _mib(m.used),
+            "memory_used_percent": lambda m: 100.0 * m.used / m.total if m.total else None,
+            "memory_total": lambda m: _mib(m.total) if m.total else None,
+        },
         static=frozenset({"memory_total"}),
     ),
     "power": Group((Call("nvmlDeviceGetPowerUsage"),), {"power_draw": lambda mw: mw / 1000.0}),  # mW -> W
     "temperature": Group(
-        (Call("nvmlDeviceGetTemperatureV", ("NVML_TEMPERATURE_GPU",)),
-         Call("nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",))),
+        (
+            Call("nvmlDeviceGetTemperatureV", ("NVML_TEMPERATURE_GPU",)),
+            Call("nvmlDeviceGetTemperature", ("NVML_TEMPERATURE_GPU",)),
+        ),
         {"temperature_gpu": float},  # C
     ),
     "clock": Group((Call("nvmlDeviceGetClockInfo", ("NVML_CLOCK_SM",)),), {"clocks_current_sm": float}),  # MHz
     "clock_memory": Group(  # ~1 us on an H100
-        (Call("nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",)),), {"clocks_current_memory": float}),  # MHz
+        (Call("nvmlDeviceGetClockInfo", ("NVML_CLOCK_MEM",)),), {"clocks_current_memory": float}
+    ),  # MHz
     "pstate": Group((Call("nvmlDeviceGetPerformanceState"),), {"pstate": int}),  # ~1 us; 0 (P0, fastest) to 15
     # Video engines: [percent, sampling period in us] each; the period is NVML's, not ours
     "encoder": Group((Call("nvmlDeviceGetEncoderUtilization"),), {"utilization_encoder": lambda u: float(u[0])}),
@@ -121,8 +124,9 @@ def _variants(nvml, group: Group) -> list[Callable]:
         kwargs = {k: getattr(nvml, v) for k, v in call.keywords}
         bound.append(lambda handle, fn=fn, args=args, kwargs=kwargs: fn(handle, *args, **kwargs))
     if not bound:
-        logger.info("this pynvml has none of %s: %s not read", [c.function for c in group.calls],
-                    "/".join(group.fields))
+        logger.info(
+            "this pynvml has none of %s: %s not read", [c.function for c in group.calls], "/".join(group.fields)
+        )
     return bound
 
 
@@ -169,18 +173,25 @@ class NvmlDevices:
         self._want = want - _worker_fields() if problem else want
         # per TABLE entry with a wanted field: (key, group, per-sample fields, static fields)
         self._plan = [
-            (key, g, [f for f in g.fields if f in self._want and f not in g.static],
-             [f for f in g.static if f in self._want])
-            for key, g in TABLE.items() if self._want.intersection(g.fields)
+            (
+                key,
+                g,
+                [f for f in g.fields if f in self._want and f not in g.static],
+                [f for f in g.static if f in self._want],
+            )
+            for key, g in TABLE.items()
+            if self._want.intersection(g.fields)
         ]
         self._once = Once()
         self._unsupported = tuple(  # NVML's own "this device or driver cannot"
-            e for e in (
+            e
+            for e in (
                 nvml.NVMLError_NotSupported,
                 nvml.NVMLError_NoPermission,
                 nvml.NVMLError_FunctionNotFound,
                 getattr(nvml, "NVMLError_ArgumentVersionMismatch", None),  # absent from older pynvml
-            ) if e is not None
+            )
+            if e is not None
         )
         self._variants = {key: _variants(nvml, g) for key, g, _, _ in self._plan}
         self._devices: dict[str, _Device] = {}  # uuid -> device, opened on first use
@@ -263,8 +274,13 @@ class NvmlDevices:
             per_pid = dev.results["procutil"]
             if per_pid is not None:  # a window ended this sample
                 sm, mem = procutil.worker_utilization(per_pid, {"w": pids})["w"]
-                fields.update({k: v for k, v in (("worker_utilization_gpu", sm), ("worker_utilization_memory", mem))
-                               if k in self._want})
+                fields.update(
+                    {
+                        k: v
+                        for k, v in (("worker_utilization_gpu", sm), ("worker_utilization_memory", mem))
+                        if k in self._want
+                    }
+                )
         return fields
 
     def _static(self, fn, handle, default: str) -> str:
@@ -309,8 +325,13 @@ class NvmlDevices:
             except self._unsupported as e:
                 variants.pop(0)
                 if not variants:
-                    logger.info("%s: %s not available (%s: %s); omitted from now on",
-                                dev.uuid, "/".join(group.fields), type(e).__name__, e)
+                    logger.info(
+                        "%s: %s not available (%s: %s); omitted from now on",
+                        dev.uuid,
+                        "/".join(group.fields),
+                        type(e).__name__,
+                        e,
+                    )
             except Exception as e:  # any other NVML error, or a bug: this sample only
                 self._report(dev, "/".join(group.fields), e)
                 break
@@ -321,7 +342,10 @@ class NvmlDevices:
             return
         logger.warning(
             "%s: reading %s failed (%s: %s); omitted from this sample (reported once)",
-            dev.uuid, what, type(error).__name__, error,
+            dev.uuid,
+            what,
+            type(error).__name__,
+            error,
             exc_info=None if isinstance(error, self._nvml.NVMLError) else error,  # a bug: where
         )
 

@@ -129,8 +129,12 @@ def visible_handles(nvml, entries: list[str] | None) -> list:
     for entry in entries:
         handle, why = _one(entry, physical, table)
         if handle is None:
-            logger.warning("CUDA_VISIBLE_DEVICES entry %r %s; like CUDA, using only the %d device(s) before it",
-                           entry, why, len(chosen))
+            logger.warning(
+                "CUDA_VISIBLE_DEVICES entry %r %s; like CUDA, using only the %d device(s) before it",
+                entry,
+                why,
+                len(chosen),
+            )
             break
         if not any(h is handle for h in chosen):
             chosen.append(handle)

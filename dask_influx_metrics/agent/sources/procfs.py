@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 
-
 SECTOR = 512  # psutil's DISK_SECTOR_SIZE: /proc/diskstats counts 512-byte sectors whatever the device
 TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -110,7 +109,7 @@ class ProcReader:
     def net(self) -> dict:
         recv = sent = 0
         for line in self._read("/proc/net/dev").splitlines()[2:]:
-            f = line[line.rfind(b":") + 1:].split()
+            f = line[line.rfind(b":") + 1 :].split()
             recv += int(f[0])
             sent += int(f[8])
         return {"net_recv_bytes": recv, "net_sent_bytes": sent}
@@ -121,7 +120,7 @@ class ProcReader:
             t = os.times()
             return t.user + t.system
         data = self._read(f"/proc/{self.pid}/stat")
-        f = data[data.rfind(b")") + 2:].split()  # after "pid (comm) ": state is f[0], utime f[11], stime f[12]
+        f = data[data.rfind(b")") + 2 :].split()  # after "pid (comm) ": state is f[0], utime f[11], stime f[12]
         return (int(f[11]) + int(f[12])) / TICKS
 
     def process_rss(self) -> int:

@@ -47,19 +47,27 @@ class ProcessUtilization:
     "now" when the first answer is empty.
     """
 
-    def __init__(self, nvml, handle, *, interval_s: float = READ_INTERVAL_S, label: str = "GPU",
-                 clock=time.monotonic, wall=time.time):
+    def __init__(
+        self,
+        nvml,
+        handle,
+        *,
+        interval_s: float = READ_INTERVAL_S,
+        label: str = "GPU",
+        clock=time.monotonic,
+        wall=time.time,
+    ):
         self._nvml, self._handle, self._label = nvml, handle, label
         self._interval, self._clock, self._wall = interval_s, clock, wall
         self._calls = [getattr(nvml, n) for n in _CALLS if getattr(nvml, n, None) is not None]
-        self._unsupported = (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound,
-                             nvml.NVMLError_NoPermission)
+        self._unsupported = (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NoPermission)
         self._last_seen = 0  # us; never 0 again after the first answer
         self._read_at: float | None = None
         self._once = Once()
         if not self._calls:
-            self._say_once("off", "this pynvml has no per-process utilization call; per-worker GPU "
-                           "utilization left out")
+            self._say_once(
+                "off", "this pynvml has no per-process utilization call; per-worker GPU utilization left out"
+            )
 
     @property
     def supported(self) -> bool:
@@ -78,8 +86,11 @@ class ProcessUtilization:
         except self._nvml.NVMLError_NotFound:
             samples = []
         except self._nvml.NVMLError as e:
-            self._say_once("error", f"per-process utilization failed ({type(e).__name__}: {e}); left out "
-                           "of this window (reported once)", logging.WARNING)
+            self._say_once(
+                "error",
+                f"per-process utilization failed ({type(e).__name__}: {e}); left out of this window (reported once)",
+                logging.WARNING,
+            )
             return None
         if samples is None:  # no call left that this device supports
             return None
@@ -97,8 +108,11 @@ class ProcessUtilization:
             except self._unsupported as e:
                 dropped = self._calls.pop(0)
                 if not self._calls:
-                    self._say_once("off", f"no per-process utilization ({dropped.__name__}: "
-                                   f"{type(e).__name__}); per-worker GPU utilization left out")
+                    self._say_once(
+                        "off",
+                        f"no per-process utilization ({dropped.__name__}: "
+                        f"{type(e).__name__}); per-worker GPU utilization left out",
+                    )
         return None
 
     def _say_once(self, what: str, message: str, level: int = logging.INFO) -> None:
@@ -111,12 +125,14 @@ def _mean_per_pid(samples) -> dict[int, tuple[float, float]]:
     per_pid: dict[int, list] = defaultdict(list)
     for s in samples:
         per_pid[s.pid].append((s.smUtil, s.memUtil))
-    return {pid: (sum(v[0] for v in vals) / len(vals), sum(v[1] for v in vals) / len(vals))
-            for pid, vals in per_pid.items()}
+    return {
+        pid: (sum(v[0] for v in vals) / len(vals), sum(v[1] for v in vals) / len(vals)) for pid, vals in per_pid.items()
+    }
 
 
-def worker_utilization(per_pid: Mapping[int, tuple[float, float]],
-                       trees: Mapping[str, Iterable[int]]) -> dict[str, tuple[float, float]]:
+def worker_utilization(
+    per_pid: Mapping[int, tuple[float, float]], trees: Mapping[str, Iterable[int]]
+) -> dict[str, tuple[float, float]]:
     """Per worker: (SM %, memory %) summed over the PIDs of its process tree (absent PID: 0).
 
     ``trees``: worker -> its PIDs (``ProcessTree.pids()``). Every worker given

@@ -43,14 +43,17 @@ SLOW: dict[str, Group] = {
     "energy": Group((Call("nvmlDeviceGetTotalEnergyConsumption"),), {"total_energy_consumption": int}),  # mJ
     "fan": Group((Call("nvmlDeviceGetFanSpeed"),), {"fan_speed": float}),  # % of maximum
     "ecc_volatile_correctable": Group(
-        (_ecc("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),), {"ecc_errors_volatile_correctable": int}),
+        (_ecc("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_VOLATILE_ECC"),), {"ecc_errors_volatile_correctable": int}
+    ),
     "ecc_volatile_uncorrectable": Group(
-        (_ecc("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),), {"ecc_errors_volatile_uncorrectable": int}),
+        (_ecc("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_VOLATILE_ECC"),), {"ecc_errors_volatile_uncorrectable": int}
+    ),
     "ecc_aggregate_correctable": Group(
-        (_ecc("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"),), {"ecc_errors_aggregate_correctable": int}),
+        (_ecc("NVML_MEMORY_ERROR_TYPE_CORRECTED", "NVML_AGGREGATE_ECC"),), {"ecc_errors_aggregate_correctable": int}
+    ),
     "ecc_aggregate_uncorrectable": Group(
-        (_ecc("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"),),
-        {"ecc_errors_aggregate_uncorrectable": int}),
+        (_ecc("NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_AGGREGATE_ECC"),), {"ecc_errors_aggregate_uncorrectable": int}
+    ),
 }
 SLOW_FIELDS = frozenset(f for g in SLOW.values() for f in g.fields)
 
@@ -62,12 +65,16 @@ class SlowFields:
     (``{}`` between reads).
     """
 
-    def __init__(self, nvml, handle, fields, *, interval_s: float = READ_INTERVAL_S, label: str = "GPU",
-                 clock=time.monotonic):
+    def __init__(
+        self, nvml, handle, fields, *, interval_s: float = READ_INTERVAL_S, label: str = "GPU", clock=time.monotonic
+    ):
         self._nvml, self._handle, self._label = nvml, handle, label
         self._interval, self._clock = interval_s, clock
-        self._cannot = tuple(e for e in (nvml.NVMLError_NotSupported, nvml.NVMLError_NoPermission,
-                                         nvml.NVMLError_FunctionNotFound) if e is not None)
+        self._cannot = tuple(
+            e
+            for e in (nvml.NVMLError_NotSupported, nvml.NVMLError_NoPermission, nvml.NVMLError_FunctionNotFound)
+            if e is not None
+        )
         # per wanted group: (name, group, wanted fields, the call bound to its constants)
         self._plan = []
         for name, group in SLOW.items():
@@ -92,10 +99,16 @@ class SlowFields:
                 fields.update({f: group.fields[f](raw) for f in wanted})
             except self._cannot as e:
                 self._plan.remove(entry)
-                logger.info("%s: %s not available (%s); omitted from now on", self._label, "/".join(wanted),
-                            type(e).__name__)
+                logger.info(
+                    "%s: %s not available (%s); omitted from now on", self._label, "/".join(wanted), type(e).__name__
+                )
             except Exception as e:  # another NVML error, or a result unlike the documented one: this time only
                 if self._once(name):
-                    logger.warning("%s: reading %s failed (%s: %s); omitted from this sample (reported once)",
-                                   self._label, "/".join(wanted), type(e).__name__, e)
+                    logger.warning(
+                        "%s: reading %s failed (%s: %s); omitted from this sample (reported once)",
+                        self._label,
+                        "/".join(wanted),
+                        type(e).__name__,
+                        e,
+                    )
         return fields

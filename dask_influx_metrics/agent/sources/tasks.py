@@ -16,6 +16,7 @@ from typing import Callable
 from ...schema import WORKER
 from ...snapshot import Activity, plain_key
 
+
 def key_json(keys) -> str:
     """Task keys as a JSON list; tuple keys become lists, any string survives.
 

@@ -26,10 +26,12 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from .. import peaks as _peaks, summary as _summary, tables as _tables
+from ... import jobtags, schema
+from .. import peaks as _peaks
+from .. import summary as _summary
+from .. import tables as _tables
 from ..hosts import HostQuestions
 from ..tasks import TaskQuestions
-from ... import jobtags, schema
 from .base import DEVICE_MEASUREMENTS, Backend, QueryError, pending_notes
 
 __all__ = ["connect", "Store", "QueryError"]
@@ -52,8 +54,11 @@ def to_ns(when) -> Optional[int]:
     if isinstance(when, _dt.datetime) and when.tzinfo is None:
         when = when.astimezone()  # naive = local time
     try:
-        return int(pd.Timestamp(when).tz_localize("UTC").value if pd.Timestamp(when).tzinfo is None
-                   else pd.Timestamp(when).value)
+        return int(
+            pd.Timestamp(when).tz_localize("UTC").value
+            if pd.Timestamp(when).tzinfo is None
+            else pd.Timestamp(when).value
+        )
     except (ValueError, TypeError):
         raise ValueError(f"not a time: {when!r} (use a datetime, an ISO string or epoch seconds)") from None
 
@@ -63,9 +68,24 @@ _DASK_ADDRESS = re.compile(r"^[A-Za-z][\w+.-]*://")
 _HOST_PORT = re.compile(r"^[\w.-]+:\d+(/.*)?$|^[a-zA-Z][\w+.-]*://")
 
 
-def connect(source, database: str = "dask_metrics", *, language: str = "influxql", session=None,
-            tags=None, start=None, stop=None, retention_policy=None, username=None, password=None,
-            token=None, org=None, timeout: float = 30.0, undelivered=None, workers=None) -> "Store":
+def connect(
+    source,
+    database: str = "dask_metrics",
+    *,
+    language: str = "influxql",
+    session=None,
+    tags=None,
+    start=None,
+    stop=None,
+    retention_policy=None,
+    username=None,
+    password=None,
+    token=None,
+    org=None,
+    timeout: float = 30.0,
+    undelivered=None,
+    workers=None,
+) -> "Store":
     """Open collected metrics: an InfluxDB URL (``http(s)://...``) or a spool folder.
 
     ``language`` is ``"influxql"`` (InfluxDB 1.x, 2.x through DBRP, 3.x) or
@@ -99,13 +119,18 @@ def connect(source, database: str = "dask_metrics", *, language: str = "influxql
         if language == "influxql":
             from .influxql import InfluxQLBackend
 
-            backend = InfluxQLBackend(source, database, retention_policy, username, password, token,
-                                      timeout, **window)
+            backend = InfluxQLBackend(source, database, retention_policy, username, password, token, timeout, **window)
         elif language == "flux":
             from .flux import FluxBackend
 
-            backend = FluxBackend(source, database, org=org, token=token or (
-                f"{username}:{password}" if username else None), timeout=timeout, **window)
+            backend = FluxBackend(
+                source,
+                database,
+                org=org,
+                token=token or (f"{username}:{password}" if username else None),
+                timeout=timeout,
+                **window,
+            )
         else:
             raise ValueError(f"language must be 'influxql' or 'flux', got {language!r}")
     elif not os.path.exists(source) and _HOST_PORT.match(source):
@@ -135,8 +160,10 @@ def _iso(ns: int) -> str:
 
 
 # why GPU samples are missing, said wherever a reader finds none
-NO_GPU = ("the workers reported no GPU (NVML missing, no device visible, CUDA_VISIBLE_DEVICES empty, or "
-          "gpu.source none; each worker's log says which)")
+NO_GPU = (
+    "the workers reported no GPU (NVML missing, no device visible, CUDA_VISIBLE_DEVICES empty, or "
+    "gpu.source none; each worker's log says which)"
+)
 
 
 class Store(TaskQuestions, HostQuestions):
@@ -171,7 +198,11 @@ class Store(TaskQuestions, HostQuestions):
     def notes(self) -> list[str]:
         """One line per thing to read the answers with: corrupt spool lines skipped (file:line), samples taken
         from (or kept in) ``undelivered/`` or ``refused/``, series skipped, custom metrics that failed on the workers."""
-        return list(self.backend.notes) + self._skipped + [_failed(name, f) for name, f in sorted(self.failed_metrics.items())]
+        return (
+            list(self.backend.notes)
+            + self._skipped
+            + [_failed(name, f) for name, f in sorted(self.failed_metrics.items())]
+        )
 
     def ours(self, worker) -> bool:
         """Whether ``worker`` (a ``worker`` tag) is one whose series this Store reads (see :func:`connect`)."""
@@ -190,9 +221,14 @@ class Store(TaskQuestions, HostQuestions):
     def scope(self) -> str:
         """Where this Store looks, in words: the source, the time range and the tags."""
         b = self.backend
-        when = ", ".join(f"{word} {_iso(ns)}" for word, ns in (("from", b.start_ns), ("to", b.stop_ns)) if ns is not None)
-        return (f"in {b.describe()}" + (f" {when}" if when else ", at any time")
-                + (f", tags {dict(sorted(b.tags.items()))}" if b.tags else ""))
+        when = ", ".join(
+            f"{word} {_iso(ns)}" for word, ns in (("from", b.start_ns), ("to", b.stop_ns)) if ns is not None
+        )
+        return (
+            f"in {b.describe()}"
+            + (f" {when}" if when else ", at any time")
+            + (f", tags {dict(sorted(b.tags.items()))}" if b.tags else "")
+        )
 
     def not_found(self, what: str = "samples") -> str:
         """One line: ``what`` was not found in :meth:`scope`, and what the source holds outside it."""
@@ -200,9 +236,15 @@ class Store(TaskQuestions, HostQuestions):
         first, last = wide.first_time(), wide.last_time()
         if first is None:
             dags = wide.dag_points()
-            there = "the source holds no samples at all" if dags.empty else (  # GPU-only tracking, no GPU
-                f"the workers wrote no samples there, though the scheduler recorded {dags['dag'].nunique()} "
-                f"DAG(s): if only GPU metrics were tracked, {NO_GPU}")
+            there = (
+                "the source holds no samples at all"
+                if dags.empty
+                # GPU-only tracking, no GPU
+                else (
+                    f"the workers wrote no samples there, though the scheduler recorded {dags['dag'].nunique()} "
+                    f"DAG(s): if only GPU metrics were tracked, {NO_GPU}"
+                )
+            )
         else:
             there = f"the source holds samples from {_iso(first)} to {_iso(last)}"
             for key in sorted(self.backend.tags):
@@ -220,6 +262,7 @@ class Store(TaskQuestions, HostQuestions):
         if not self.closed:
             self.closed = True
             self.backend.close()
+
     # --- what exists -------------------------------------------------------
     def workers(self) -> list[str]:
         """Worker addresses in index order (natural sort of the address)."""
@@ -227,8 +270,10 @@ class Store(TaskQuestions, HostQuestions):
             found = self.backend.tag_values("worker")
             if foreign := sorted(w for w in found if not self.ours(w)):
                 why = "not a worker of this session" if self._own is not None else "not a Dask worker address"
-                self.skip_note(f"skipped the series of worker tag(s) {foreign[:5]}{' ...' if foreign[5:] else ''} "
-                           f"({why}; another tool's points?)")
+                self.skip_note(
+                    f"skipped the series of worker tag(s) {foreign[:5]}{' ...' if foreign[5:] else ''} "
+                    f"({why}; another tool's points?)"
+                )
             self._workers = sorted((w for w in found if self.ours(w)), key=_tables.natural_key)
         return list(self._workers)
 
@@ -269,10 +314,17 @@ class Store(TaskQuestions, HostQuestions):
         points = points.assign(time=pd.to_datetime(points["time"], unit="ns", utc=True))
         submit = points[points["event"] == "submit"].drop_duplicates("dag").set_index("dag")
         end = points[points["event"] == "end"].drop_duplicates("dag", keep="last").set_index("dag")
-        out = pd.DataFrame({"job": submit["job"].astype(int), "status": end["status"].reindex(submit.index).fillna("running"),
-                            "submitted": submit["time"], "ended": end["time"].reindex(submit.index),
-                            "duration": pd.to_numeric(end["duration"].reindex(submit.index)),
-                            "tasks": pd.to_numeric(submit["tasks"]).astype(int), "label": submit["label"]})
+        out = pd.DataFrame(
+            {
+                "job": submit["job"].astype(int),
+                "status": end["status"].reindex(submit.index).fillna("running"),
+                "submitted": submit["time"],
+                "ended": end["time"].reindex(submit.index),
+                "duration": pd.to_numeric(end["duration"].reindex(submit.index)),
+                "tasks": pd.to_numeric(submit["tasks"]).astype(int),
+                "label": submit["label"],
+            }
+        )
         out.index = out.index.astype(int)
         out = out.rename_axis("dag").reset_index().sort_values("dag", kind="stable").reset_index(drop=True)
         if job is not None:
@@ -319,19 +371,29 @@ class Store(TaskQuestions, HostQuestions):
             if failed := [_failed(n, self.failed_metrics[n]) for n in unknown if n in self.failed_metrics]:
                 raise ValueError("; ".join(failed) + f"; no samples of it {self.scope()}")
             if unknown:
-                raise ValueError(f"unknown metric(s) {unknown}; present {self.scope()}: {self.metrics()} (known: "
-                                 "tracking names, measurement.field, custom metrics; see `metrics`)")
+                raise ValueError(
+                    f"unknown metric(s) {unknown}; present {self.scope()}: {self.metrics()} (known: "
+                    "tracking names, measurement.field, custom metrics; see `metrics`)"
+                )
             metrics = _tables.resolve(names, fields.get(schema.CUSTOM, ()))
         absent = [m.name for m in metrics if m.field not in fields.get(m.measurement, ())]
         if absent:
-            why = f"; {NO_GPU}" if schema.GPU not in fields and any(
-                m.measurement == schema.GPU for m in metrics if m.name in absent) else ""
+            why = (
+                f"; {NO_GPU}"
+                if schema.GPU not in fields and any(m.measurement == schema.GPU for m in metrics if m.name in absent)
+                else ""
+            )
             raise ValueError(f"metric(s) {absent} were not collected{why}; present: {self.metrics()} ({self.scope()})")
         return metrics
 
     # --- tables ------------------------------------------------------------
-    def worker_tables(self, job: Optional[int] = None, metrics=None, workers=None,
-                      progress: Optional[Callable[[int, int], None]] = None) -> dict[str, pd.DataFrame]:
+    def worker_tables(
+        self,
+        job: Optional[int] = None,
+        metrics=None,
+        workers=None,
+        progress: Optional[Callable[[int, int], None]] = None,
+    ) -> dict[str, pd.DataFrame]:
         """``{address: table}`` in index order; see :mod:`dask_influx_metrics.client.tables` for the columns.
 
         Only the fields behind ``metrics`` (default: all present) are read,
@@ -356,8 +418,10 @@ class Store(TaskQuestions, HostQuestions):
 
         def one(item):
             i, worker = item
-            frames = {m: None if m == schema.HOST else self.backend.frame(m, list(dict.fromkeys(fs)), worker, job)
-                      for m, fs in wanted.items()}
+            frames = {
+                m: None if m == schema.HOST else self.backend.frame(m, list(dict.fromkeys(fs)), worker, job)
+                for m, fs in wanted.items()
+            }
             return worker, _tables.build(frames, metrics, origin, worker, i, host=hosts.get(worker))
 
         out = {}
@@ -370,8 +434,9 @@ class Store(TaskQuestions, HostQuestions):
         return out
 
     # --- peaks, summaries, CSV -------------------------------------------
-    def peaks(self, metric: str, per_job: bool = True, workers=None, job: Optional[int] = None,
-              server: bool = True) -> pd.DataFrame:
+    def peaks(
+        self, metric: str, per_job: bool = True, workers=None, job: Optional[int] = None, server: bool = True
+    ) -> pd.DataFrame:
         """Tidy peaks of one metric (see :mod:`dask_influx_metrics.client.peaks`).
 
         ``server=True`` lets the backend compute ``MAX ... GROUP BY worker,
@@ -393,8 +458,11 @@ class Store(TaskQuestions, HostQuestions):
             tables = self.worker_tables(job=job, metrics=[m.name], workers=[w for _, w in chosen])
             tidy = _peaks.from_tables(list(tables.values()), m.name, per_job, m.unit)
         else:
-            by = ("worker",) + (("index",) if m.measurement in DEVICE_MEASUREMENTS else ()) \
+            by = (
+                ("worker",)
+                + (("index",) if m.measurement in DEVICE_MEASUREMENTS else ())
                 + (("job",) if per_job else ())
+            )
             groups = self.backend.max_by(m.measurement, m.field, by, [w for _, w in chosen], job, busy=per_job)
             tidy = _peaks.from_groups(groups, m, {w: i for i, w in chosen}, per_job)
         if job is not None and per_job:
@@ -422,21 +490,35 @@ class Store(TaskQuestions, HostQuestions):
         names = [n for n in (_summary.GPU_METRIC, _summary.CPU_METRIC, *_summary.MEMORY_METRICS) if n in self.metrics()]
         if not {_summary.GPU_METRIC, _summary.CPU_METRIC} & set(names):
             raise ValueError(f"a summary needs compute-util or host-cpu; present: {self.metrics()}")
-        tables = self.worker_tables(job=job, metrics=[n for n in names if n != _summary.CPU_METRIC] or names,
-                                    workers=workers)
-        hosts = self.host_tables_by_worker(list(tables), [_summary.CPU_METRIC], job) \
-            if _summary.CPU_METRIC in names else None
+        tables = self.worker_tables(
+            job=job, metrics=[n for n in names if n != _summary.CPU_METRIC] or names, workers=workers
+        )
+        hosts = (
+            self.host_tables_by_worker(list(tables), [_summary.CPU_METRIC], job)
+            if _summary.CPU_METRIC in names
+            else None
+        )
         frame = _summary.summarize(list(tables.values()), per_job=per_job, hosts=hosts)
         return frame if job is None else frame[frame["job"].isna() | (frame["job"] == job)].reset_index(drop=True)
 
-    def to_csv(self, path, fname: str = "worker", clear_dir: bool = False, metrics=None, workers=None,
-               job: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None) -> list[str]:
+    def to_csv(
+        self,
+        path,
+        fname: str = "worker",
+        clear_dir: bool = False,
+        metrics=None,
+        workers=None,
+        job: Optional[int] = None,
+        progress: Optional[Callable[[int, int], None]] = None,
+    ) -> list[str]:
         """One CSV per worker in the old layout (see :mod:`dask_influx_metrics.client.csvfiles`); returns the paths."""
         from ..csvfiles import write_tables
 
         tables = self.worker_tables(job=job, metrics=metrics, workers=workers, progress=progress)
         empty = [w for w, t in tables.items() if t.empty]
         if empty:  # a header-only file would pass for an export
-            raise QueryError(f"no samples for worker(s) {empty} {self.scope()}; no CSV written (a worker without "
-                             f"a GPU writes no GPU samples: {NO_GPU})")
+            raise QueryError(
+                f"no samples for worker(s) {empty} {self.scope()}; no CSV written (a worker without "
+                f"a GPU writes no GPU samples: {NO_GPU})"
+            )
         return write_tables(list(tables.values()), path, fname=fname, clear_dir=clear_dir)

@@ -49,8 +49,14 @@ class Backend(Protocol):
     def tag_values(self, key: str) -> list[str]: ...
     def first_time(self) -> Optional[int]: ...
     def last_time(self) -> Optional[int]: ...
-    def frame(self, measurement: str, fields: list[str], worker: Optional[str], job: Optional[int] = None,
-              host: Optional[str] = None) -> pd.DataFrame: ...
+    def frame(
+        self,
+        measurement: str,
+        fields: list[str],
+        worker: Optional[str],
+        job: Optional[int] = None,
+        host: Optional[str] = None,
+    ) -> pd.DataFrame: ...
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame: ...
     def dag_points(self) -> pd.DataFrame: ...
     def points(self, measurement: str, columns: list[str]) -> pd.DataFrame: ...
@@ -86,8 +92,7 @@ def pending_notes(folder) -> list[str]:
     >>> pending_notes("/nonexistent")
     []
     """
-    from ...sinks import REFUSED_DIR
-    from ...sinks import pending_folders
+    from ...sinks import REFUSED_DIR, pending_folders
     from ...sinks.http import REASONS_FILE
     from ...sinks.spool import read_lines
 
@@ -98,7 +103,9 @@ def pending_notes(folder) -> list[str]:
             why = f"InfluxDB refused them; its reasons: {os.path.join(root, REASONS_FILE)}"
         else:
             why = "not delivered over HTTP at the time"
-        notes.append(f"{count} sample(s) under {root} are not in InfluxDB ({why}); write them with "
-                     f"db.replay_undelivered({os.fspath(folder)!r}) or `dask-influx-metrics replay "
-                     f"{os.fspath(folder)} --source URL`")
+        notes.append(
+            f"{count} sample(s) under {root} are not in InfluxDB ({why}); write them with "
+            f"db.replay_undelivered({os.fspath(folder)!r}) or `dask-influx-metrics replay "
+            f"{os.fspath(folder)} --source URL`"
+        )
     return notes

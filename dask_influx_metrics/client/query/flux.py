@@ -27,8 +27,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ... import jobtags, schema
-from ... import credentials
+from ... import credentials, jobtags, schema
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, empty_frame, widened
 
 DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration"]
@@ -76,8 +75,10 @@ def _source(bucket: str, start_ns: Optional[int], stop_ns: Optional[int], where:
     # scheduler whose clock runs ahead of the server's still count.
     start = f"time(v: {int(start_ns or 0)})"
     stop = "1d" if stop_ns is None else f"time(v: {int(stop_ns) + 1})"
-    return (f"from(bucket: {string(bucket)})\n    |> range(start: {start}, stop: {stop})\n"
-            f"    |> filter(fn: (r) => {where})\n")
+    return (
+        f"from(bucket: {string(bucket)})\n    |> range(start: {start}, stop: {stop})\n"
+        f"    |> filter(fn: (r) => {where})\n"
+    )
 
 
 def _pipe(*steps: str) -> str:
@@ -91,34 +92,43 @@ def flux_fields_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
     2.x pushes down to one storage tag-values read): older Flux, as in
     InfluxDB 1.8, has no ``influxdata/influxdb/schema`` package.
     """
-    parts = [_source(bucket, start_ns, stop_ns, predicate([m], tags))
-             + _pipe('keep(columns: ["_field"])', "group()", 'distinct(column: "_field")',
-                     f"map(fn: (r) => ({{measurement: {string(m)}, field: r._value}}))")
-             for m in SAMPLE_MEASUREMENTS]
+    parts = [
+        _source(bucket, start_ns, stop_ns, predicate([m], tags))
+        + _pipe(
+            'keep(columns: ["_field"])',
+            "group()",
+            'distinct(column: "_field")',
+            f"map(fn: (r) => ({{measurement: {string(m)}, field: r._value}}))",
+        )
+        for m in SAMPLE_MEASUREMENTS
+    ]
     return "union(tables: [\n" + ",\n".join(p.rstrip("\n") for p in parts) + ",\n])\n"
 
 
 def flux_tag_values_query(bucket, key, tags=None, start_ns=None, stop_ns=None) -> str:
     """Distinct values of tag ``key`` on sample points, in column ``_value``."""
-    return (_source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags))
-            + _pipe(f"keep(columns: {_array([key])})", "group()", f"distinct(column: {string(key)})"))
+    return _source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags)) + _pipe(
+        f"keep(columns: {_array([key])})", "group()", f"distinct(column: {string(key)})"
+    )
 
 
 def flux_first_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
     """The earliest sample's ``_time``: first point of each series, then the earliest of those."""
-    return (_source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags))
-            + _pipe("first()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"])', "limit(n: 1)"))
+    return _source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags)) + _pipe(
+        "first()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"])', "limit(n: 1)"
+    )
 
 
 def flux_last_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
     """The latest sample's ``_time`` (as :func:`flux_first_time_query`, from the other end)."""
-    return (_source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags))
-            + _pipe("last()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"], desc: true)',
-                    "limit(n: 1)"))
+    return _source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags)) + _pipe(
+        "last()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"], desc: true)', "limit(n: 1)"
+    )
 
 
-def flux_frame_query(bucket, measurement, fields, worker, job=None, tags=None, start_ns=None, stop_ns=None,
-                     dag_field=False, host=None) -> str:
+def flux_frame_query(
+    bucket, measurement, fields, worker, job=None, tags=None, start_ns=None, stop_ns=None, dag_field=False, host=None
+) -> str:
     """One worker's samples, one row per (time, series): pivot merges the fields of each series.
 
     Tables are series (one per tag set, so per device ``index`` and per job/DAG
@@ -128,16 +138,32 @@ def flux_frame_query(bucket, measurement, fields, worker, job=None, tags=None, s
     worker's points of that host, with their ``worker`` tag.
     """
     tag_cols = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else []) + (["worker"] if host else [])
-    where = predicate([measurement], {**(tags or {}), **({"host": host} if host else {})},
-                      fields=list(fields) + (["dag"] if dag_field else []),
-                      workers=None if worker is None else [worker], job=job)
-    return (_source(bucket, start_ns, stop_ns, where)
-            + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
-                    f"keep(columns: {_array(['_time'] + tag_cols + list(fields))})"))
+    where = predicate(
+        [measurement],
+        {**(tags or {}), **({"host": host} if host else {})},
+        fields=list(fields) + (["dag"] if dag_field else []),
+        workers=None if worker is None else [worker],
+        job=job,
+    )
+    return _source(bucket, start_ns, stop_ns, where) + _pipe(
+        'pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
+        f"keep(columns: {_array(['_time'] + tag_cols + list(fields))})",
+    )
 
 
-def flux_max_query(bucket, measurement, field, by, workers=None, job=None, tags=None, start_ns=None,
-                   stop_ns=None, busy=False, dag_field=False) -> str:
+def flux_max_query(
+    bucket,
+    measurement,
+    field,
+    by,
+    workers=None,
+    job=None,
+    tags=None,
+    start_ns=None,
+    stop_ns=None,
+    busy=False,
+    dag_field=False,
+) -> str:
     """Server-side ``max`` of one field per group of tags ``by`` (of busy samples with ``busy``), in ``_value``.
 
     With ``busy`` and ``dag_field`` (``dag`` is a field, ``dag-tag: false``) the
@@ -147,26 +173,34 @@ def flux_max_query(bucket, measurement, field, by, workers=None, job=None, tags=
     if busy and dag_field:
         where = predicate([measurement], tags, fields=[field, "dag"], workers=workers, job=job)
         value = f"r[{string(field)}]"
-        return (_source(bucket, start_ns, stop_ns, where)
-                + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
-                        f"filter(fn: (r) => {jobtags.FLUX_BUSY} and exists {value})",
-                        f"map(fn: (r) => ({{r with _value: {value}}}))") + last)
+        return (
+            _source(bucket, start_ns, stop_ns, where)
+            + _pipe(
+                'pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
+                f"filter(fn: (r) => {jobtags.FLUX_BUSY} and exists {value})",
+                f"map(fn: (r) => ({{r with _value: {value}}}))",
+            )
+            + last
+        )
     where = predicate([measurement], tags, fields=[field], workers=workers, job=job, busy=busy)
     return _source(bucket, start_ns, stop_ns, where) + last
 
 
 def flux_dag_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
     """The scheduler's ``dag`` points, fields pivoted into columns."""
-    return (_source(bucket, start_ns, stop_ns, predicate([schema.DAG], tags))
-            + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
-                    f"keep(columns: {_array(['_time'] + DAG_COLUMNS[1:])})"))
+    return _source(bucket, start_ns, stop_ns, predicate([schema.DAG], tags)) + _pipe(
+        'pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
+        f"keep(columns: {_array(['_time'] + DAG_COLUMNS[1:])})",
+    )
 
 
 def flux_points_query(bucket, measurement, columns, tags=None, start_ns=None, stop_ns=None) -> str:
     """Every point of ``measurement``, fields pivoted into columns, ``columns`` (tags or fields) kept."""
-    return (_source(bucket, start_ns, stop_ns, predicate([measurement], tags))
-            + _pipe('pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
-                    f"keep(columns: {_array(['_time'] + list(columns))})", "group()"))
+    return _source(bucket, start_ns, stop_ns, predicate([measurement], tags)) + _pipe(
+        'pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
+        f"keep(columns: {_array(['_time'] + list(columns))})",
+        "group()",
+    )
 
 
 BUCKETS_QUERY = 'buckets()\n    |> keep(columns: ["name"])\n'
@@ -178,7 +212,9 @@ def _column(values: pd.Series, datatype: str) -> pd.Series:
     if datatype.startswith("dateTime"):
         times = pd.to_datetime(values, utc=True, format="ISO8601")
         # RFC3339Nano drops trailing zeros: without a sub-microsecond digit pandas picks a coarser unit
-        return pd.Series(pd.DatetimeIndex(times).as_unit("ns").asi8, index=values.index) if times.notna().all() else times
+        return (
+            pd.Series(pd.DatetimeIndex(times).as_unit("ns").asi8, index=values.index) if times.notna().all() else times
+        )
     if datatype in ("double", "long", "unsignedLong"):
         return pd.to_numeric(values).astype(float) if datatype == "double" else pd.to_numeric(values)
     if datatype == "boolean":
@@ -198,8 +234,11 @@ def _table(rows: list, query: str) -> Optional[pd.DataFrame]:
         raise QueryError(f"InfluxDB failed the Flux query: {message}\n{query}")
     types = annotations.get("#datatype", [])
     frame = pd.DataFrame(data, columns=header, dtype=object)
-    out = {c: _column(frame.iloc[:, j], types[j] if j < len(types) else "string")
-           for j, c in enumerate(header) if c not in ("", "result", "table")}
+    out = {
+        c: _column(frame.iloc[:, j], types[j] if j < len(types) else "string")
+        for j, c in enumerate(header)
+        if c not in ("", "result", "table")
+    }
     return pd.DataFrame(out, index=frame.index)
 
 
@@ -226,12 +265,13 @@ class FluxBackend:
 
     language = "flux"
 
-    def __init__(self, url: str, bucket: str, org=None, token=None, timeout: float = 30.0, tags=None,
-                 start_ns=None, stop_ns=None):
+    def __init__(
+        self, url: str, bucket: str, org=None, token=None, timeout: float = 30.0, tags=None, start_ns=None, stop_ns=None
+    ):
         try:
             import influxdb_client
-            from influxdb_client.rest import ApiException
             import urllib3
+            from influxdb_client.rest import ApiException
         except ImportError:
             raise ImportError("the Flux backend needs influxdb-client: pip install dask-influx-metrics[flux]") from None
         url, username, password = credentials.take(url)  # user:password@ goes into the token, never the URL
@@ -243,9 +283,13 @@ class FluxBackend:
         self._dag_field: Optional[bool] = None  # whether samples carry dag as a field (dag-tag: false)
         self._client = influxdb_client.InfluxDBClient(url=self.url, token=token, org=org, timeout=int(timeout * 1000))
         self._api = self._client.query_api()
-        self._dialect = influxdb_client.Dialect(header=True, delimiter=",", comment_prefix="#",
-                                                annotations=["datatype", "group", "default"],
-                                                date_time_format="RFC3339Nano")
+        self._dialect = influxdb_client.Dialect(
+            header=True,
+            delimiter=",",
+            comment_prefix="#",
+            annotations=["datatype", "group", "default"],
+            date_time_format="RFC3339Nano",
+        )
         self._api_error, self._net_errors = ApiException, (urllib3.exceptions.HTTPError, OSError)
         try:
             self._check_bucket()
@@ -277,11 +321,14 @@ class FluxBackend:
             if isinstance(message, bytes):
                 message = message.decode(errors="replace").strip()
             if e.status == 404 and str(message).startswith("404 page not found"):
-                raise QueryError(f"InfluxDB at {self.url} does not answer Flux (/api/v2/query: 404 page not found): "
-                                 "InfluxDB 1.x answers Flux from 1.8 on, with flux-enabled = true in its [http] "
-                                 "section; or ask with InfluxQL (language='influxql', --language influxql)") from None
-            raise QueryError(f"InfluxDB at {self.url} refused the Flux query (HTTP {e.status}): "
-                             f"{message}\n{query}") from None
+                raise QueryError(
+                    f"InfluxDB at {self.url} does not answer Flux (/api/v2/query: 404 page not found): "
+                    "InfluxDB 1.x answers Flux from 1.8 on, with flux-enabled = true in its [http] "
+                    "section; or ask with InfluxQL (language='influxql', --language influxql)"
+                ) from None
+            raise QueryError(
+                f"InfluxDB at {self.url} refused the Flux query (HTTP {e.status}): {message}\n{query}"
+            ) from None
         except self._net_errors as e:
             raise QueryError(f"cannot reach InfluxDB at {self.url}: {e}") from None
         return read_annotated_csv(text, query)
@@ -305,8 +352,11 @@ class FluxBackend:
         data = data.dropna()
         self._dag_field = bool((data["field"] == "dag").any())
         data = data[~data["field"].isin(schema.COMMON_TAGS)]
-        return {m: sorted(set(data.loc[data["measurement"] == m, "field"]))
-                for m in SAMPLE_MEASUREMENTS if (data["measurement"] == m).any()}
+        return {
+            m: sorted(set(data.loc[data["measurement"] == m, "field"]))
+            for m in SAMPLE_MEASUREMENTS
+            if (data["measurement"] == m).any()
+        }
 
     def dag_is_field(self) -> bool:
         """Whether the samples in range carry ``dag`` as a field (``dag-tag: false``), asked once."""
@@ -333,8 +383,14 @@ class FluxBackend:
         return None if data.empty else int(data["_time"].max())
 
     # --- samples -----------------------------------------------------------
-    def frame(self, measurement: str, fields: list[str], worker: Optional[str], job: Optional[int] = None,
-              host: Optional[str] = None) -> pd.DataFrame:
+    def frame(
+        self,
+        measurement: str,
+        fields: list[str],
+        worker: Optional[str],
+        job: Optional[int] = None,
+        host: Optional[str] = None,
+    ) -> pd.DataFrame:
         """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields; with ``host``
         (and ``worker=None``) every point of that host, with a ``worker`` column."""
         device = measurement in DEVICE_MEASUREMENTS
@@ -353,8 +409,11 @@ class FluxBackend:
         return data.sort_values("time", kind="stable").reset_index(drop=True)
 
     def _frame(self, measurement, fields, worker, job, dag_field: bool, host=None) -> pd.DataFrame:
-        return self._query(flux_frame_query(self.bucket, measurement, fields, worker, job, **self._window(),
-                                            dag_field=dag_field, host=host))
+        return self._query(
+            flux_frame_query(
+                self.bucket, measurement, fields, worker, job, **self._window(), dag_field=dag_field, host=host
+            )
+        )
 
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame:
         """Server-side ``group(columns: by) |> max()``: one row per group, columns ``by`` + ``max``.
@@ -365,8 +424,17 @@ class FluxBackend:
         empty = pd.DataFrame(columns=by + ["max"])
         if workers is not None and not list(workers):
             return empty
-        query = flux_max_query(self.bucket, measurement, field, by, None if workers is None else list(workers),
-                               job, **self._window(), busy=busy, dag_field=busy and self.dag_is_field())
+        query = flux_max_query(
+            self.bucket,
+            measurement,
+            field,
+            by,
+            None if workers is None else list(workers),
+            job,
+            **self._window(),
+            busy=busy,
+            dag_field=busy and self.dag_is_field(),
+        )
         data = self._query(query)
         if data.empty or "_value" not in data:
             return empty

@@ -21,10 +21,8 @@ from typing import Optional
 import pandas as pd
 import requests
 
-from ... import jobtags, schema
-from ... import credentials
-from .base import pending_notes, DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
-
+from ... import credentials, jobtags, schema
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, empty_frame, pending_notes, widened
 
 logger = logging.getLogger(__name__)
 INVENTORY_TAGS = ("worker", "job")  # what the first question groups by: workers, jobs, and (with them) fields
@@ -42,8 +40,14 @@ def literal(value: str) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def where_clause(tags: dict, start_ns: Optional[int], stop_ns: Optional[int],
-                 worker: Optional[str] = None, job: Optional[int] = None, busy: bool = False) -> str:
+def where_clause(
+    tags: dict,
+    start_ns: Optional[int],
+    stop_ns: Optional[int],
+    worker: Optional[str] = None,
+    job: Optional[int] = None,
+    busy: bool = False,
+) -> str:
     terms = []
     if start_ns is not None:
         terms.append(f"time >= {int(start_ns)}")
@@ -94,7 +98,8 @@ def _from_field(frame: pd.DataFrame, name: str) -> pd.DataFrame:
     tag = frame[name].where(frame[name].notna() & (frame[name] != "")) if name in frame.columns else None
     field = frame[name + FIELD_SUFFIX]
     return frame.assign(**{name: (field if tag is None else tag.fillna(field)).astype(object)}).drop(
-        columns=name + FIELD_SUFFIX)
+        columns=name + FIELD_SUFFIX
+    )
 
 
 def _dag_from_field(frame: pd.DataFrame, fields: list[str]) -> pd.DataFrame:
@@ -110,9 +115,20 @@ class InfluxQLBackend:
 
     language = "influxql"
 
-    def __init__(self, url: str, database: str, retention_policy=None, username=None, password=None,
-                 token=None, timeout: float = 30.0, tags=None, start_ns=None, stop_ns=None,
-                 page_rows: int = 10_000):
+    def __init__(
+        self,
+        url: str,
+        database: str,
+        retention_policy=None,
+        username=None,
+        password=None,
+        token=None,
+        timeout: float = 30.0,
+        tags=None,
+        start_ns=None,
+        stop_ns=None,
+        page_rows: int = 10_000,
+    ):
         url, username, password = credentials.take(url, username, password)  # user:password@: into the header
         self.url, self.database, self.rp = url.rstrip("/"), database, retention_policy
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
@@ -132,7 +148,9 @@ class InfluxQLBackend:
         self._session.close()
 
     def describe(self) -> str:
-        return f"database {self.database!r}" + (f" (retention policy {self.rp!r})" if self.rp else "") + f" at {self.url}"
+        return (
+            f"database {self.database!r}" + (f" (retention policy {self.rp!r})" if self.rp else "") + f" at {self.url}"
+        )
 
     def widened(self):
         """The same source without time range or tags (to say what it holds)."""
@@ -186,8 +204,9 @@ class InfluxQLBackend:
 
         if not os.path.isdir(folder):
             raise QueryError(f"spool folder {os.fspath(folder)!r} does not exist")
-        counts = replay_folders(folder, self.url, self.database, retention_policy=self.rp, timeout=self.timeout,
-                                session=self._session)  # its Authorization header: credentials kept nowhere else
+        counts = replay_folders(
+            folder, self.url, self.database, retention_policy=self.rp, timeout=self.timeout, session=self._session
+        )  # its Authorization header: credentials kept nowhere else
         self.notes = pending_notes(folder)
         return counts
 
@@ -202,7 +221,10 @@ class InfluxQLBackend:
         out: dict[str, set] = {}
         for s in self._firsts():
             out.setdefault(s["name"], set()).update(
-                c[len("first_"):] for c, v in zip(s["columns"], s["values"][0]) if c.startswith("first_") and v is not None)
+                c[len("first_") :]
+                for c, v in zip(s["columns"], s["values"][0])
+                if c.startswith("first_") and v is not None
+            )
         return {m: sorted(f - set(schema.COMMON_TAGS)) for m, f in out.items() if f - set(schema.COMMON_TAGS)}
 
     def tag_values(self, key: str) -> list[str]:
@@ -216,7 +238,9 @@ class InfluxQLBackend:
 
     def dag_is_field(self) -> bool:
         """Whether samples in range carry ``dag`` as a field (``dag-tag: false``), from the inventory."""
-        return any(c == "first_dag" and v is not None for s in self._firsts() for c, v in zip(s["columns"], s["values"][0]))
+        return any(
+            c == "first_dag" and v is not None for s in self._firsts() for c, v in zip(s["columns"], s["values"][0])
+        )
 
     def _firsts(self, keys: tuple = INVENTORY_TAGS) -> list[dict]:
         """``first(*)`` of each sample measurement per value of tags ``keys``: the series that hold a
@@ -248,8 +272,14 @@ class InfluxQLBackend:
         return (min if order == "ASC" else max)(times) if times else None
 
     # --- samples -----------------------------------------------------------
-    def frame(self, measurement: str, fields: list[str], worker: Optional[str], job: Optional[int] = None,
-              host: Optional[str] = None) -> pd.DataFrame:
+    def frame(
+        self,
+        measurement: str,
+        fields: list[str],
+        worker: Optional[str],
+        job: Optional[int] = None,
+        host: Optional[str] = None,
+    ) -> pd.DataFrame:
         """Long samples of one worker: ``time``, ``job``, ``dag``, [``index``], fields; with ``host``
         (and ``worker=None``) every point of that host, with a ``worker`` column (the host series).
 
@@ -259,26 +289,37 @@ class InfluxQLBackend:
         again in time-ordered pages, never returned short. Where ``dag`` is a
         field (``dag-tag: false``) it is selected too and fills in where the tag is empty.
         """
-        groups = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else []) + (["worker"] if host else [])
-        where = where_clause({**self.tags, **({"host": host} if host else {})}, self.start_ns, self.stop_ns,
-                             worker=worker, job=job)
+        groups = (
+            ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else []) + (["worker"] if host else [])
+        )
+        where = where_clause(
+            {**self.tags, **({"host": host} if host else {})}, self.start_ns, self.stop_ns, worker=worker, job=job
+        )
         select = ", ".join(ident(f) for f in fields) + (f', "dag" AS {ident(DAG_FIELD)}' if self.dag_is_field() else "")
-        frame = self._csv(f"SELECT {select} FROM {ident(measurement)} {where} GROUP BY "
-                          + ", ".join(ident(g) for g in groups), dtype={"running": str, DAG_FIELD: str},
-                          keep_tags=True)
+        frame = self._csv(
+            f"SELECT {select} FROM {ident(measurement)} {where} GROUP BY " + ", ".join(ident(g) for g in groups),
+            dtype={"running": str, DAG_FIELD: str},
+            keep_tags=True,
+        )
         if frame.empty:
             return empty_frame(fields, "index" in groups)
         # a point without any of the group tags (another tool's) has an empty cell: no tags
-        tags = pd.DataFrame([parse_tags(t) if isinstance(t, str) else {} for t in frame["tags"].unique()],
-                            index=frame["tags"].unique())
+        tags = pd.DataFrame(
+            [parse_tags(t) if isinstance(t, str) else {} for t in frame["tags"].unique()], index=frame["tags"].unique()
+        )
         for g in groups:
             frame[g] = frame["tags"].map(tags[g] if g in tags.columns else {}).astype(object)
         frame = _dag_from_field(frame.drop(columns="tags"), fields)
         frame = frame.sort_values("time", kind="stable").reset_index(drop=True)
-        counts = self._csv(f"SELECT {', '.join(f'count({ident(f)})' for f in fields)} FROM {ident(measurement)} {where}")
+        counts = self._csv(
+            f"SELECT {', '.join(f'count({ident(f)})' for f in fields)} FROM {ident(measurement)} {where}"
+        )
         got = [int(frame[f].notna().sum()) if f in frame.columns else 0 for f in fields]
         # a field without values in the range counts as an empty cell (NaN), i.e. 0
-        if not counts.empty and pd.to_numeric(counts.iloc[0, 1:1 + len(fields)]).fillna(0).astype(int).tolist() != got:
+        if (
+            not counts.empty
+            and pd.to_numeric(counts.iloc[0, 1 : 1 + len(fields)]).fillna(0).astype(int).tolist() != got
+        ):
             frame = self._paged(measurement, fields, groups, where)
         if "index" in frame.columns:  # per-worker custom metrics have no index: null, not ""
             frame["index"] = frame["index"].replace("", None)
@@ -312,8 +353,10 @@ class InfluxQLBackend:
         rows = []
         for worker in workers if workers is not None else [None]:
             group = ", ".join(ident(t) for t in by)
-            q = (f"SELECT max({ident(field)}) FROM {ident(measurement)} "
-                 f"{self._where(worker=worker, job=job, busy=busy)} GROUP BY {group}")
+            q = (
+                f"SELECT max({ident(field)}) FROM {ident(measurement)} "
+                f"{self._where(worker=worker, job=job, busy=busy)} GROUP BY {group}"
+            )
             for s in self._json(q):
                 tags = s.get("tags", {})
                 for row in s.get("values", []):
@@ -325,19 +368,24 @@ class InfluxQLBackend:
         """The scheduler's ``dag`` points: time, job, dag, status, event, tasks, label, duration."""
         where = where_clause({k: v for k, v in self.tags.items()}, self.start_ns, self.stop_ns)
         dtype = {**TAG_DTYPES, "status": str, "event": str, "label": str, DAG_FIELD: str, "status" + FIELD_SUFFIX: str}
-        frame = self._csv(f'SELECT "event", "tasks", "label", "duration", "job", "dag", "status" FROM "dag" {where}',
-                          dtype=dtype)
+        frame = self._csv(
+            f'SELECT "event", "tasks", "label", "duration", "job", "dag", "status" FROM "dag" {where}', dtype=dtype
+        )
         if "dag" in frame.columns and frame["dag"].isna().any():
             # dag and status are fields, tags in points written before they were: where one shard holds
             # both, "dag" names the field. Ask for both (InfluxDB 1.x casts).
-            q = (f'SELECT "event", "tasks", "label", "duration", "job", {tag_or_field("dag")}, '
-                 f'{tag_or_field("status")} FROM "dag" {where}')
+            q = (
+                f'SELECT "event", "tasks", "label", "duration", "job", {tag_or_field("dag")}, '
+                f'{tag_or_field("status")} FROM "dag" {where}'
+            )
             frame = _from_field(_from_field(self._csv(q, dtype=dtype), "dag"), "status")
         return frame
 
     def points(self, measurement: str, columns: list[str]) -> pd.DataFrame:
         """Every point of ``measurement`` in range: ``time`` and ``columns`` (tags or fields alike)."""
         select = ", ".join(ident(c) for c in columns)
-        frame = self._csv(f"SELECT {select} FROM {ident(measurement)} {self._where()}",
-                          dtype={c: str for c in columns if c in schema.MEASUREMENT_TAGS.get(measurement, ())})
+        frame = self._csv(
+            f"SELECT {select} FROM {ident(measurement)} {self._where()}",
+            dtype={c: str for c in columns if c in schema.MEASUREMENT_TAGS.get(measurement, ())},
+        )
         return frame.reindex(columns=["time"] + list(columns))

@@ -27,7 +27,7 @@ from ... import jobtags, lineprotocol, schema
 from ...lineprotocol import split_lines
 from ...sinks import REFUSED_DIR, UNDELIVERED_DIR
 from ...sinks.spool import spool_files
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, TAG_DTYPES, empty_frame, widened
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, empty_frame, widened
 
 logger = logging.getLogger(__name__)
 WORKER_MEASUREMENTS = (*SAMPLE_MEASUREMENTS, schema.TASK, schema.ACTIVITY)  # what a worker's tables read
@@ -44,16 +44,22 @@ def sessions(root) -> list[str]:
     root = os.fspath(root)
     if not os.path.isdir(root):
         return []
-    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and _is_session(os.path.join(root, d)))
+    return sorted(
+        d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and _is_session(os.path.join(root, d))
+    )
 
 
 def _is_session(path: str) -> bool:
     """Whether ``path`` is one session's folder: ``<sender>/spool-*.lp`` or, from an HTTP sink alone,
     ``<sender>/undelivered/spool-*.lp`` (an outage) or ``<sender>/refused/spool-*.lp``."""
-    return any(f.endswith(".lp") and os.path.isfile(os.path.join(folder, f))
-               for d in os.listdir(path) if os.path.isdir(os.path.join(path, d))
-               for folder in (os.path.join(path, d, sub) for sub in ("", UNDELIVERED_DIR, REFUSED_DIR))
-               if os.path.isdir(folder) for f in os.listdir(folder))
+    return any(
+        f.endswith(".lp") and os.path.isfile(os.path.join(folder, f))
+        for d in os.listdir(path)
+        if os.path.isdir(os.path.join(path, d))
+        for folder in (os.path.join(path, d, sub) for sub in ("", UNDELIVERED_DIR, REFUSED_DIR))
+        if os.path.isdir(folder)
+        for f in os.listdir(folder)
+    )
 
 
 def _records(path: str) -> Iterator[tuple[int, bytes]]:
@@ -142,8 +148,10 @@ class SpoolBackend:
                 raise QueryError(f"session {session!r} not in {path!r}; sessions: {found}")
             self.path = os.path.join(path, session or found[-1])
             if session is None and len(found) > 1:  # say which one: the latest may be another run's
-                self.picked = (f"read session {found[-1]!r}, the latest of {len(found)} under {path!r} (the "
-                               f"others: {found[:-1]}); choose one with session= (CLI: --session)")
+                self.picked = (
+                    f"read session {found[-1]!r}, the latest of {len(found)} under {path!r} (the "
+                    f"others: {found[:-1]}); choose one with session= (CLI: --session)"
+                )
                 logger.warning("spool: %s", self.picked)
         self.session = os.path.basename(self.path)
         self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
@@ -153,8 +161,11 @@ class SpoolBackend:
         self.undelivered: dict[str, dict] = {}  # folder -> points read from its undelivered/ and refused/
         # one folder per sampling process: a host's agent (every worker of the host), a worker's own
         # (custom metrics, the task stream), or a worker of versions before the agent
-        self._paths = [os.path.join(self.path, n) for n in sorted(os.listdir(self.path))
-                       if n != SCHEDULER_DIR and os.path.isdir(os.path.join(self.path, n))]
+        self._paths = [
+            os.path.join(self.path, n)
+            for n in sorted(os.listdir(self.path))
+            if n != SCHEDULER_DIR and os.path.isdir(os.path.join(self.path, n))
+        ]
 
     def close(self) -> None:
         """Nothing to release: files are read whole and closed."""
@@ -177,8 +188,10 @@ class SpoolBackend:
             out.append(f"{undelivered} sample(s) came from {UNDELIVERED_DIR}/ (not delivered over HTTP at the time)")
         refused = sum(kept[REFUSED_DIR] for kept in self.undelivered.values())
         if refused:
-            out.append(f"{refused} sample(s) came from {REFUSED_DIR}/ (InfluxDB refused them; its reasons are in "
-                       f"{REFUSED_DIR}/reasons.txt)")
+            out.append(
+                f"{refused} sample(s) came from {REFUSED_DIR}/ (InfluxDB refused them; its reasons are in "
+                f"{REFUSED_DIR}/reasons.txt)"
+            )
         return out
 
     def _filter(self, frame: pd.DataFrame) -> pd.DataFrame:
@@ -211,8 +224,13 @@ class SpoolBackend:
                         continue
                     for worker, rows in frame.groupby("worker", sort=False):
                         parts.setdefault(worker, {}).setdefault(m, []).append(rows)
-            self._workers = {w: {m: pd.concat(f, ignore_index=True) if len(f) > 1 else f[0].reset_index(drop=True)
-                                 for m, f in ms.items()} for w, ms in sorted(parts.items())}
+            self._workers = {
+                w: {
+                    m: pd.concat(f, ignore_index=True) if len(f) > 1 else f[0].reset_index(drop=True)
+                    for m, f in ms.items()
+                }
+                for w, ms in sorted(parts.items())
+            }
         return self._workers
 
     def _worker_frames(self):
@@ -245,8 +263,15 @@ class SpoolBackend:
         return max(times) if times else None
 
     # --- samples -----------------------------------------------------------
-    def frame(self, measurement: str, fields: list[str], worker: Optional[str], job: Optional[int] = None,
-              tags: tuple = (), host: Optional[str] = None) -> pd.DataFrame:
+    def frame(
+        self,
+        measurement: str,
+        fields: list[str],
+        worker: Optional[str],
+        job: Optional[int] = None,
+        tags: tuple = (),
+        host: Optional[str] = None,
+    ) -> pd.DataFrame:
         """Long samples of one worker (as InfluxDB answers them); with ``host`` (and ``worker=None``)
         every worker's points of that host, with a ``worker`` column."""
         device = measurement in DEVICE_MEASUREMENTS

@@ -62,9 +62,11 @@ class CustomMetric:
         return f"custom_metric({self.name!r}, per_device={self.per_device})"
 
 
-SIGNATURES = ("the accepted forms: @custom_metric(name) (per_device=True, the default) calls fn(worker, handle) "
-              "once per GPU; @custom_metric(name, per_device=False) calls fn(worker) once per sample "
-              "(fn(worker, handles) also works)")
+SIGNATURES = (
+    "the accepted forms: @custom_metric(name) (per_device=True, the default) calls fn(worker, handle) "
+    "once per GPU; @custom_metric(name, per_device=False) calls fn(worker) once per sample "
+    "(fn(worker, handles) also works)"
+)
 
 
 def _takes_handles(fn: Callable, name: str, per_device: bool) -> bool:
@@ -86,9 +88,11 @@ def _takes_handles(fn: Callable, name: str, per_device: bool) -> bool:
     if not per_device and fits(None):
         return False
     called = "fn(worker, handle) once per GPU" if per_device else "fn(worker) once per sample"
-    raise TypeError(f"custom metric {name!r} is per_device={per_device}{' (the default)' if per_device else ''}, "
-                    f"so it is called as {called}, but {getattr(fn, '__name__', fn)}{signature} cannot take that; "
-                    f"{SIGNATURES}")
+    raise TypeError(
+        f"custom metric {name!r} is per_device={per_device}{' (the default)' if per_device else ''}, "
+        f"so it is called as {called}, but {getattr(fn, '__name__', fn)}{signature} cannot take that; "
+        f"{SIGNATURES}"
+    )
 
 
 # Names a table, the CSV or the readers give another meaning: base and task columns, InfluxQL's time.
@@ -108,20 +112,30 @@ def check_name(name) -> str:
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"custom_metric name must be a non-empty string, got {name!r}")
     if schema.tag_field_collisions(custom_fields=[name]):
-        raise ValueError(f"custom_metric name {name!r} is a tag name of the custom measurement "
-                         f"{schema.MEASUREMENT_TAGS[schema.CUSTOM]}; InfluxDB 3 refuses a field named like a tag")
+        raise ValueError(
+            f"custom_metric name {name!r} is a tag name of the custom measurement "
+            f"{schema.MEASUREMENT_TAGS[schema.CUSTOM]}; InfluxDB 3 refuses a field named like a tag"
+        )
     bad = sorted({c for c in name if ord(c) < 0x20 or ord(c) == 0x7F})
     measurement = name.split(".", 1)[0] if "." in name else None
     problem = (
-        "is a built-in metric name; reads would return the built-in's values" if name in schema.TRACKING else
-        f"reads as the field {name!r} of the {measurement!r} measurement ('measurement.field' names a "
-        "built-in field)" if measurement in schema.MEASUREMENT_TAGS else
-        "is a column of every table and CSV file" if name in _COLUMNS else
-        f"contains control character(s) {', '.join(repr(c) for c in bad)}, stored as spaces" if bad else
-        "contains a backslash, which line protocol does not store exactly" if "\\" in name else
-        "ends like a per-GPU column ('name[0]'), so tables and CSV files would read it as a GPU of another metric"
-        if _DEVICE_SUFFIX.search(name) else
-        "has leading or trailing spaces, which CSV readers strip" if name != name.strip() else None)
+        "is a built-in metric name; reads would return the built-in's values"
+        if name in schema.TRACKING
+        else f"reads as the field {name!r} of the {measurement!r} measurement ('measurement.field' names a "
+        "built-in field)"
+        if measurement in schema.MEASUREMENT_TAGS
+        else "is a column of every table and CSV file"
+        if name in _COLUMNS
+        else f"contains control character(s) {', '.join(repr(c) for c in bad)}, stored as spaces"
+        if bad
+        else "contains a backslash, which line protocol does not store exactly"
+        if "\\" in name
+        else "ends like a per-GPU column ('name[0]'), so tables and CSV files would read it as a GPU of another metric"
+        if _DEVICE_SUFFIX.search(name)
+        else "has leading or trailing spaces, which CSV readers strip"
+        if name != name.strip()
+        else None
+    )
     if problem:
         raise ValueError(f"custom metric name {name!r} {problem}. Choose another name")
     return name
@@ -175,8 +189,14 @@ class CustomSource:
     its call is still running. ``stop()`` never waits for a call in progress.
     """
 
-    def __init__(self, metrics, worker, devices: Callable[[], list], report: Callable[..., None] | None = None,
-                 timeout: float = 0.1):
+    def __init__(
+        self,
+        metrics,
+        worker,
+        devices: Callable[[], list],
+        report: Callable[..., None] | None = None,
+        timeout: float = 0.1,
+    ):
         self._metrics = list(metrics)
         self._worker = worker
         self._devices = devices
@@ -201,8 +221,11 @@ class CustomSource:
         for runner in posted:
             results = runner.result(deadline)
             if results is None:
-                self._report_once(runner.metric.name, "overran", f"custom metric {runner.metric.name!r} took longer "
-                                  f"than {self.timeout:g} s; skipped while it runs")
+                self._report_once(
+                    runner.metric.name,
+                    "overran",
+                    f"custom metric {runner.metric.name!r} took longer than {self.timeout:g} s; skipped while it runs",
+                )
                 continue
             for tags, value in results:
                 value = self._check(runner.metric, value)
@@ -222,8 +245,11 @@ class CustomSource:
         if runner is None:
             key = (id(self._worker), metric.name)
             if key in _Runner.stragglers:
-                self._report_once(metric.name, "overran", f"custom metric {metric.name!r} is still running "
-                                  "from an earlier session; skipped until it returns")
+                self._report_once(
+                    metric.name,
+                    "overran",
+                    f"custom metric {metric.name!r} is still running from an earlier session; skipped until it returns",
+                )
                 return None
             runner = self._runners[metric.name] = _Runner(metric, self._worker, key)
         return runner

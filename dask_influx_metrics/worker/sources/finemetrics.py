@@ -74,8 +74,14 @@ class FineMetrics:
                 for (activity, unit), delta in deltas:
                     if delta * share:
                         fields = {"value": float(delta * share), "jobs": len(split)}
-                        out.append(Point(ACTIVITY, {**tags, "activity": activity, "unit": unit},
-                                         {k: v for k, v in fields.items() if k in self._want}, now_ns))
+                        out.append(
+                            Point(
+                                ACTIVITY,
+                                {**tags, "activity": activity, "unit": unit},
+                                {k: v for k, v in fields.items() if k in self._want},
+                                now_ns,
+                            )
+                        )
         return out
 
     def _deltas(self, snapshot: dict) -> dict:

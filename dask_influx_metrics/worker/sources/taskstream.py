@@ -52,8 +52,13 @@ def wanted(fields) -> bool:
 class TaskStream:
     """Finished task executions -> ``task`` points and (with ``digests``) ``activity`` points."""
 
-    def __init__(self, fields, base_tags: dict, clock_offset: Callable[[], float] = lambda: 0.0,
-                 digests: Callable[[], dict] | None = None):
+    def __init__(
+        self,
+        fields,
+        base_tags: dict,
+        clock_offset: Callable[[], float] = lambda: 0.0,
+        digests: Callable[[], dict] | None = None,
+    ):
         self.ended: collections.deque = collections.deque(maxlen=MAX_PENDING)
         self._want = frozenset(n for m, n in fields if m == TASK)
         self._every = self._want >= FIELDS  # every field a record has: its dict is the point's, unfiltered
@@ -82,8 +87,9 @@ class TaskStream:
         out = [self._point(r) for r in records] if self._want else []
         self._before, self._times, self._last, self._series_tags = self._times, {}, {}, {}
         if self.fine:
-            out += self.fine.points(snapshot, [(prefix, job, duration) for _, job, _, _, prefix, _, duration, _
-                                               in records], now_ns)
+            out += self.fine.points(
+                snapshot, [(prefix, job, duration) for _, job, _, _, prefix, _, duration, _ in records], now_ns
+            )
         return out
 
     def _record(self, raw) -> tuple:
@@ -104,8 +110,15 @@ class TaskStream:
         else:  # it never ran its function (failed before, rescheduled)
             start = stop = ended_at + self._offset()
         duration = float(stop - start)
-        fields = {"key": str(key), "start": float(start), "duration": duration, "compute": duration,
-                  "transfer": 0.0, "disk_read": 0.0, "disk_write": 0.0}
+        fields = {
+            "key": str(key),
+            "start": float(start),
+            "duration": duration,
+            "compute": duration,
+            "transfer": 0.0,
+            "disk_read": 0.0,
+            "disk_write": 0.0,
+        }
         if spent is not None:
             fields.update(spent)
         if nbytes is not None:
@@ -125,8 +138,13 @@ class TaskStream:
         self._times.setdefault(series, set()).add(t)
         tags = self._series_tags.get(series)
         if tags is None:  # one tag dict per series and tick, shared by its points (nothing mutates them)
-            tags = self._series_tags[series] = {**self._tags, "job": str(job), "dag": str(dag), "prefix": prefix,
-                                                "state": state}
+            tags = self._series_tags[series] = {
+                **self._tags,
+                "job": str(job),
+                "dag": str(dag),
+                "prefix": prefix,
+                "state": state,
+            }
         if not self._every:
             fields = {k: v for k, v in fields.items() if k in self._want}
         return Point(TASK, tags, fields, t)
