@@ -292,3 +292,30 @@ def test_a_worker_the_agent_cannot_see_samples_in_process(client, monitor, tmp_p
         client.run(pretend, on=False)
     events = [e["message"] for _, e in client.get_events("influx-metrics") if e.get("what") == "agent"]
     assert any("different PID namespaces" in m for m in events), events
+
+
+def test_a_run_folder_open_to_others_is_refused_at_start(client, monitor, tmp_path):
+    """Issue 23 item 8: another local user who pre-creates the run folder could see or plant workers'
+    registrations; start() fails naming it, as for a foreign spool root."""
+    hostile = tmp_path / "dask-influx-metrics-run"
+    hostile.mkdir(mode=0o777)
+    os.chmod(hostile, 0o777)
+
+    def point_at(dask_worker, folder):
+        from dask_influx_metrics import runfolder
+
+        if folder:
+            runfolder.real_run_directory = runfolder.run_directory
+            runfolder.run_directory = lambda: runfolder.private_folder(folder)
+        else:
+            runfolder.run_directory = runfolder.real_run_directory
+
+    client.run(point_at, folder=str(hostile))
+    try:
+        monitor.attach(polling_interval=POLL_MS, tracking=["tasks"])
+        with pytest.raises(PermissionError, match="dask-influx-metrics-run"):
+            monitor.start()
+    finally:
+        client.run(point_at, folder=None)
+    events = [e["message"] for _, e in client.get_events("influx-metrics") if e.get("what") == "agent"]
+    assert any("refused to start" in m and "not a private folder" in m for m in events), events

@@ -210,3 +210,31 @@ def test_shared_h100_time_goes_to_the_matmul_worker_and_per_job_shares_fit_the_d
     assert len(seen) >= 2, "the first answer (stale buffer) is left out, later windows are written"
     alone = HostCollector(fields, gpus, host=None).collect([a], now_ns=0)
     assert not any("worker_utilization_gpu" in p.fields for p in alone), "one worker: no per-process read"
+
+
+def test_per_job_gpu_depth_from_the_replayed_h100(tmp_path):
+    """Issue 25 item 3: per job, the device's utilization vs SM active vs occupancy vs tensor activity, and
+    the job's own share of the shared GPU's SM time, read back from a spool as any reader would."""
+    from dask_influx_metrics import lineprotocol, query
+    from dask_influx_metrics.sinks.spool import SpoolSink
+
+    a, b = Worker(1, 425), Worker(2, 427)
+    gpus = NvmlDevices(ALL, nvml=FakeNvml("nvml_h100_shared.json"), interval_s=0.2)
+    for w in (a, b):
+        w.uuids = gpus.resolve(w)
+    gpus._devices[a.uuids[0]].procs._interval = 0.0
+    collector = HostCollector(ALL, gpus, host=None)
+    a.run(1, 1)
+    b.run(2, 2)
+    sink = SpoolSink(tmp_path / "20260101T000000-000001" / "agent-node")
+    t0 = 1_790_000_000_000_000_000
+    for k in range(4):  # the recording's windows of the shared phase
+        sink.send(lineprotocol.encode_many(collector.collect([a, b], now_ns=t0 + k * 200_000_000)))
+    sink.close()
+    with query.connect(str(tmp_path)) as db:
+        depth = db.gpu_during_tasks().set_index("job")
+    one, two = depth.loc[1], depth.loc[2]
+    assert one["mean_utilization_gpu"] == two["mean_utilization_gpu"] > 95  # device-wide: both jobs ran on it
+    assert round(one["mean_sm_occupancy"], 1) == 14.2 and round(one["mean_pipe_tensor_active"]) == 93
+    assert one["mean_worker_utilization_gpu"] >= 95 and two["mean_worker_utilization_gpu"] <= 2
+    assert one["mean_worker_utilization_gpu"] + two["mean_worker_utilization_gpu"] <= one["mean_utilization_gpu"] + 1

@@ -37,7 +37,7 @@ from ..config import Settings, public
 from ..names import GpuState
 from ..reports import Reporter
 from ..sampler import Sampler
-from ..schema import HOST
+from ..schema import GPU, HOST
 from ..sinks import HEALTH_INTERVAL, counters, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
 from .collect import HostCollector
@@ -111,6 +111,7 @@ class Agent:
         self.reports = (self.reports + [[self._reported, event]])[-KEEP_REPORTS:]
 
     def _predecessor(self) -> list:
+        """The counters of an agent of this session that died (the worker that replaced it said so)."""
         try:
             reader = BeatReader(SnapshotBuffer.open(os.path.join(self.folder, runfolder.BEAT), BEAT_BYTES), "")
         except (OSError, ValueError):
@@ -119,11 +120,6 @@ class Agent:
         reader.buffer.close()
         if not beat or beat.get("pid") == os.getpid():
             return []
-        self.report(
-            "agent",
-            f"the previous sampling agent (pid {beat.get('pid')}) stopped without a last sample; this one took over",
-            pid=beat.get("pid"),
-        )
         return [
             {**c, "agent": beat.get("pid"), "dead": True} for c in beat.get("counters", []) if not c.get("dead")
         ] + [c for c in beat.get("counters", []) if c.get("dead")]
@@ -151,6 +147,13 @@ class Agent:
                     (f"no GPU is visible to this worker (CUDA_VISIBLE_DEVICES={view.visible!r})"),
                 )
         self.found[wid] = {"gpu": state.value, "devices": list(view.uuids), "why": why}
+        if state not in (GpuState.NVML, GpuState.SIMULATED) and any(m == GPU for m, _ in self.settings.fields):
+            self.report.once(
+                "gpu-source",
+                f"GPU metrics were asked for, but this host's workers write no GPU samples: {state.value} ({why})",
+                key=("gpu", state, why),
+                state=state.value,
+            )
         return view
 
     def send(self, lines: list) -> None:

@@ -146,7 +146,7 @@ class Monitor:
             )
         # the same start path as --preload; a worker's setup error stops the session and lands here
         session = self.client.run_on_scheduler(scheduler_session.start, tracking=tracking, attached=self._attached)
-        logger.info(
+        scheduler_session.user_log.info(  # a "distributed.*" logger: shown where Dask's own lines are
             "influx-metrics session %s: %s",
             session["id"],
             "; ".join(

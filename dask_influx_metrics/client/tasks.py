@@ -54,6 +54,9 @@ TASKS = [
 ACTIVITY = ["job", "prefix", "activity", "unit", "value"]
 GPU = ["job", "dag", "samples", "mean_utilization_gpu", "max_utilization_gpu"]
 UTIL = "utilization_gpu"
+# "was the GPU busy": besides utilization, where collected, GPM's SM active / occupancy / tensor / DRAM
+# (docs/attribution.md) and, on shared GPUs, the worker's own share of the SM time
+DEPTH = ("sm_active", "sm_occupancy", "pipe_tensor_active", "dram_active", "worker_utilization_gpu")
 
 NO_TASK_STREAM = "no task stream recorded: tracking `task-stream` is off, or no task finished in range"
 NO_FINE_METRICS = "no fine performance metrics recorded: tracking `fine-metrics` is off, or no task ran in range"
@@ -127,38 +130,37 @@ def gpu_during(samples: pd.DataFrame, dag_jobs: dict) -> pd.DataFrame:
     ...                   "utilization_gpu": [50.0, 0.0, 100.0, 30.0]})
     >>> gpu_during(s, {1: 1, 2: 2})[["job", "dag", "samples", "mean_utilization_gpu"]].values.tolist()
     [[1, <NA>, 2, 75.0], [1, 1, 2, 75.0], [2, <NA>, 2, 65.0], [2, 2, 2, 65.0]]
+    >>> d = s.assign(sm_occupancy=[14.0, None, 20.0, None])  # GPM where collected (Hopper+): its own samples
+    >>> gpu_during(d, {1: 1, 2: 2})[["job", "dag", "mean_sm_occupancy", "max_sm_occupancy"]].values.tolist()
+    [[1, <NA>, 17.0, 20.0], [1, 1, 17.0, 20.0], [2, <NA>, 20.0, 20.0], [2, 2, 20.0, 20.0]]
     """
     busy = samples[jobtags.busy(samples["dag"])] if not samples.empty else samples
     if busy.empty:
         return _empty(GPU, NO_GPU)
-    busy = busy.assign(**{UTIL: pd.to_numeric(busy[UTIL])}).dropna(subset=[UTIL])
+    fields = [UTIL] + [f for f in DEPTH if f in busy]
+    busy = busy.assign(**{f: pd.to_numeric(busy[f]) for f in fields}).dropna(subset=fields, how="all")
     seconds = busy["seconds"] if "seconds" in busy else pd.Series(1.0, index=busy.index)
-    busy = busy.assign(_time=seconds, _area=busy[UTIL] * seconds)
+    timed = {f"_time_{f}": seconds.where(busy[f].notna()) for f in fields}  # a field's own samples only
+    busy = busy.assign(**timed, **{f"_area_{f}": busy[f] * seconds for f in fields})
     rows = []
     for column in ("job", "dag"):
-        stats = (
-            jobtags.explode(busy[[column, UTIL, "_time", "_area"]], column)
-            .groupby(column)
-            .agg(
-                count=(UTIL, "count"),
-                mean=(UTIL, "mean"),
-                top=(UTIL, "max"),
-                time=("_time", "sum"),
-                area=("_area", "sum"),
-            )
+        per = jobtags.explode(busy[[column, *fields, *timed, *(f"_area_{f}" for f in fields)]], column).groupby(column)
+        stats = per.agg(
+            count=(UTIL, "count"),
+            **{f"mean_{f}": (f, "mean") for f in fields},
+            **{f"max_{f}": (f, "max") for f in fields},
+            **{f"time_{f}": (f"_time_{f}", "sum") for f in fields},
+            **{f"area_{f}": (f"_area_{f}", "sum") for f in fields},
         )
         for number, s in stats.iterrows():
             job = number if column == "job" else dag_jobs.get(number, pd.NA)
-            rows.append(
-                {
-                    "job": job,
-                    "dag": pd.NA if column == "job" else number,
-                    "samples": int(s["count"]),
-                    "mean_utilization_gpu": s["area"] / s["time"] if s["time"] > 0 else s["mean"],
-                    "max_utilization_gpu": s["top"],
-                }
-            )
-    out = pd.DataFrame(rows, columns=GPU).astype({"job": "Int64", "dag": "Int64"})
+            row = {"job": job, "dag": pd.NA if column == "job" else number, "samples": int(s["count"])}
+            for f in fields:  # time-weighted where the samples' times are known
+                row[f"mean_{f}"] = s[f"area_{f}"] / s[f"time_{f}"] if s[f"time_{f}"] > 0 else s[f"mean_{f}"]
+                row[f"max_{f}"] = s[f"max_{f}"]
+            rows.append(row)
+    columns = GPU + [f"{k}_{f}" for f in fields[1:] for k in ("mean", "max")]
+    out = pd.DataFrame(rows, columns=columns).astype({"job": "Int64", "dag": "Int64"})
     return out.sort_values(["job", "dag"], na_position="first", kind="stable").reset_index(drop=True)
 
 
@@ -203,12 +205,16 @@ class TaskQuestions:
         return _only(summarize_activity(self.backend.points(schema.ACTIVITY, ACTIVITY_COLUMNS)), job)
 
     def gpu_during_tasks(self, job: Optional[int] = None) -> pd.DataFrame:
-        """Mean/max GPU utilization while each job (and DAG) had tasks executing."""
+        """Was the GPU busy: mean/max GPU utilization while each job (and DAG) had tasks executing, and
+        where collected GPM's SM active, SM occupancy, tensor and DRAM activity, and the job's workers'
+        share of a shared GPU's SM time (``worker_utilization_gpu``)."""
         job = self.check_job(job)
-        if UTIL not in self.fields().get(schema.GPU, ()):
+        have = self.fields().get(schema.GPU, ())
+        if UTIL not in have:
             return _empty(GPU, NO_GPU)
+        fields = [UTIL] + [f for f in DEPTH if f in have]
         # every sample, not the job's only: a sample stands for the time to the next one of its GPU
-        frames = [self.backend.frame(schema.GPU, [UTIL], w) for w in self.workers()]
+        frames = [self.backend.frame(schema.GPU, fields, w) for w in self.workers()]
         samples = pd.concat([_timed(f) for f in frames if not f.empty] or [frames[0]], ignore_index=True)
         dags = self.dags()
         return _only(gpu_during(samples, dict(zip(dags["dag"], dags["job"]))), job)

@@ -61,5 +61,5 @@ async def start_monitoring(scheduler, overrides: dict | None = None) -> dict:
     # The scheduler calls the plugin's start(scheduler) itself right after preloads.
     scheduler.add_plugin(JobPlugin(overrides, worker_payload=b""), name=JOBS_PLUGIN)
     session = await _session.start(scheduler)
-    logger.info("influx-metrics: session %s started from preload", session["id"])
+    _session.user_log.info("influx-metrics: session %s started from preload", session["id"])
     return session

@@ -24,6 +24,8 @@ from ..names import JOBS_PLUGIN, WORKER_PLUGIN
 from ..worker.plugin import MetricsWorkerPlugin
 
 logger = logging.getLogger(__name__)
+# where a user reads the scheduler's log: Dask shows its own "distributed.*" loggers at INFO
+user_log = logging.getLogger("distributed.influx_metrics")
 REPORT_TIMEOUT = 10.0  # s to wait for each worker's report of where its samples go
 
 
@@ -56,7 +58,7 @@ async def start(dask_scheduler, tracking=None, attached=None) -> dict:
     while not set(dask_scheduler.workers) <= set(plugin.destinations) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)  # the reports travel on the workers' batched streams
     for who, where in sorted(plugin.destinations.items()):
-        logger.info("influx-metrics session %s: %s sends to %s", session["id"], who, describe(where))
+        user_log.info("influx-metrics session %s: %s sends to %s", session["id"], who, describe(where))
     return {**session, "destinations": {w: dict(d) for w, d in plugin.destinations.items()}}
 
 
