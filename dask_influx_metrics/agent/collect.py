@@ -16,7 +16,10 @@ The rules (README "What a number means"):
   the GPU's time) carry that worker's own tags. When the owner's
   own tags equal the union, its per-worker GPU fields join the device point.
 * Every point of a worker is timed on the scheduler's clock through that
-  worker's steadied offset; device and host points through their owner's.
+  worker's steadied offset (so a worker's points of one sample share their
+  time: its table's row), device-wide points through their owner's; host
+  points through the median of the workers' offsets (one clock for the host,
+  so a change of owner never reorders its series; tables join it as of time).
 
 Example
 -------
@@ -81,6 +84,7 @@ class HostCollector:
             fields = w.read()
             if fields:
                 points.append(Point(WORKER, own[w.id], fields, times[w.id]))
+        shared_ns = sorted(times.values())[len(workers) // 2]  # the host's points: the median offset
         if self.gpus is not None and self._gpu_fields:
             points += self._gpu_points(workers, own, times)
         if self.host is not None:
@@ -90,7 +94,7 @@ class HostCollector:
             elif fields:
                 owner = workers[0]
                 job, dag = union_tags(workers)
-                points.append(Point(HOST, {**owner.tags, "job": job, "dag": dag}, fields, times[owner.id]))
+                points.append(Point(HOST, {**owner.tags, "job": job, "dag": dag}, fields, shared_ns))
         return points
 
     def _gpu_points(self, workers, own, times) -> list[Point]:

@@ -396,7 +396,8 @@ class Monitor:
         """
         store = self.query(**kwargs)
         if not kwargs:  # the session's own source: every worker that sampled must be in the export
-            from .query import NO_GPU, QueryError
+            from .query import QueryError
+            from .query.store import NO_GPU
 
             sampled = {w for w in self._state().get("destinations") or {} if w != "scheduler"}
             present = store.workers()

@@ -121,6 +121,9 @@ class MetricsWorkerPlugin(WorkerPlugin):
         }
         try:
             link = await asyncio.to_thread(AgentLink, config, info, self.registry.snapshot(), self.report)
+        except PermissionError as e:  # another user's folder in /dev/shm: refused, as a foreign spool root is
+            self.report("agent", f"refused to start: {e}")
+            raise
         except Exception as e:
             self.report(
                 "agent", f"cannot join this host's sampling agent ({type(e).__name__}: {e}); sampling in-process"
@@ -310,11 +313,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     def _record_destinations(self, role: str, found: dict | None) -> None:
         """Tell the session where this worker's samples go and what it found of its GPUs
-        (``Monitor.jobs()["destinations"]``); warn once when GPU metrics were asked for and none come."""
+        (``Monitor.jobs()["destinations"]``); in thread mode, warn once when GPU metrics were asked
+        for and none come (beside an agent, the agent says it once for the host)."""
         where = destinations(self.settings, self.session["id"], role)
         where["gpu"] = found or {"gpu": "unknown", "devices": [], "why": "the sampling agent did not answer"}
         wanted = any(m == GPU for m, _ in self.settings.fields)
-        if wanted and where["gpu"]["gpu"] not in ("nvml", "simulated"):
+        if wanted and self.link is None and where["gpu"]["gpu"] not in ("nvml", "simulated"):
             self.report.once(
                 "gpu-source", f"no GPU samples from this worker: {where['gpu']['gpu']} ({where['gpu']['why']})"
             )
