@@ -295,6 +295,10 @@ class BeatReader:
             self._seq = seq if self._last is not None or not seq else -1
         return self._last
 
+    def samples(self) -> int:
+        """The agent's sample count at a glance (no seqlock: a hint, e.g. whether it sampled since)."""
+        return _BEAT.unpack_from(self.buffer.raw(), _HEADER)[1]
+
     def when(self) -> float:
         """The ``time`` of the latest beat at a glance (no seqlock: a torn read is possible, so only a
         hint; :meth:`__call__` for a value to act on)."""

@@ -228,9 +228,12 @@ class Agent:
         with self._lock:
             write_beat(self.beat, os.getpid(), self.sampler.samples, self.sampler.extra, self._doc)
 
-    def wake(self, worker_id: str) -> None:
-        """A task started on worker ``worker_id``: sample now if its last sample saw it idle."""
-        self._woken = True  # the next sample looks at the run folder (an arrival, a leave)
+    def wake(self, message: str) -> None:
+        """``"<worker id> task"``: a task started on that worker: sample now if its last sample saw it
+        idle. ``"<worker id> folder"``: it arrives or leaves: look at the run folder at the next sample."""
+        worker_id, _, why = message.partition(" ")
+        if why != "task" or worker_id not in self.workers.views:
+            self._woken = True
         view = self.workers.views.get(worker_id)
         if view is None or not view.activity().executing:
             self.sampler.wake()

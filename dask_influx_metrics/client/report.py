@@ -209,7 +209,8 @@ def _job(data: dict, job: int, figures: dict) -> str:
         _table(_peaks(data["peaks"], job), "no GPU peaks: no GPU metric was collected"),
         "<h3>Utilization while the job ran (per worker)</h3>",
         _table(mine[SUMMARY_COLUMNS] if not mine.empty else mine, "no utilization: compute-util and host-cpu are off"),
-        "<h3>GPU utilization during its tasks (job, then each DAG)</h3>",
+        "<h3>Was the GPU busy? Utilization, and where collected SM active, SM occupancy, tensor and DRAM activity "
+        "and the job's share of a shared GPU, during its tasks (job, then each DAG)</h3>",
         _table(data["gpu"][data["gpu"]["job"] == job] if not data["gpu"].empty else data["gpu"]),
     ]
     activity = data["activity"]

@@ -60,6 +60,7 @@ class AgentLink:
         self._beat, self._beat_inode = None, None
         self._closed = threading.Event()
         self._held = False  # this worker holds agent.lock (the agent is gone)
+        self._woken = None  # the agent's sample count when the last task wake was sent
         self._restarts: list[float] = []  # when this worker replaced an agent (monotonic)
         self.failed = None  # why this worker gave up on the agent (the plugin then samples in-process)
         self.gaps = 0  # agents replaced while this worker ran
@@ -117,7 +118,7 @@ class AgentLink:
                 raise RuntimeError(beat["foreign"][self.id])
             if time.monotonic() > deadline or self._closed.is_set():
                 return None
-            self.wake()
+            self.wake("folder")
             time.sleep(0.01)
 
     # --- starting and watching the agent --------------------------------------------------
@@ -228,10 +229,17 @@ class AgentLink:
         )
 
     # --- what the worker does ---------------------------------------------------------------
-    def wake(self) -> None:
-        """A task started on an idle worker: the agent samples now unless its last sample saw tasks."""
+    def wake(self, why: str = "task") -> None:
+        """A task started on an idle worker (``why="task"``): the agent samples now unless its last sample
+        saw tasks; one datagram per agent sample at most (short tasks back to back send one). Arriving
+        and leaving (``"folder"``) also make it look at the run folder."""
+        if why == "task":
+            samples = self._beat.samples() if self._beat is not None else -1
+            if samples == self._woken:
+                return
+            self._woken = samples
         try:
-            self._sock.sendto(self.id.encode(), os.path.join(self.folder, runfolder.SOCKET))
+            self._sock.sendto(f"{self.id} {why}".encode(), os.path.join(self.folder, runfolder.SOCKET))
         except OSError:  # no agent listening right now: the next tick sees the task anyway
             pass
 
@@ -249,7 +257,7 @@ class AgentLink:
         snap = os.path.join(self._dir, f"{self.id}.snap")
         deadline = time.monotonic() + (3 * self.interval + 2.0 if timeout is None else timeout)
         while os.path.exists(snap) and time.monotonic() < deadline:
-            self.wake()
+            self.wake("folder")
             time.sleep(0.01)
         self._watcher.join(WATCH_S * 4)
         for fd_owner in (self._snap, self._beat and self._beat.buffer):
