@@ -15,6 +15,7 @@ Run: ``PYTHONPATH=$PWD .venv/bin/python -m benchmarks.pertask [--no-cluster]``. 
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -45,18 +46,7 @@ def publisher(n: int = 20_000, rounds: int = 7) -> dict:
             for i in range(n):
                 if i % EVERY == 0:  # the agent's sample: the snapshot, then the beat acknowledging it
                     reader.refresh()
-                    write_beat(
-                        beat,
-                        {
-                            "pid": 1,
-                            "samples": r * n + i,
-                            "extra": 0,
-                            "time": time.monotonic(),
-                            "acked": {"w": reader.acked},
-                            "counters": [],
-                            "reports": [],
-                        },
-                    )
+                    write_beat(beat, 1, r * n + i, 0, json.dumps({"acked": {"w": reader.acked}}).encode())
                 key = (KEY[0], r * n + i)
                 t = time.thread_time_ns()
                 pub.started(key, 1, 3)
