@@ -1,0 +1,432 @@
+"""The dashboard's panels and their InfluxQL, every name from the data contract (see build_dashboard.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from dask_influx_metrics import jobtags, schema  # noqa: E402
+
+INFLUXQL = {"type": "influxdb", "uid": "dask-influxql"}
+UNITS = {
+    "%": "percent",
+    "MiB": "decmbytes",
+    "bytes": "bytes",
+    "W": "watt",
+    "C": "celsius",
+    "MHz": "rothz",
+    "count": "short",
+    "s": "s",
+    "bytes/s": "Bps",
+    "mJ": "short",
+}
+
+HOST_WORKER = '"host" =~ /^$host$/ AND "worker" =~ /^$worker$/'
+JOB = f'"job" =~ {jobtags.influxql_regex("$job")}'  # activity points have no dag
+JOB_DAG = f'{JOB} AND "dag" =~ {jobtags.influxql_regex("$dag")}'
+SAMPLES = f"{HOST_WORKER} AND {JOB_DAG}"
+BUSY = "\"dag\" != '0'"
+PER_GPU, GPU_ALIAS = ["worker", "index"], "$tag_worker GPU $tag_index"
+# Clock-event reasons that mean the GPU was slowed down (idle, application/display clocks and
+# sync boost are not shown).
+SLOWDOWNS = (0x4, 0x8, 0x20, 0x40, 0x80)
+HELD_IDLE_MINUTES = 10  # the example alert: a GPU held idle by a running job this long
+LOSS_MINUTES = 5  # the example alert: points dropped or refused within this window
+
+
+def field(measurement: str, name: str) -> schema.Field:
+    """The schema entry (raises ``KeyError`` for a name the contract lacks)."""
+    return schema.FIELDS[measurement, name]
+
+
+def unit(f: schema.Field) -> str:
+    return UNITS.get(f.unit, "short")
+
+
+def variable(name: str, query: str, regex_all: bool = False) -> dict:
+    """A multi-value query variable on the InfluxQL datasource."""
+    var = {
+        "name": name,
+        "label": name,
+        "type": "query",
+        "datasource": INFLUXQL,
+        "query": query,
+        "refresh": 2,
+        "multi": True,
+        "includeAll": True,
+        "sort": 3 if regex_all else 1,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+    }
+    if regex_all:  # job/dag: match any element of a comma-joined list
+        var["allValue"] = ".*"
+    return var
+
+
+def held_idle() -> str:
+    """Per GPU sample: 1 when the GPU ran no kernel while memory was in use on it, else 0.
+
+    InfluxQL has no CASE: ``ceil(x / big)`` is 1 for any ``0 < x <= big`` and 0 for 0.
+    """
+    util, mem = field(schema.GPU, "utilization_gpu").name, field(schema.GPU, "memory_used").name
+    return f'(1 - ceil("{util}" / 100)) * ceil("{mem}" / 1000000000)'
+
+
+def target(query: str, alias: str = "", fmt: str = "time_series", ref: str = "A") -> dict:
+    out = {"refId": ref, "datasource": INFLUXQL, "rawQuery": True, "resultFormat": fmt, "query": query}
+    return {**out, "alias": alias} if alias else out
+
+
+def graph(
+    title: str,
+    description: str,
+    query: str,
+    alias: str,
+    panel_unit: str,
+    stack: bool = False,
+    y_max: float | None = None,
+) -> dict:
+    """A time series panel from its own InfluxQL; the y axis starts at 0 (and ends at ``y_max``)."""
+    custom = {"stacking": {"mode": "normal" if stack else "none"}, "fillOpacity": 20 if stack else 0}
+    defaults = {"unit": panel_unit, "min": 0, "custom": custom, **({"max": y_max} if y_max is not None else {})}
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": INFLUXQL,
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "targets": [target(query, alias)],
+    }
+
+
+def timeseries(
+    title: str,
+    f: schema.Field,
+    agg: str,
+    where: str,
+    group: list[str],
+    alias: str,
+    stack: bool = False,
+    panel_unit: str | None = None,
+) -> dict:
+    """A time series of ``agg(field)`` per ``group`` tags (in the field's unit, or Grafana's ``panel_unit``);
+    percentages on a 0-100 axis."""
+    tags = "".join(f', "{t}"' for t in group)
+    query = (
+        f'SELECT {agg}("{f.name}") FROM "{f.measurement}" WHERE {where} AND $timeFilter '
+        f"GROUP BY time($__interval){tags} fill(none)"
+    )
+    return graph(title, f.description, query, alias, panel_unit or unit(f), stack, y_max=100 if f.unit == "%" else None)
+
+
+def table(title: str, description: str, query: str) -> dict:
+    return {
+        "type": "table",
+        "title": title,
+        "description": description,
+        "datasource": INFLUXQL,
+        "fieldConfig": {"defaults": {}, "overrides": []},
+        "targets": [target(query, fmt="table")],
+    }
+
+
+def gpu_panels() -> list[list[tuple[dict, int]]]:
+    """Rows of per-GPU panels: every collected gpu field, clock-event reasons, held-idle time, GPU-hours."""
+
+    def per_gpu(title: str, name: str, agg: str = "mean") -> tuple[dict, int]:
+        return timeseries(title, field(schema.GPU, name), agg, SAMPLES, PER_GPU, GPU_ALIAS), 12
+
+    reasons = field(schema.GPU, "clocks_event_reasons")
+    shares = ", ".join(f'100 * mean("r{bit}") AS "{schema.CLOCK_EVENT_REASONS[bit]}"' for bit in SLOWDOWNS)
+    bits = ", ".join(f'("{reasons.name}" & {bit}) / {bit} AS "r{bit}"' for bit in SLOWDOWNS)
+    slowdowns = (
+        f"SELECT {shares} FROM (SELECT {bits} FROM \"{schema.GPU}\" WHERE {SAMPLES} AND $timeFilter) "
+        f"WHERE $timeFilter GROUP BY time($__interval), \"worker\", \"index\" fill(none)"
+    )
+    held = (
+        f"SELECT 100 * mean(\"held_idle\") FROM (SELECT {held_idle()} AS \"held_idle\" FROM \"{schema.GPU}\" "
+        f"WHERE {SAMPLES} AND {BUSY} AND $timeFilter) WHERE $timeFilter "
+        f"GROUP BY time($__interval), \"worker\", \"index\" fill(none)"
+    )
+    hours = "* $sample_ms / 3600000"
+    util = field(schema.GPU, "utilization_gpu").name
+    gpu_hours = (
+        f'SELECT count("util") {hours} AS "gpu_hours", sum("held_idle") {hours} AS "held_idle_gpu_hours", '
+        f'mean("util") AS "mean_{util}" FROM (SELECT "{util}" AS "util", {held_idle()} AS "held_idle" '
+        f"FROM \"{schema.GPU}\" WHERE {SAMPLES} AND {BUSY} AND $timeFilter) WHERE $timeFilter GROUP BY \"job\""
+    )
+    return [
+        [
+            per_gpu("GPU power draw per worker/GPU", "power_draw"),
+            per_gpu("GPU temperature per worker/GPU", "temperature_gpu", "max"),
+        ],
+        [
+            per_gpu("SM clock per worker/GPU", "clocks_current_sm"),
+            (
+                graph(
+                    "Clock-event reasons: % of samples slowed down, per reason",
+                    f"{reasons.description}: "
+                    "the share of samples in which each slowdown reason was active (NVML bits "
+                    + ", ".join(f"{bit:#x} {schema.CLOCK_EVENT_REASONS[bit]}" for bit in SLOWDOWNS)
+                    + ").",
+                    slowdowns,
+                    f"{GPU_ALIAS} $col",
+                    "percent",
+                    y_max=100,
+                ),
+                12,
+            ),
+        ],
+        [
+            per_gpu("GPU memory held by each worker's processes", "worker_memory_used", "max"),
+            per_gpu("GPU memory busy (read/write time)", "utilization_memory"),
+        ],
+        [
+            (
+                graph(
+                    "GPU held idle while a job runs (% of busy samples)",
+                    "Share of the busy samples (a job's task running on a worker using the GPU) in which the GPU "
+                    "ran no kernel while memory was in use on it (utilization_gpu = 0, memory_used > 0).",
+                    held,
+                    GPU_ALIAS,
+                    "percent",
+                    y_max=100,
+                ),
+                12,
+            ),
+            (
+                table(
+                    "GPU-hours and held-idle GPU-hours per job",
+                    "GPU samples while the job ran (busy, dag != '0') x the sampling interval ($sample_ms ms), "
+                    "over the GPUs shown; held idle: those in which the GPU ran no kernel while memory was in use. "
+                    "A job tag such as '1,2' means the jobs shared the GPU's workers at that time.",
+                    gpu_hours,
+                ),
+                12,
+            ),
+        ],
+    ]
+
+
+def delivery_panels() -> list[list[tuple[dict, int]]]:
+    """Sampling health: each sender's sink counters (cumulative), as rates and as totals over the range."""
+    senders = '"host", "worker", "sink"'
+    sent, dropped, refused, spooled, errors = schema.DELIVERY_FIELDS
+
+    def rates(*names: str) -> str:
+        cols = ", ".join(f'non_negative_derivative(last("{n}"), 1s) AS "{n}"' for n in names)
+        return (
+            f'SELECT {cols} FROM "{schema.DELIVERY}" WHERE $timeFilter GROUP BY time($__interval), {senders} fill(none)'
+        )
+
+    increases = ", ".join(f'non_negative_difference("{n}") AS "{n}"' for n in schema.DELIVERY_FIELDS)
+    sums = ", ".join(f'sum("{n}") AS "{n}"' for n in schema.DELIVERY_FIELDS)
+    totals = (
+        f'SELECT {sums} FROM (SELECT {increases} FROM "{schema.DELIVERY}" WHERE $timeFilter GROUP BY {senders}) '
+        f"WHERE $timeFilter GROUP BY {senders}"
+    )
+    every = "Every sender (worker, agent or scheduler, whatever the host/worker selection), per sink; "
+    return [
+        [
+            (
+                graph(
+                    "Points sent per second, per sender and sink",
+                    every + "from its cumulative points_sent.",
+                    rates(sent),
+                    "$tag_host $tag_worker $tag_sink",
+                    "cps",
+                ),
+                12,
+            ),
+            (
+                graph(
+                    "Points dropped, refused, spooled and sink errors per second",
+                    every + "dropped: lost before sending (queue full); refused: the server said no; spooled: kept on "
+                    "disk for replay; errors: failed sends.",
+                    rates(dropped, refused, spooled, errors),
+                    "$tag_worker $tag_sink $col",
+                    "cps",
+                ),
+                12,
+            ),
+        ],
+        [
+            (
+                table(
+                    "Sampling health: points per sender and sink in the time range",
+                    every + "each counter's increase within the range (a sender restart resets its counters; the "
+                    "step across a reset is left out).",
+                    totals,
+                ),
+                24,
+            )
+        ],
+    ]
+
+
+def several(
+    title: str, names: tuple, agg: str = "mean", group: tuple = ("worker", "index"), where: str = SAMPLES
+) -> tuple[dict, int]:
+    """One panel of several gpu fields of one unit, one line per field and GPU (or ``group``)."""
+    fields = [field(schema.GPU, n) for n in names]
+    select = ", ".join(f'{agg}("{f.name}") AS "{f.name}"' for f in fields)
+    tags = "".join(f', "{t}"' for t in group)
+    query = (
+        f'SELECT {select} FROM "{schema.GPU}" WHERE {where} AND $timeFilter GROUP BY time($__interval){tags} fill(none)'
+    )
+    description = "; ".join(f"{f.name}: {f.description}" for f in fields)
+    alias = (
+        "$tag_worker " + ("GPU $tag_index " if "index" in group else "") + ("job $tag_job " if "job" in group else "")
+    )
+    return graph(
+        title, description, query, alias + "$col", unit(fields[0]), y_max=100 if fields[0].unit == "%" else None
+    ), 12
+
+
+def depth_panels() -> list[list[tuple[dict, int]]]:
+    """Why the GPU was slow and whose work it was: GPM (Hopper+), per-worker shares, the Telegraf extras."""
+    return [
+        [
+            several(
+                "Was the GPU busy? utilization vs SM active vs occupancy vs tensor vs DRAM (GPM)",
+                ("utilization_gpu", "sm_active", "sm_occupancy", "pipe_tensor_active", "dram_active"),
+            ),
+            several(
+                "Each worker's share of a shared GPU (SM and memory-controller time)",
+                ("worker_utilization_gpu", "worker_utilization_memory"),
+                group=("worker", "index", "job"),
+            ),
+        ],
+        [
+            several(
+                "Pipes active (GPM)",
+                (
+                    "gr_engine_active",
+                    "pipe_tensor_hmma_active",
+                    "pipe_tensor_imma_active",
+                    "pipe_tensor_dfma_active",
+                    "pipe_tensor_dmma_active",
+                    "pipe_fp64_active",
+                    "pipe_fp32_active",
+                    "pipe_fp16_active",
+                    "pipe_int_active",
+                ),
+            ),
+            several(
+                "PCIe and NVLink traffic (GPM)",
+                ("pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes", "nvlink_rx_bytes"),
+            ),
+        ],
+        [
+            several(
+                "Video engines busy",
+                ("utilization_encoder", "utilization_decoder", "utilization_jpeg", "utilization_ofa"),
+            ),
+            several("Memory clock", ("clocks_current_memory",)),
+        ],
+        [
+            several("Performance state (0 = P0, fastest)", ("pstate",), agg="max"),
+            several("Fan speed", ("fan_speed",), agg="max"),
+        ],
+        [
+            several("Energy used since the driver loaded (mJ)", ("total_energy_consumption",), agg="max"),
+            several(
+                "ECC errors (counters)",
+                (
+                    "ecc_errors_volatile_correctable",
+                    "ecc_errors_volatile_uncorrectable",
+                    "ecc_errors_aggregate_correctable",
+                    "ecc_errors_aggregate_uncorrectable",
+                ),
+                agg="max",
+            ),
+        ],
+    ]
+
+
+def panels() -> list[dict]:
+    gpu_util = field(schema.GPU, "utilization_gpu")
+    gpu_mem = field(schema.GPU, "memory_used")
+    gpu_mem_pct = field(schema.GPU, "memory_used_percent")
+    host_cpu = field(schema.HOST, "cpu_percent")
+    host_mem = field(schema.HOST, "memory_used_percent")
+    tasks = field(schema.WORKER, "tasks")
+    rss = field(schema.WORKER, "rss")
+    duration = field(schema.DAG, "duration")
+    peak = (
+        f'SELECT max("{gpu_mem.name}") AS "peak_{gpu_mem.name}_mib", '
+        f'max("{gpu_mem_pct.name}") AS "peak_{gpu_mem_pct.name}", '
+        f'mean("{gpu_util.name}") AS "mean_{gpu_util.name}" '
+        f"FROM \"{schema.GPU}\" WHERE {SAMPLES} AND {BUSY} AND $timeFilter GROUP BY \"job\""
+    )
+    dags = (
+        f'SELECT "{field(schema.DAG, "dag").name}", "{field(schema.DAG, "status").name}", "{duration.name}", '
+        f'"{field(schema.DAG, "tasks").name}", "{field(schema.DAG, "label").name}" '
+        f"FROM \"{schema.DAG}\" WHERE \"job\" =~ /^$job$/ AND \"dag\" =~ /^$dag$/ "
+        f"AND \"event\" = 'end' AND $timeFilter GROUP BY \"job\""
+    )
+    rows = [
+        [
+            (timeseries("GPU utilization per worker/GPU", gpu_util, "mean", SAMPLES, PER_GPU, GPU_ALIAS), 12),
+            (timeseries("GPU memory used per worker/GPU", gpu_mem, "max", SAMPLES, PER_GPU, GPU_ALIAS), 12),
+        ],
+        [
+            (timeseries("GPU memory used (% of capacity)", gpu_mem_pct, "max", SAMPLES, PER_GPU, GPU_ALIAS), 12),
+            (
+                table(
+                    "Peak GPU memory per job",
+                    "Busy samples only (dag != '0'); a job tag such as '1,2' "
+                    "means the jobs shared the worker at that time.",
+                    peak,
+                ),
+                12,
+            ),
+        ],
+        *gpu_panels(),
+        *depth_panels(),
+        [
+            (timeseries("Running tasks per worker", tasks, "max", SAMPLES, ["worker"], "$tag_worker", stack=True), 12),
+            (timeseries("Worker memory (RSS)", rss, "max", SAMPLES, ["worker"], "$tag_worker"), 12),
+        ],
+        [
+            (timeseries("Host CPU", host_cpu, "mean", '"host" =~ /^$host$/', ["host"], "$tag_host"), 12),
+            (timeseries("Host memory used", host_mem, "mean", '"host" =~ /^$host$/', ["host"], "$tag_host"), 12),
+        ],
+        [(table("DAGs (ended)", "One row per DAG that ended in the time range.", dags), 24)],
+        [
+            (
+                timeseries(
+                    "Task throughput per job (tasks finished per interval)",
+                    field(schema.TASK, "duration"),
+                    "count",
+                    SAMPLES,
+                    ["job"],
+                    "job $tag_job",
+                    stack=True,
+                    panel_unit="short",
+                ),
+                12,
+            ),
+            (
+                timeseries(
+                    "Worker time per job and activity (s, Dask fine performance metrics)",
+                    field(schema.ACTIVITY, "value"),
+                    "sum",
+                    f"{HOST_WORKER} AND {JOB} AND \"unit\" = 'seconds'",
+                    ["job", "activity"],
+                    "job $tag_job $tag_activity",
+                    stack=True,
+                    panel_unit="s",
+                ),
+                12,
+            ),
+        ],
+        *delivery_panels(),
+    ]
+    out, panel_id = [], 1
+    for y, row in enumerate(rows):
+        x = 0
+        for panel, width in row:
+            out.append({"id": panel_id, "gridPos": {"x": x, "y": y * 8, "w": width, "h": 8}, **panel})
+            panel_id, x = panel_id + 1, x + width
+    return out
