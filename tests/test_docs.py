@@ -19,13 +19,13 @@ import re
 import shlex
 import subprocess
 import sys
-import sysconfig
 import time
 
 import pytest
 import tomllib
 from click.testing import CliRunner
 from fluxcheck import ROOT
+from freshvenv import fresh_venv
 
 from dask_influx_metrics import Monitor
 from dask_influx_metrics.client.cli import cli
@@ -186,16 +186,7 @@ def test_readme_install_builds_a_wheel_that_installs_with_its_extras(tmp_path):
     wheel = f"dist/dask_influx_metrics-{version}-py3-none-any.whl"
     assert wheel in install["body"], "the README names the wheel this version builds"
     venv, dist = tmp_path / "venv", tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-    python = str(venv / "bin" / "python")
-    site = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    with open(os.path.join(site, "deps.pth"), "w") as f:
-        f.write(sysconfig.get_paths()["purelib"] + "\n")
+    python = fresh_venv(venv)
     for line in install["body"].splitlines():
         words = shlex.split(line, comments=True)
         assert words[:3] == ["python", "-m", "pip"] or words[:3] == ["python", "-m", "build"], line

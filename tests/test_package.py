@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 import zipfile
 
 import pytest
 import tomllib
+from freshvenv import fresh_venv
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), ".."))
 SMOKE = r"""
@@ -75,16 +75,7 @@ def test_built_package_installs_in_a_fresh_venv_and_runs(dist, kind, tmp_path):
     """The dependencies come from this test environment (a .pth line, nothing downloaded); the
     package itself only from the built file. Runs outside the repository so nothing of it is imported."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-    python = str(venv / "bin" / "python")
-    site = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    with open(os.path.join(site, "deps.pth"), "w") as f:  # a path line: .pth files there are not run
-        f.write(sysconfig.get_paths()["purelib"] + "\n")
+    python = fresh_venv(venv)
     # the sdist is built by pip in an isolated environment, setuptools from the index as for `build`
     install = subprocess.run(
         [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", dist[kind]],
