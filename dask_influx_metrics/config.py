@@ -202,6 +202,24 @@ SETTINGS: tuple[Setting, ...] = (
         "CUDA_VISIBLE_DEVICES is set, else all)",
     ),
     Setting(
+        "gpu.gpm-window",
+        "gpm_window",
+        100,
+        parsers.number("a number of ms >= 100 (NVML's GPM refresh)", minimum=100),
+        "ms",
+        "GPM metrics (sm_active, sm_occupancy, tensor, DRAM, ...; Hopper+) are computed over windows of "
+        "at least this long: one GPM sample per GPU every ceil(window / polling interval) samples",
+    ),
+    Setting(
+        "gpu.process-interval",
+        "process_interval",
+        1000,
+        parsers.number("a number of ms > 0"),
+        "ms",
+        "a shared GPU's per-process utilization (worker_utilization_*; ~2 ms per GPU and call on an H100) "
+        "is read at most this often",
+    ),
+    Setting(
         "sampler.mode",
         "sampler_mode",
         "agent",

@@ -13,7 +13,7 @@ from collections import Counter
 from fake_nvml import FakeNvml
 
 from dask_influx_metrics.agent.collect import HostCollector
-from dask_influx_metrics.agent.sources.nvml import NvmlDevices
+from dask_influx_metrics.agent.sources.nvml import NvmlDevices, Pace
 from dask_influx_metrics.names import EVENT_TOPIC, SHARED_GPU
 from dask_influx_metrics.scheduler.plugin import JobPlugin
 from dask_influx_metrics.schema import FIELDS, GPU
@@ -208,8 +208,31 @@ def test_shared_h100_time_goes_to_the_matmul_worker_and_per_job_shares_fit_the_d
             assert share[a.address] >= 95 and share[b.address] <= 2, share
             assert sum(share.values()) <= device[0] + 1e-9
     assert len(seen) >= 2, "the first answer (stale buffer) is left out, later windows are written"
-    alone = HostCollector(fields, gpus, host=None).collect([a], now_ns=0)
-    assert not any("worker_utilization_gpu" in p.fields for p in alone), "one worker: no per-process read"
+
+
+def test_a_gpu_one_worker_shares_with_another_process_is_split_too():
+    """Issue 25: one worker on the H100 beside a process of no worker (427, holding 12 GiB): the GPU is
+    shared all the same, so the worker's share is read; the process is charged to nobody. A worker whose
+    process tree holds every process on the GPU shares it with nobody: no ~2 ms per-process call."""
+    a = Worker(1, 425)
+    nvml = FakeNvml("nvml_h100_shared.json")
+    gpus = NvmlDevices(ALL, nvml=nvml)
+    a.uuids = gpus.resolve(a)
+    gpus._devices[a.uuids[0]].procs._interval = 0.0  # a window every sample (1 s in production)
+    a.run(1, 1)
+    collector = HostCollector(ALL, gpus, host=None)
+    shares = [p.fields.get("worker_utilization_gpu") for _ in range(3) for p in collector.collect([a], now_ns=0)]
+    assert [s for s in shares if s is not None] and all(s >= 95 for s in shares if s is not None), shares
+
+    tree = Worker(2, 425)
+    tree.pids = lambda: frozenset({425, 427})  # 427 a child of the worker: its own tree
+    nvml = FakeNvml("nvml_h100_shared.json")
+    gpus = NvmlDevices(ALL, nvml=nvml)
+    tree.uuids = gpus.resolve(tree)
+    collector = HostCollector(ALL, gpus, host=None)
+    points = [p for _ in range(3) for p in collector.collect([tree], now_ns=0)]
+    assert not any("worker_utilization_gpu" in p.fields for p in points)
+    assert nvml.calls_to("nvmlDeviceGetProcessesUtilizationInfo") == 0
 
 
 def test_per_job_gpu_depth_from_the_replayed_h100(tmp_path):
@@ -219,7 +242,7 @@ def test_per_job_gpu_depth_from_the_replayed_h100(tmp_path):
     from dask_influx_metrics.sinks.spool import SpoolSink
 
     a, b = Worker(1, 425), Worker(2, 427)
-    gpus = NvmlDevices(ALL, nvml=FakeNvml("nvml_h100_shared.json"), interval_s=0.2)
+    gpus = NvmlDevices(ALL, nvml=FakeNvml("nvml_h100_shared.json"), pace=Pace(interval_s=0.2))
     for w in (a, b):
         w.uuids = gpus.resolve(w)
     gpus._devices[a.uuids[0]].procs._interval = 0.0

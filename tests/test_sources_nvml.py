@@ -15,7 +15,7 @@ from fake_nvml import FakeNvml
 from dask_influx_metrics.agent.sources import nvml as nvml_mod
 from dask_influx_metrics.agent.sources import nvml_devices
 from dask_influx_metrics.agent.sources.gpm import FIELDS as GPM_FIELDS
-from dask_influx_metrics.agent.sources.nvml import NvmlDevices
+from dask_influx_metrics.agent.sources.nvml import NvmlDevices, Pace
 from dask_influx_metrics.agent.sources.nvml_devices import nvml_available, parse_visible
 from dask_influx_metrics.agent.sources.slowfields import SLOW, SLOW_FIELDS, SlowFields
 from dask_influx_metrics.schema import FIELDS, GPU, Reading
@@ -555,7 +555,7 @@ def test_real_memory_info_takes_version_keyword():
 def test_gpm_and_slow_fields_join_the_device_reading():
     """Issue 25: the device's GPM metrics (from its second sample on) and its slow fields (at most once a
     second) come with its per-sample fields; the MIG-free H100 replay has GPM, the energy counter."""
-    gpus = NvmlDevices(ALL, nvml=FakeNvml("nvml_h100_shared.json"), interval_s=0.2)
+    gpus = NvmlDevices(ALL, nvml=FakeNvml("nvml_h100_shared.json"), pace=Pace(interval_s=0.2))
     [uuid] = gpus.resolve(Worker("0"))
     reads = []
     for _ in range(3):

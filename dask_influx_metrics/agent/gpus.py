@@ -77,7 +77,7 @@ def open_gpus(settings, report=None, nvml=None) -> tuple[object | None, GpuState
         return None, GpuState.OFF, "gpu.source is 'none'"
     if settings.gpu_source == "simulated":
         return SimulatedDevices(settings.gpu_count, settings.fields), GpuState.SIMULATED, ""
-    from .sources.nvml import NvmlDevices
+    from .sources.nvml import NvmlDevices, Pace
 
     try:
         return (
@@ -86,7 +86,7 @@ def open_gpus(settings, report=None, nvml=None) -> tuple[object | None, GpuState
                 settings.gpu_devices,
                 nvml=nvml,
                 report=report,
-                interval_s=settings.polling_interval / 1000.0,
+                pace=Pace.of(settings),
             ),
             GpuState.NVML,
             "",

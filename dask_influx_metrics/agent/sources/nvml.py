@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from ...reports import Once
 from ...schema import GPU
@@ -130,6 +130,19 @@ def _variants(nvml, group: Group) -> list[Callable]:
     return bound
 
 
+class Pace(NamedTuple):
+    """How often the per-device readers run, in seconds: the polling interval (each sample), GPM's
+    window (``gpu.gpm-window``) and a shared GPU's per-process utilization (``gpu.process-interval``)."""
+
+    interval_s: float = 0.2
+    gpm_window_s: float = gpm.MIN_WINDOW_S
+    process_s: float = procutil.READ_INTERVAL_S
+
+    @classmethod
+    def of(cls, settings) -> "Pace":
+        return cls(settings.polling_interval / 1000, settings.gpm_window / 1000, settings.process_interval / 1000)
+
+
 class _Device:
     __slots__ = ("handle", "uuid", "name", "nvml_index", "static", "calls", "results", "readers", "procs")
 
@@ -156,16 +169,17 @@ class NvmlDevices:
     the ``gpu`` ones are read. ``devices``: ``gpu.devices`` (see
     :func:`.nvml_devices.choose`). ``nvml``: the pynvml module (imported when
     ``None``). ``report(what, message)`` hears once of per-worker memory that
-    cannot be known. NVML that cannot start raises ``RuntimeError``.
+    cannot be known. ``pace``: how often the readers run (:class:`Pace`). NVML
+    that cannot start raises ``RuntimeError``.
 
     >>> gpus = NvmlDevices(frozenset({("gpu", "utilization_gpu")}))  # doctest: +SKIP
     >>> [uuid] = gpus.resolve(worker); gpus.read(uuid)                # doctest: +SKIP
     {'utilization_gpu': 87.0}
     """
 
-    def __init__(self, fields: frozenset, devices: str = "auto", nvml=None, report=None, interval_s: float = 0.2):
+    def __init__(self, fields: frozenset, devices: str = "auto", nvml=None, report=None, pace: Pace = Pace()):
         self._nvml = nvml = import_nvml(nvml)
-        self._mode, self._interval = devices, interval_s
+        self._mode, self._pace = devices, pace
         want = frozenset(name for m, name in fields if m == GPU)
         problem = host_pid_problem() if want & _worker_fields() else None
         if problem and report is not None:
@@ -246,13 +260,22 @@ class NvmlDevices:
             mig = dev.nvml_index is None and dev.uuid.startswith("MIG-")
             make = gpm.GpmReader.for_mig if mig else gpm.GpmReader
             try:
-                dev.readers.append(make(nvml, dev.handle, interval_s=self._interval, fields=self._want, label=label))
+                dev.readers.append(
+                    make(
+                        nvml,
+                        dev.handle,
+                        interval_s=self._pace.interval_s,
+                        window_s=self._pace.gpm_window_s,
+                        fields=self._want,
+                        label=label,
+                    )
+                )
             except Exception as e:  # this pynvml lacks the MIG calls: no GPM for the instance
                 logger.info("%s: GPM metrics left out (%s: %s)", label, type(e).__name__, e)
         if self._want & slowfields.SLOW_FIELDS:
             dev.readers.append(slowfields.SlowFields(nvml, dev.handle, self._want, label=label))
         if self._want & PROCESS_UTILIZATION:
-            dev.procs = procutil.ProcessUtilization(nvml, dev.handle, label=label)
+            dev.procs = procutil.ProcessUtilization(nvml, dev.handle, interval_s=self._pace.process_s, label=label)
 
     def read(self, uuid: str) -> dict:
         """The wanted device-wide fields of ``uuid`` now (static ones included)."""
@@ -264,11 +287,13 @@ class NvmlDevices:
 
     def read_worker(self, uuid: str, pids: frozenset, shared: bool = False) -> dict:
         """The wanted per-worker fields of ``uuid`` for the process tree ``pids`` (host PIDs). Its share of
-        the GPU's time (``worker_utilization_*``) only where ``shared`` (several workers use the GPU):
-        NVML's per-process call costs ~2 ms, read at most once a second; absent from its answer = 0 %."""
+        the GPU's time (``worker_utilization_*``) only where the GPU is shared: ``shared`` (several workers
+        use it) or a process outside ``pids`` holds a context on it (NVML's process list, when read for
+        ``worker_memory_used``). NVML's per-process call costs ~2 ms: read at most every
+        ``gpu.process-interval`` (1 s); absent from its answer = 0 %."""
         dev = self._devices[uuid]
         fields = self._fields(dev, per_worker=pids)
-        if shared and dev.procs is not None:
+        if dev.procs is not None and (shared or _others(dev.results.get("processes"), pids)):
             if "procutil" not in dev.results:
                 dev.results["procutil"] = dev.procs.read()
             per_pid = dev.results["procutil"]
@@ -356,6 +381,11 @@ class NvmlDevices:
                 if callable(getattr(reader, "close", None)):
                     reader.close()
         self._devices = {}
+
+
+def _others(processes, pids) -> bool:
+    """Whether NVML's process list of a device names a process outside ``pids`` (not this worker's)."""
+    return any(p.pid not in pids for p in processes or ())
 
 
 def _nvml_index(nvml, handle) -> int | None:
