@@ -18,9 +18,9 @@ slower at 200 ms.
 
 Second, 4,000 short pure-Python tasks (``short_tasks``), monitor off vs on at
 50 ms in the default configuration, and in-process (``sampler_mode="thread"``),
-alternated on the same cluster. Informational: this measures the per-task costs
-of monitoring (``transition()``, the task stream's point per task), not what
-the target below is about.
+alternated on the same cluster, 9 rounds: the per-task costs of monitoring
+(``transition()``, the task stream's point per task, wakes). Target: at most 2 %
+slower at 50 ms in the default configuration.
 
 Third, the CPU stand-in for a launch-bound GPU loop (the <= 1 % target): ONE
 task per round on a LocalCluster of ONE worker process with 1 thread (the
@@ -49,7 +49,7 @@ NAME = "workload"
 TARGET = 1.02
 LAUNCH_TARGET = 1.01  # the launch-bound loop at 50 ms (default configuration) vs off
 LAUNCHES, LAUNCH_ROUNDS = 300_000, 11  # calls of launch() per round (~2 s); rounds
-SHORT_ROUNDS = 7  # the 4,000 short tasks (informational)
+SHORT_ROUNDS = 9  # the 4,000 short tasks (issue 22: <= 1.02x at 50 ms, the default configuration)
 LINES_PER_SAMPLE = 10  # 8 GPUs + host + worker
 
 
@@ -260,9 +260,9 @@ def run(quick: bool = False) -> list[dict]:
             on,
             short_off,
             short_rounds,
-            target=None,
+            target=TARGET if mode == "on @50 ms" else None,
             what=f"{n_short} short pure-Python tasks",
-            note="informational: per-task monitoring costs (transition(), a task-stream point per task); ",
+            note="per-task monitoring costs (transition(), a task-stream point per task, wakes); ",
         )
         for mode, on in short.items()
     ]
