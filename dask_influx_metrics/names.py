@@ -23,3 +23,12 @@ class GpuState(str, enum.Enum):
     NO_NVML = "no-nvml"  # pynvml (nvidia-ml-py) is not installed
     NO_DRIVER = "no-driver"  # NVML could not start: no driver or no GPU
     ERROR = "error"  # the worker's CUDA_VISIBLE_DEVICES could not be resolved
+
+
+class GpmState(str, enum.Enum):
+    """Whether a GPU gives GPM metrics (recorded per device with the worker's destinations)."""
+
+    ON = "on"
+    UNSUPPORTED = "unsupported"  # the device (older than Hopper) or its driver has no GPM
+    NO_CALLS = "no-gpm-calls"  # this pynvml lacks the GPM calls (nvidia-ml-py >= 12.535 has them)
+    ERROR = "error"  # NVML failed when asked

@@ -9,7 +9,10 @@ import pytest
 from fake_nvml import FakeNvml
 
 from dask_influx_metrics import schema
+from dask_influx_metrics.agent.gpus import gpm_found
 from dask_influx_metrics.agent.sources.gpm import FIELDS, METRICS, GpmReader
+from dask_influx_metrics.agent.sources.nvml import NvmlDevices
+from dask_influx_metrics.names import GpmState
 
 MIB = 2**20
 
@@ -102,7 +105,7 @@ def test_gpu_without_gpm_returns_nothing_and_says_so_once(caplog):
     with caplog.at_level(logging.INFO):
         reader = GpmReader(nvml, nvml.nvmlDeviceGetHandleByIndex(0), label="GPU 0")
         assert reads(reader, 5) == [{}] * 5
-    assert "Hopper or newer" in reader.unsupported
+    assert "Hopper or newer" in reader.unsupported and reader.state == GpmState.UNSUPPORTED
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "GPU 0: GPM metrics left out" in said[0]
     assert nvml.calls_to("nvmlGpmSampleGet") == 0
@@ -113,6 +116,7 @@ def test_pynvml_without_gpm_calls_returns_nothing(monkeypatch):
     monkeypatch.setattr(nvml, "nvmlGpmSampleAlloc", None, raising=False)  # nvidia-ml-py < 12.535
     reader = GpmReader(nvml, handle)
     assert reads(reader, 3) == [{}] * 3 and "nvidia-ml-py" in reader.unsupported
+    assert reader.state == GpmState.NO_CALLS
 
 
 def test_a_failed_sample_restarts_the_window(monkeypatch, caplog):
@@ -189,3 +193,30 @@ def test_real_pynvml_has_every_gpm_name():
         "nvmlDeviceGetGpuInstanceId",
     }
     assert not sorted(n for n in names if not hasattr(pynvml, n))
+
+
+class _Worker:
+    def __init__(self, visible):
+        self.visible, self.pid = visible, 1
+
+
+def test_gpm_state_is_recorded_per_device_and_said_once_per_reason():
+    """Issue 25: a GPU without GPM leaves the fields out and says so once (a named state, as for NVML)."""
+    said = []
+
+    def report(what, message, key=None, **details):
+        if key not in {k for k, _ in said}:
+            said.append((key, message))
+
+    gpm = frozenset((schema.GPU, f) for f in FIELDS)
+    a100s = NvmlDevices(gpm, devices="all", nvml=FakeNvml())  # A100s and a K80: no GPM
+    uuids = a100s.resolve(_Worker(None))
+    found = gpm_found(a100s, uuids, report)
+    assert set(found) == set(uuids) and set(found.values()) == {GpmState.UNSUPPORTED.value}
+    assert len(said) == 1 and "gives none: unsupported (the device does not support GPM" in said[0][1]
+
+    h100s = NvmlDevices(gpm, nvml=FakeNvml("nvml_h100_shared.json"))
+    uuids = h100s.resolve(_Worker("0"))
+    assert gpm_found(h100s, uuids, report) == {uuids[0]: "on"} and len(said) == 1
+    not_wanted = NvmlDevices(frozenset({(schema.GPU, "utilization_gpu")}), nvml=FakeNvml("nvml_h100_shared.json"))
+    assert gpm_found(not_wanted, not_wanted.resolve(_Worker("0")), report) == {}

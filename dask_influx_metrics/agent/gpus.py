@@ -5,7 +5,7 @@
 :class:`SimulatedDevices`; or none, with the :class:`~..names.GpuState` that
 says why. Both backends answer ``resolve(worker) -> [uuid, ...]``,
 ``tags(uuid, index)``, ``start_sample()``, ``read(uuid)``, ``read_worker(uuid,
-pids)``, ``handle(uuid)`` and ``close()``.
+pids)``, ``gpm_state(uuid)``, ``handle(uuid)`` and ``close()``.
 
 Example
 -------
@@ -52,6 +52,9 @@ class SimulatedDevices:
     def read_worker(self, uuid: str, pids, shared: bool = False) -> dict:
         return {}
 
+    def gpm_state(self, uuid: str) -> None:
+        return None  # simulated devices have no GPM
+
     def handle(self, uuid: str):
         source, i = self._by_uuid[uuid]
         return source.handles[i]
@@ -95,3 +98,24 @@ def open_gpus(settings, report=None, nvml=None) -> tuple[object | None, GpuState
         return None, GpuState.NO_NVML, str(e)
     except Exception as e:  # RuntimeError: NVML could not start (no driver, no GPU)
         return None, GpuState.NO_DRIVER, str(e)
+
+
+def gpm_found(gpus, uuids, report) -> dict:
+    """``{uuid: GpmState value}`` of the devices where GPM fields are wanted (recorded with a worker's
+    destinations); ``report(what, message, key=...)`` hears once per reason why a device gives none."""
+    found = {}
+    for uuid in uuids if gpus is not None else ():
+        if (gpm := gpus.gpm_state(uuid)) is None:
+            continue
+        state, why = gpm
+        found[uuid] = state.value
+        if why:
+            report(
+                "gpm",
+                f"GPM metrics (sm_active, sm_occupancy, tensor, DRAM, ...) were asked for, but GPU {uuid} "
+                f"gives none: {state.value} ({why}); said once per reason",
+                key=("gpm", state, why),
+                state=state.value,
+                uuid=uuid,
+            )
+    return found

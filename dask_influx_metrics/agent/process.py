@@ -41,7 +41,7 @@ from ..schema import GPU, HOST
 from ..sinks import HEALTH_INTERVAL, counters, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
 from .collect import HostCollector
-from .gpus import open_gpus
+from .gpus import gpm_found, open_gpus
 from .sources.host import HostSource, refresh_seconds
 from .workers import FolderWorkers, WorkerView
 
@@ -147,6 +147,8 @@ class Agent:
                     (f"no GPU is visible to this worker (CUDA_VISIBLE_DEVICES={view.visible!r})"),
                 )
         self.found[wid] = {"gpu": state.value, "devices": list(view.uuids), "why": why}
+        if gpm := gpm_found(self.gpus, view.uuids, self.report.once):
+            self.found[wid]["gpm"] = gpm
         if state not in (GpuState.NVML, GpuState.SIMULATED) and any(m == GPU for m, _ in self.settings.fields):
             self.report.once(
                 "gpu-source",

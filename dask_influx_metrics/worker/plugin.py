@@ -46,7 +46,7 @@ from tornado.ioloop import PeriodicCallback
 
 from .. import _dask
 from ..agent.collect import HostCollector
-from ..agent.gpus import open_gpus
+from ..agent.gpus import gpm_found, open_gpus
 from ..agent.process import agent_role
 from ..agent.sources.host import HostSource, refresh_seconds
 from ..agent.workers import WorkerView
@@ -194,6 +194,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 self.view.uuids = found["devices"] = self.gpus.resolve(self.view)
             except Exception as e:
                 found.update(gpu="error", why=f"{type(e).__name__}: {e}")
+            if gpm := gpm_found(self.gpus, self.view.uuids, self.report.once):
+                found["gpm"] = gpm
         host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
         refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
         host = HostSource(host_fields, refresh=refresh) if host_fields else None

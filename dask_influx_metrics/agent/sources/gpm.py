@@ -37,6 +37,7 @@ import math
 import struct
 from typing import Callable, NamedTuple
 
+from ...names import GpmState
 from ...reports import Once
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class GpmReader:
         self._samples: list = []  # [previous, spare] once allocated
         self._have_previous = False
         self._once = Once()
-        self.unsupported: str | None = self._support()
+        self.state, self.unsupported = self._support()  # the state, and why there is no GPM (None: there is)
         if self.unsupported:
             logger.info("%s: GPM metrics left out (%s)", label, self.unsupported)
 
@@ -123,8 +124,8 @@ class GpmReader:
         parent = nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig_handle)
         return cls(nvml, parent, gpu_instance_id=nvml.nvmlDeviceGetGpuInstanceId(mig_handle), **kw)
 
-    def _support(self) -> str | None:
-        """Why this device has no GPM, or None."""
+    def _support(self) -> tuple[GpmState, str | None]:
+        """This device's :class:`GpmState`, and why it has no GPM (None: it has)."""
         nvml = self._nvml
         needed = (
             "nvmlGpmQueryDeviceSupport",
@@ -135,17 +136,19 @@ class GpmReader:
         )
         missing = [n for n in needed if getattr(nvml, n, None) is None]
         if missing:
-            return f"this pynvml lacks {', '.join(missing)}; nvidia-ml-py >= 12.535 has them"
+            return GpmState.NO_CALLS, f"this pynvml lacks {', '.join(missing)}; nvidia-ml-py >= 12.535 has them"
         if not self._metrics:
-            return "no wanted GPM metric is known to this pynvml"
+            return GpmState.NO_CALLS, "no wanted GPM metric is known to this pynvml"
         try:
             if not nvml.nvmlGpmQueryDeviceSupport(self._handle).isSupportedDevice:
-                return "the device does not support GPM (Hopper or newer needed)"
+                return GpmState.UNSUPPORTED, "the device does not support GPM (Hopper or newer needed)"
             self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+        except nvml.NVMLError_NotSupported as e:
+            return GpmState.UNSUPPORTED, f"NVML: {type(e).__name__}: {e}"
         except nvml.NVMLError as e:
-            return f"NVML: {type(e).__name__}: {e}"
+            return GpmState.ERROR, f"NVML: {type(e).__name__}: {e}"
         self._request = self._new_request()
-        return None
+        return GpmState.ON, None
 
     def _new_request(self):
         """The nvmlGpmMetricsGet argument, built once: only its two samples change per call."""

@@ -45,6 +45,7 @@ import inspect
 import logging
 from typing import Callable, NamedTuple
 
+from ...names import GpmState
 from ...reports import Once
 from ...schema import GPU
 from . import gpm, procutil, slowfields
@@ -144,7 +145,7 @@ class Pace(NamedTuple):
 
 
 class _Device:
-    __slots__ = ("handle", "uuid", "name", "nvml_index", "static", "calls", "results", "readers", "procs")
+    __slots__ = ("handle", "uuid", "name", "nvml_index", "static", "calls", "results", "readers", "procs", "gpm")
 
     def __init__(self, handle, uuid, name, calls, nvml_index=None):
         self.handle, self.uuid, self.name, self.nvml_index = handle, uuid, name, nvml_index
@@ -153,6 +154,7 @@ class _Device:
         self.results: dict = {}  # TABLE key -> this sample's NVML result (one call for every worker)
         self.readers: list = []  # GPM and the slow fields: read() -> the fields they have this sample
         self.procs = None  # per-process utilization (:mod:`.procutil`), for a device several processes use
+        self.gpm: tuple | None = None  # (GpmState, why or None) where GPM fields are wanted
 
     def tags(self, index: int) -> dict:
         """The device tags of a ``gpu`` point, ``index`` being its position in a worker's list."""
@@ -243,6 +245,10 @@ class NvmlDevices:
     def tags(self, uuid: str, index: int) -> dict:
         return self._devices[uuid].tags(index)
 
+    def gpm_state(self, uuid: str) -> tuple | None:
+        """``(GpmState, why)`` of ``uuid`` (why None when GPM works), or None when no GPM field is wanted."""
+        return self._devices[uuid].gpm
+
     def handle(self, uuid: str):
         """The NVML handle (custom per-device metrics get ``fn(worker, handle)``)."""
         return self._devices[uuid].handle
@@ -260,18 +266,19 @@ class NvmlDevices:
             mig = dev.nvml_index is None and dev.uuid.startswith("MIG-")
             make = gpm.GpmReader.for_mig if mig else gpm.GpmReader
             try:
-                dev.readers.append(
-                    make(
-                        nvml,
-                        dev.handle,
-                        interval_s=self._pace.interval_s,
-                        window_s=self._pace.gpm_window_s,
-                        fields=self._want,
-                        label=label,
-                    )
+                reader = make(
+                    nvml,
+                    dev.handle,
+                    interval_s=self._pace.interval_s,
+                    window_s=self._pace.gpm_window_s,
+                    fields=self._want,
+                    label=label,
                 )
+                dev.readers.append(reader)
+                dev.gpm = (reader.state, reader.unsupported)
             except Exception as e:  # this pynvml lacks the MIG calls: no GPM for the instance
                 logger.info("%s: GPM metrics left out (%s: %s)", label, type(e).__name__, e)
+                dev.gpm = (GpmState.NO_CALLS if isinstance(e, AttributeError) else GpmState.ERROR, f"{e}")
         if self._want & slowfields.SLOW_FIELDS:
             dev.readers.append(slowfields.SlowFields(nvml, dev.handle, self._want, label=label))
         if self._want & PROCESS_UTILIZATION:
