@@ -1,6 +1,6 @@
-"""Why was the GPU idle? Tasks, Dask's fine performance metrics and GPU use, per job and DAG.
+"""Why was the GPU idle? Tasks, Dask's fine performance metrics and GPU use, per job, DAG and task prefix.
 
-Three tidy DataFrames, read through any :class:`~dask_influx_metrics.query.Store` (InfluxQL,
+Tidy DataFrames, read through any :class:`~dask_influx_metrics.query.Store` (InfluxQL,
 Flux or a spool) from the ``task`` and ``activity`` points (tracking names ``task-stream`` and
 ``fine-metrics``) and the ``gpu`` samples:
 
@@ -13,6 +13,8 @@ Flux or a spool) from the ``task`` and ``activity`` points (tracking names ``tas
   the job (busy, the job in the ``job`` tag; per DAG: the DAG in the ``dag`` tag): one row per
   job (``dag`` <NA>) and one per DAG. The mean is time-weighted, as in summaries
   (:func:`.summary.weights`): each sample counts for the time to the next one of its GPU.
+- ``db.gpu_per_prefix()``: the same question per job (and DAG) and task prefix, from the samples of
+  each task's worker's own GPU during the task, and the worker's GPU memory delta (:func:`prefix_gpu`).
 
 ``db.task_stream()`` gives the task points themselves. ``dag`` is read by name, so it may be a
 tag or a field. An empty answer has a ``why`` in ``frame.attrs``.
