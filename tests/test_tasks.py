@@ -260,6 +260,9 @@ def test_gpu_per_prefix_says_why_it_is_empty():
     why = T.prefix_gpu(tasks, gpu).attrs["why"]
     assert "['w'] used no GPU" in why
     assert T.prefix_gpu(tasks, gpu.assign(worker="w"))["mean_utilization_gpu"].tolist() == [5.0]
+    unknown = T.prefix_gpu(tasks.assign(start=None), gpu.assign(worker="w", worker_memory_used=1.0))
+    assert unknown[["tasks", "gpu_s"]].values.tolist() == [[1, 0.0]], "no start: nothing measured"
+    assert unknown[["mean_utilization_gpu", "mean_memory_delta"]].isna().all(axis=None)
 
 
 def test_gpu_per_prefix_is_vectorised():

@@ -258,6 +258,8 @@ def prefix_gpu(tasks: pd.DataFrame, samples: pd.DataFrame, per_dag: bool = False
     ends = (pd.to_numeric(tasks["time"]).astype("int64") - origin) / 1e9
     starts = pd.to_numeric(tasks["start"]) - origin / 1e9
     starts = starts.fillna(ends - pd.to_numeric(tasks["duration"])) if "duration" in tasks else starts
+    timed = (starts <= ends).to_numpy()  # a task without a start covers nothing
+    starts = starts.where(timed, ends)
     samples = samples.assign(t=(samples["t"] - origin) / 1e9)
     device = [f for f in PREFIX_DEVICE if f in fields]
     got = {f"{k}_{f}": np.zeros(len(tasks)) for f in device for k in ("time", "area")}
@@ -275,6 +277,7 @@ def prefix_gpu(tasks: pd.DataFrame, samples: pd.DataFrame, per_dag: bool = False
         held = of_gpu[of_gpu[MEMORY].notna()]
         for worker, mine in tasks.iloc[rows].groupby("worker", sort=False).indices.items():
             got["delta"][rows[mine]] = _memory_deltas(held[held["worker"] == worker], s[mine], e[mine])
+    got["delta"][~timed] = np.nan
     by = ["job", "dag", "prefix"] if per_dag else ["job", "prefix"]
     groups = tasks[by].assign(**got, n=1).groupby(by, sort=True)
     sums = groups.sum(numeric_only=True)
