@@ -252,7 +252,7 @@ def test_per_prefix_gpu_depth_from_the_replayed_h100(tmp_path):
 
     a, b = Worker(1, 425), Worker(2, 427)
     fake = FakeNvml("nvml_h100_shared.json", phase="idle")
-    gpus = NvmlDevices(ALL, nvml=fake, interval_s=0.2)
+    gpus = NvmlDevices(ALL, nvml=fake)  # sampled every 200 ms (the default)
     for w in (a, b):
         w.uuids = gpus.resolve(w)
     collector = HostCollector(ALL, gpus, host=None)
