@@ -127,23 +127,69 @@ def all_points(dag_field: bool = False) -> list[Point]:
     return [p for w in range(2) for p in worker_points(w, dag_field)] + dag_points(dag_field)
 
 
-def write_influxd(influxd, database: str, dag_field: bool = False) -> None:
-    response = influxd.write(lineprotocol.encode_many(all_points(dag_field)), db=database)
+def write_influxd(influxd, database: str, dag_field: bool = False, points=None) -> None:
+    response = influxd.write(lineprotocol.encode_many(points or all_points(dag_field)), db=database)
     response.raise_for_status()
 
 
-def write_spool(root, dag_field: bool = False) -> str:
-    """One session folder under ``root`` written by the spool sink, as workers and scheduler do; returns root."""
+def write_spool(root, dag_field: bool = False, folders=None) -> str:
+    """One session folder under ``root`` written by the spool sink, as workers and scheduler do (``folders``:
+    ``{folder: points}``, default the points above); returns root."""
     session = os.path.join(os.fspath(root), "20251123T120000-000001")
-    for name, points in (
-        ("w0", worker_points(0, dag_field)),
-        ("w1", worker_points(1, dag_field)),
-        ("scheduler", dag_points(dag_field)),
-    ):
+    folders = folders or {
+        "w0": worker_points(0, dag_field),
+        "w1": worker_points(1, dag_field),
+        "scheduler": dag_points(dag_field),
+    }
+    for name, points in folders.items():
         sink = SpoolSink(os.path.join(session, name))
         sink.send(lineprotocol.encode_many(points))
         sink.close()
     return os.fspath(root)
+
+
+# --- per task prefix (tasks.prefix_gpu): GPU readings known sample by sample -------------------
+# Every 100 ms (i = 0..9). Workers A and B share GPU-a (A writes its device readings, B only its own
+# memory); C's own GPU is GPU-c (its index 1 is GPU-a: dask-cuda's rotated list). Sample i stands for
+# the window (i-1, i] (in steps of 100 ms).
+PREFIX_WORKERS = {"A": "tcp://127.0.0.1:2001", "B": "tcp://127.0.0.1:2002", "C": "tcp://127.0.0.1:2003"}
+GPU_A = {
+    "utilization_gpu": [0, 0, 50, 100, 100, 20, 0, 0, 0, 0],
+    "sm_active": [0, 0, 20, 85, 85, 10, 0, 0, 0, 0],
+    "worker_memory_used": [100, 100, 100, 600, 600, 600, 600, 600, 600, 600],  # A's own, with the device fields
+}
+B_MEMORY = [0, 0, 0, 0, 0, 0, 0, 1000, 1000, 1000]  # on GPU-a
+GPU_C = {"utilization_gpu": [30] * 10, "sm_active": [25] * 10, "worker_memory_used": [50] * 10}
+# (worker, job, dag, prefix, start, end) in steps of 100 ms
+PREFIX_TASKS = [
+    ("A", 1, 1, "mm", 1.5, 4.0),  # half of window 2 (50 %), windows 3, 4 (100 %); memory 100 -> 600
+    ("A", 1, 1, "tiny", 4.2, 4.25),  # 5 ms inside window 5: 20 %
+    ("A", 1, 1, "mm", 6.0, 8.0),  # windows 7, 8: idle; memory 600 -> 600
+    ("A", 1, 3, "late", 9.5, 11.0),  # after the last sample: nothing measured
+    ("B", 2, 2, "hold", 4.5, 6.5),  # half of window 5 (20 %), window 6, half of 7 on the shared GPU-a
+    ("C", 2, 2, "mm", 2.0, 3.0),  # window 3 of GPU-c: 30 %
+]
+
+
+def prefix_gpu_points() -> list[Point]:
+    """The ``gpu`` and ``task`` points above (the hand-computed answers are in tests/test_tasks.py)."""
+    host = {"host": "node2"}
+    out = []
+    for i in range(10):
+        t = T0 + i * STEP
+        for worker, job, index, uuid, fields in (
+            ("A", "1", "0", "GPU-a", GPU_A),
+            ("B", "2", "0", "GPU-a", {"worker_memory_used": B_MEMORY}),
+            ("C", "2", "0", "GPU-c", GPU_C),
+            ("C", "2", "1", "GPU-a", {"worker_memory_used": [7] * 10}),
+        ):
+            tags = {**host, "worker": PREFIX_WORKERS[worker], "job": job, "dag": job, "index": index, "uuid": uuid}
+            out.append(Point("gpu", tags, {f: float(v[i]) for f, v in fields.items()}, t))
+    for n, (worker, job, dag, prefix, start, end) in enumerate(PREFIX_TASKS):
+        tags = {**host, "worker": PREFIX_WORKERS[worker], "job": str(job), "dag": str(dag), "prefix": prefix}
+        fields = {"key": f"{prefix}-{n}", "start": (T0 + start * STEP) / 1e9, "duration": (end - start) * STEP / 1e9}
+        out.append(Point("task", {**tags, "state": "memory"}, fields, T0 + round(end * STEP)))
+    return out
 
 
 def flux_answer(points: list[Point]) -> str:

@@ -289,6 +289,10 @@ def test_tasks_activity_and_report(monitored, tmp_path):
     mine = pd.read_csv(io.StringIO(ok("tasks", "--format", "csv", "--source", monitored.spool).stdout))
     # (Dask's key_split drops the leading "_" of _slow)
     assert sorted(mine[["job", "prefix", "tasks"]].values.tolist()) == [[1, "slow", 8], [2, "slow", 4]]
+    # ... and the (simulated) GPU's readings during them, on each worker's own GPU
+    busy = pd.read_csv(io.StringIO(ok("tasks", "--gpu", "--format", "csv", "--source", monitored.spool).stdout))
+    assert sorted(busy[["job", "prefix", "tasks"]].values.tolist()) == [[1, "slow", 8], [2, "slow", 4]]
+    assert (busy["gpu_s"] > 0).all() and busy["mean_utilization_gpu"].between(0, 100).all()
     # a source without task points (tracking `task-stream` off): one line saying why, status 2
     bare = os.path.join(tmp_path, "bare", "20251123T120000-000001", "w0")
     sink = SpoolSink(bare)
@@ -298,3 +302,32 @@ def test_tasks_activity_and_report(monitored, tmp_path):
     assert missing.exit_code == 2 and missing.stderr.startswith(
         "error: no task stream recorded: tracking `task-stream`"
     )
+    missing = run("tasks", "--gpu", "--source", tmp_path / "bare")
+    assert missing.exit_code == 2 and missing.stderr.startswith("error: no task stream recorded")
+
+
+def test_tasks_gpu_per_prefix(tmp_path):
+    import task_points
+
+    spool = task_points.write_spool(tmp_path, folders={"agent": task_points.prefix_gpu_points()})
+    table = ok("tasks", "--gpu", "--source", spool).stdout.splitlines()
+    assert table[0].split() == [
+        "job", "prefix", "tasks", "gpu_s", "mean_utilization_gpu", "mean_sm_active",
+        "mean_memory_delta", "max_memory_delta",
+    ]  # fmt: skip
+    assert [line.split()[:3] for line in table[1:]] == [
+        ["1", "mm", "2"],
+        ["1", "tiny", "1"],
+        ["1", "late", "1"],
+        ["2", "hold", "1"],
+        ["2", "mm", "1"],
+    ]
+    rows = json.loads(ok("tasks", "--gpu", "--job", 2, "--per-dag", "--format", "json", "--source", spool).stdout)
+    assert [(r["dag"], r["prefix"], round(r["mean_utilization_gpu"], 3)) for r in rows] == [
+        (2, "hold", 5.0),
+        (2, "mm", 30.0),
+    ]
+    tasks_only = [p for p in task_points.prefix_gpu_points() if p.measurement == "task"]
+    bare = task_points.write_spool(tmp_path / "bare", folders={"w": tasks_only})
+    missing = run("tasks", "--gpu", "--source", bare)
+    assert missing.exit_code == 2 and missing.stderr.startswith("error: no GPU samples recorded"), missing.stderr

@@ -10,6 +10,7 @@ activity, process tree), read by one :class:`HostCollector` over one
 
 from collections import Counter
 
+import pytest
 from fake_nvml import FakeNvml
 
 from dask_influx_metrics.agent.collect import HostCollector
@@ -261,3 +262,52 @@ def test_per_job_gpu_depth_from_the_replayed_h100(tmp_path):
     assert round(one["mean_sm_occupancy"], 1) == 14.2 and round(one["mean_pipe_tensor_active"]) == 93
     assert one["mean_worker_utilization_gpu"] >= 95 and two["mean_worker_utilization_gpu"] <= 2
     assert one["mean_worker_utilization_gpu"] + two["mean_worker_utilization_gpu"] <= one["mean_utilization_gpu"] + 1
+
+
+def test_per_prefix_gpu_depth_from_the_replayed_h100(tmp_path):
+    """Issue 25 item 3, per task prefix: the holder's task allocates its 12 GiB while the GPU idles (the
+    recording's idle phase), then the matmul's tasks run the bf16 loop (its shared phase); read back
+    from a spool, the matmul prefix gets the recorded SM active / tensor activity, the holder's stays low
+    and its memory delta is its allocation."""
+    from dask_influx_metrics import lineprotocol, query
+    from dask_influx_metrics.schema import Point
+    from dask_influx_metrics.sinks.spool import SpoolSink
+
+    a, b = Worker(1, 425), Worker(2, 427)
+    fake = FakeNvml("nvml_h100_shared.json", phase="idle")
+    gpus = NvmlDevices(ALL, nvml=fake)  # sampled every 200 ms (the default)
+    for w in (a, b):
+        w.uuids = gpus.resolve(w)
+    collector = HostCollector(ALL, gpus, host=None)
+    t0, step = 1_790_000_000_000_000_000, 200_000_000
+    sink = SpoolSink(tmp_path / "20260101T000000-000001" / "agent-node")
+    for k in range(9):
+        if k == 4:  # the holder's and then the matmul's process appear
+            fake.devices = fake.data["phases"]["shared"]["devices"]
+        for w, job, busy in ((b, 2, range(1, 5)), (a, 1, range(5, 9))):
+            w.run(job, job) if k in busy else w.idle()
+        sink.send(lineprotocol.encode_many(collector.collect([a, b], now_ns=t0 + k * step)))
+    tasks = [
+        (b, 2, "hold", 1, 4),  # windows 2-4: idle, idle, the first shared one
+        (a, 1, "matmul", 5, 8),  # windows 6-8: the bf16 loop
+    ]
+    sink.send(
+        lineprotocol.encode_many(
+            Point(
+                "task",
+                {**w.tags, "job": str(job), "dag": str(job), "prefix": prefix, "state": "memory"},
+                {"key": prefix, "start": (t0 + start * step) / 1e9, "duration": (end - start) * step / 1e9},
+                t0 + end * step,
+            )
+            for w, job, prefix, start, end in tasks
+        )
+    )
+    sink.close()
+    with query.connect(str(tmp_path)) as db:
+        per = db.gpu_per_prefix().set_index("prefix")
+    matmul, hold = per.loc["matmul"], per.loc["hold"]
+    assert round(matmul["mean_sm_active"]) == 96 and round(matmul["mean_pipe_tensor_active"]) == 93
+    assert round(matmul["mean_sm_occupancy"], 1) == 14.2 and matmul["mean_utilization_gpu"] > 95
+    # one of the holder's three windows is the shared phase's first (the matmul had started): a third
+    assert hold["mean_sm_active"] < 40 and hold["mean_pipe_tensor_active"] < 40 and hold["gpu_s"] == pytest.approx(0.6)
+    assert hold["mean_memory_delta"] == 13428064256 / MIB and matmul["mean_memory_delta"] == 0

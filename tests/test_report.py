@@ -88,6 +88,15 @@ def test_report_content(spool_store, tmp_path):
     ):
         assert needle in text
     assert "{{" not in body  # every figure placeholder was filled
+    # "was the GPU busy" per task prefix, below the per-job table: job 1's matmul ran 14 of its 20
+    # sample windows on a busy GPU (80 %), load all (tests/test_tasks.py)
+    job1 = body.split('id="job-1"')[1].split('id="job-2"')[0]
+    busy = job1.split("Per task prefix")[1].split("</table>")[0]
+    assert "<th>mean_memory_delta</th>" in busy and job1.index("Per task prefix") > job1.index("Was the GPU busy")
+    assert re.findall(r"<td>(matmul|load)</td>\s*<td>(\d+)</td>\s*<td>[^<]*</td>\s*<td>([^<]*)</td>", busy) == [
+        ("matmul", "4", "56"),
+        ("load", "6", "80"),
+    ]
 
 
 def test_sections_without_data_say_why(influxd, tmp_path):
@@ -100,6 +109,8 @@ def test_sections_without_data_say_why(influxd, tmp_path):
         text = open(db.report(tmp_path / "r.html"), encoding="utf-8").read()
     assert "no task stream recorded: tracking `task-stream` is off" in text
     assert "no fine performance metrics recorded: tracking `fine-metrics` is off" in text
+    busy = text.split("Per task prefix")[1].split("</h4>")[1]
+    assert busy.lstrip().startswith('<p class="why">no task stream recorded')
 
 
 def test_missing_bokeh_names_the_extra(spool_store, tmp_path, monkeypatch):

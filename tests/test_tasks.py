@@ -165,3 +165,136 @@ def test_gpu_utilization_during_tasks_is_time_weighted():
     row = T.gpu_during(T._timed(frame), {1: 1}).iloc[0]
     assert util.mean() > 30 and row["mean_utilization_gpu"] == pytest.approx(0.95, rel=1e-4)  # 19 x 10 ms busy in 20 s
     assert row["samples"] == len(util) and row["max_utilization_gpu"] == 100
+
+
+# --- per task prefix: GPU readings during the tasks (task_points.PREFIX_TASKS, by hand) ---------
+PREFIX = [  # job, prefix, tasks, gpu_s, utilization, sm_active, mean / max memory delta (MiB)
+    [1, "mm", 2, 0.45, 50.0, 40.0, 250.0, 500.0],  # (0.5*50 + 100 + 100 + 0 + 0) / 4.5 windows
+    [1, "tiny", 1, 0.005, 20.0, 10.0, 0.0, 0.0],  # 5 ms inside one window: that window's value
+    [1, "late", 1, 0.0, None, None, None, None],  # after the last sample: nothing measured
+    [2, "hold", 1, 0.2, 5.0, 2.5, 1000.0, 1000.0],  # B's task on A's GPU: the device's readings, B's memory
+    [2, "mm", 1, 0.1, 30.0, 25.0, 0.0, 0.0],  # C's own GPU is GPU-c, not its index 1
+]
+
+
+@pytest.fixture(scope="module")
+def prefix_stores(influxd, tmp_path_factory):
+    pytest.importorskip("influxdb_client")
+    from fake_influx2 import ANSWERS, FakeInflux
+
+    points = P.prefix_gpu_points()
+    database = influxd.create_database("prefix_gpu")
+    P.write_influxd(influxd, database, points=points)
+    spool = P.write_spool(tmp_path_factory.mktemp("prefix"), folders={"agent": points})
+
+    def answer(flux):
+        for marker, name in (("buckets()", "buckets"), ('distinct(column: "job")', "job")):  # jobs 1, 2
+            if marker in flux:
+                return 200, ANSWERS[name]
+        for m in ("task", "gpu"):
+            if f'r._measurement == "{m}"' in flux:
+                return 200, P.flux_answer([p for p in points if p.measurement == m])
+        return 200, "\r\n"
+
+    fake = FakeInflux()
+    fake.answer = answer
+    out = {
+        "influxql": query.connect(influxd.url, database=database),
+        "spool": query.connect(spool),
+        "flux": query.connect(fake.url, database="dask_metrics", language="flux", org="o", token="t"),
+    }
+    yield out
+    for db in out.values():
+        db.close()
+    fake.stop()
+
+
+def _rows(frame: pd.DataFrame, columns) -> list:
+    return frame[columns].astype(object).where(frame[columns].notna(), None).values.tolist()
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool", "flux"])
+def test_gpu_per_prefix_weights_each_sample_by_its_window(prefix_stores, kind):
+    db = prefix_stores[kind]
+    frame = db.gpu_per_prefix()
+    assert list(frame.columns) == [
+        "job", "prefix", "tasks", "gpu_s", "mean_utilization_gpu", "mean_sm_active",
+        "mean_memory_delta", "max_memory_delta",
+    ]  # fmt: skip
+    got = _rows(frame, list(frame.columns))
+    assert [row[:3] for row in got] == [row[:3] for row in PREFIX]
+    for row, want in zip(got, PREFIX):
+        # task starts are float Unix seconds: exact to ~0.2 us
+        assert row[3:] == [None if w is None else pytest.approx(w, rel=1e-4, abs=1e-6) for w in want[3:]], row
+    per_dag = db.gpu_per_prefix(per_dag=True)
+    assert _rows(per_dag, ["job", "dag", "prefix"]) == [
+        [1, 1, "mm"],
+        [1, 1, "tiny"],
+        [1, 3, "late"],
+        [2, 2, "hold"],
+        [2, 2, "mm"],
+    ]
+    assert db.gpu_per_prefix(job=2)["prefix"].tolist() == ["hold", "mm"]
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_gpu_per_prefix_on_the_task_points(stores, kind):
+    frame = stores[kind].gpu_per_prefix()
+    assert "mean_sm_active" not in frame.columns, "GPM columns only where collected"
+    # job 1's matmul tasks [6+k, 11+k] (steps) start while their worker idles: 14 of their 20 windows at 80 %
+    assert _rows(frame, ["job", "prefix", "tasks", "mean_utilization_gpu", "mean_memory_delta"]) == [
+        [1, "matmul", 4, pytest.approx(56.0), None],
+        [1, "load", 6, pytest.approx(80.0), None],
+        [2, "matmul", 10, pytest.approx(40.0), None],
+        [2, "sum", 2, pytest.approx(40.0), None],
+    ]
+    assert frame["gpu_s"].tolist() == pytest.approx([2.0, 0.6, 2.0, 0.1], abs=1e-6)  # start: float seconds
+
+
+def test_gpu_per_prefix_says_why_it_is_empty():
+    tasks = pd.DataFrame({"time": [2e9], "worker": "w", "job": 1, "dag": 1, "prefix": "a", "start": [1.0]})
+    gpu = pd.DataFrame({"time": [1e9, 2e9], "worker": "v", "index": "0", "uuid": "GPU-1", "utilization_gpu": 5.0})
+    assert T.prefix_gpu(tasks.iloc[:0], gpu).attrs["why"] == T.NO_TASK_STREAM
+    assert T.prefix_gpu(tasks, gpu.iloc[:0]).attrs["why"] == T.NO_GPU_SAMPLES
+    assert T.prefix_gpu(tasks, gpu.assign(utilization_gpu=None)).attrs["why"] == T.NO_GPU_SAMPLES
+    why = T.prefix_gpu(tasks, gpu).attrs["why"]
+    assert "['w'] used no GPU" in why
+    assert T.prefix_gpu(tasks, gpu.assign(worker="w"))["mean_utilization_gpu"].tolist() == [5.0]
+    unknown = T.prefix_gpu(tasks.assign(start=None), gpu.assign(worker="w", worker_memory_used=1.0))
+    assert unknown[["tasks", "gpu_s"]].values.tolist() == [[1, 0.0]], "no start: nothing measured"
+    assert unknown[["mean_utilization_gpu", "mean_memory_delta"]].isna().all(axis=None)
+
+
+def test_gpu_per_prefix_is_vectorised():
+    # issue 25: ~20,000 tasks and 50,000 samples (8 GPUs, 10 ms steps)
+    rng = np.random.default_rng(0)
+    n, gpus = 50_000, 8
+    times = (T0_NS + np.sort(rng.uniform(0, 62.5e9, n))).astype("int64")
+    gpu = pd.DataFrame(
+        {
+            "time": times,
+            "worker": [f"w{i}" for i in rng.integers(0, gpus, n)],
+            "utilization_gpu": rng.uniform(0, 100, n),
+            "sm_active": rng.uniform(0, 100, n),
+            "worker_memory_used": rng.uniform(0, 1000, n),
+        }
+    ).assign(index="0")
+    gpu["uuid"] = "GPU-" + gpu["worker"]
+    ends = T0_NS + rng.uniform(1e9, 62e9, 20_000)
+    tasks = pd.DataFrame(
+        {
+            "time": ends.astype("int64"),
+            "worker": [f"w{i}" for i in rng.integers(0, gpus, 20_000)],
+            "job": rng.integers(1, 4, 20_000),
+            "dag": 1,
+            "prefix": [f"p{i}" for i in rng.integers(0, 50, 20_000)],
+            "start": ends / 1e9 - rng.uniform(0.001, 0.5, 20_000),
+        }
+    )
+    import time
+
+    began = time.perf_counter()
+    out = T.prefix_gpu(tasks, gpu)
+    took = time.perf_counter() - began
+    assert len(out) == 150 and out["mean_utilization_gpu"].between(30, 70).all()
+    assert took < 5, f"{took:.2f} s"

@@ -268,21 +268,30 @@ def _recorded(db, frame):
 @cli.command()
 @job_option
 @click.option("--per-dag", is_flag=True, help="One row per DAG and prefix instead of per job and prefix.")
+@click.option("--gpu", is_flag=True, help="Instead: the GPU's readings during each prefix's tasks (was the GPU busy).")
 @format_option
 @store_options
-def tasks(open_store, job, per_dag, fmt):
+def tasks(open_store, job, per_dag, gpu, fmt):
     """Task counts and durations per job and task prefix (the task stream).
 
     Columns: job, [dag,] prefix, tasks, erred, total_s, median_s, p95_s,
     max_s, compute_s, transfer_s, disk_read_s, disk_write_s, nbytes; the
     slowest prefix (total_s) first in each job.
 
+    With --gpu: job, [dag,] prefix, tasks, gpu_s (task seconds covered by
+    samples of the workers' own GPUs), mean_utilization_gpu, GPM's
+    mean_sm_active, mean_sm_occupancy, mean_pipe_tensor_active where
+    collected, mean/max_memory_delta (MiB of the worker's GPU memory across
+    a task); the device's readings, other work on the GPU included.
+
     \b
     Example:
       dask-influx-metrics tasks --job 2 --source http://127.0.0.1:8086
+      dask-influx-metrics tasks --gpu --source /tmp/dask-influx-metrics
     """
     db = open_store()
-    emit(_recorded(db, db.tasks(job=job, per_dag=per_dag)), fmt)
+    frame = db.gpu_per_prefix(job=job, per_dag=per_dag) if gpu else db.tasks(job=job, per_dag=per_dag)
+    emit(_recorded(db, frame), fmt)
 
 
 @cli.command()

@@ -5,7 +5,8 @@ a session overview (source, time range, workers, GPUs, one row per job: DAGs, ta
 utilization while its tasks ran, device-hours, unused and held-but-idle GPU-hours), then per
 job its DAGs, GPU utilization and memory timelines per worker and GPU with the job's busy
 intervals shaded, peaks, utilization summary per worker, GPU use per DAG, the activity
-breakdown (Dask's fine performance metrics) and the slowest task prefixes. A section without
+breakdown (Dask's fine performance metrics) and the slowest task prefixes. "Was the GPU busy": per
+job and DAG, then per task prefix. A section without
 data says why. Figures: :mod:`.reportfigs`; the numbers: :mod:`.summary`, :mod:`.peaks`, :mod:`.tasks`.
 """
 
@@ -35,6 +36,7 @@ SUMMARY_COLUMNS = [
     "held_idle_device_hours",
 ]
 SLOWEST = 10
+BUSIEST = 15  # task prefixes per job in "was the GPU busy", most GPU-covered task time first
 STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222}
 h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:2px solid #2ca02c;padding-bottom:.2em;margin-top:2em}
@@ -105,6 +107,7 @@ def collect(db) -> dict:
         "tasks": db.tasks(),
         "activity": db.activity(),
         "gpu": db.gpu_during_tasks(),
+        "prefix_gpu": db.gpu_per_prefix(),
     }
 
 
@@ -183,6 +186,11 @@ def _peaks(frame: pd.DataFrame, job: int) -> pd.DataFrame:
     return out
 
 
+def _of_job(frame: pd.DataFrame, job: int) -> pd.DataFrame:
+    """The job's rows; an empty frame keeps its ``why``."""
+    return frame[frame["job"] == job] if not frame.empty else frame
+
+
 def _job(data: dict, job: int, figures: dict) -> str:
     dags, tables = data["dags"], data["tables"]
     parts = [
@@ -203,7 +211,7 @@ def _job(data: dict, job: int, figures: dict) -> str:
     if x_range is None:
         parts.append(_why("no GPU samples: tracking `compute-util`/`total-mem` is off, or the workers saw no GPU"))
     summary = data["summary"]
-    mine = summary[summary["job"] == job] if not summary.empty else summary
+    mine = _of_job(summary, job)
     parts += [
         "<h3>Peaks</h3>",
         _table(_peaks(data["peaks"], job), "no GPU peaks: no GPU metric was collected"),
@@ -211,10 +219,16 @@ def _job(data: dict, job: int, figures: dict) -> str:
         _table(mine[SUMMARY_COLUMNS] if not mine.empty else mine, "no utilization: compute-util and host-cpu are off"),
         "<h3>Was the GPU busy? Utilization, and where collected SM active, SM occupancy, tensor and DRAM activity "
         "and the job's share of a shared GPU, during its tasks (job, then each DAG)</h3>",
-        _table(data["gpu"][data["gpu"]["job"] == job] if not data["gpu"].empty else data["gpu"]),
+        _table(_of_job(data["gpu"], job)),
+        f"<h4>Per task prefix (the device's readings during its tasks, on each worker's own GPU; GPU memory "
+        f"delta across a task, in MiB; top {BUSIEST} by gpu_s)</h4>",
+        _table(
+            _of_job(data["prefix_gpu"], job).head(BUSIEST),
+            data["prefix_gpu"].attrs.get("why", "no task of this job finished in range"),
+        ),
     ]
     activity = data["activity"]
-    mine = activity[activity["job"] == job] if not activity.empty else activity
+    mine = _of_job(activity, job)
     parts.append("<h3>Where worker time went (Dask fine performance metrics)</h3>")
     if not mine.empty:
         seconds = mine[mine["unit"] == "seconds"]
@@ -223,7 +237,7 @@ def _job(data: dict, job: int, figures: dict) -> str:
             parts.append(f"{{{{job{job}-activity}}}}")
     parts.append(_table(mine, data["activity"].attrs.get("why", "no activity recorded for this job")))
     tasks = data["tasks"]
-    mine = tasks[tasks["job"] == job].head(SLOWEST) if not tasks.empty else tasks
+    mine = _of_job(tasks, job).head(SLOWEST)
     parts += [
         f"<h3>Slowest task prefixes (by total execution time, top {SLOWEST})</h3>",
         _table(mine, data["tasks"].attrs.get("why", "no task of this job finished in range")),

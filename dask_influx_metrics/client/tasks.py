@@ -1,6 +1,6 @@
-"""Why was the GPU idle? Tasks, Dask's fine performance metrics and GPU use, per job and DAG.
+"""Why was the GPU idle? Tasks, Dask's fine performance metrics and GPU use, per job, DAG and task prefix.
 
-Three tidy DataFrames, read through any :class:`~dask_influx_metrics.query.Store` (InfluxQL,
+Tidy DataFrames, read through any :class:`~dask_influx_metrics.query.Store` (InfluxQL,
 Flux or a spool) from the ``task`` and ``activity`` points (tracking names ``task-stream`` and
 ``fine-metrics``) and the ``gpu`` samples:
 
@@ -13,6 +13,8 @@ Flux or a spool) from the ``task`` and ``activity`` points (tracking names ``tas
   the job (busy, the job in the ``job`` tag; per DAG: the DAG in the ``dag`` tag): one row per
   job (``dag`` <NA>) and one per DAG. The mean is time-weighted, as in summaries
   (:func:`.summary.weights`): each sample counts for the time to the next one of its GPU.
+- ``db.gpu_per_prefix()``: the same question per job (and DAG) and task prefix, from the samples of
+  each task's worker's own GPU during the task, and the worker's GPU memory delta (:func:`prefix_gpu`).
 
 ``db.task_stream()`` gives the task points themselves. ``dag`` is read by name, so it may be a
 tag or a field. An empty answer has a ``why`` in ``frame.attrs``.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from .. import jobtags, schema
@@ -58,9 +61,21 @@ UTIL = "utilization_gpu"
 # (docs/attribution.md) and, on shared GPUs, the worker's own share of the SM time
 DEPTH = ("sm_active", "sm_occupancy", "pipe_tensor_active", "dram_active", "worker_utilization_gpu")
 
+# per task prefix: the device readings during its tasks, and the worker's GPU memory across them
+PREFIX_DEVICE = (UTIL, "sm_active", "sm_occupancy", "pipe_tensor_active")
+MEMORY = "worker_memory_used"
+PREFIX_GPU = ["job", "dag", "prefix", "tasks", "gpu_s", "mean_utilization_gpu", "mean_memory_delta", "max_memory_delta"]
+
 NO_TASK_STREAM = "no task stream recorded: tracking `task-stream` is off, or no task finished in range"
 NO_FINE_METRICS = "no fine performance metrics recorded: tracking `fine-metrics` is off, or no task ran in range"
 NO_GPU = "no GPU utilization recorded: tracking `compute-util` is off, or the workers saw no GPU"
+NO_GPU_SAMPLES = (
+    "no GPU samples recorded: tracking `compute-util`, `gpm` and `worker-gpu-mem` are off, or the workers saw no GPU"
+)
+NO_OWN_GPU = (
+    "no GPU sample of the task's workers' own GPUs (index 0) under their worker tags: {workers} used no GPU, "
+    "or `worker-gpu-mem` was off on GPUs another worker sampled"
+)
 
 
 def _empty(columns, why: str) -> pd.DataFrame:
@@ -164,6 +179,118 @@ def gpu_during(samples: pd.DataFrame, dag_jobs: dict) -> pd.DataFrame:
     return out.sort_values(["job", "dag"], na_position="first", kind="stable").reset_index(drop=True)
 
 
+def _own_gpus(samples: pd.DataFrame) -> pd.Series:
+    """Worker -> the GPU id of its own GPU: its index "0" (dask-cuda lists a worker's own GPU first)."""
+    own = samples[samples["index"].astype(str).eq("0")]
+    return own.groupby("worker", sort=False)["gpu"].first()
+
+
+def _gpu_ids(samples: pd.DataFrame) -> pd.Series:
+    """Which physical GPU each sample is of: its ``uuid``; older points without one, their writer and index."""
+    uuid = samples["uuid"] if "uuid" in samples else pd.Series(pd.NA, index=samples.index, dtype=object)
+    mine = samples["worker"].astype(str) + "/" + samples["index"].astype(str)
+    return uuid.where(uuid.notna() & uuid.ne(""), mine)
+
+
+def _covered(times: np.ndarray, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple:
+    """Seconds of each [start, end] (s) covered by one GPU's sample windows, and the integral of the readings
+    over them. A reading describes the window that ends at its time: from the previous sample (at most
+    :func:`.summary.weights`' cap); the first sample's, one median step."""
+    lengths = np.roll(weights(times, np.ones((len(times), 1)))[:, 0], 1)
+    lefts = times - lengths
+    total = np.concatenate([[0.0], np.cumsum(lengths)])
+    area = np.concatenate([[0.0], np.cumsum(lengths * values)])
+
+    def upto(x):  # (covered seconds, integral) from the first window to x
+        k = np.searchsorted(times, x, side="left")  # the window x falls in (or the gap before it)
+        inside = k < len(times)
+        part = np.where(inside, np.clip(x - lefts[np.minimum(k, len(times) - 1)], 0.0, None), 0.0)
+        value = values[np.minimum(k, len(times) - 1)]
+        return total[k] + part, area[k] + part * value
+
+    (c0, a0), (c1, a1) = upto(starts), upto(ends)
+    return c1 - c0, a1 - a0
+
+
+def _memory_deltas(series: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``worker_memory_used`` at the first sample at/after each end minus the last at/before each start; NaN
+    where either is missing."""
+    times, values = series["t"].to_numpy(), series[MEMORY].to_numpy(dtype=float)
+    before = np.searchsorted(times, starts, side="right") - 1
+    after = np.searchsorted(times, ends, side="left")
+    ok = (before >= 0) & (after < len(times))
+    return np.where(ok, values[np.minimum(after, len(times) - 1)] - values[np.maximum(before, 0)], np.nan)
+
+
+def prefix_gpu(tasks: pd.DataFrame, samples: pd.DataFrame, per_dag: bool = False) -> pd.DataFrame:
+    """Task points and ``gpu`` samples -> per job (and DAG) and prefix: ``tasks``, ``gpu_s`` (task seconds
+    covered by samples of the worker's own GPU), the time-weighted mean of each device reading of
+    :data:`PREFIX_DEVICE` collected (``mean_<field>``) during the tasks, and ``mean_memory_delta`` /
+    ``max_memory_delta`` (MiB) of the worker's ``worker_memory_used`` across each task.
+
+    A task's GPU is its worker's index "0" (by ``uuid``: device samples count whoever wrote them). Each
+    sample counts for the overlap of its window (the previous sample of that GPU .. its time) with the
+    task's [start, end], so a 5 ms task inside one 100 ms window gets that window's value. The device
+    figures are the device's: other work on the GPU at the same time counts too (the per-job figures
+    say how shared it was). A memory delta includes what other tasks on the worker allocated meanwhile,
+    and is 0 under a pool allocator (RMM) that does not grow. NA where nothing was measured.
+
+    >>> s = pd.DataFrame({"time": [1e9, 2e9, 3e9, 4e9], "worker": "w", "index": "0", "uuid": "GPU-1",  # each second
+    ...                   "utilization_gpu": [0.0, 90.0, 60.0, 0.0], "worker_memory_used": [10.0, 10.0, 30.0, 30.0]})
+    >>> t = pd.DataFrame({"time": [3e9, 2.1e9], "worker": "w", "job": 1, "dag": 1, "prefix": ["a", "b"],
+    ...                   "start": [1.5, 2.05]})  # a: half of (1, 2] s at 90, all of (2, 3] at 60; b: 50 ms at 60
+    >>> prefix_gpu(t, s).round(3).values.tolist()
+    [[1, 'a', 1, 1.5, 70.0, 20.0, 20.0], [1, 'b', 1, 0.05, 60.0, 20.0, 20.0]]
+    """
+    columns = PREFIX_GPU if per_dag else [c for c in PREFIX_GPU if c != "dag"]
+    if tasks.empty:
+        return _empty(columns, NO_TASK_STREAM)
+    fields = [f for f in (*PREFIX_DEVICE, MEMORY) if f in samples and pd.to_numeric(samples[f]).notna().any()]
+    if samples.empty or not fields:
+        return _empty(columns, NO_GPU_SAMPLES)
+    samples = samples.assign(gpu=_gpu_ids(samples), t=pd.to_numeric(samples["time"]).astype("int64"))
+    samples = samples.assign(**{f: pd.to_numeric(samples[f]) for f in fields}).sort_values("t", kind="stable")
+    own = _own_gpus(samples)
+    tasks = tasks.assign(gpu=tasks["worker"].map(own)).reset_index(drop=True)
+    if tasks["gpu"].isna().all():
+        return _empty(columns, NO_OWN_GPU.format(workers=sorted(set(tasks["worker"].astype(str)))))
+    origin = int(samples["t"].iloc[0])
+    ends = (pd.to_numeric(tasks["time"]).astype("int64") - origin) / 1e9
+    starts = pd.to_numeric(tasks["start"]) - origin / 1e9
+    starts = starts.fillna(ends - pd.to_numeric(tasks["duration"])) if "duration" in tasks else starts
+    timed = (starts <= ends).to_numpy()  # a task without a start covers nothing
+    starts = starts.where(timed, ends)
+    samples = samples.assign(t=(samples["t"] - origin) / 1e9)
+    device = [f for f in PREFIX_DEVICE if f in fields]
+    got = {f"{k}_{f}": np.zeros(len(tasks)) for f in device for k in ("time", "area")}
+    got["delta"] = np.full(len(tasks), np.nan)
+    for gpu, rows in tasks.groupby("gpu", sort=False).indices.items():
+        of_gpu = samples[samples["gpu"] == gpu]
+        s, e = starts.to_numpy()[rows], ends.to_numpy()[rows]
+        for f in device:
+            series = of_gpu[of_gpu[f].notna()]
+            if len(series):
+                covered, area = _covered(series["t"].to_numpy(), series[f].to_numpy(float), s, e)
+                got[f"time_{f}"][rows], got[f"area_{f}"][rows] = covered, area
+        if MEMORY not in fields:
+            continue
+        held = of_gpu[of_gpu[MEMORY].notna()]
+        for worker, mine in tasks.iloc[rows].groupby("worker", sort=False).indices.items():
+            got["delta"][rows[mine]] = _memory_deltas(held[held["worker"] == worker], s[mine], e[mine])
+    got["delta"][~timed] = np.nan
+    by = ["job", "dag", "prefix"] if per_dag else ["job", "prefix"]
+    groups = tasks[by].assign(**got, n=1).groupby(by, sort=True)
+    sums = groups.sum(numeric_only=True)
+    out = pd.DataFrame({"tasks": sums["n"], "gpu_s": sums[f"time_{device[0]}"] if device else np.nan})
+    for f in device:  # task-time weighted; NA where no sample covered the prefix's tasks
+        out[f"mean_{f}"] = (sums[f"area_{f}"] / sums[f"time_{f}"]).where(sums[f"time_{f}"] > 0)
+    out["mean_memory_delta"], out["max_memory_delta"] = groups["delta"].mean(), groups["delta"].max()
+    out = out.reset_index().astype({"tasks": "int64"})
+    out = out.sort_values(["job", "gpu_s"], ascending=[True, False], kind="stable").reset_index(drop=True)
+    gpm = [f"mean_{f}" for f in device if f != UTIL]  # only where collected
+    return out.reindex(columns=[*columns[:-2], *gpm, *columns[-2:]])
+
+
 def _timed(frame: pd.DataFrame) -> pd.DataFrame:
     """One worker's GPU samples with ``seconds``: the time each stands for (:func:`.summary.weights`, per GPU)."""
     frame = frame.assign(**{UTIL: pd.to_numeric(frame[UTIL])}).sort_values("time", kind="stable")
@@ -218,6 +345,18 @@ class TaskQuestions:
         samples = pd.concat([_timed(f) for f in frames if not f.empty] or [frames[0]], ignore_index=True)
         dags = self.dags()
         return _only(gpu_during(samples, dict(zip(dags["dag"], dags["job"]))), job)
+
+    def gpu_per_prefix(self, job: Optional[int] = None, per_dag: bool = False) -> pd.DataFrame:
+        """Was the GPU busy during each task prefix's tasks: per job (and DAG) and prefix, the device's mean
+        utilization (and GPM's SM active, occupancy, tensor activity where collected) over the tasks' time
+        on their workers' own GPUs, and the worker's GPU memory delta across them; see :func:`prefix_gpu`."""
+        stream = self.task_stream(job)
+        columns = PREFIX_GPU if per_dag else [c for c in PREFIX_GPU if c != "dag"]
+        if stream.empty:
+            return _empty(columns, stream.attrs.get("why", NO_TASK_STREAM))
+        # every sample of every GPU, not the job's only: a reading stands for the window before it
+        samples = self.backend.points(schema.GPU, ["worker", "index", "uuid", *PREFIX_DEVICE, MEMORY])
+        return _only(prefix_gpu(stream, samples, per_dag=per_dag), job)
 
     def report(self, path, title: Optional[str] = None) -> str:
         """Write the one-file HTML report (see :mod:`dask_influx_metrics.client.report`); returns ``path``."""
