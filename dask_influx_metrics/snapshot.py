@@ -24,7 +24,7 @@ tasks; counts and tags stay exact while entries remain.
 the agent before each sample: its ``pid``, ``samples``, ``extra`` (on a wake) and
 ``time`` (``time.monotonic()``, one clock for all processes on Linux) packed,
 then JSON that changes less often: ``acked`` (worker id -> the ``seq`` of the
-snapshot that sample used), what it ``found`` of each worker's GPUs, its sink's
+snapshot that sample used), ``idle`` (the workers that sample saw idle), what it ``found`` of each worker's GPUs, its sink's
 delivery ``counters`` (once a second) and its latest ``reports``.
 
 Example
@@ -309,11 +309,21 @@ class BeatReader:
         beat = self()
         return int(beat.get("acked", {}).get(self.worker_id, 0)) if beat else 0
 
+    def saw_idle(self) -> bool:
+        """Whether the agent's latest sample saw this worker idle (or there was none yet): only then is a
+        task starting here worth a wake; otherwise its next tick shows the task anyway."""
+        beat = self()
+        return not beat or self.worker_id in beat.get("idle", (self.worker_id,))
+
 
 class Publisher:
     """The worker's side: its executing and recent tasks as encoded entries; writes the snapshot
     on each change. Called on the event loop only; never raises (an error is logged once).
-    ``acked()``: the ``seq`` the agent's latest sample used (:meth:`BeatReader.acked`)."""
+    ``acked()``: the ``seq`` the agent's latest sample used (:meth:`BeatReader.acked`).
+
+    With :attr:`defer` set (the worker's ``loop.call_soon``), a change is written once at the end of
+    the event-loop turn: a task ending and the next one starting (one turn of Dask's state machine)
+    cost one write instead of two. :meth:`flush` writes a pending change now (before a wake)."""
 
     def __init__(
         self,
@@ -332,6 +342,8 @@ class Publisher:
         self._recent_json = b""  # their entries joined: what a publish writes
         self._acked = 0
         self._failed = False
+        self.defer: Callable[[Callable], object] | None = None
+        self._pending = False
         for key, job, dag in running:
             self.seq += 1
             self._running[key] = (self.seq, entry(key, job, dag, self.seq), job, dag)
@@ -345,7 +357,7 @@ class Publisher:
             self._running[key] = (self.seq, entry(key, job, dag, self.seq), job, dag)
         except Exception as e:
             self._fail(e)
-        self.publish()
+        self._changed()
 
     def ended(self, key) -> None:
         task = self._running.pop(key, None)
@@ -358,7 +370,19 @@ class Publisher:
                 self._fold()
             else:
                 self._recent_json = self._recent_json + b"," + task[1] if self._recent_json else task[1]
-        self.publish()
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.defer is None:
+            self.publish()
+        elif not self._pending:
+            self._pending = True
+            self.defer(self.flush)
+
+    def flush(self) -> None:
+        """Write a change :attr:`defer` holds back, now."""
+        if self._pending:
+            self.publish()
 
     def _fold(self) -> None:
         """Too many ended tasks unsampled: the older half becomes one keyless entry per (job, dag),
@@ -393,6 +417,7 @@ class Publisher:
         return any(t[0] > self.acked() for t in self._recent)
 
     def publish(self) -> None:
+        self._pending = False
         running = [t[1] for t in self._running.values()]
         data = _SNAPSHOT % (
             self.seq,

@@ -109,6 +109,10 @@ def test_a_task_on_an_idle_worker_wakes_the_agent_and_leave_samples_unsampled_ta
             timeout=4,
             what="the woken sample, long before the next tick",
         )
+        wait_until(lambda: not w._beat.saw_idle(), what="the beat: the agent saw this worker busy")
+        sent = w._woken
+        w.wake()  # another task starting now
+        assert w._woken == sent, "its latest sample saw a task here: no datagram"
         w.publisher.ended("first")
         w.publisher.started("brief", 2, 6)
         w.publisher.ended("brief")

@@ -130,6 +130,39 @@ def test_the_publisher_prunes_what_the_agent_acknowledged_and_folds_beyond_keep(
 
 
 # --- the beat -------------------------------------------------------------------------------
+def test_deferred_publishing_writes_once_per_event_loop_turn(pair):
+    """Issue 22's per-task path: a task ending and the next starting in one turn of the worker's event
+    loop cost one write; the snapshot the agent reads after the turn is exact."""
+    pub, reader, turn = pair.pub, pair.reader, []
+    pub.defer = turn.append  # the worker's loop.call_soon
+    before = pair.buf.version()
+    pub.started("a", 1, 3)
+    pub.ended("a")
+    pub.started("b", 1, 3)
+    assert pair.buf.version() == before and len(turn) == 1  # nothing written yet, one write due
+    turn.pop()()  # the end of the turn
+    assert pair.buf.version() == before + 2  # one write (the seqlock counts 2 per write)
+    reader.refresh()
+    assert [k for k, _, _ in reader().running] == ["b", "a"]  # b runs; a, unsampled, counts once
+    pub.ended("b")
+    pub.flush()  # before a wake: written now, the deferred call then finds nothing to do
+    after = pair.buf.version()
+    turn.pop()()
+    assert pair.buf.version() == after
+
+
+def test_a_wake_is_due_only_when_the_agents_latest_sample_saw_the_worker_idle(pair):
+    """Issue 22: back-to-back short tasks send no wake datagram; the agent's beat says whom it saw idle."""
+    reader = pair.beat_reader
+    assert reader.saw_idle()  # no beat yet
+    write_beat(pair.beat, 1, 1, 0, doc({"acked": {"w1": 1}, "idle": ["w1", "w2"]}))
+    assert reader.saw_idle()
+    write_beat(pair.beat, 1, 2, 0, doc({"acked": {"w1": 2}, "idle": ["w2"]}))
+    assert not reader.saw_idle()
+    write_beat(pair.beat, 1, 3, 0, doc({"acked": {"w1": 2}}))  # an agent that does not say: wake, as before
+    assert reader.saw_idle()
+
+
 def test_the_beat_carries_counts_each_workers_acknowledged_snapshot_and_the_sink_counters(pair):
     assert pair.beat_reader() is None and pair.beat_reader.acked() == 0  # no sample yet
     pair.pub.started("a", 1, 1)

@@ -203,8 +203,10 @@ class Agent:
         if now - self._counted >= COUNTERS_S:
             self._counted, self._counters = now, [{**c, "agent": os.getpid()} for c in counters(self.sink)]
         acked = {w.id: w.activity.acked for w in views}
+        idle = [w.id for w in views if not w.activity().executing]  # their next task start is worth a wake
         key = (
             acked,
+            idle,
             self._counters,
             self._reported,
             len(self.found),
@@ -219,6 +221,7 @@ class Agent:
             self._doc = json.dumps(
                 {
                     "acked": acked,
+                    "idle": idle,
                     "relay": key[-1],
                     "found": self.found,
                     "foreign": self.workers.foreign,

@@ -231,13 +231,16 @@ class AgentLink:
     # --- what the worker does ---------------------------------------------------------------
     def wake(self, why: str = "task") -> None:
         """A task started on an idle worker (``why="task"``): the agent samples now unless its last sample
-        saw tasks; one datagram per agent sample at most (short tasks back to back send one). Arriving
+        saw tasks (then no datagram); one datagram per agent sample at most. Arriving
         and leaving (``"folder"``) also make it look at the run folder."""
         if why == "task":
+            if self._beat is not None and not self._beat.saw_idle():
+                return  # its latest sample saw tasks here: the next one shows this task
             samples = self._beat.samples() if self._beat is not None else -1
             if samples == self._woken:
                 return
             self._woken = samples
+            self.publisher.flush()  # the task is in the snapshot the agent reads
         try:
             self._sock.sendto(f"{self.id} {why}".encode(), os.path.join(self.folder, runfolder.SOCKET))
         except OSError:  # no agent listening right now: the next tick sees the task anyway

@@ -132,6 +132,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if self.closed:
             return await asyncio.to_thread(link.leave, 0)
         self.link, self._relayed = link, 0
+        link.publisher.defer = asyncio.get_running_loop().call_soon  # one write per event-loop turn
         self._publish()
         self._ticker = PeriodicCallback(self._tick, 1000)
         self._ticker.start()
