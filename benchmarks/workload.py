@@ -5,8 +5,8 @@ A LocalCluster of 2 worker processes (1 thread each) runs the same workload
 on at 200 ms and on at 50 ms in the default configuration (every metric, 8
 simulated GPUs per worker, UDP to a loopback socket that a separate process
 drains and counts; one sampling agent process per host samples where the package
-has ``sampler.mode``), attached but not started (the scheduler plugin tags every
-task, nothing samples: the per-task part of the cost), plus on at 200 ms with
+has ``sampler.mode``), attached but not started (the scheduler plugin installed; without a
+started session it tags no task and nothing samples), plus on at 200 ms with
 ``sampler_mode="thread"`` (the in-process sampler) for comparison, in rotation,
 ``rounds`` times, on the same cluster. Only the workload is timed;
 attach/start and shutdown (stop + detach) happen outside the timed region.
@@ -120,7 +120,7 @@ def monitored(
 ) -> dict:
     """One timed workload run, with the monitor on at ``interval_ms`` (None = off).
 
-    ``start=False``: attached only (the scheduler plugin tags tasks; no worker samples)."""
+    ``start=False``: attached only (the scheduler plugin installed, no session: no task tagged, nothing sampled)."""
     from dask_influx_metrics import Monitor
 
     with common.Drain() as rx:
