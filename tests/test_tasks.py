@@ -116,22 +116,29 @@ def test_flux_points_query_passes_the_flux_language_server():
     assert fluxcheck.flux_diagnostics(sources) == {"task": [], "activity": []}
 
 
-def test_flux_backend_reads_tasks_and_activity():
-    pytest.importorskip("influxdb_client")
+def fake_flux(points, measurements, canned):
+    """A fake InfluxDB 2.x answering Flux: the recorded answer ``ANSWERS[name]`` to a query holding
+    ``marker`` (``canned``: ``(marker, name)`` pairs), else the ``points`` of the measurement asked for."""
     from fake_influx2 import ANSWERS, FakeInflux
 
-    points = P.all_points(dag_field=True)
-
     def answer(flux):
-        if "buckets()" in flux:
-            return 200, ANSWERS["buckets"]
-        for m in ("task", "activity"):
+        for marker, name in canned:
+            if marker in flux:
+                return 200, ANSWERS[name]
+        for m in measurements:
             if f'r._measurement == "{m}"' in flux:
                 return 200, P.flux_answer([p for p in points if p.measurement == m])
         return 200, "\r\n"
 
     fake = FakeInflux()
     fake.answer = answer
+    return fake
+
+
+def test_flux_backend_reads_tasks_and_activity():
+    pytest.importorskip("influxdb_client")
+    points = P.all_points(dag_field=True)
+    fake = fake_flux(points, ("task", "activity"), canned=(("buckets()", "buckets"),))
     try:
         with query.connect(fake.url, database="dask_metrics", language="flux", org="o", token="t") as db:
             tasks = db.tasks()
@@ -180,24 +187,12 @@ PREFIX = [  # job, prefix, tasks, gpu_s, utilization, sm_active, mean / max memo
 @pytest.fixture(scope="module")
 def prefix_stores(influxd, tmp_path_factory):
     pytest.importorskip("influxdb_client")
-    from fake_influx2 import ANSWERS, FakeInflux
-
     points = P.prefix_gpu_points()
     database = influxd.create_database("prefix_gpu")
     P.write_influxd(influxd, database, points=points)
     spool = P.write_spool(tmp_path_factory.mktemp("prefix"), folders={"agent": points})
-
-    def answer(flux):
-        for marker, name in (("buckets()", "buckets"), ('distinct(column: "job")', "job")):  # jobs 1, 2
-            if marker in flux:
-                return 200, ANSWERS[name]
-        for m in ("task", "gpu"):
-            if f'r._measurement == "{m}"' in flux:
-                return 200, P.flux_answer([p for p in points if p.measurement == m])
-        return 200, "\r\n"
-
-    fake = FakeInflux()
-    fake.answer = answer
+    canned = (("buckets()", "buckets"), ('distinct(column: "job")', "job"))  # jobs 1, 2
+    fake = fake_flux(points, ("task", "gpu"), canned)
     out = {
         "influxql": query.connect(influxd.url, database=database),
         "spool": query.connect(spool),
