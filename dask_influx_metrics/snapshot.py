@@ -6,17 +6,18 @@ number is odd while writing; a reader retries on an odd or changed number or a
 CRC mismatch).
 
 **The snapshot** (worker -> agent, ``workers/<id>.snap``, :data:`BUFFER_BYTES`),
-written by :class:`Publisher` on the worker's event loop only when a task starts
-or ends (``transition``), and when bytes held or the clock offset changed (once
-a second): compact JSON with the change counter ``seq``, the executing tasks and
-the *recent* ones, tasks that ended before the agent may have sampled them. Each
+written by :class:`Publisher` on the worker's event loop a few ms after tasks start or end
+(``transition``), and when bytes held or the clock offset changed (once a second): compact
+JSON with the change counter ``seq``, the executing tasks and the *recent* ones, tasks
+that ended before the agent may have sampled them. Each
 entry is ``[key, job, dag, start]`` (``start``: the ``seq`` of its start),
 encoded once when the task starts, so a publish is a join of cached bytes. A
 sample counts a recent task as executing when it started after the snapshot of
 the previous sample (``start > acked``): a task that started and ended between
-two samples leaves a trace. Those the agent has acknowledged are pruned; beyond
-:data:`RECENT`, the older half is folded into one keyless entry per job and DAG
-(tags stay exact), so a publish stays a few microseconds at any task rate. A
+two samples leaves a trace. Those the agent has acknowledged are pruned (looked at
+every :data:`ASK_EVERY` carried tasks: one carried longer is not counted twice, its
+start is not after ``acked``); beyond :data:`RECENT`, the older half is folded into
+one keyless entry per job and DAG (tags stay exact), so a publish stays a few µs. A
 snapshot too big for the buffer drops keys (``null``), then the oldest recent
 tasks; counts and tags stay exact while entries remain.
 
@@ -32,7 +33,8 @@ Example
 >>> buf, beat = SnapshotBuffer.create(4096), SnapshotBuffer.create(BEAT_BYTES)
 >>> pub = Publisher(buf, BeatReader(beat, "w1").acked, nthreads=2)
 >>> pub.started(("x", 0), job=1, dag=3)
->>> pub.started("short", job=1, dag=4); pub.ended("short")
+>>> pub.started("short", job=1, dag=4); pub.ended("short")  # its job and DAG
+(1, 4)
 >>> reader = SnapshotReader(buf); reader.refresh()
 >>> snap = reader()
 >>> [k for k, _, _ in snap.running], snap.job_tag, snap.dag_tag
@@ -64,6 +66,7 @@ logger = logging.getLogger(__name__)
 BUFFER_BYTES = 1 << 20  # tmpfs allocates only what is written
 BEAT_BYTES = 1 << 16
 RECENT = 64  # ended tasks carried with their keys until the agent has sampled them (then folded)
+ASK_EVERY = 16  # carried tasks between two looks at what the agent acknowledged (pruning those it sampled)
 _SEQ = struct.Struct("<Q")  # at offset 0: even = stable, odd = being written
 _BODY = struct.Struct("<II")  # at offset 8: payload length, crc32
 _HEADER = _SEQ.size + _BODY.size
@@ -176,7 +179,6 @@ class SnapshotBuffer:
             os.close(self.fd)
 
 
-# --- the snapshot -----------------------------------------------------------------------
 def entry(key, job: int, dag: int, start: int) -> bytes:
     """One task of a snapshot, as JSON bytes: ``[key, job, dag, start]`` (the key as :func:`plain_key`).
 
@@ -295,10 +297,6 @@ class BeatReader:
             self._seq = seq if self._last is not None or not seq else -1
         return self._last
 
-    def samples(self) -> int:
-        """The agent's sample count at a glance (no seqlock: a hint, e.g. whether it sampled since)."""
-        return _BEAT.unpack_from(self.buffer.raw(), _HEADER)[1]
-
     def when(self) -> float:
         """The ``time`` of the latest beat at a glance (no seqlock: a torn read is possible, so only a
         hint; :meth:`__call__` for a value to act on)."""
@@ -321,9 +319,9 @@ class Publisher:
     on each change. Called on the event loop only; never raises (an error is logged once).
     ``acked()``: the ``seq`` the agent's latest sample used (:meth:`BeatReader.acked`).
 
-    With :attr:`defer` set (the worker's ``loop.call_soon``), a change is written once at the end of
-    the event-loop turn: a task ending and the next one starting (one turn of Dask's state machine)
-    cost one write instead of two. :meth:`flush` writes a pending change now (before a wake)."""
+    With :attr:`defer` set (beside the agent, :meth:`..worker.agentlink.AgentLink.publish_from`), a change
+    is written a few ms later with those that follow it: short tasks cost a write per few tasks, not one
+    or two each. :meth:`flush` writes a pending change now (before a wake)."""
 
     def __init__(
         self,
@@ -341,12 +339,11 @@ class Publisher:
         self._recent: list = []  # the same, of ended tasks
         self._recent_json = b""  # their entries joined: what a publish writes
         self._acked = 0
+        self._ask_at = ASK_EVERY  # carried tasks at which to ask what the agent acknowledged
         self._failed = False
         self.defer: Callable[[Callable], object] | None = None
         self._pending = False
-        for key, job, dag in running:
-            self.seq += 1
-            self._running[key] = (self.seq, entry(key, job, dag, self.seq), job, dag)
+        self.sync(running)
         self.publish()
 
     def started(self, key, job: int, dag: int) -> None:
@@ -359,18 +356,35 @@ class Publisher:
             self._fail(e)
         self._changed()
 
-    def ended(self, key) -> None:
+    def ended(self, key) -> tuple[int, int] | None:
+        """The task's ``(job, dag)``; None if it was not executing."""
         task = self._running.pop(key, None)
         if task is None:
-            return
+            return None
         self.seq += 1
-        if task[0] > self._acked and task[0] > self.acked():  # no sample has seen it: carried
+        if task[0] > self._acked:  # no sample had seen it when last asked: carried until one has
             self._recent.append(task)
-            if len(self._recent) > self._keep:
-                self._fold()
-            else:
-                self._recent_json = self._recent_json + b"," + task[1] if self._recent_json else task[1]
+            self._recent_json = self._recent_json + b"," + task[1] if self._recent_json else task[1]
+            if (n := len(self._recent)) >= self._ask_at or n > self._keep:  # asked every ASK_EVERY, not per task
+                self.acked()
+                if len(self._recent) > self._keep:
+                    self._fold()
+                self._ask_at = len(self._recent) + ASK_EVERY
         self._changed()
+        return task[2], task[3]
+
+    def idle(self) -> bool:
+        return not self._running  # no task executing
+
+    def sync(self, running) -> None:
+        """Executing tasks as ``running`` (``((key, job, dag), ...)``) lists them: catch up with changes since
+        this publisher was created."""
+        now = {key for key, _, _ in running}
+        for key in [k for k in self._running if k not in now]:
+            self.ended(key)
+        for key, job, dag in running:
+            if key not in self._running:
+                self.started(key, job, dag)
 
     def _changed(self) -> None:
         if self.defer is None:

@@ -8,6 +8,7 @@ import dataclasses
 import os
 import threading
 import time
+import types
 
 import psutil
 import pytest
@@ -110,9 +111,12 @@ def test_a_task_on_an_idle_worker_wakes_the_agent_and_leave_samples_unsampled_ta
             what="the woken sample, long before the next tick",
         )
         wait_until(lambda: not w._beat.saw_idle(), what="the beat: the agent saw this worker busy")
-        sent = w._woken
+        sock, sent = w._sock, []
+        w._sock = types.SimpleNamespace(sendto=lambda data, to: sent.append(data))
         w.wake()  # another task starting now
-        assert w._woken == sent, "its latest sample saw a task here: no datagram"
+        w.wake()  # and another, before the agent's next sample
+        w._sock = sock
+        assert sent == [], "its latest sample saw a task here: no datagram"
         w.publisher.ended("first")
         w.publisher.started("brief", 2, 6)
         w.publisher.ended("brief")

@@ -151,6 +151,22 @@ def test_deferred_publishing_writes_once_per_event_loop_turn(pair):
     assert pair.buf.version() == after
 
 
+def test_the_publisher_is_the_workers_record_and_syncs_with_tasks_that_changed_while_it_joined(pair):
+    """Beside the agent the publisher alone records the executing tasks: ``ended`` gives the task's job
+    and DAG (the task stream's record); ``sync`` catches up with a registry snapshot taken before the
+    worker joined (a task ended meanwhile, another started)."""
+    pub = pair.pub
+    pub.started("old", 1, 2)
+    pub.started("kept", 1, 2)
+    assert not pub.idle()
+    pub.sync([("kept", 1, 2), ("new", 3, 4)])
+    assert sorted(pub._running) == ["kept", "new"]
+    assert pub.ended("new") == (3, 4) and pub.ended("new") is None
+    assert pub.ended("kept") == (1, 2) and pub.idle()
+    pair.reader.refresh()
+    assert [k for k, _, _ in pair.reader().running] == ["old", "new", "kept"]  # each once, as they ended
+
+
 def test_a_wake_is_due_only_when_the_agents_latest_sample_saw_the_worker_idle(pair):
     """Issue 22: back-to-back short tasks send no wake datagram; the agent's beat says whom it saw idle."""
     reader = pair.beat_reader

@@ -7,10 +7,11 @@ join later or restart; :func:`..scheduler.session.stop` unregisters it, which
 tears it down everywhere. Settings are resolved on the worker from its own Dask
 config plus the client's explicit overrides, so each node finds its own Telegraf.
 
-``transition`` (on the event loop) only updates a small registry of executing
-tasks with the job/DAG the scheduler annotated them with, and appends one small
-record per finished execution for the task stream; transitions that neither
-start nor end an execution cost a comparison.
+``transition`` (on the event loop) only records the executing tasks with the
+job/DAG the scheduler annotated them with (beside the agent in the snapshot it
+reads, else in a small in-process registry), and appends one small record per
+finished execution for the task stream; transitions that neither start nor end
+an execution cost a comparison.
 
 ``sampler.mode: agent`` (the default): the worker joins its host's sampling
 agent (:mod:`.agentlink`, started if missing), publishes its task starts and
@@ -89,8 +90,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         managed = functools.partial(_dask.worker_managed_bytes, worker)  # read by a sampler thread
         brief = settings.sampler_mode == "thread" or bool(self.custom)  # an in-process sampler takes snapshots
         self.registry = TaskRegistry(_dask.worker_nthreads(worker), managed_bytes=managed, brief=brief)
-        for key in _dask.worker_running_keys(worker):
-            self._started(key)
+        self._reseed()
         self.activity = CachedActivity(self.registry)
         self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
         self.report = Reporter(self._event, worker=worker.address, host=self.base_tags["host"])
@@ -106,6 +106,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if settings.sampler_mode == "agent":
             return self._join_agent()  # awaited by Dask: sampling has begun when start() returns
         self._sample_in_process()
+
+    def _reseed(self) -> None:
+        """The registry from the worker's own state: at setup, and when the agent's record is given up."""
+        self.registry.clear()
+        for key in _dask.worker_running_keys(self.worker):
+            self._started(key)
 
     # --- sampler.mode: agent --------------------------------------------------------------
     async def _join_agent(self) -> None:
@@ -132,7 +138,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if self.closed:
             return await asyncio.to_thread(link.leave, 0)
         self.link, self._relayed = link, 0
-        link.publisher.defer = asyncio.get_running_loop().call_soon  # one write per event-loop turn
+        link.publisher.sync(self.registry.snapshot().running)  # tasks that started or ended while it joined
+        if not self.custom:
+            self.registry.clear()  # the publisher is the record from now on
+        link.publish_from(asyncio.get_running_loop())
         self._publish()
         self._ticker = PeriodicCallback(self._tick, 1000)
         self._ticker.start()
@@ -151,6 +160,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
     async def _leave_agent(self, why: str) -> None:
         """Sample in-process from now on (the agent cannot serve this worker)."""
         link, self.link = self.link, None
+        self._reseed()
         self._ticker.stop()
         self.report("agent", f"{why}; sampling in-process")
         await asyncio.to_thread(link.leave, 0)
@@ -292,9 +302,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
         end = _dask.worker_task_end(self.worker, key)
         if end is not None and end[0] in STILL_RUNNING:
             return  # asked to release a running task: cancelled, its thread runs on
-        where = self.registry.finished(key)
-        if self.link is not None:
-            self.link.publisher.ended(key)
+        if self.link is None:
+            where = self.registry.finished(key)
+        else:  # the publisher is the record beside the agent (and the registry too for custom metrics)
+            where = self.link.publisher.ended(key)
+            if self.custom:
+                self.registry.finished(key)
         if where is not None and self.tasks is not None:
             self.tasks.ended.append((key, *where, end, time.time()))  # the sampler thread does the rest
 
@@ -302,14 +315,19 @@ class MetricsWorkerPlugin(WorkerPlugin):
         mark = _dask.worker_task_annotation(self.worker, key, ANNOTATION)
         ours = mark and mark.get("session") == self.session["id"]
         # submitted while no session ran: counted, not attributed
-        idle = self.registry.idle()
         job, dag = (mark["job"], mark["dag"]) if ours else (0, 0)
-        self.registry.started(key, job, dag)
-        if self.link is not None:
-            self.link.publisher.started(key, job, dag)
+        link = self.link
+        if link is not None:  # the publisher is the record; the registry only serves custom metrics here
+            idle = link.publisher.idle()
+            link.publisher.started(key, job, dag)
+            if self.custom:
+                self.registry.started(key, job, dag)
             if idle:
-                self.link.wake()  # the agent samples at once if its last sample saw this worker idle
-        elif idle and self.sampler is not None and self.extras is not None and not self.activity().executing:
+                link.wake()  # the agent samples at once if its last sample saw this worker idle
+            return
+        idle = self.registry.idle()
+        self.registry.started(key, job, dag)
+        if idle and self.sampler is not None and self.extras is not None and not self.activity().executing:
             # a graph shorter than the interval still gets a sample; not between back-to-back short
             # tasks (the last sample saw tasks): each is shown at the next tick
             self.sampler.wake()
