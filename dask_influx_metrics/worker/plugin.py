@@ -277,6 +277,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         link, self.link = self.link, None
         if link is not None:
             self._ticker.stop()
+            link.publisher.flush()  # a deferred write now, on the loop: none runs beside leave()'s
         sampler, self.sampler = self.sampler, None
         final = sampler is not None and (self.extras.pending() or link is None and self.registry.unsampled())
         return asyncio.to_thread(self._close, link, sampler, final)
