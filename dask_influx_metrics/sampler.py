@@ -56,6 +56,7 @@ class Sampler:
         self.samples = 0
         self.skipped = 0
         self.extra = 0  # samples taken on wake()
+        self.origin: float | None = None  # time.monotonic() of sample 0: ticks fall on origin + k * interval
         self.gaps: collections.deque = collections.deque(maxlen=4096)  # seconds between sample starts
         self.costs: collections.deque = collections.deque(maxlen=4096)  # thread CPU seconds per sample
 
@@ -99,7 +100,7 @@ class Sampler:
         return self._thread.is_alive()
 
     def _run(self) -> None:
-        due = time.monotonic()
+        due = self.origin = time.monotonic()
         last = None
         while not self._stop.is_set():
             start = time.monotonic()

@@ -6,12 +6,11 @@ number is odd while writing; a reader retries on an odd or changed number or a
 CRC mismatch).
 
 **The snapshot** (worker -> agent, ``workers/<id>.snap``, :data:`BUFFER_BYTES`),
-written by :class:`Publisher` on the worker's event loop a few ms after tasks start or end
-(``transition``), and when bytes held or the clock offset changed (once a second): compact
-JSON with the change counter ``seq``, the executing tasks and the *recent* ones, tasks
-that ended before the agent may have sampled them. Each
-entry is ``[key, job, dag, start]`` (``start``: the ``seq`` of its start),
-encoded once when the task starts, so a publish is a join of cached bytes. A
+written by :class:`Publisher` on the worker's event loop just before the agent's next sample
+when tasks started or ended (``transition``), and when bytes held or the clock offset changed
+(once a second): compact JSON with the change counter ``seq``, the executing tasks and the
+*recent* ones, tasks that ended before the agent may have sampled them. Each entry is
+``[key, job, dag, start]`` (``start``: the ``seq`` of its start), a recent one encoded once. A
 sample counts a recent task as executing when it started after the snapshot of
 the previous sample (``start > acked``): a task that started and ended between
 two samples leaves a trace. Those the agent has acknowledged are pruned (looked at
@@ -25,8 +24,9 @@ tasks; counts and tags stay exact while entries remain.
 the agent before each sample: its ``pid``, ``samples``, ``extra`` (on a wake) and
 ``time`` (``time.monotonic()``, one clock for all processes on Linux) packed,
 then JSON that changes less often: ``acked`` (worker id -> the ``seq`` of the
-snapshot that sample used), ``idle`` (the workers that sample saw idle), what it ``found`` of each worker's GPUs, its sink's
-delivery ``counters`` (once a second) and its latest ``reports``.
+snapshot that sample used), ``idle`` (the workers that sample saw idle), ``ticks`` (its schedule:
+``[origin, interval]``, samples at ``origin + k * interval``), what it ``found`` of each worker's GPUs, its
+sink's delivery ``counters`` (once a second) and its latest ``reports``.
 
 Example
 -------
@@ -263,10 +263,14 @@ _BEAT = struct.Struct("<qQQd")  # pid, samples, extra samples, time.monotonic();
 
 
 def write_beat(buffer: SnapshotBuffer, pid: int, samples: int, extra: int, doc: bytes) -> None:
-    """The agent's beat: its liveness (packed, cheap to write every sample) and ``doc``, the JSON of
-    the rest (``acked``, ``counters``, ``reports``, ...), which the agent encodes only when it changed."""
+    """The agent's beat: its liveness (packed, cheap to write every sample) and ``doc``, the JSON of the rest
+    (``acked``, ``counters``, ``reports``, ...): one line, or two (what changes every sample, then what
+    changes less often: workers decode that only when it changed)."""
     if len(doc) > buffer.capacity - _BEAT.size:  # reports and counters are what grows: drop them
-        doc = json.dumps({**json.loads(doc), "reports": [], "counters": []}, separators=(",", ":")).encode()
+        doc = b"\n".join(
+            json.dumps({**json.loads(part), "reports": [], "counters": []}, separators=(",", ":")).encode()
+            for part in doc.split(b"\n")
+        )
     buffer.write(_BEAT.pack(pid, samples, extra, time.monotonic()) + doc)
 
 
@@ -285,14 +289,15 @@ class BeatReader:
             data = self.buffer.read()
             self._last = None
             if data and len(data) >= _BEAT.size:
-                doc = data[_BEAT.size :]
-                if doc != self._doc:
-                    try:
-                        self._doc, self._decoded = doc, json.loads(doc)
-                    except ValueError:
-                        self._doc, self._decoded = None, {}
+                head, _, tail = data[_BEAT.size :].partition(b"\n")
+                try:
+                    if tail != self._doc:  # what changes less often: decoded when it changed
+                        self._doc, self._decoded = tail, json.loads(tail) if tail else {}
+                    fast = json.loads(head)
+                except ValueError:
+                    self._doc, self._decoded, fast = None, {}, {}
                 pid, samples, extra, when = _BEAT.unpack_from(data)
-                self._last = {**self._decoded, "pid": pid, "samples": samples, "extra": extra, "time": when}
+                self._last = {**self._decoded, **fast, "pid": pid, "samples": samples, "extra": extra, "time": when}
             # cached under the version seen before the read; a failed read is read again next time
             self._seq = seq if self._last is not None or not seq else -1
         return self._last
@@ -315,13 +320,14 @@ class BeatReader:
 
 
 class Publisher:
-    """The worker's side: its executing and recent tasks as encoded entries; writes the snapshot
-    on each change. Called on the event loop only; never raises (an error is logged once).
-    ``acked()``: the ``seq`` the agent's latest sample used (:meth:`BeatReader.acked`).
+    """The worker's side: its executing and recent tasks; writes the snapshot on each change. Called on
+    the event loop only; never raises (an error is logged once). ``acked()``: the ``seq`` the agent's
+    latest sample used (:meth:`BeatReader.acked`).
 
     With :attr:`defer` set (beside the agent, :meth:`..worker.agentlink.AgentLink.publish_from`), a change
-    is written a few ms later with those that follow it: short tasks cost a write per few tasks, not one
-    or two each. :meth:`flush` writes a pending change now (before a wake)."""
+    is written later with those that follow it (just before the agent's next sample): short tasks cost a
+    write per interval, not one or two each; entries are encoded at the write, each recent one once.
+    :meth:`flush` writes a pending change now (before a wake)."""
 
     def __init__(
         self,
@@ -335,9 +341,9 @@ class Publisher:
         self._buffer, self._agent_acked, self._keep = buffer, acked, keep
         self.seq, self.nthreads, self.last_job = 0, nthreads, last_job
         self.managed_bytes, self.delay, self._delay_json = 0, 0.0, b"0.0"
-        self._running: dict = {}  # key -> (start seq, entry, job, dag)
-        self._recent: list = []  # the same, of ended tasks
-        self._recent_json = b""  # their entries joined: what a publish writes
+        self._running: dict = {}  # key -> (start seq, job, dag)
+        self._recent: list = []  # (start seq, key, job, dag) of ended tasks
+        self._recent_json, self._encoded = b"", 0  # the first ``_encoded`` recent entries, joined
         self._acked = 0
         self._ask_at = ASK_EVERY  # carried tasks at which to ask what the agent acknowledged
         self._failed = False
@@ -350,10 +356,7 @@ class Publisher:
         self.seq += 1
         if job:
             self.last_job = job
-        try:
-            self._running[key] = (self.seq, entry(key, job, dag, self.seq), job, dag)
-        except Exception as e:
-            self._fail(e)
+        self._running[key] = (self.seq, job, dag)
         self._changed()
 
     def ended(self, key) -> tuple[int, int] | None:
@@ -362,16 +365,16 @@ class Publisher:
         if task is None:
             return None
         self.seq += 1
-        if task[0] > self._acked:  # no sample had seen it when last asked: carried until one has
-            self._recent.append(task)
-            self._recent_json = self._recent_json + b"," + task[1] if self._recent_json else task[1]
+        start, job, dag = task
+        if start > self._acked:  # no sample had seen it when last asked: carried until one has
+            self._recent.append((start, key, job, dag))
             if (n := len(self._recent)) >= self._ask_at or n > self._keep:  # asked every ASK_EVERY, not per task
                 self.acked()
                 if len(self._recent) > self._keep:
                     self._fold()
                 self._ask_at = len(self._recent) + ASK_EVERY
         self._changed()
-        return task[2], task[3]
+        return job, dag
 
     def idle(self) -> bool:
         return not self._running  # no task executing
@@ -405,9 +408,8 @@ class Publisher:
         latest: dict = {}
         for start, _, job, dag in self._recent[:half]:
             latest[job, dag] = max(start, latest.get((job, dag), 0))
-        folded = [(start, entry(None, job, dag, start), job, dag) for (job, dag), start in latest.items()]
-        self._recent = folded + self._recent[half:]
-        self._recent_json = b",".join([t[1] for t in self._recent])
+        self._recent = [(start, None, job, dag) for (job, dag), start in latest.items()] + self._recent[half:]
+        self._recent_json, self._encoded = b"", 0
 
     def update(self, managed_bytes: int, delay: float) -> None:
         """Bytes held and the clock offset (once a second); published if they changed."""
@@ -423,7 +425,7 @@ class Publisher:
             self._acked = acked
             if self._recent:
                 self._recent = [t for t in self._recent if t[0] > acked]
-                self._recent_json = b",".join([t[1] for t in self._recent])
+                self._recent_json, self._encoded = b"", 0
         return self._acked
 
     def unsampled(self) -> bool:
@@ -432,28 +434,25 @@ class Publisher:
 
     def publish(self) -> None:
         self._pending = False
-        running = [t[1] for t in self._running.values()]
-        data = _SNAPSHOT % (
-            self.seq,
-            self.nthreads,
-            self.managed_bytes,
-            self.last_job,
-            self._delay_json,
-            b",".join(running),
-            self._recent_json,
-        )
         try:
+            if self._encoded < len(self._recent):  # the entries of tasks that ended since the last write
+                new = b",".join([entry(key, job, dag, start) for start, key, job, dag in self._recent[self._encoded :]])
+                self._recent_json = self._recent_json + b"," + new if self._recent_json else new
+                self._encoded = len(self._recent)
+            running = [entry(key, job, dag, start) for key, (start, job, dag) in self._running.items()]
+            data = _SNAPSHOT % (
+                self.seq,
+                self.nthreads,
+                self.managed_bytes,
+                self.last_job,
+                self._delay_json,
+                b",".join(running),
+                self._recent_json,
+            )
             if len(data) > self._buffer.capacity:  # rare: without keys, then fewer recent tasks
-                data = encode_snapshot(
-                    self.seq,
-                    self.nthreads,
-                    self.managed_bytes,
-                    self.last_job,
-                    self.delay,
-                    running,
-                    [t[1] for t in self._recent],
-                    self._buffer.capacity,
-                )
+                recent = [entry(key, job, dag, start) for start, key, job, dag in self._recent]
+                state = (self.seq, self.nthreads, self.managed_bytes, self.last_job, self.delay)
+                data = encode_snapshot(*state, running, recent, self._buffer.capacity)
             self._buffer.write(data)
         except Exception as e:
             self._fail(e)

@@ -99,7 +99,8 @@ class Agent:
         self._left: list[WorkerView] = []
         self._woken = False  # a worker woke the agent since the last sample
         self._lock = threading.Lock()  # the sampler thread and the main thread both write the beat
-        self._counted, self._counters, self._doc_key, self._doc = -COUNTERS_S, [], None, b"{}"
+        self._counted, self._counters, self._doc_key, self._doc = -COUNTERS_S, [], (None, None), b"{}"
+        self._head = b"{}"
         self._beat_at = 0.0
         self._health_at, self._health_tags = (
             0.0,
@@ -205,24 +206,22 @@ class Agent:
         acked = {w.id: w.activity.acked for w in views}
         idle = [w.id for w in views if not w.activity().executing]  # their next task start is worth a wake
         key = (
-            acked,
-            idle,
             self._counters,
             self._reported,
             len(self.found),
             len(self.workers.foreign),
+            self.sampler.origin,
             next(iter(self.workers.views), None),
         )
-        if key == self._doc_key and now - self._beat_at < BEAT_S:
+        fast = (acked, idle)  # changes every sample while tasks run: a line of its own, cheap to decode
+        if (key, fast) == self._doc_key and now - self._beat_at < BEAT_S:
             return  # nothing new to say, and the last beat is recent enough for the workers' watch
         self._beat_at = now
-        if key != self._doc_key:
-            self._doc_key = key
+        if key != self._doc_key[0]:
             self._doc = json.dumps(
                 {
-                    "acked": acked,
-                    "idle": idle,
                     "relay": key[-1],
+                    "ticks": [self.sampler.origin, self.sampler.interval] if self.sampler.origin else None,
                     "found": self.found,
                     "foreign": self.workers.foreign,
                     "counters": self._counters + self.previous,
@@ -230,8 +229,11 @@ class Agent:
                 },
                 separators=(",", ":"),
             ).encode()
+        if (key, fast) != self._doc_key:
+            self._head = json.dumps({"acked": acked, "idle": idle}, separators=(",", ":")).encode()
+        self._doc_key = (key, fast)
         with self._lock:
-            write_beat(self.beat, os.getpid(), self.sampler.samples, self.sampler.extra, self._doc)
+            write_beat(self.beat, os.getpid(), self.sampler.samples, self.sampler.extra, self._head + b"\n" + self._doc)
 
     def wake(self, message: str) -> None:
         """``"<worker id> task"``: a task started on that worker: sample now if its last sample saw it

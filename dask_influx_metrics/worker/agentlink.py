@@ -7,8 +7,8 @@ registration, and starts the agent if none holds ``agent.lock``
 this worker; the lock is taken here and handed over on an inherited
 descriptor). From then on:
 
-* :attr:`publisher` publishes the worker's task starts and ends (event loop, a few ms
-  late: :meth:`publish_from`);
+* :attr:`publisher` publishes the worker's task starts and ends (event loop, just before
+  the agent's next sample: :meth:`publish_from`);
 * :meth:`wake` sends one datagram to the agent when a task starts on an idle worker;
 * a watcher thread checks that the agent lives (the agent's relay worker every
   0.15 s, the others once a second): a free ``agent.lock`` (the agent was
@@ -23,9 +23,9 @@ descriptor). From then on:
 from __future__ import annotations
 
 import fcntl
-import functools
 import itertools
 import json
+import math
 import os
 import select
 import signal
@@ -43,7 +43,7 @@ WATCH_S = 0.15  # how often the relay worker's watcher looks at the agent (dead 
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 30.0  # agents dying faster than this: give up (sample in-process)
 WATCH_IDLE_S = 1.0  # how often the others look (dead only: the relay replaces it sooner)
 STALL_MARGIN = 0.25  # s: a beat 3 intervals + this old means a hung agent
-PUBLISH_LAG_S = 0.005  # s a change waits for those that follow it (at most a tenth of the polling interval)
+PUBLISH_LAG_S = 0.005  # s before the agent's sample that a worker writes its changes (at most interval / 10)
 _ids = itertools.count(1)
 _in_use: set[str] = set()  # ids taken in this process (several workers in one process)
 
@@ -64,6 +64,7 @@ class AgentLink:
         self._closed = threading.Event()
         self._held = False  # this worker holds agent.lock (the agent is gone)
         self._checked = None  # the beat's version when a task start last looked at it (see wake())
+        self._ticks = (None, None)  # (the beat reader, the schedule it gave): see _defer()
         self._restarts: list[float] = []  # when this worker replaced an agent (monotonic)
         self.failed = None  # why this worker gave up on the agent (the plugin then samples in-process)
         self.gaps = 0  # agents replaced while this worker ran
@@ -233,11 +234,26 @@ class AgentLink:
 
     # --- what the worker does ---------------------------------------------------------------
     def publish_from(self, loop) -> None:
-        """Publish task starts and ends from the worker's event loop ``loop``: a change is written
-        :data:`PUBLISH_LAG_S` later (at most a tenth of the polling interval) with those that follow it,
-        which halves or better the per-task cost of short tasks; a wake writes at once. The agent's samples
-        see a task that late at most; one that started and ended in between is counted at the next."""
-        self.publisher.defer = functools.partial(loop.call_later, min(PUBLISH_LAG_S, self.interval / 10))
+        """Publish task starts and ends from the worker's event loop ``loop``: a change is written just before
+        the agent's next sample (:data:`PUBLISH_LAG_S` before it, at most a tenth of the polling interval; its
+        schedule is in the beat), with those that follow it: short tasks cost a write per interval, not one
+        or two each. A wake writes at once. A sample sees this worker's tasks as they were that lag before
+        it; one that started and ended in between is counted at the next."""
+        self._loop = loop
+        self.publisher.defer = self._defer
+
+    def _defer(self, flush) -> None:
+        lag = min(PUBLISH_LAG_S, self.interval / 10)
+        reader = self._beat
+        if self._ticks[0] is not reader:  # an agent's schedule is fixed: read once per agent (beat file)
+            beat = reader() if reader is not None else None
+            self._ticks = (reader if beat and beat.get("ticks") else None, beat and beat.get("ticks"))
+        delay = lag  # no schedule known (no beat yet): soon
+        if self._ticks[1]:
+            origin, interval = self._ticks[1]
+            now = time.monotonic()
+            delay = origin + math.ceil((now + lag - origin) / interval) * interval - lag - now
+        self._loop.call_later(delay, flush)
 
     def wake(self, why: str = "task") -> None:
         """A task started on an idle worker (``why="task"``): the agent samples now unless its last sample
