@@ -6,8 +6,10 @@ nobody reads), alternated with the monitor off. Whole cost = every process the
 monitor runs: the agent's CPU (all its threads), plus each worker process's CPU
 above its monitor-off median (its publishing, the agent watcher, the task-stream
 thread), from ``/proc/<pid>/task/*/schedstat``; divided by the agent's samples.
-The floor, measured in the same run: one thread waking every 50 ms and sending
-one ~1 kB datagram (:class:`benchmarks.sampler.Floor`). Memory: the agent's RSS,
+The floor, measured in the same run, beside the same idle cluster, alternated with
+the off and on rounds of every size (the median of all of them: on this VM it moves
+by +-25 % between runs): one thread waking every 50 ms and sending one ~1 kB
+datagram (:class:`benchmarks.sampler.Floor`). Memory: the agent's RSS,
 and each worker's RSS above its monitor-off value.
 
 Then the agent is SIGKILLed mid-session (4 workers): the row is the longest gap
@@ -53,8 +55,9 @@ def _rss(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
-def measure(n: int, seconds: float, rounds: int, address: str) -> dict:
-    """{"off": [...], "on": [...]} rounds of (per-worker CPU ns, per-worker RSS, agent CPU ns, agent RSS, samples)."""
+def measure(n: int, seconds: float, rounds: int, address: str, floor_address: tuple) -> dict:
+    """{"off": [...], "on": [...]} rounds of (per-worker CPU ns, per-worker RSS, agent CPU ns, agent RSS, samples),
+    and "floor": the floor's CPU us per tick, measured between them (``floor_address``: where it sends)."""
     from distributed import Client, LocalCluster
 
     from dask_influx_metrics import Monitor
@@ -89,7 +92,15 @@ def measure(n: int, seconds: float, rounds: int, address: str) -> dict:
                     m.shutdown()
             return cpu, rss, a_cpu, a_rss, max(1, samples)
 
-        return common.alternate({"off": lambda: one(False), "on": lambda: one(True)}, rounds)
+        def floor():  # the floor beside the same idle cluster, alternated with the variants
+            thread = Floor(floor_address, INTERVAL_MS / 1000)
+            thread.start()
+            try:
+                return per_tick_us(thread, seconds / 2)
+            finally:
+                thread.stop()
+
+        return common.alternate({"floor": floor, "off": lambda: one(False), "on": lambda: one(True)}, rounds)
 
 
 def gap_after_kill(address: str) -> float:
@@ -138,24 +149,20 @@ def run(quick: bool) -> list[dict]:
     address = "%s:%d" % receiver.getsockname()
     rows = []
     try:
-        floors = []
-        for _ in range(rounds):
-            floor_thread = Floor(receiver.getsockname(), INTERVAL_MS / 1000)
-            floor_thread.start()
-            floors.append(per_tick_us(floor_thread, seconds / 2))
-            floor_thread.stop()
-        floor = common.median(floors)
+        sizes = (1, 4) if quick else (1, 4, 8)
+        measured = {n: measure(n, seconds, rounds, address, receiver.getsockname()) for n in sizes}
+        floors = [f for runs in measured.values() for f in runs["floor"]]
+        floor = common.median(floors)  # every size's floors: the VM's noise moves it +-25 % between runs
         rows.append(
             common.row(
                 NAME,
                 "floor: empty thread @50 ms sending one 1 kB datagram, CPU per tick",
                 floor,
                 "us",
-                notes=f"runs {', '.join(f'{f:.0f}' for f in floors)} us",
+                notes=f"median of {len(floors)} runs alternated with the variants: {', '.join(f'{f:.0f}' for f in floors)} us",
             )
         )
-        for n in (1, 4) if quick else (1, 4, 8):
-            runs = measure(n, seconds, rounds, address)
+        for n, runs in measured.items():
             off_cpu = [common.median([r[0][i] for r in runs["off"]]) for i in range(n)]
             off_rss = [common.median([r[1][i] for r in runs["off"]]) for i in range(n)]
             per_round = []
@@ -178,7 +185,7 @@ def run(quick: bool) -> list[dict]:
                     notes=(
                         f"agent {agent_us:.0f} us + {n} worker process(es) {workers_us:.0f} us (CPU above monitor-off); "
                         f"runs {', '.join(f'{a + w:.0f}' for a, w, _, _ in per_round)} us; {rounds}x{seconds:.0f} s "
-                        f"alternated with monitor off; {common.gpus_label(n)}"
+                        f"alternated with monitor off and the floor; {common.gpus_label(n)}"
                     ),
                 )
             )

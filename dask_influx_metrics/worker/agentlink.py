@@ -10,11 +10,11 @@ descriptor). From then on:
 * :attr:`publisher` publishes the worker's task starts and ends (event loop, just before
   the agent's next sample: :meth:`publish_from`);
 * :meth:`wake` sends one datagram to the agent when a task starts on an idle worker;
-* a watcher thread checks that the agent lives (the agent's relay worker every
-  0.15 s, the others once a second): a free ``agent.lock`` (the agent was
-  killed) or, seen by the relay, a beat older than 3 polling intervals + 0.25 s
-  (it hangs: it is killed) makes it start another, at most one per host (the
-  lock again), and say so once per gap;
+* a watcher thread checks that the agent lives (the agent's relay worker when
+  the agent's beat would be stale, the others once a second): a free ``agent.lock``
+  (the agent was killed) or, seen by the relay, a beat older than 3 polling
+  intervals + 0.25 s (it hangs: it is killed) makes it start another, at most one
+  per host (the lock again), and say so once per gap;
 * :meth:`leave` removes the registration, wakes the agent and waits (bounded)
   until it has sampled this worker one last time and flushed (it then removes
   the snapshot).
@@ -39,7 +39,7 @@ from .. import runfolder
 from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher, SnapshotBuffer
 
 START_TIMEOUT = 30.0  # s for an agent to start sampling (it imports this package and NVML)
-WATCH_S = 0.15  # how often the relay worker's watcher looks at the agent (dead or hung)
+WATCH_S = 0.15  # s: the shortest pause of the relay worker's watcher (dead or hung agent)
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 30.0  # agents dying faster than this: give up (sample in-process)
 WATCH_IDLE_S = 1.0  # how often the others look (dead only: the relay replaces it sooner)
 STALL_MARGIN = 0.25  # s: a beat 3 intervals + this old means a hung agent
@@ -153,14 +153,15 @@ class AgentLink:
         self._follow_beat()
 
     def _watch(self) -> None:
-        """One worker of the host (the agent's relay) looks every :data:`WATCH_S`, for a dead or a hung agent;
-        the others once a second, for a dead one (a free lock: one system call)."""
-        relay, n = False, 0
-        while not self._closed.wait(WATCH_S if relay or n < 1 / WATCH_S else WATCH_IDLE_S):  # fast for 1 s first
+        """One worker of the host (the agent's relay) looks for a dead or a hung agent when its beat would be
+        stale (:meth:`_pause`); the others once a second, for a dead one (a free lock: one system call)."""
+        relay, n, looked = False, 0, 0.0
+        while not self._closed.wait(self._pause(relay, n)):
             n += 1
             if self._agents:
                 self._agents = [p for p in self._agents if p.poll() is None]  # reap those that exited
-            if not relay or n % round(WATCH_IDLE_S / WATCH_S) == 0:
+            if not relay or time.monotonic() - looked >= WATCH_IDLE_S:
+                looked = time.monotonic()
                 self._follow_beat()
                 beat = self.beat()
                 relay = bool(beat) and beat.get("relay") == self.id
@@ -174,6 +175,16 @@ class AgentLink:
                     fcntl.flock(self._probe, fcntl.LOCK_UN)
                     return
                 self._replace()
+
+    def _pause(self, relay: bool, n: int) -> float:
+        """Seconds to the watcher's next look. The relay: until the agent's latest beat would be 3 intervals +
+        :data:`STALL_MARGIN` old (beats come every sample, so ~2-3 looks a second while it lives; a dead or hung
+        agent is seen as soon as it is stale), at least :data:`WATCH_S`. The others: :data:`WATCH_IDLE_S`,
+        after a first second at :data:`WATCH_S`."""
+        if not relay:
+            return WATCH_S if n < 1 / WATCH_S else WATCH_IDLE_S
+        age = time.monotonic() - self._beat.when() if self._beat is not None else 0.0
+        return min(WATCH_IDLE_S, max(WATCH_S, 3 * self.interval + STALL_MARGIN - age))
 
     def _free(self) -> bool:
         """Whether ``agent.lock`` is free (no agent): then this worker holds it."""
