@@ -130,11 +130,11 @@ def test_the_publisher_prunes_what_the_agent_acknowledged_and_folds_beyond_keep(
 
 
 # --- the beat -------------------------------------------------------------------------------
-def test_deferred_publishing_writes_once_per_event_loop_turn(pair):
-    """Issue 22's per-task path: a task ending and the next starting in one turn of the worker's event
-    loop cost one write; the snapshot the agent reads after the turn is exact."""
+def test_deferred_publishing_writes_the_changes_since_the_last_write_once(pair):
+    """Issue 22's per-task path: a task ending and the next starting before the deferred write (just
+    before the agent's next sample) cost one write; the snapshot the agent reads after it is exact."""
     pub, reader, turn = pair.pub, pair.reader, []
-    pub.defer = turn.append  # the worker's loop.call_soon
+    pub.defer = turn.append  # the worker's loop.call_later(delay to the agent's next sample)
     before = pair.buf.version()
     pub.started("a", 1, 3)
     pub.ended("a")
@@ -149,6 +149,26 @@ def test_deferred_publishing_writes_once_per_event_loop_turn(pair):
     after = pair.buf.version()
     turn.pop()()
     assert pair.buf.version() == after
+
+
+def test_an_ended_tasks_entry_is_encoded_once_however_many_writes_carry_it(pair, monkeypatch):
+    """Entries are encoded at the write, not per task start; a recent task carried over several writes
+    (the agent has not sampled it yet) is encoded once, a running one at each write (a few per worker)."""
+    from dask_influx_metrics import snapshot
+
+    encoded = []
+    monkeypatch.setattr(snapshot, "entry", lambda key, *rest: encoded.append(key) or entry(key, *rest))
+    pub = pair.pub
+    pub.defer = lambda flush: None  # deferred writes: those below only
+    for key in ("a", "b", "c"):
+        pub.started(key, 1, 3)
+        pub.ended(key)
+    pub.started("d", 1, 3)
+    pub.publish()
+    pub.publish()
+    assert sorted(encoded) == ["a", "b", "c", "d", "d"]
+    pair.reader.refresh()
+    assert [k for k, _, _ in pair.reader().running] == ["d", "a", "b", "c"]
 
 
 def test_the_publisher_is_the_workers_record_and_syncs_with_tasks_that_changed_while_it_joined(pair):
@@ -189,6 +209,21 @@ def test_the_beat_carries_counts_each_workers_acknowledged_snapshot_and_the_sink
     assert 0 <= time.monotonic() - beat["time"] < 5
     assert pair.beat_reader.acked() == pair.pub.seq and BeatReader(pair.beat, "w2").acked() == 9
     assert BeatReader(pair.beat, "w3").acked() == 0  # a worker the agent has not sampled yet
+
+
+def test_the_beats_per_sample_line_is_decoded_alone_the_rest_only_when_it_changed(pair):
+    """The agent writes what changes every sample (``acked``, ``idle``) on a first line and the rest
+    (counters, reports, what it found, its schedule) on a second: a worker's look at the beat once per
+    sample decodes the short line; the second only when it changed."""
+    rest = doc({"counters": [{"n": 1}], "ticks": [5.0, 0.05]})
+    write_beat(pair.beat, 1, 1, 0, doc({"acked": {"w1": 1}, "idle": []}) + b"\n" + rest)
+    beat = pair.beat_reader()
+    assert (beat["acked"], beat["idle"], beat["counters"], beat["ticks"]) == ({"w1": 1}, [], [{"n": 1}], [5.0, 0.05])
+    decoded = pair.beat_reader._decoded
+    write_beat(pair.beat, 1, 2, 0, doc({"acked": {"w1": 2}, "idle": ["w1"]}) + b"\n" + rest)
+    beat = pair.beat_reader()
+    assert (beat["samples"], beat["acked"], beat["counters"]) == (2, {"w1": 2}, [{"n": 1}])
+    assert pair.beat_reader._decoded is decoded and pair.beat_reader.saw_idle()
 
 
 def test_a_beat_too_big_for_its_buffer_drops_reports_and_counters_but_keeps_the_acks(pair):

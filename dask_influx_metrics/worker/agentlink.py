@@ -48,6 +48,22 @@ _ids = itertools.count(1)
 _in_use: set[str] = set()  # ids taken in this process (several workers in one process)
 
 
+def write_delay(now: float, ticks, lag: float) -> float:
+    """Seconds from ``now`` to ``lag`` before the agent's first sample at least ``lag`` away: a worker's
+    changes are written then. ``ticks``: the agent's schedule ``[origin, interval]`` (samples at
+    ``origin + k * interval``, monotonic clock); None (not known yet): ``lag``.
+
+    >>> round(write_delay(10.012, [10.0, 0.05], 0.005), 3)  # for the sample at 10.05
+    0.033
+    >>> round(write_delay(10.047, [10.0, 0.05], 0.005), 3)  # 10.05 is too close: the one at 10.1
+    0.048
+    """
+    if not ticks:
+        return lag
+    origin, interval = ticks
+    return origin + math.ceil((now + lag - origin) / interval) * interval - lag - now
+
+
 class AgentLink:
     """See the module docstring. ``config``: what the agent is started with (settings, session);
     ``info``: this worker's registration (address, tags, CUDA_VISIBLE_DEVICES, ...);
@@ -254,17 +270,12 @@ class AgentLink:
         self.publisher.defer = self._defer
 
     def _defer(self, flush) -> None:
-        lag = min(PUBLISH_LAG_S, self.interval / 10)
         reader = self._beat
         if self._ticks[0] is not reader:  # an agent's schedule is fixed: read once per agent (beat file)
             beat = reader() if reader is not None else None
             self._ticks = (reader if beat and beat.get("ticks") else None, beat and beat.get("ticks"))
-        delay = lag  # no schedule known (no beat yet): soon
-        if self._ticks[1]:
-            origin, interval = self._ticks[1]
-            now = time.monotonic()
-            delay = origin + math.ceil((now + lag - origin) / interval) * interval - lag - now
-        self._loop.call_later(delay, flush)
+        lag = min(PUBLISH_LAG_S, self.interval / 10)
+        self._loop.call_later(write_delay(time.monotonic(), self._ticks[1], lag), flush)
 
     def wake(self, why: str = "task") -> None:
         """A task started on an idle worker (``why="task"``): the agent samples now unless its last sample
