@@ -19,6 +19,7 @@ between two samples of a worker across the kill (target: 3 intervals + 1 s).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import time
@@ -130,7 +131,9 @@ def gap_after_kill(address: str) -> float:
         m.stop()
         m.shutdown()
     times: dict = {}
-    for line in read_lines(folder):
+    lines = list(read_lines(folder))
+    shutil.rmtree(folder, ignore_errors=True)
+    for line in lines:
         p = lineprotocol.parse(line)
         if p.measurement == "worker":  # a worker's own samples (not the agent's delivery counters)
             times.setdefault(p.tags["worker"], []).append(p.time_ns)

@@ -18,13 +18,14 @@ when its holder dies, so a killed agent frees ``agent.lock`` at once.
 Example
 -------
 >>> import tempfile
->>> folder = os.path.join(tempfile.mkdtemp(), "s1")
+>>> root = tempfile.mkdtemp(); folder = os.path.join(root, "s1")
 >>> with locked(folder, START_LOCK):
 ...     held = try_lock(folder, AGENT_LOCK)
 >>> held is not None, try_lock(folder, AGENT_LOCK) is None
 (True, True)
 >>> os.close(held); remove_session(folder); os.path.exists(folder)
 False
+>>> os.rmdir(root)
 """
 
 from __future__ import annotations

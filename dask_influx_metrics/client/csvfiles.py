@@ -23,6 +23,7 @@ tool's ``dag`` column lagged behind the work; ours keep the busy-only rule.
 '1,1,0.5,"1, 2.5",tcp://h:1'
 >>> read_worker_csv(os.path.join(d, "worker_0.csv"))["x[1]"].tolist()
 [2.5]
+>>> import shutil; shutil.rmtree(d)
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ def make_private_dirs(path) -> str:
     >>> import tempfile; d = tempfile.mkdtemp()
     >>> oct(os.stat(make_private_dirs(os.path.join(d, "s", "w")) + "/..").st_mode & 0o777)
     '0o700'
+    >>> import shutil; shutil.rmtree(d)
     """
     path = os.fspath(path)
     missing = []
