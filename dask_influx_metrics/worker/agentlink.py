@@ -273,7 +273,8 @@ class AgentLink:
         reader = self._beat
         if self._ticks[0] is not reader:  # an agent's schedule is fixed: read once per agent (beat file)
             beat = reader() if reader is not None else None
-            self._ticks = (reader if beat and beat.get("ticks") else None, beat and beat.get("ticks"))
+            ticks = beat.get("ticks") if beat else None
+            self._ticks = (reader if ticks else None, ticks)  # none yet: look again next time
         lag = min(PUBLISH_LAG_S, self.interval / 10)
         self._loop.call_later(write_delay(time.monotonic(), self._ticks[1], lag), flush)
 
