@@ -71,11 +71,11 @@ TAGS = {
     "worker": "worker address, e.g. tcp://10.0.0.5:40211",
     "job": "job number(s) of the tasks executing at sample time, ascending and "
     "comma-joined ('3' or '3,4'); idle samples carry the last job this worker "
-    "ran for ('0' before the first task). Device-wide gpu fields and host points: the jobs executing on "
-    "every worker of the host using that GPU / of the host (idle: the writer's last job)",
+    "ran for ('0' before the first task). Host points: the jobs executing on "
+    "every worker of the host (idle: the writer's last job)",
     "dag": "DAG number(s) of the tasks executing at sample time, ascending and "
     "comma-joined; '0' when the worker is idle (a string field instead with the setting dag-tag: false). "
-    "Device-wide gpu fields and host points: as job, '0' only when none of those workers runs a task",
+    "Host points: as job, '0' only when no worker of the host runs a task",
     "index": "device index as the worker sees it (0 = first of CUDA_VISIBLE_DEVICES)",
     "nvml_index": "physical device index as NVML numbers it (the same on every worker of the host)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
@@ -230,6 +230,15 @@ _FIELDS = (
         "%",
         "memory-controller busy time caused by the worker's process "
         "tree over that window (NVML per-process memUtil, summed)",
+    ),
+    Field(
+        GPU,
+        "worker_gpu_share",
+        float,
+        "%",
+        "the worker's process tree's share of the GPU's kernel time over that window: its smUtil over the "
+        "smUtil of every process on the GPU (0 when none ran a kernel); a job's own figures on a shared "
+        "GPU are the device-wide ones scaled by it",
     ),
     Field(HOST, "cpu_percent", float, "%", "whole-host CPU use since the previous sample (all cores = 100)"),
     Field(HOST, "memory_used", int, "bytes", "host memory in use (psutil virtual_memory.used)"),
@@ -420,7 +429,11 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
             "nvlink_rx_bytes",
         )
     ),
-    "worker-gpu-util": ((GPU, "worker_utilization_gpu"), (GPU, "worker_utilization_memory")),
+    "worker-gpu-util": (
+        (GPU, "worker_utilization_gpu"),
+        (GPU, "worker_utilization_memory"),
+        (GPU, "worker_gpu_share"),
+    ),
     "task-stream": tuple(
         (TASK, n) for n in ("key", "start", "duration", "compute", "transfer", "disk_read", "disk_write", "nbytes")
     ),

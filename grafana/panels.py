@@ -292,8 +292,8 @@ def depth_panels() -> list[list[tuple[dict, int]]]:
                 ("utilization_gpu", "sm_active", "sm_occupancy", "pipe_tensor_active", "dram_active"),
             ),
             several(
-                "Each worker's share of a shared GPU (SM and memory-controller time)",
-                ("worker_utilization_gpu", "worker_utilization_memory"),
+                "Each worker's share of a shared GPU (of its kernel time; its SM and memory-controller time)",
+                ("worker_gpu_share", "worker_utilization_gpu", "worker_utilization_memory"),
                 group=("worker", "index", "job"),
             ),
         ],

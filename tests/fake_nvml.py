@@ -12,6 +12,17 @@ without a ``gpm`` record is a pre-Hopper GPU (``isSupportedDevice`` 0). Process
 utilization replays one recorded answer per call, keeping only samples newer
 than the ``timeStamp`` argument, NotFound when none is left, as the driver does.
 
+``cost="idle"`` (or ``"busy"``) is the cost mode: each call spends the thread
+CPU that it cost on a real H200 (``data/nvml_h200_costs.json``, measured with
+``../shared/gpu/gpmcost.py``; calls it lacks at the recording's median wall time
+per call, ``phases.shared.timing_us``), so a benchmark or test that replays pays
+what a GPU host pays. ``nvmlGpmMetricsGet`` costs by its metric set (with
+``GRAPHICS_UTIL``: ~1.4 ms; without: ~2 us); a NotSupported answer costs
+:data:`NOT_SUPPORTED_US`. :attr:`FakeNvml.burned_us` and :attr:`FakeNvml.charged`
+(calls per function) add up what was spent; with ``ledger`` (a path) they are
+also written there as JSON at most every :data:`LEDGER_S` seconds, for a
+benchmark to read from another process.
+
 >>> fake = FakeNvml()
 >>> fake.nvmlInit(); fake.nvmlDeviceGetCount()
 4
@@ -23,9 +34,12 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import functools
 import itertools
 import json
+import os
 import pathlib
+import time
 from collections import Counter
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -34,6 +48,43 @@ import pynvml
 
 DATA = pathlib.Path(__file__).parent / "data"
 RECORDING = "nvml_a100x2_k80_mig.json"
+COSTS = "nvml_h200_costs.json"
+NOT_SUPPORTED_US = 100.0  # what NVML's NotSupported answers cost on the H200 (fan speed 113 us, ...)
+DEFAULT_US = 2.0  # a call the cost table and the recording both lack: a plain getter
+LEDGER_S = 0.2
+# function -> its entry in COSTS' cpu_us (thread CPU; idle/busy)
+_CPU = {
+    "nvmlDeviceGetUtilizationRates": "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetMemoryInfo": "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetComputeRunningProcesses": "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlGpmSampleGet": "nvmlGpmSampleGet",
+    "nvmlGpmMigSampleGet": "nvmlGpmSampleGet",
+    "nvmlDeviceGetTotalEnergyConsumption": "nvmlDeviceGetTotalEnergyConsumption",
+}
+_GPM_CHEAP, _GPM_GRAPHICS = (
+    "nvmlGpmMetricsGet_without_GRAPHICS_UTIL_1_to_4_metrics",
+    "nvmlGpmMetricsGet_9_or_17_metrics_with_GRAPHICS_UTIL",
+)
+
+
+def prices(load: str = "idle") -> dict[str, float]:
+    """Microseconds of CPU per call on the H200 (``load``: ``idle`` or ``busy``): the cost table's
+    thread CPU where it has the call, else its wall time, else the recording's median wall time."""
+    table = json.loads((DATA / COSTS).read_text())
+    recorded = json.loads((DATA / "nvml_h200_shared.json").read_text())["phases"]["shared"]["timing_us"]
+    out = {name.split("(")[0]: t["median_us"] for name, t in recorded.items() if "median_us" in t}
+    out.update({name: us for name, us in table["wall_us"].items() if "_" not in name})
+    out.update({fn: table["cpu_us"][key][load] for fn, key in _CPU.items()})
+    out["nvmlGpmMetricsGet"] = table["cpu_us"][_GPM_CHEAP][load]
+    out["nvmlGpmMetricsGet+GRAPHICS_UTIL"] = table["cpu_us"][_GPM_GRAPHICS][load]
+    return out
+
+
+def burn(us: float) -> None:
+    """Spend ``us`` microseconds of this thread's CPU (nothing when ``us`` <= 0)."""
+    end = time.thread_time_ns() + int(us * 1000)
+    while time.thread_time_ns() < end:
+        pass
 
 
 class Handle(NamedTuple):
@@ -42,7 +93,14 @@ class Handle(NamedTuple):
 
 
 class FakeNvml:
-    def __init__(self, recording: str = RECORDING, as_bytes: bool = False, phase: str | None = None):
+    def __init__(
+        self,
+        recording: str = RECORDING,
+        as_bytes: bool = False,
+        phase: str | None = None,
+        cost: str | None = None,
+        ledger: str | None = None,
+    ):
         self.data = json.loads((DATA / recording).read_text())
         self.devices = self.data["devices"] if phase is None else self.data["phases"][phase]["devices"]
         self.as_bytes = as_bytes  # pynvml < 11.5 returned bytes for names and UUIDs
@@ -51,6 +109,61 @@ class FakeNvml:
         self._gpm_ids = itertools.count(1)
         self._gpm_samples: dict[int, tuple | None] = {}  # sample id -> (entity record, order) once taken
         self._gpm_order = itertools.count()
+        self.burned_us = 0.0  # cost mode: CPU spent as the H200 would
+        self.charged: Counter = Counter()  # cost mode: calls per function
+        self._ledger, self._ledger_at = ledger, 0.0
+        if cost is not None:
+            self._prices = prices(cost)
+            for name in dir(type(self)):
+                if name.startswith("nvml"):
+                    setattr(self, name, self._charging(name, getattr(self, name)))
+
+    def with_gpus(self, count: int) -> "FakeNvml":
+        """``count`` copies of the first device, each with its own UUID and index (a node of one model)."""
+        one = self.devices[0]
+        self.devices[:] = [dict(copy.deepcopy(one), uuid=f"{one['uuid'][:-2]}{i:02x}", index=i) for i in range(count)]
+        return self
+
+    def map_pids(self, pids: dict) -> "FakeNvml":
+        """Recorded process ids replaced (``{recorded: pid}``) in the process lists and the per-process
+        utilization samples of every device and phase: real processes stand for the recorded ones."""
+        records = [*self.devices, *(d for ph in self.data.get("phases", {}).values() for d in ph["devices"])]
+        for dev in records:
+            for key in ("compute_processes", "process_utilization", "processes_utilization_info"):
+                answers = dev.get(key)
+                for answer in answers if isinstance(answers, list) else ():
+                    for p in answer:
+                        p["pid"] = pids.get(p["pid"], p["pid"])
+        return self
+
+    def _charging(self, name: str, fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            start, price = time.thread_time_ns(), self._prices.get(name, DEFAULT_US)
+            try:
+                result = fn(*args, **kwargs)
+                if name == "nvmlGpmMetricsGet" and _asks_graphics(args[0]):
+                    price = self._prices["nvmlGpmMetricsGet+GRAPHICS_UTIL"]
+                return result
+            except pynvml.NVMLError_NotSupported:
+                price = NOT_SUPPORTED_US
+                raise
+            finally:  # the replay's own Python counts towards the price: a call costs what NVML's did
+                burn(price - (time.thread_time_ns() - start) / 1000)
+                self.burned_us += price
+                self.charged[name] += 1
+                if self._ledger and time.monotonic() - self._ledger_at >= LEDGER_S:
+                    self.write_ledger()
+
+        return call
+
+    def write_ledger(self) -> None:
+        """``{"burned_us", "calls"}`` into the ledger file (replaced whole: a reader never sees half)."""
+        self._ledger_at = time.monotonic()
+        tmp = f"{self._ledger}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"burned_us": self.burned_us, "calls": dict(self.charged)}, f)
+        os.replace(tmp, self._ledger)
 
     def __getattr__(self, name):
         # Constants, error classes and GPM structures only: a function the fake lacks must fail.
@@ -74,7 +187,7 @@ class FakeNvml:
             value = value.pop(0) if len(value) > 1 else value[0]
         if isinstance(value, dict) and "error" in value:
             raise getattr(pynvml, "NVMLError_" + value["error"])()
-        return copy.deepcopy(value)
+        return copy.deepcopy(value) if isinstance(value, (dict, list)) else value
 
     def _check_init(self):
         if not self.initialised:
@@ -284,3 +397,8 @@ class FakeNvml:
         if sample_id not in self._gpm_samples:
             raise pynvml.NVMLError_InvalidArgument()
         return sample_id
+
+
+def _asks_graphics(request) -> bool:
+    wanted = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+    return any(request.metrics[i].metricId == wanted for i in range(request.numMetrics))

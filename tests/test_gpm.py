@@ -7,10 +7,11 @@ import logging
 import pynvml
 import pytest
 from fake_nvml import FakeNvml
+from fake_nvml import prices as fake_prices
 
 from dask_influx_metrics import schema
 from dask_influx_metrics.agent.gpus import gpm_found
-from dask_influx_metrics.agent.sources.gpm import FIELDS, METRICS, GpmReader
+from dask_influx_metrics.agent.sources.gpm import FIELDS, GRAPHICS_WINDOW_S, METRICS, GpmReader
 from dask_influx_metrics.agent.sources.nvml import NvmlDevices
 from dask_influx_metrics.names import GpmState
 
@@ -29,12 +30,15 @@ def reads(reader, n):
 
 def test_recorded_matmul_loop_is_tensor_bound_at_low_occupancy():
     nvml, handle = h100()
-    first, second = reads(GpmReader(nvml, handle, interval_s=0.2), 2)
+    t = [0.0]
+    reader = GpmReader(nvml, handle, interval_s=0.2, clock=lambda: t[0])
+    first, second = reads(reader, 2)
     assert first == {}  # one sample: no window yet
     recorded = nvml.devices[0]["gpm"]["metrics"]
+    t[0] = GRAPHICS_WINDOW_S
+    assert reader.read()["gr_engine_active"] == pytest.approx(recorded["GRAPHICS_UTIL"]["value"])
     assert second == pytest.approx(
         {
-            "gr_engine_active": recorded["GRAPHICS_UTIL"]["value"],
             "sm_active": 96.19118036660457,
             "sm_occupancy": 14.215301385462014,
             "pipe_tensor_active": 93.35882858142543,
@@ -52,7 +56,7 @@ def test_recorded_matmul_loop_is_tensor_bound_at_low_occupancy():
 def test_no_field_without_a_value_from_nvml(caplog):
     """FP64, IMMA/DFMA/DMMA tensor and NVLink were not recorded (NVML status per metric): left out, said once."""
     nvml, handle = h100()
-    reader = GpmReader(nvml, handle, label="GPU 0")
+    reader = GpmReader(nvml, handle, label="GPU 0", clock=lambda: GRAPHICS_WINDOW_S * nvml.calls_to("nvmlGpmSampleGet"))
     with caplog.at_level(logging.INFO):
         got = reads(reader, 4)
     recorded = {m.field for m in METRICS if m.gpm in nvml.devices[0]["gpm"]["metrics"]}
@@ -97,6 +101,28 @@ def test_idle_phase_reads_zero_activity():
     nvml, handle = h100("idle")
     got = reads(GpmReader(nvml, handle), 2)[1]
     assert got["sm_active"] == got["sm_occupancy"] == got["pipe_tensor_active"] == 0.0
+
+
+def test_graphics_util_is_read_alone_once_per_graphics_window():
+    """Issue 32: on an H200 a GPM metrics call costs ~2 us, and 1.0-1.4 ms with GRAPHICS_UTIL in it. The
+    per-window call leaves it out; it is computed alone over the samples GRAPHICS_WINDOW_S apart: one window
+    of gr_engine_active per 10 s, the average between the sample that opened it and the one that closes it."""
+    nvml = FakeNvml("nvml_h200_shared.json", cost="idle")
+    nvml.nvmlInit()
+    t = [0.0]
+    reader = GpmReader(nvml, nvml.nvmlDeviceGetHandleByIndex(0), interval_s=0.1, clock=lambda: t[0])
+    got = []
+    for i in range(201):  # 20 s of 100 ms samples
+        t[0] = i * 0.1
+        got.append(reader.read())
+    graphics = [i for i, g in enumerate(got) if "gr_engine_active" in g]
+    assert graphics == [100, 200] and all("sm_active" in g for g in got[1:])
+    assert nvml.charged["nvmlGpmSampleGet"] == 201, "one GPM sample per window, none added for graphics"
+    assert nvml.charged["nvmlGpmMetricsGet"] == 200 + 2
+    per_window = nvml.burned_us / 200
+    prices = fake_prices()
+    cheap = prices["nvmlGpmSampleGet"] + prices["nvmlGpmMetricsGet"]
+    assert per_window < cheap + 2 * prices["nvmlGpmMetricsGet+GRAPHICS_UTIL"] / 200 + 1, "was ~1,460 us per window"
 
 
 def test_gpu_without_gpm_returns_nothing_and_says_so_once(caplog):

@@ -14,6 +14,7 @@ import pytest
 from fake_nvml import FakeNvml
 
 from dask_influx_metrics.agent.collect import HostCollector
+from dask_influx_metrics.agent.sources.gpuprocs import Ancestry
 from dask_influx_metrics.agent.sources.nvml import NvmlDevices, Pace
 from dask_influx_metrics.names import EVENT_TOPIC, SHARED_GPU
 from dask_influx_metrics.scheduler.plugin import JobPlugin
@@ -49,8 +50,13 @@ class Worker:
     def read(self):
         return {}
 
-    def pids(self):
-        return frozenset({self.pid})
+
+def fake_proc(tmp_path, parents: dict) -> str:
+    """A ``/proc`` with a ``<pid>/stat`` per process, each naming its parent (``{pid: parent}``)."""
+    for pid, parent in parents.items():
+        (tmp_path / "proc" / str(pid)).mkdir(parents=True)
+        (tmp_path / "proc" / str(pid) / "stat").write_text(f"{pid} (python3) S {parent} {pid} 0 0 -1\n")
+    return str(tmp_path / "proc")
 
 
 def h100(pid_of):
@@ -82,45 +88,44 @@ def host(nvml, workers, fields=ALL):
     return HostCollector(fields, gpus, host=None)
 
 
-def test_two_workers_sharing_an_h100():
+def test_two_workers_sharing_an_h100_each_get_its_readings_with_their_own_jobs():
+    """Issue 33: a GPU's device-wide readings are written on each worker using it, tagged with that worker's
+    own jobs and DAGs (never the union): each worker's table holds the GPU, a job only its own samples."""
     a, b = Worker(1, 1001), Worker(2, 1002)
     collector = host(h100({425: a.pid, 427: b.pid}), [a, b])
     a.run(1, 1)
-    device, mine = collector.collect([a, b], now_ns=0)
-    assert device.tags["worker"] == a.address and device.tags["nvml_index"] == "0"
-    assert (device.tags["job"], device.tags["dag"]) == ("1", "1"), "job 1 runs on a worker using the GPU"
-    assert DEVICE_WIDE <= set(device.fields) and device.fields["worker_memory_used"] == 4909432832 / MIB
-    assert mine.tags["worker"] == b.address and mine.fields == {"worker_memory_used": 13428064256 / MIB}
-    assert (mine.tags["job"], mine.tags["dag"]) == ("0", "0"), "b is idle: its own memory on its own tags"
+    mine, theirs = collector.collect([a, b], now_ns=0)
+    assert [p.tags["worker"] for p in (mine, theirs)] == [a.address, b.address]
+    assert mine.tags["nvml_index"] == theirs.tags["nvml_index"] == "0" and mine.tags["uuid"] == theirs.tags["uuid"]
+    assert (mine.tags["job"], mine.tags["dag"]) == ("1", "1") and (theirs.tags["job"], theirs.tags["dag"]) == ("0", "0")
+    assert DEVICE_WIDE <= set(mine.fields) and {k: mine.fields[k] for k in DEVICE_WIDE} == {
+        k: theirs.fields[k] for k in DEVICE_WIDE
+    }, "one reading of the device, on both rows"
+    assert mine.fields["worker_memory_used"] == 4909432832 / MIB
+    assert theirs.fields["worker_memory_used"] == 13428064256 / MIB
 
     a.idle()
     b.run(2, 7)
-    device, own, theirs = collector.collect([a, b], now_ns=0)
-    assert (device.tags["job"], device.tags["dag"]) == ("2", "7"), "job 2 runs on a worker using the GPU"
-    assert DEVICE_WIDE <= set(device.fields) and "worker_memory_used" not in device.fields
-    assert own.fields == {"worker_memory_used": 4909432832 / MIB} and (own.tags["job"], own.tags["dag"]) == (
-        "1",
-        "0",
-    ), "job 1's worker is idle: its memory stays on its own (idle) tags, never job 2's"
-    assert theirs.tags["worker"] == b.address and theirs.tags["job"] == "2"
+    mine, theirs = collector.collect([a, b], now_ns=0)
+    assert (mine.tags["job"], mine.tags["dag"]) == ("1", "0"), "job 1's worker is idle: never job 2's"
+    assert (theirs.tags["job"], theirs.tags["dag"]) == ("2", "7") and DEVICE_WIDE <= set(theirs.fields)
 
-    b.idle()
-    idle, _ = collector.collect([a, b], now_ns=0)
-    assert idle.tags["dag"] == "0" and idle.tags["job"] == "1", "nobody runs a task: the owner's own idle tags"
-    assert DEVICE_WIDE <= set(idle.fields) and "worker_memory_used" in idle.fields
-
-    again = collector.collect([b], now_ns=0)  # the owner left: the other user takes over
+    again = collector.collect([b], now_ns=0)  # the other left
     assert len(again) == 1 and again[0].tags["worker"] == b.address and DEVICE_WIDE <= set(again[0].fields)
 
 
-def test_both_jobs_on_a_shared_gpu_tag_its_device_point():
+def test_two_jobs_on_a_shared_gpu_are_never_joined_in_one_tag():
     a, b = Worker(1, 1001), Worker(2, 1002)
     collector = host(h100({425: a.pid, 427: b.pid}), [a, b])
     a.run(1, 3)
     b.run(2, 4)
-    device = next(p for p in collector.collect([a, b], now_ns=0) if "utilization_gpu" in p.fields)
-    assert (device.tags["job"], device.tags["dag"]) == ("1,2", "3,4")
-    assert list(collector.shared) == [device.tags["uuid"]]
+    points = collector.collect([a, b], now_ns=0)
+    assert [(p.tags["worker"], p.tags["job"], p.tags["dag"]) for p in points] == [
+        (a.address, "1", "3"),
+        (b.address, "2", "4"),
+    ]
+    assert all("utilization_gpu" in p.fields for p in points)
+    assert list(collector.shared) == [points[0].tags["uuid"]]
 
 
 def test_dask_cuda_rotated_lists_write_each_gpu_once():
@@ -137,16 +142,16 @@ def test_dask_cuda_rotated_lists_write_each_gpu_once():
         assert owners == {w.uuids[0]: w.address for w in workers}
 
 
-def test_plain_workers_seeing_every_gpu_write_each_once():
+def test_plain_workers_seeing_every_gpu_read_each_once_and_write_it_on_each_worker():
     workers = [Worker(i, 3000 + i) for i in range(3)]
     nvml = four_gpus()
     collector = host(nvml, workers)
     for _ in range(3):
         points = collector.collect(workers, now_ns=0)
-        device_points = Counter(p.tags["uuid"] for p in points if "memory_used" in p.fields)
-        assert len(device_points) == 4 and set(device_points.values()) == {1}, device_points
-        per_worker = Counter(p.tags["uuid"] for p in points if "worker_memory_used" in p.fields)
-        assert set(per_worker.values()) == {3}, "every worker writes its own memory on each GPU it uses"
+        rows = Counter(
+            (p.tags["uuid"], p.tags["worker"]) for p in points if {"memory_used", "worker_memory_used"} <= set(p.fields)
+        )
+        assert len(rows) == 4 * 3 and set(rows.values()) == {1}, "each worker's row of each GPU it uses, once"
     alone, nvml_alone = Worker(9, 3009), four_gpus()
     one = host(nvml_alone, [alone])
     for _ in range(3):
@@ -208,10 +213,12 @@ def test_shared_h100_time_goes_to_the_matmul_worker_and_per_job_shares_fit_the_d
             seen.append(share)
             assert share[a.address] >= 95 and share[b.address] <= 2, share
             assert sum(share.values()) <= device[0] + 1e-9
+            of_gpu = {p.tags["worker"]: p.fields["worker_gpu_share"] for p in points}
+            assert of_gpu[a.address] >= 95 and of_gpu[b.address] <= 2 and sum(of_gpu.values()) <= 100 + 1e-9
     assert len(seen) >= 2, "the first answer (stale buffer) is left out, later windows are written"
 
 
-def test_a_gpu_one_worker_shares_with_another_process_is_split_too():
+def test_a_gpu_one_worker_shares_with_another_process_is_split_too(tmp_path):
     """Issue 25: one worker on the H100 beside a process of no worker (427, holding 12 GiB): the GPU is
     shared all the same, so the worker's share is read; the process is charged to nobody. A worker whose
     process tree holds every process on the GPU shares it with nobody: no ~2 ms per-process call."""
@@ -226,9 +233,9 @@ def test_a_gpu_one_worker_shares_with_another_process_is_split_too():
     assert [s for s in shares if s is not None] and all(s >= 95 for s in shares if s is not None), shares
 
     tree = Worker(2, 425)
-    tree.pids = lambda: frozenset({425, 427})  # 427 a child of the worker: its own tree
     nvml = FakeNvml("nvml_h100_shared.json")
     gpus = NvmlDevices(ALL, nvml=nvml)
+    gpus._ancestry = Ancestry(proc=fake_proc(tmp_path, {427: 425}))  # 427 a child of the worker: its own tree
     tree.uuids = gpus.resolve(tree)
     collector = HostCollector(ALL, gpus, host=None)
     points = [p for _ in range(3) for p in collector.collect([tree], now_ns=0)]

@@ -159,4 +159,5 @@ def test_fields_are_in_the_data_contract():
     assert set(schema.TRACKING["worker-gpu-util"]) == {
         (schema.GPU, "worker_utilization_gpu"),
         (schema.GPU, "worker_utilization_memory"),
+        (schema.GPU, "worker_gpu_share"),
     }

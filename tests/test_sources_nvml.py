@@ -11,6 +11,7 @@ import sys
 import pynvml
 import pytest
 from fake_nvml import FakeNvml
+from fake_nvml import prices as fake_prices
 
 from dask_influx_metrics.agent.sources import nvml as nvml_mod
 from dask_influx_metrics.agent.sources import nvml_devices
@@ -317,7 +318,7 @@ def test_table_covers_exactly_the_schema_gpu_fields():
     """Every gpu field has one reader: TABLE (each sample), SLOW (at most 1/s), GPM, or per-process utilization."""
     in_table = [f for group in nvml_mod.TABLE.values() for f in group.fields]
     slow = [f for group in SLOW.values() for f in group.fields]
-    per_process = ["worker_utilization_gpu", "worker_utilization_memory"]
+    per_process = ["worker_utilization_gpu", "worker_utilization_memory", "worker_gpu_share"]
     assert sorted(in_table + slow + sorted(GPM_FIELDS) + per_process) == sorted(name for _, name in ALL)  # each once
 
 
@@ -385,21 +386,26 @@ class Clock:
         return self.t
 
 
-def test_slow_fields_once_a_second_and_only_when_read():
-    """Issue 25: total energy costs ~3.4 ms per call on the H100: read at most once a second, never repeated."""
-    nvml = FakeNvml("nvml_h100_shared.json")
+def test_energy_every_10_s_at_start_and_at_the_last_sample():
+    """Issue 32: total energy costs 3.1-3.7 ms of CPU per call on the H200 (a cumulative counter): read at
+    the first sample, every 10 s and at the last (``final``), never repeated; in cost mode the 20 s of
+    100 ms samples burn ~3 reads, ~10x less than once a second."""
+    nvml = FakeNvml("nvml_h200_shared.json", cost="idle")
     nvml.nvmlInit()
     clock = Clock()
     slow = SlowFields(nvml, nvml.nvmlDeviceGetHandleByIndex(0), SLOW_FIELDS, clock=clock)
     got = []
-    for _ in range(40):  # two seconds at 50 ms
-        got.append(slow.read())
-        clock.t += 0.05
-    read = [g for g in got if g]
-    assert [g["total_energy_consumption"] for g in read] == [4389581, 4748435]  # as recorded, in mJ
-    assert all(set(g) == {"total_energy_consumption"} for g in read)  # fan NotSupported, ECC not recorded
-    assert nvml.calls_to("nvmlDeviceGetTotalEnergyConsumption") == 2
-    assert nvml.calls_to("nvmlDeviceGetFanSpeed") == 1  # NotSupported: never asked again
+    for i in range(200):  # 20 s at 100 ms, the last sample final (a worker leaves)
+        clock.t = i * 0.1
+        got.append(slow.read(final=i == 199))
+    read = [i for i, g in enumerate(got) if g]
+    assert read == [0, 100, 199], read
+    assert all(set(got[i]) == {"total_energy_consumption"} for i in read)  # fan NotSupported, ECC not recorded
+    energy = [got[i]["total_energy_consumption"] for i in read]
+    assert energy == sorted(energy) and len(set(energy)) == 3, "a counter, as recorded, in mJ"
+    assert nvml.charged["nvmlDeviceGetTotalEnergyConsumption"] == 3
+    assert nvml.charged["nvmlDeviceGetFanSpeed"] == 1  # NotSupported: never asked again
+    assert nvml.burned_us < 4 * fake_prices()["nvmlDeviceGetTotalEnergyConsumption"], "was 20 reads: ~62 ms"
 
 
 def test_slow_fields_ecc_counters_and_types(fake):
@@ -433,7 +439,7 @@ def test_slow_fields_other_errors_skip_one_read(fake, monkeypatch, caplog):
     monkeypatch.setitem(fake.devices[0], "energy_mj", {"error": "Unknown"})
     assert slow.read() == {}
     monkeypatch.setitem(fake.devices[0], "energy_mj", 7)
-    clock.t = 1.0
+    clock.t = 10.0
     assert slow.read() == {"total_energy_consumption": 7}
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
 
@@ -446,7 +452,7 @@ def test_a_gpu_shared_by_two_workers_is_read_once_per_sample_and_its_memory_spli
     for sample in range(1, 3):
         gpus.start_sample()
         first, second = gpus.read(uuid), gpus.read(uuid)
-        mine = gpus.read_worker(uuid, frozenset({425})), gpus.read_worker(uuid, frozenset({427, 999}))
+        mine = gpus.read_worker(uuid, 425), gpus.read_worker(uuid, 427)
         assert first == second and first["utilization_gpu"] == 99.0
         assert [m["worker_memory_used"] for m in mine] == [4909432832 / MIB, 13428064256 / MIB]
         assert nvml.calls_to("nvmlDeviceGetUtilizationRates") == sample  # one call however many readers

@@ -3,43 +3,45 @@
 The rules (README "What a number means"):
 
 * A GPU's **device-wide** reading describes the whole device, whoever uses it.
-  It is read once per sample and written once, under the ``worker`` tag of the
-  first of the workers that use it (its *owner*: not significant), tagged with
-  the **union** of the jobs and DAGs executing on all of them: ``dag="0"`` only
-  when none of them runs a task (then the owner's last job).
-* The ``host`` reading likewise: once, union over every worker of the host.
+  It is read once per sample and written on **each** worker using the GPU, with
+  that worker's own per-worker GPU fields and that worker's **own** jobs and
+  DAGs: every worker's table holds every GPU it uses, and a job's figures come
+  from the samples at which it ran on a worker using that GPU. Readers that
+  count devices (GPU-hours, idle GPU-hours) count each ``uuid`` once.
+* The ``host`` reading is written once, under the first worker's name, tagged
+  with the **union** of the jobs and DAGs executing on every worker of the host
+  (``dag="0"`` only when none runs a task; then the first worker's last job).
   Only where the workers have no rows of their own (no ``gpu`` or ``worker``
   field tracked, or no GPU found) does each worker get its own copy (tagged
   with its own jobs).
 * **Per-worker** readings (the worker process's CPU and RSS, its tasks, the GPU
   memory its process tree holds and, on a GPU several workers use, its share of
-  the GPU's time) carry that worker's own tags. When the owner's
-  own tags equal the union, its per-worker GPU fields join the device point.
+  the GPU's kernel time) carry that worker's own tags.
 * Every point of a worker is timed on the scheduler's clock through that
   worker's steadied offset (so a worker's points of one sample share their
-  time: its table's row), device-wide points through their owner's; host
-  points through the median of the workers' offsets (one clock for the host,
-  so a change of owner never reorders its series; tables join it as of time).
+  time: its table's row); host points through the median of the workers'
+  offsets (one clock for the host, so a change of writer never reorders its
+  series; tables join it as of time).
 
 Example
 -------
 >>> from dask_influx_metrics.snapshot import Activity
 >>> class W:
 ...     def __init__(self, i, running):
-...         self.id, self.tags, self.uuids = str(i), {"host": "h", "worker": f"w{i}"}, ["GPU-1"]
+...         self.id, self.pid, self.tags, self.uuids = str(i), i, {"host": "h", "worker": f"w{i}"}, ["GPU-1"]
 ...         self.activity = lambda: Activity(running, 1, 0, 1)
 ...         self.offset = lambda: 0.0
 ...     def read(self):
 ...         return {}
 >>> class Gpus:
-...     def start_sample(self): pass
+...     def start_sample(self, final): pass
 ...     def read(self, uuid): return {"utilization_gpu": 50.0}
-...     def read_worker(self, uuid, pids, shared): return {}
+...     def read_worker(self, uuid, pid, shared): return {}
 ...     def tags(self, uuid, index): return {"index": str(index), "uuid": uuid}
 >>> c = HostCollector(frozenset({("gpu", "utilization_gpu")}), Gpus(), host=None)
->>> [p] = c.collect([W(1, ((("a", 0), 2, 7),)), W(2, ((("b", 0), 3, 8),))], now_ns=0)
->>> p.tags["worker"], p.tags["job"], p.tags["dag"]
-('w1', '2,3', '7,8')
+>>> [(p.tags["worker"], p.tags["job"], p.tags["dag"], p.fields) for p in c.collect(
+...     [W(1, ((("a", 0), 2, 7),)), W(2, ((("b", 0), 3, 8),))], now_ns=0)]
+[('w1', '2', '7', {'utilization_gpu': 50.0}), ('w2', '3', '8', {'utilization_gpu': 50.0})]
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ class HostCollector:
 
     ``gpus``: the host's GPUs (:class:`.gpus.NvmlDevices` or :class:`.gpus.SimulatedDevices`), or
     None. ``host``: the :class:`.sources.host.HostSource` of the ``host`` fields, or None. Each worker
-    (:class:`.workers.WorkerView`) has ``id``, ``tags``, ``uuids``, ``activity()``, ``offset()``,
-    ``read()`` (its ``worker`` fields) and ``pids()`` (its process tree).
+    (:class:`.workers.WorkerView`) has ``id``, ``pid``, ``tags``, ``uuids``, ``activity()``,
+    ``offset()`` and ``read()`` (its ``worker`` fields). ``collect(..., final=True)``: the last sample
+    of some of the workers (they leave): the GPUs' counters are read now, whenever they were last.
     """
 
     def __init__(self, fields: frozenset, gpus, host):
@@ -72,7 +75,7 @@ class HostCollector:
         self._per_worker_gpu = any(m == GPU and f.startswith("worker_") for m, f in fields)
         self.shared: dict[str, list] = {}  # uuid -> the workers using it now, when more than one
 
-    def collect(self, workers: list, now_ns: int) -> list[Point]:
+    def collect(self, workers: list, now_ns: int, final: bool = False) -> list[Point]:
         if not workers:
             return []
         points = []
@@ -86,7 +89,7 @@ class HostCollector:
                 points.append(Point(WORKER, own[w.id], fields, times[w.id]))
         shared_ns = sorted(times.values())[len(workers) // 2]  # the host's points: the median offset
         if self.gpus is not None and self._gpu_fields:
-            points += self._gpu_points(workers, own, times)
+            points += self._gpu_points(workers, own, times, final)
         if self.host is not None:
             fields = self.host.read(HOST)
             if fields and (self._host_each or not points):  # no worker has rows of its own (no GPU found)
@@ -97,24 +100,19 @@ class HostCollector:
                 points.append(Point(HOST, {**owner.tags, "job": job, "dag": dag}, fields, shared_ns))
         return points
 
-    def _gpu_points(self, workers, own, times) -> list[Point]:
+    def _gpu_points(self, workers, own, times, final) -> list[Point]:
         users: dict[str, list] = {}
         for w in workers:
             for index, uuid in enumerate(w.uuids):
                 users.setdefault(uuid, []).append((w, index))
         self.shared = {u: [w for w, _ in ws] for u, ws in users.items() if len(ws) > 1}
-        self.gpus.start_sample()
+        self.gpus.start_sample(final)
         points = []
         for uuid, ws in users.items():
-            (owner, index), device = ws[0], self.gpus.read(uuid)
-            job, dag = union_tags([w for w, _ in ws]) if len(ws) > 1 else (own[owner.id]["job"], own[owner.id]["dag"])
+            device = self.gpus.read(uuid)
             for w, i in ws:
-                mine = self.gpus.read_worker(uuid, w.pids(), len(ws) > 1) if self._per_worker_gpu else {}
-                tags = {**own[w.id], **self.gpus.tags(uuid, i)}
-                if w is owner and (job, dag) == (tags["job"], tags["dag"]):
-                    mine = {**device, **mine}  # nobody else runs a task on it now: one point
-                elif w is owner and device:
-                    points.append(Point(GPU, {**tags, "job": job, "dag": dag}, device, times[w.id]))
-                if mine:
-                    points.append(Point(GPU, tags, mine, times[w.id]))
+                mine = self.gpus.read_worker(uuid, w.pid, len(ws) > 1) if self._per_worker_gpu else {}
+                if device or mine:
+                    tags = {**own[w.id], **self.gpus.tags(uuid, i)}
+                    points.append(Point(GPU, tags, {**device, **mine}, times[w.id]))
         return points

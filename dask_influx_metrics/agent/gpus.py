@@ -4,8 +4,8 @@
 (NVML initialised once per agent, whatever the number of workers) or
 :class:`SimulatedDevices`; or none, with the :class:`~..names.GpuState` that
 says why. Both backends answer ``resolve(worker) -> [uuid, ...]``,
-``tags(uuid, index)``, ``start_sample()``, ``read(uuid)``, ``read_worker(uuid,
-pids)``, ``gpm_state(uuid)``, ``handle(uuid)`` and ``close()``.
+``tags(uuid, index)``, ``start_sample(final)``, ``read(uuid)``, ``read_worker(uuid,
+pid, shared)``, ``gpm_state(uuid)``, ``handle(uuid)`` and ``close()``.
 
 Example
 -------
@@ -39,7 +39,7 @@ class SimulatedDevices:
     def tags(self, uuid: str, index: int) -> dict:
         return {"index": str(index), "uuid": uuid, "name": NAME}
 
-    def start_sample(self) -> None:
+    def start_sample(self, final: bool = False) -> None:
         self._readings = {}
 
     def read(self, uuid: str) -> dict:
@@ -49,7 +49,7 @@ class SimulatedDevices:
         readings = self._readings[id(source)]
         return dict(readings[i].fields) if readings else {}
 
-    def read_worker(self, uuid: str, pids, shared: bool = False) -> dict:
+    def read_worker(self, uuid: str, pid: int, shared: bool = False) -> dict:
         return {}
 
     def gpm_state(self, uuid: str) -> None:

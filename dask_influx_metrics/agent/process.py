@@ -183,13 +183,14 @@ class Agent:
         for w in live + self._left:
             w.activity.refresh()
         self.write_beat()
-        points = self.collector.collect(live + self._left, now_ns)
+        points = self.collector.collect(live + self._left, now_ns, final=bool(self._left))
         for uuid, users in self.collector.shared.items():
             addresses = [w.address for w in users]
             self.report.once(
                 "shared-gpu",
                 f"GPU {uuid} is used by {len(users)} workers of this host ({addresses}); "
-                "its device-wide readings are written once, tagged with all their jobs",
+                "each worker's rows carry its readings with that worker's own jobs (and, once a second, "
+                "the worker's share of its kernel time); GPU-hours count it once",
                 key=("shared-gpu", uuid),
                 uuid=uuid,
                 workers=addresses,

@@ -21,7 +21,6 @@ from .. import runfolder
 from ..clock import SteadyOffset
 from ..schema import WORKER
 from ..snapshot import BUFFER_BYTES, SnapshotBuffer, SnapshotReader
-from .sources.gpuprocs import ProcessTree
 from .sources.host import HostSource
 from .sources.tasks import TaskSource
 
@@ -45,14 +44,10 @@ class WorkerView:
         self.uuids: list[str] = []
         self._process = HostSource(frozenset(f for f in fields if f[0] == WORKER), pid=self.pid)
         self._tasks = TaskSource(fields, activity)
-        self._tree = ProcessTree(self.pid)
 
     def read(self) -> dict:
         """This worker's ``worker`` fields now: its process's CPU and RSS, its tasks."""
         return {**self._process.read(WORKER), **self._tasks.read()}
-
-    def pids(self) -> frozenset:
-        return self._tree.pids()
 
     def close(self) -> None:
         self._process.close()

@@ -261,7 +261,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     def _collect_all(self, now_ns: int) -> list:
         self.activity.refresh()
-        return self.collector.collect([self.view], now_ns) + self.extras.collect(now_ns)
+        return self.collector.collect([self.view], now_ns, final=self.closed) + self.extras.collect(now_ns)
 
     def _devices(self) -> list:
         """``(device tags, handle)`` per GPU this worker uses, for per-device custom metrics."""
@@ -279,7 +279,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._ticker.stop()
             link.publisher.flush()  # a deferred write now, on the loop: none runs beside leave()'s
         sampler, self.sampler = self.sampler, None
-        final = sampler is not None and (self.extras.pending() or link is None and self.registry.unsampled())
+        final = sampler is not None and (self.extras.pending() or link is None)  # thread mode: the counters once more
         return asyncio.to_thread(self._close, link, sampler, final)
 
     def _close(self, link, sampler, final: bool) -> None:

@@ -2,12 +2,22 @@
 
 ``utilization_gpu`` says only that *some* kernel ran; GPM says how much of the
 GPU it used. NVML computes each metric from TWO samples (``nvmlGpmSampleGet``,
-~39 us on an H100) and needs them at least ~100 ms apart, so
+32-58 us of CPU on an H200) and needs them at least ~100 ms apart, so
 :class:`GpmReader` keeps the previous sample and takes a new one every k-th
 call, k = ceil(0.1 s / polling interval): every call at 100 ms and slower,
 every 2nd call at 50 ms. It returns ``{}`` on the calls in between and until
 two samples exist: a value is written only when NVML computed one, for the
 window since the previous GPM sample.
+
+What each metric costs differs by three orders of magnitude: on an H200 one
+``nvmlGpmMetricsGet`` costs 1-3 us of CPU for any set of metrics without
+``GRAPHICS_UTIL``, and 1.0-1.4 ms whenever ``GRAPHICS_UTIL`` is in it
+(``tests/data/nvml_h200_costs.md``). So ``gr_engine_active`` (``GRAPHICS_UTIL``;
+``utilization_gpu`` says nearly the same: 99.9 vs 99-100 under a matmul) is
+computed alone, over a long window of :data:`GRAPHICS_WINDOW_S` (10 s): between
+the GPM sample that opened the window (kept in a third buffer) and the current
+one, so it is still the exact average over that window, at ~0.1-0.14 ms of CPU
+per GPU per second instead of 10-14 ms.
 
 Field names follow DCGM's profiling fields (``DCGM_FI_PROF_SM_ACTIVE`` ->
 ``sm_active``) where GPM measures the same thing; DCGM reports ratios 0-1, we
@@ -27,6 +37,12 @@ A metric one device does not offer (per-metric NVML status) is left out.
 >>> gpm = GpmReader(nvml, nvml.nvmlDeviceGetHandleByIndex(0), interval_s=0.05)
 >>> gpm.read(), gpm.read(), round(gpm.read()["sm_occupancy"], 1)
 ({}, {}, 14.2)
+>>> t = [0.0]
+>>> gpm = GpmReader(nvml, nvml.nvmlDeviceGetHandleByIndex(0), fields={"sm_active", "gr_engine_active"}, clock=lambda: t[0])
+>>> sorted(gpm.read()), sorted(gpm.read())
+([], ['sm_active'])
+>>> t[0] = 10.0; sorted(gpm.read())
+['gr_engine_active', 'sm_active']
 """
 
 from __future__ import annotations
@@ -35,6 +51,7 @@ import ctypes
 import logging
 import math
 import struct
+import time
 from typing import Callable, NamedTuple
 
 from ...names import GpmState
@@ -43,6 +60,8 @@ from ...reports import Once
 logger = logging.getLogger(__name__)
 
 MIN_WINDOW_S = 0.1  # NVML's GPM refresh: shorter windows give no new data
+GRAPHICS_WINDOW_S = 10.0  # gr_engine_active's window: its metric costs ~1,000x the others (module doc)
+GRAPHICS = "GRAPHICS_UTIL"
 _MIB = float(2**20)
 _RESULT = struct.Struct("@IId")  # one c_nvmlGpmMetric_t's metricId, nvmlReturn, value (native alignment, as ctypes)
 
@@ -103,16 +122,20 @@ class GpmReader:
         window_s: float = MIN_WINDOW_S,
         fields=FIELDS,
         label: str = "GPU",
+        clock=time.monotonic,
     ):
         self._nvml, self._handle, self._gi = nvml, handle, gpu_instance_id
-        self._label = label
+        self._label, self._clock = label, clock
         window_s = max(window_s, MIN_WINDOW_S)  # a longer window costs less (one ~39 us sample per window)
         self.every = max(1, math.ceil(window_s / interval_s - 1e-9))  # k: a sample every k-th call
         self._calls = 0
-        self._metrics = [(m, getattr(nvml, "NVML_GPM_METRIC_" + m.gpm, None)) for m in METRICS if m.field in fields]
-        self._metrics = [(m, i) for m, i in self._metrics if i is not None]  # ids this pynvml names
-        self._samples: list = []  # [previous, spare] once allocated
-        self._have_previous = False
+        known = [(m, getattr(nvml, "NVML_GPM_METRIC_" + m.gpm, None)) for m in METRICS if m.field in fields]
+        known = [(m, i) for m, i in known if i is not None]  # ids this pynvml names
+        self._metrics = [(m, i) for m, i in known if m.gpm != GRAPHICS]  # each window
+        self._graphics = [(m, i) for m, i in known if m.gpm == GRAPHICS]  # alone, every GRAPHICS_WINDOW_S
+        self._samples: list = []  # 2 buffers (3 with the graphics window) once allocated
+        self._previous = self._opened = None  # the window's first sample; the graphics window's
+        self._opened_at = 0.0
         self._once = Once()
         self.state, self.unsupported = self._support()  # the state, and why there is no GPM (None: there is)
         if self.unsupported:
@@ -137,51 +160,59 @@ class GpmReader:
         missing = [n for n in needed if getattr(nvml, n, None) is None]
         if missing:
             return GpmState.NO_CALLS, f"this pynvml lacks {', '.join(missing)}; nvidia-ml-py >= 12.535 has them"
-        if not self._metrics:
+        if not self._metrics and not self._graphics:
             return GpmState.NO_CALLS, "no wanted GPM metric is known to this pynvml"
         try:
             if not nvml.nvmlGpmQueryDeviceSupport(self._handle).isSupportedDevice:
                 return GpmState.UNSUPPORTED, "the device does not support GPM (Hopper or newer needed)"
-            self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+            self._samples = [nvml.nvmlGpmSampleAlloc() for _ in range(3 if self._graphics else 2)]
         except nvml.NVMLError_NotSupported as e:
             return GpmState.UNSUPPORTED, f"NVML: {type(e).__name__}: {e}"
         except nvml.NVMLError as e:
             return GpmState.ERROR, f"NVML: {type(e).__name__}: {e}"
-        self._request = self._new_request()
+        self._results = _results_layout(nvml)
+        self._request, self._graphics_request = self._new_request(self._metrics), self._new_request(self._graphics)
         return GpmState.ON, None
 
-    def _new_request(self):
-        """The nvmlGpmMetricsGet argument, built once: only its two samples change per call."""
+    def _new_request(self, metrics):
+        """An nvmlGpmMetricsGet argument, built once: only its two samples change per call."""
         request = self._nvml.c_nvmlGpmMetricsGet_t()
         request.version = self._nvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(self._metrics)
-        for i, (_, metric_id) in enumerate(self._metrics):
+        request.numMetrics = len(metrics)
+        for i, (_, metric_id) in enumerate(metrics):
             request.metrics[i].metricId = metric_id
-        self._results = _results_layout(self._nvml)
         return request
 
     def read(self) -> dict:
-        """The wanted metrics for the window since the previous GPM sample, on every k-th call; else {}."""
+        """The wanted metrics for the window since the previous GPM sample, on every k-th call; else {}.
+        ``gr_engine_active`` on the call that closes a graphics window (:data:`GRAPHICS_WINDOW_S`)."""
         if self.unsupported:
             return {}
         due = self._calls % self.every == 0
         self._calls += 1
         if not due:
             return {}
-        previous, current = self._samples
+        previous, opened = self._previous, self._opened
+        current = next(b for b in self._samples if b is not previous and b is not opened)
         try:
             self._take(current)
         except self._nvml.NVMLError as e:
-            self._have_previous = False  # a gap: the next window starts afresh
+            self._previous = self._opened = None  # a gap: the next windows start afresh
             return self._fail("sample", e)
-        self._samples = [current, previous]
-        if not self._have_previous:
-            self._have_previous = True
-            return {}
+        self._previous, fields = current, {}
         try:
-            return self._metrics_between(previous, current)
+            if previous is not None and self._metrics:
+                fields = self._metrics_between(self._request, self._metrics, previous, current)
+            if self._graphics:
+                now = self._clock()
+                if opened is None:
+                    self._opened, self._opened_at = current, now
+                elif now - self._opened_at >= GRAPHICS_WINDOW_S:
+                    self._opened, self._opened_at = current, now
+                    fields.update(self._metrics_between(self._graphics_request, self._graphics, opened, current))
         except self._nvml.NVMLError as e:
             return self._fail("metrics", e)
+        return fields
 
     def _take(self, sample) -> None:
         if self._gi is None:
@@ -189,12 +220,12 @@ class GpmReader:
         else:
             self._nvml.nvmlGpmMigSampleGet(self._handle, self._gi, sample)
 
-    def _metrics_between(self, first, second) -> dict:
-        nvml, request = self._nvml, self._request
+    def _metrics_between(self, request, metrics, first, second) -> dict:
+        nvml = self._nvml
         request.sample1, request.sample2 = first, second
         nvml.nvmlGpmMetricsGet(request)
         fields, ok = {}, nvml.NVML_SUCCESS
-        for (metric, _), (status, value) in zip(self._metrics, self._statuses(request)):
+        for (metric, _), (status, value) in zip(metrics, self._statuses(request, len(metrics))):
             if status == ok:
                 fields[metric.field] = metric.convert(value)
             elif self._once(metric.field):  # not offered here (NVLink on a PCIe card): said once
@@ -203,14 +234,14 @@ class GpmReader:
                 )
         return fields
 
-    def _statuses(self, request) -> list:
-        """``(nvmlReturn, value)`` of each requested metric. Unpacked from the structure's bytes where its
-        layout is the usual one: pynvml's attribute access costs ~1 us per field, ~20 us per GPM read."""
+    def _statuses(self, request, n: int) -> list:
+        """``(nvmlReturn, value)`` of the ``n`` requested metrics. Unpacked from the structure's bytes where
+        its layout is the usual one: pynvml's attribute access costs ~1 us per field, ~20 us per GPM read."""
         if self._results is None:
-            return [(request.metrics[i].nvmlReturn, request.metrics[i].value) for i in range(len(self._metrics))]
+            return [(request.metrics[i].nvmlReturn, request.metrics[i].value) for i in range(n)]
         start, step = self._results
         raw = memoryview(request).cast("B")
-        return [_RESULT.unpack_from(raw, start + i * step)[1:] for i in range(len(self._metrics))]
+        return [_RESULT.unpack_from(raw, start + i * step)[1:] for i in range(n)]
 
     def _fail(self, what: str, error: Exception) -> dict:
         if self._once(what):

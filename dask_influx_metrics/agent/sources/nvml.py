@@ -49,7 +49,7 @@ from ...names import GpmState
 from ...reports import Once
 from ...schema import GPU
 from . import gpm, procutil, slowfields
-from .gpuprocs import host_pid_problem, tree_memory_mib
+from .gpuprocs import Ancestry, host_pid_problem, tree_memory_mib
 from .nvml_devices import as_text, choose, import_nvml, init_once, parse_visible, visible_handles
 from .nvmlcalls import Call, Group
 
@@ -145,14 +145,27 @@ class Pace(NamedTuple):
 
 
 class _Device:
-    __slots__ = ("handle", "uuid", "name", "nvml_index", "static", "calls", "results", "readers", "procs", "gpm")
+    __slots__ = (
+        "handle",
+        "uuid",
+        "name",
+        "nvml_index",
+        "static",
+        "calls",
+        "results",
+        "gpm_reader",
+        "slow",
+        "procs",
+        "gpm",
+    )
 
     def __init__(self, handle, uuid, name, calls, nvml_index=None):
         self.handle, self.uuid, self.name, self.nvml_index = handle, uuid, name, nvml_index
         self.static: dict = {}  # static fields read so far (memory_total)
         self.calls = calls  # TABLE key -> remaining variants of its NVML call
         self.results: dict = {}  # TABLE key -> this sample's NVML result (one call for every worker)
-        self.readers: list = []  # GPM and the slow fields: read() -> the fields they have this sample
+        self.gpm_reader = None  # GPM (:mod:`.gpm`): read() -> the fields of a window that ended now
+        self.slow = None  # the slow fields (:mod:`.slowfields`): read(final) -> those read now
         self.procs = None  # per-process utilization (:mod:`.procutil`), for a device several processes use
         self.gpm: tuple | None = None  # (GpmState, why or None) where GPM fields are wanted
 
@@ -211,6 +224,8 @@ class NvmlDevices:
         )
         self._variants = {key: _variants(nvml, g) for key, g, _, _ in self._plan}
         self._devices: dict[str, _Device] = {}  # uuid -> device, opened on first use
+        self._ancestry = Ancestry()  # which listed process belongs to which worker
+        self._final = False  # this sample is a worker's last (start_sample)
         try:
             init_once(nvml)
         except nvml.NVMLError as e:
@@ -253,8 +268,10 @@ class NvmlDevices:
         """The NVML handle (custom per-device metrics get ``fn(worker, handle)``)."""
         return self._devices[uuid].handle
 
-    def start_sample(self) -> None:
-        """Forget the previous sample's NVML results (each call is made at most once per sample)."""
+    def start_sample(self, final: bool = False) -> None:
+        """Forget the previous sample's NVML results (each call is made at most once per sample).
+        ``final``: the last sample of a worker (or of the session): the counters are read now too."""
+        self._final = final
         for dev in self._devices.values():
             dev.results.clear()
 
@@ -274,13 +291,12 @@ class NvmlDevices:
                     fields=self._want,
                     label=label,
                 )
-                dev.readers.append(reader)
-                dev.gpm = (reader.state, reader.unsupported)
+                dev.gpm_reader, dev.gpm = reader, (reader.state, reader.unsupported)
             except Exception as e:  # this pynvml lacks the MIG calls: no GPM for the instance
                 logger.info("%s: GPM metrics left out (%s: %s)", label, type(e).__name__, e)
                 dev.gpm = (GpmState.NO_CALLS if isinstance(e, AttributeError) else GpmState.ERROR, f"{e}")
         if self._want & slowfields.SLOW_FIELDS:
-            dev.readers.append(slowfields.SlowFields(nvml, dev.handle, self._want, label=label))
+            dev.slow = slowfields.SlowFields(nvml, dev.handle, self._want, label=label)
         if self._want & PROCESS_UTILIZATION:
             dev.procs = procutil.ProcessUtilization(nvml, dev.handle, interval_s=self._pace.process_s, label=label)
 
@@ -288,31 +304,36 @@ class NvmlDevices:
         """The wanted device-wide fields of ``uuid`` now (static ones included)."""
         dev = self._devices[uuid]
         fields = self._fields(dev)
-        for reader in dev.readers:
-            fields.update(reader.read())
+        if dev.gpm_reader is not None:
+            fields.update(dev.gpm_reader.read())
+        if dev.slow is not None:
+            fields.update(dev.slow.read(self._final))
         return fields
 
-    def read_worker(self, uuid: str, pids: frozenset, shared: bool = False) -> dict:
-        """The wanted per-worker fields of ``uuid`` for the process tree ``pids`` (host PIDs). Its share of
-        the GPU's time (``worker_utilization_*``) only where the GPU is shared: ``shared`` (several workers
-        use it) or a process outside ``pids`` holds a context on it (NVML's process list, when read for
-        ``worker_memory_used``). NVML's per-process call costs ~2 ms: read at most every
+    def read_worker(self, uuid: str, pid: int, shared: bool = False) -> dict:
+        """The wanted per-worker fields of ``uuid`` for the process tree of ``pid`` (a host PID): the
+        processes NVML lists that descend from it (:class:`.gpuprocs.Ancestry`). Its share of the GPU's
+        time (``worker_utilization_*``, ``worker_gpu_share``) only where the GPU is shared: ``shared``
+        (several workers use it) or a process outside the tree holds a context on it (NVML's process list,
+        when read for ``worker_memory_used``). NVML's per-process call costs ~2 ms: read at most every
         ``gpu.process-interval`` (1 s); absent from its answer = 0 %."""
         dev = self._devices[uuid]
+        processes = self._call(dev, "processes", TABLE["processes"]) if "processes" in self._variants else None
+        pids = self._ancestry.tree(pid, [p.pid for p in processes or ()])
         fields = self._fields(dev, per_worker=pids)
-        if dev.procs is not None and (shared or _others(dev.results.get("processes"), pids)):
+        if dev.procs is not None and (shared or _others(processes, pids)):
             if "procutil" not in dev.results:
                 dev.results["procutil"] = dev.procs.read()
             per_pid = dev.results["procutil"]
             if per_pid is not None:  # a window ended this sample
+                pids = self._ancestry.tree(pid, per_pid)
                 sm, mem = procutil.worker_utilization(per_pid, {"w": pids})["w"]
-                fields.update(
-                    {
-                        k: v
-                        for k, v in (("worker_utilization_gpu", sm), ("worker_utilization_memory", mem))
-                        if k in self._want
-                    }
+                mine = (
+                    ("worker_utilization_gpu", sm),
+                    ("worker_utilization_memory", mem),
+                    ("worker_gpu_share", procutil.share(per_pid, pids)),
                 )
+                fields.update({k: v for k, v in mine if k in self._want})
         return fields
 
     def _static(self, fn, handle, default: str) -> str:
@@ -384,9 +405,8 @@ class NvmlDevices:
     def close(self) -> None:
         """Drop the handles (and GPM samples); NVML itself stays initialised."""
         for dev in self._devices.values():
-            for reader in dev.readers:
-                if callable(getattr(reader, "close", None)):
-                    reader.close()
+            if dev.gpm_reader is not None:
+                dev.gpm_reader.close()
         self._devices = {}
 
 
@@ -403,7 +423,7 @@ def _nvml_index(nvml, handle) -> int | None:
         return None
 
 
-PROCESS_UTILIZATION = frozenset({"worker_utilization_gpu", "worker_utilization_memory"})
+PROCESS_UTILIZATION = frozenset({"worker_utilization_gpu", "worker_utilization_memory", "worker_gpu_share"})
 
 
 def _worker_fields() -> frozenset:

@@ -18,7 +18,7 @@ NVML gives no per-process utilization for a MIG instance: there the reader
 says so once and returns None forever; it never charges the parent's figures.
 
 :func:`worker_utilization` maps the per-process figures to workers through
-their process trees (:class:`.gpuprocs.ProcessTree`); PIDs are host PIDs
+their process trees (:class:`.gpuprocs.Ancestry`); PIDs are host PIDs
 (see :func:`.gpuprocs.host_pid_problem`).
 """
 
@@ -135,7 +135,7 @@ def worker_utilization(
 ) -> dict[str, tuple[float, float]]:
     """Per worker: (SM %, memory %) summed over the PIDs of its process tree (absent PID: 0).
 
-    ``trees``: worker -> its PIDs (``ProcessTree.pids()``). Every worker given
+    ``trees``: worker -> its PIDs (``Ancestry.tree()``). Every worker given
     gets a figure, 0 when none of its processes ran a kernel; PIDs of no worker
     are not charged to anyone.
 
@@ -147,3 +147,15 @@ def worker_utilization(
         mine = [per_pid[p] for p in set(pids) if p in per_pid]
         result[worker] = (float(sum(u[0] for u in mine)), float(sum(u[1] for u in mine)))
     return result
+
+
+def share(per_pid: Mapping[int, tuple[float, float]], pids: Iterable[int]) -> float:
+    """Percent of the GPU's kernel time (every process's smUtil, summed) that was ``pids``'; 0 when no
+    process ran a kernel. The shares of the workers of one GPU add up to at most 100.
+
+    >>> share({425: (60.0, 30.0), 427: (20.0, 5.0), 9: (20.0, 0.0)}, {425}), share({}, {425})
+    (60.0, 0.0)
+    """
+    total = sum(sm for sm, _ in per_pid.values())
+    mine = sum(per_pid[p][0] for p in set(pids) if p in per_pid)
+    return 100.0 * mine / total if total > 0 else 0.0

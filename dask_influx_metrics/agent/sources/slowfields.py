@@ -1,12 +1,16 @@
-"""GPU fields whose NVML call is too slow for every sample, read at most once a second.
+"""GPU fields whose NVML call is too slow for every sample: counters every 10 s, the fan once a second.
 
 Declared like :data:`.nvml.TABLE` (one :class:`~.nvml.Group` per NVML call, with
 the same variants/fields/converters), but :class:`SlowFields` makes each call at
-most every ``interval_s`` (1 s) per device, and the fields appear only in the
-reading of the sample that made the call: never a repeated, stale value.
-Costs per call on the recorded H100 (``timing_us``, median): total energy
-3.4 ms (p90 7 ms), fan speed 121 us (NotSupported there), ECC mode 121 us
-(the ECC counters were not timed; counted here as slow).
+most every ``interval_s`` of its entry in :data:`SLOW` per device, and the
+fields appear only in the reading of the sample that made the call: never a
+repeated, stale value. The counters (total energy, ECC errors) lose nothing when
+read rarely, so they are read every :data:`COUNTER_INTERVAL_S` (10 s), and on
+the first and the last sample (``read(final=True)``: a worker leaving, the
+session ending), so that a session's energy is exact from counter to counter.
+Costs per call on a real H200 (thread CPU, ``tests/data/nvml_h200_costs.md``):
+total energy 3.1-3.7 ms, fan speed 113 us (NotSupported there), ECC mode 114 us
+(the ECC counters were not timed; counted as slow).
 
 Errors follow :mod:`.nvml`: NVML's "cannot" (NotSupported, NoPermission,
 FunctionNotFound) switches a call off on that device for good, said once;
@@ -19,7 +23,9 @@ any other error leaves its fields out of this sample only (logged once).
 >>> slow.read(), slow.read()
 ({'total_energy_consumption': 4389581}, {})
 >>> t[0] = 1.0; slow.read()
-{'total_energy_consumption': 4748435}
+{}
+>>> t[0] = 10.0; slow.read(), slow.read(final=True)
+({'total_energy_consumption': 4748435}, {'total_energy_consumption': 5153451})
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from .nvmlcalls import Call, Group
 
 logger = logging.getLogger(__name__)
 
-READ_INTERVAL_S = 1.0
+READ_INTERVAL_S = 1.0  # gauges (the fan)
+COUNTER_INTERVAL_S = 10.0  # counters: energy, ECC errors
 
 
 def _ecc(error_type: str, counter_type: str) -> Call:
@@ -58,42 +65,44 @@ SLOW: dict[str, Group] = {
 SLOW_FIELDS = frozenset(f for g in SLOW.values() for f in g.fields)
 
 
+COUNTERS = frozenset({"energy", *(name for name in SLOW if name.startswith("ecc_"))})
+
+
 class SlowFields:
-    """The wanted :data:`SLOW` fields of one device, each call made at most every ``interval_s``.
+    """The wanted :data:`SLOW` fields of one device, each call made at most every :data:`READ_INTERVAL_S`
+    (counters: :data:`COUNTER_INTERVAL_S`).
 
     ``fields``: wanted field names. ``read()`` returns the fields read now
-    (``{}`` between reads).
+    (``{}`` between reads); ``read(final=True)`` reads every one now.
     """
 
-    def __init__(
-        self, nvml, handle, fields, *, interval_s: float = READ_INTERVAL_S, label: str = "GPU", clock=time.monotonic
-    ):
+    def __init__(self, nvml, handle, fields, *, label: str = "GPU", clock=time.monotonic):
         self._nvml, self._handle, self._label = nvml, handle, label
-        self._interval, self._clock = interval_s, clock
+        self._clock = clock
         self._cannot = tuple(
             e
             for e in (nvml.NVMLError_NotSupported, nvml.NVMLError_NoPermission, nvml.NVMLError_FunctionNotFound)
             if e is not None
         )
-        # per wanted group: (name, group, wanted fields, the call bound to its constants)
+        # per wanted group: [name, group, wanted fields, the call bound to its constants, interval, next read at]
         self._plan = []
         for name, group in SLOW.items():
             wanted = [f for f in group.fields if f in fields]
             call = next((c for c in group.calls if all(getattr(nvml, n, None) is not None for n in c.names())), None)
             if wanted and call is not None:
                 fn, args = getattr(nvml, call.function), tuple(getattr(nvml, a) for a in call.args)
-                self._plan.append((name, group, wanted, lambda h, fn=fn, args=args: fn(h, *args)))
-        self._read_at: float | None = None
+                every = COUNTER_INTERVAL_S if name in COUNTERS else READ_INTERVAL_S
+                self._plan.append([name, group, wanted, lambda h, fn=fn, args=args: fn(h, *args), every, None])
         self._once = Once()
 
-    def read(self) -> dict:
+    def read(self, final: bool = False) -> dict:
         now = self._clock()
-        if self._read_at is not None and now - self._read_at < self._interval:
-            return {}
-        self._read_at = now
         fields: dict = {}
         for entry in list(self._plan):
-            name, group, wanted, call = entry
+            name, group, wanted, call, every, due = entry
+            if not final and due is not None and now < due:
+                continue
+            entry[5] = now + every
             try:
                 raw = call(self._handle)
                 fields.update({f: group.fields[f](raw) for f in wanted})
