@@ -178,11 +178,18 @@ PER_SAMPLE_READS = (
 GPM_WINDOW_MS, ENERGY_MS, PROCESS_MS = 100, 10_000, 1000
 
 
-def nvml_prices(load: str = "idle") -> dict:
-    """Microseconds of CPU per NVML call on the H200 (``tests/fake_nvml.py``'s cost table)."""
+def tests_on_path() -> None:
+    """``tests/`` importable: the NVML replay (``fake_nvml``, ``nvml_shim``) lives there."""
     import sys
 
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    tests = os.path.join(ROOT, "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+
+
+def nvml_prices(load: str = "idle") -> dict:
+    """Microseconds of CPU per NVML call on the H200 (``tests/fake_nvml.py``'s cost table)."""
+    tests_on_path()
     from fake_nvml import prices
 
     return prices(load)

@@ -1,34 +1,28 @@
-"""GPM's added cost per agent tick (issue 25): 8 replayed H100s, 8 workers, 50 ms, GPM on vs off.
+"""What GPM costs, paying what NVML charges on a real H200: per GPU and window, and per agent tick.
 
 The host agent's sampling path as it runs (:class:`HostCollector` over 8
 :class:`WorkerView`\\ s, one GPU each as dask-cuda pins them, reading their
 process by pid; the host counters every 4th tick, the default
 ``sampler.host-refresh`` at 50 ms; lines encoded and sent over UDP to a bound
-loopback socket): every metric, with and without the GPM fields.
-``tests/fake_nvml.py`` replays ``nvml_h100_shared.json`` for the 8 GPUs.
+loopback socket), paced every 50 ms as the agent is (caches as cold as its), every metric, 8 GPUs replayed from the H200 recording in the
+fake's cost mode (``tests/fake_nvml.py``: each NVML call spends the thread CPU it
+cost on the H200; ``nvmlGpmSampleGet`` 32 us, ``nvmlGpmMetricsGet`` 2 us without
+``GRAPHICS_UTIL``). The replay's own Python beyond each call's price is left out.
 
-The replay answers in microseconds of Python, not in driver time, so the cost
-per tick is counted explicitly: thread CPU of the tick MINUS the time spent
-inside the fake, PLUS the recorded median cost of each NVML call made
-(``phases.shared.timing_us``, measured from Python through pynvml on the H100,
-so ctypes overhead is included). ``nvmlGpmMetricsGet`` was not timed on the
-GPU (it computes from two host-side sample buffers): it counts with the cost of
-our Python around it only, and its call count is reported. Each GPM window
-(``gpu.gpm-window``) is a variant: a GPM sample every k-th tick, k = window /
-interval. Target: <= 15 % more per tick with GPM on, at the default window.
+Rows: GPM per GPU and window (``GpmReader.read`` on the calls that take a GPM
+sample: ``nvmlGpmSampleGet`` + ``nvmlGpmMetricsGet`` + our Python; target
+<= 80 us, issue 32); and the agent's CPU per tick with GPM off and on at each
+``gpu.gpm-window`` (informational).
 
 Run: ``.venv/bin/python -m benchmarks.gpm [--quick]``.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import socket
-import sys
 import time
-from collections import Counter
 
 from benchmarks import common
 from dask_influx_metrics import config, schema
@@ -44,59 +38,16 @@ from dask_influx_metrics.snapshot import Activity
 NAME = "gpm"
 GPUS = 8
 INTERVAL_MS = 50
-TARGET = 15.0  # % more CPU per tick with GPM on
+TARGET_US = 80.0  # SampleGet + MetricsGet + our Python per GPU per window
 WINDOWS_MS = (config.Settings.resolve({}).gpm_window, 200, 400, 1000)  # the default first
-_RECORDED = {  # function -> the timing_us key of its median cost on the H100
-    "nvmlDeviceGetUtilizationRates": "nvmlDeviceGetUtilizationRates",
-    "nvmlDeviceGetMemoryInfo": "nvmlDeviceGetMemoryInfo(v2)",
-    "nvmlDeviceGetPowerUsage": "nvmlDeviceGetPowerUsage",
-    "nvmlDeviceGetTemperatureV": "nvmlDeviceGetTemperatureV",
-    "nvmlDeviceGetClockInfo": "nvmlDeviceGetClockInfo(SM)",
-    "nvmlDeviceGetCurrentClocksEventReasons": "nvmlDeviceGetCurrentClocksEventReasons",
-    "nvmlDeviceGetComputeRunningProcesses": "nvmlDeviceGetComputeRunningProcesses",
-    "nvmlDeviceGetPerformanceState": "nvmlDeviceGetPerformanceState",
-    "nvmlDeviceGetTotalEnergyConsumption": "nvmlDeviceGetTotalEnergyConsumption",
-    "nvmlDeviceGetFanSpeed": "nvmlDeviceGetFanSpeed",
-    "nvmlGpmSampleGet": "nvmlGpmSampleGet",
-    "nvmlGpmQueryDeviceSupport": "nvmlGpmQueryDeviceSupport",
-}
 
 
-class TimedNvml:
-    """The replay with every ``nvml*`` call counted and the time spent inside it measured."""
-
-    def __init__(self, fake):
-        self.fake, self.calls, self.inside = fake, Counter(), 0.0
-        for name in dir(type(fake)):
-            if name.startswith("nvml"):
-                setattr(self, name, self._timed(name, getattr(fake, name)))
-
-    def _timed(self, name, fn):
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            self.calls[name] += 1
-            t0 = time.perf_counter()  # cheap (no syscall); one thread, so wall time inside = CPU inside
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.inside += time.perf_counter() - t0
-
-        return call
-
-    def __getattr__(self, name):  # constants, error classes, ctypes structures
-        return getattr(self.fake, name)
-
-
-def eight_h100s():
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+def eight_h200s():
+    """The H200 recording (its busy phase), cost mode, as a node of 8."""
+    common.tests_on_path()
     from fake_nvml import FakeNvml
 
-    fake = FakeNvml("nvml_h100_shared.json")
-    one = fake.devices[0]
-    fake.devices[:] = [
-        dict(copy.deepcopy(one), uuid=f"GPU-da1f6fd4-9109-0cfa-82af-30bfade809c{i}", index=i) for i in range(GPUS)
-    ]
-    return fake, fake.data["phases"]["shared"]["timing_us"]
+    return FakeNvml("nvml_h200_shared.json", cost="busy").with_gpus(GPUS)
 
 
 def _busy():
@@ -108,14 +59,13 @@ def _busy():
 
 
 def measure(window_ms: float | None, ticks: int) -> dict:
-    """Per tick: our Python, recorded NVML and their sum (us); ``window_ms`` None: GPM off."""
-    fake, timing = eight_h100s()
-    nvml = TimedNvml(fake)
+    """Per tick: CPU (us), of which NVML's price; per GPM window: CPU of one GPU's read (us).
+    ``window_ms`` None: GPM off."""
+    nvml = eight_h200s()
     fields = schema.fields_for([t for t in schema.TRACKING if t != "gpm"])
     if window_ms is not None:
         fields |= {(schema.GPU, f) for f in GPM_FIELDS}
-    pace = Pace(INTERVAL_MS / 1000, (window_ms or 100) / 1000)
-    gpus = NvmlDevices(fields, nvml=nvml, pace=pace)
+    gpus = NvmlDevices(fields, nvml=nvml, pace=Pace(INTERVAL_MS / 1000, (window_ms or 100) / 1000))
     workers = []
     for i in range(GPUS):
         address = f"tcp://127.0.0.1:{40000 + i}"
@@ -123,6 +73,11 @@ def measure(window_ms: float | None, ticks: int) -> dict:
         view = WorkerView(f"w{i}", info, _busy(), fields, offset=lambda: 0.0)
         view.uuids = gpus.resolve(view)
         workers.append(view)
+    windows = []  # (CPU, replay excess) of each GPM read that took a sample, us
+    for uuid in (u for w in workers for u in w.uuids):
+        reader = gpus._devices[uuid].gpm_reader
+        if reader is not None:
+            reader.read = _timed(reader, nvml, windows)
     refresh = refresh_seconds(config.Settings.resolve({}).host_refresh, INTERVAL_MS)
     host = HostSource(frozenset(f for f in fields if f[0] == schema.HOST), refresh=refresh)
     collector = HostCollector(fields, gpus, host)
@@ -134,10 +89,12 @@ def measure(window_ms: float | None, ticks: int) -> dict:
         for _ in range(8):  # warm up: one-time calls (support queries, unsupported fields switched off)
             sampler.sample_and_send()
             _empty(drain)
-        nvml.calls.clear()
-        nvml.inside = 0.0
-        cpu = 0.0
-        for _ in range(ticks):
+        windows.clear()
+        burned, excess, cpu = nvml.burned_us, nvml.excess_us, 0.0
+        due = time.monotonic()
+        for _ in range(ticks):  # paced as the agent samples: each tick finds the caches as a real one does
+            due += INTERVAL_MS / 1000
+            time.sleep(max(0.0, due - time.monotonic()))
             t0 = time.thread_time()
             sampler.sample_and_send()
             cpu += time.thread_time() - t0
@@ -146,15 +103,28 @@ def measure(window_ms: float | None, ticks: int) -> dict:
         sink.close()
         drain.close()
         gpus.close()
-    recorded = sum(n * timing[_RECORDED[f]]["median_us"] for f, n in nvml.calls.items() if f in _RECORDED)
-    unrecorded = {f: n / ticks for f, n in nvml.calls.items() if f not in _RECORDED}
-    python_us = (cpu - nvml.inside) / ticks * 1e6
+    ours = cpu * 1e6 - (nvml.excess_us - excess)
     return {
-        "python_us": python_us,
-        "nvml_us": recorded / ticks,
-        "total_us": python_us + recorded / ticks,
-        "unrecorded_calls_per_tick": unrecorded,
+        "tick_us": ours / ticks,
+        "nvml_us": (nvml.burned_us - burned) / ticks,
+        "window_us": common.median([c - e for c, e in windows]) if windows else None,
+        "windows": len(windows),
     }
+
+
+def _timed(reader, nvml, windows: list):
+    """``reader.read`` that records the CPU of each call that took a GPM sample (and the replay's excess)."""
+    read = reader.read
+
+    @functools.wraps(read)
+    def timed():
+        t0, e0, due = time.thread_time(), nvml.excess_us, reader.due()
+        fields = read()
+        if due:
+            windows.append(((time.thread_time() - t0) * 1e6, nvml.excess_us - e0))
+        return fields
+
+    return timed
 
 
 def _empty(sock) -> None:
@@ -167,39 +137,44 @@ def _empty(sock) -> None:
 
 
 def run(quick: bool) -> list[dict]:
-    ticks = 100 if quick else 400
+    ticks = 40 if quick else 100  # 5 s at 50 ms
     variants = {str(w): functools.partial(measure, w, ticks) for w in WINDOWS_MS}
-    got = common.alternate({"off": functools.partial(measure, None, ticks), **variants}, rounds=3 if quick else 7)
-    med = {
-        v: {k: common.median([r[k] for r in runs]) for k in ("python_us", "nvml_us", "total_us")}
-        for v, runs in got.items()
-    }
-    off, rows = med["off"], []
+    got = common.alternate({"off": functools.partial(measure, None, ticks), **variants}, rounds=1 if quick else 3)
+    med = {v: {k: common.median([r[k] for r in runs]) for k in ("tick_us", "nvml_us")} for v, runs in got.items()}
+    default = str(WINDOWS_MS[0])
+    per_window = common.median([r["window_us"] for r in got[default]])
+    prices = common.nvml_prices("busy")
+    floor = prices["nvmlGpmSampleGet"] + prices["nvmlGpmMetricsGet"]
+    rows = [
+        common.row(
+            NAME,
+            f"GPM per GPU and window ({default} ms, the default), {GPUS} replayed H200s: "
+            "nvmlGpmSampleGet + nvmlGpmMetricsGet + our Python",
+            round(per_window, 1),
+            "us",
+            baseline=round(floor, 1),
+            target=f"<= {TARGET_US:.0f} us",
+            met=per_window <= TARGET_US,
+            notes=f"baseline: the two calls' price on the H200 (busy); median of {sum(r['windows'] for r in got[default])} "
+            f"windows over {len(got[default])} runs; the replay's own Python left out",
+        )
+    ]
+    off = med["off"]
     for window in variants:
         on = med[window]
-        growth = 100.0 * (on["total_us"] / off["total_us"] - 1)
-        default = window == str(WINDOWS_MS[0])
-        what = f"{GPUS} replayed H100s, {GPUS} workers @{INTERVAL_MS} ms, GPM window {window} ms" + (
-            " (default)" if default else ""
-        )
-        rows += [
+        rows.append(
             common.row(
                 NAME,
-                f"{what}: agent CPU per tick, GPM on vs off (our Python + recorded NVML cost)",
-                round(on["total_us"]),
+                f"{GPUS} replayed H200s, {GPUS} workers @{INTERVAL_MS} ms, GPM window {window} ms"
+                + (" (default)" if window == default else "")
+                + ": agent CPU per tick, GPM on vs off",
+                round(on["tick_us"]),
                 "us",
-                baseline=round(off["total_us"]),
-                target=f"<= +{TARGET:.0f} %" if default else None,
-                met=growth <= TARGET if default else None,
-                notes=f"+{growth:.1f} %; NVML {on['nvml_us']:.0f} vs {off['nvml_us']:.0f} us, "
-                f"Python {on['python_us']:.0f} vs {off['python_us']:.0f} us",
-                details={
-                    "on": on,
-                    "off": off,
-                    "unrecorded_calls_per_tick_on": got[window][0]["unrecorded_calls_per_tick"],
-                },
-            ),
-        ]
+                baseline=round(off["tick_us"]),
+                notes=f"+{100 * (on['tick_us'] / off['tick_us'] - 1):.1f} %; of which NVML's price "
+                f"{on['nvml_us']:.0f} vs {off['nvml_us']:.0f} us",
+            )
+        )
     return rows
 
 

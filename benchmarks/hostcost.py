@@ -24,7 +24,6 @@ simulated GPUs): the longest gap between two samples of a worker across the kill
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -60,21 +59,17 @@ def _rss(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
-def _burned_us(ledgers: str, pids) -> float:
-    """What the replayed NVML burned in these processes so far (their ledgers)."""
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError, ValueError):
-            with open(os.path.join(ledgers, f"nvml-{pid}.json")) as f:
-                total += json.load(f)["burned_us"]
-    return total
+def _ledger(ledgers: str, pid: int) -> dict:
+    """What the replayed NVML burned in process ``pid`` so far, and its calls (``tests/fake_nvml.py``)."""
+    from fake_nvml import read_ledger
+
+    return read_ledger(os.path.join(ledgers, f"nvml-{pid}.json"))
 
 
-def _calls(ledgers: str, pid: int) -> dict:
-    with contextlib.suppress(OSError, ValueError):
-        with open(os.path.join(ledgers, f"nvml-{pid}.json")) as f:
-            return json.load(f)["calls"]
-    return {}
+def _spent_us(ledgers: str, pids) -> tuple[float, float]:
+    """(what the replayed NVML charged, the replay's own Python beyond that) in these processes so far."""
+    books = [_ledger(ledgers, pid) for pid in pids]
+    return sum(b.get("burned_us", 0.0) for b in books), sum(b.get("excess_us", 0.0) for b in books)
 
 
 @contextlib.contextmanager
@@ -84,13 +79,14 @@ def _cluster(gpus: int, n: int, ledgers: str):
 
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
-    sys.path.insert(0, os.path.join(common.ROOT, "tests"))
+    common.tests_on_path()
     from nvml_shim import replay_env
 
     env = replay_env(ledgers, recording="nvml_h200_shared.json", phase="idle", gpus=gpus, cost="idle", ledger=ledgers)
     env["DASK_DISTRIBUTED__DIAGNOSTICS__NVML"] = "False"  # Dask's own GPU polling: not ours, off in both states
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    sys.path.insert(0, os.path.join(ledgers, "shim"))  # Dask spawns workers with this process's sys.path
 
     def visible(i):  # dask_cuda.utils.cuda_visible_devices(i, range(gpus)); one GPU: every worker sees it
         return {"CUDA_VISIBLE_DEVICES": ",".join(str((i + k) % gpus) for k in range(gpus))} if gpus > 1 else {}
@@ -104,6 +100,7 @@ def _cluster(gpus: int, n: int, ledgers: str):
             client.wait_for_workers(n)
             yield client
     finally:
+        sys.path.remove(os.path.join(ledgers, "shim"))
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
@@ -128,14 +125,14 @@ def measure(gpus: int, n: int, seconds: float, rounds: int, address: str, floor_
                     probed = client.run(_probe).values()
                     agent = next((a for _, a, _ in probed if a), None)
                     nvml_pids = [agent] if agent else pids
-                    s0, b0 = max(s for _, _, s in probed), _burned_us(ledgers, nvml_pids)
+                    s0, (b0, e0) = max(s for _, _, s in probed), _spent_us(ledgers, nvml_pids)
                     cpu0, a0 = [process_cpu_ns(p) for p in pids], process_cpu_ns(agent) if agent else 0
                     time.sleep(seconds)
                     cpu = [process_cpu_ns(p) - c for p, c in zip(pids, cpu0)]
                     a_cpu = process_cpu_ns(agent) - a0 if agent else 0
                     probed = client.run(_probe).values()
                     samples = max(s for _, _, s in probed) - s0 if mode else seconds * 1000 / INTERVAL_MS
-                    burned = _burned_us(ledgers, nvml_pids) - b0
+                    burned, excess = _spent_us(ledgers, nvml_pids)
                     rss = [_rss(p) for p in pids]
                     return {
                         "cpu": cpu,
@@ -143,8 +140,9 @@ def measure(gpus: int, n: int, seconds: float, rounds: int, address: str, floor_
                         "agent_cpu": a_cpu,
                         "agent_rss": _rss(agent) if agent else 0,
                         "samples": max(1, samples),
-                        "nvml_us": burned,
-                        "calls": _calls(ledgers, agent) if agent else {},
+                        "nvml_us": burned - b0,
+                        "replay_us": excess - e0,
+                        "calls": _ledger(ledgers, agent).get("calls", {}) if agent else {},
                     }
                 finally:
                     if m is not None:
@@ -167,19 +165,24 @@ def measure(gpus: int, n: int, seconds: float, rounds: int, address: str, floor_
 
 
 def summarize(runs: dict, n: int) -> dict:
-    """Medians per sample (us) of the agent, the workers above monitor-off, NVML's burn, their total."""
+    """Medians per sample (us) of the agent, the workers above monitor-off, NVML's burn, their total. The
+    replay's own Python beyond each call's price (``replay``: no GPU host spends it) is left out of the
+    process that made the calls (the agent; the workers in thread mode)."""
     off_cpu = [common.median([r["cpu"][i] for r in runs["off"]]) for i in range(n)]
     off_rss = [common.median([r["rss"][i] for r in runs["off"]]) for i in range(n)]
     out = {}
     for mode in ("agent", "thread"):
         per = []
         for r in runs.get(mode, []):
+            replay = r["replay_us"] / r["samples"]
             workers = sum(max(0, c - o) for c, o in zip(r["cpu"], off_cpu)) / 1000 / r["samples"]
             agent = r["agent_cpu"] / 1000 / r["samples"]
+            agent, workers = (agent - replay, workers) if mode == "agent" else (agent, workers - replay)
             grow = max(x - o for x, o in zip(r["rss"], off_rss)) / 2**20
-            per.append((agent, workers, agent + workers, r["nvml_us"] / r["samples"], r["agent_rss"] / 2**20, grow))
+            nvml = r["nvml_us"] / r["samples"]
+            per.append((agent, workers, agent + workers, nvml, r["agent_rss"] / 2**20, grow, replay))
         if per:
-            keys = ("agent", "workers", "total", "nvml", "agent_mb", "grow_mb")
+            keys = ("agent", "workers", "total", "nvml", "agent_mb", "grow_mb", "replay")
             out[mode] = {k: common.median([p[i] for p in per]) for i, k in enumerate(keys)}
             out[mode]["runs"] = [round(p[2]) for p in per]
             calls = runs[mode][-1]["calls"]
@@ -244,7 +247,8 @@ def _rows(gpus: int, n: int, s: dict, floor: float) -> list[dict]:
             target=f"<= {TARGET}x" if targeted else None,
             met=a["total"] <= TARGET * baseline if targeted else None,
             notes=(
-                f"agent {a['agent']:.0f} us (NVML burned {a['nvml']:.0f}) + workers above off {a['workers']:.0f} us; "
+                f"agent {a['agent']:.0f} us (NVML burned {a['nvml']:.0f}; the replay's own {a['replay']:.0f} us left "
+                f"out) + workers above off {a['workers']:.0f} us; "
                 f"runs {a['runs']}; floor tick {floor:.0f} us + unavoidable NVML {unavoidable:.0f} us; "
                 f"{100 * a['total'] / INTERVAL_MS / 1000:.2f} % of one core; "
                 f"agent NVML calls (last round, cumulative): {_short(a['calls'])}"

@@ -110,8 +110,8 @@ SETTINGS: tuple[Setting, ...] = (
         parsers.AUTO,
         parsers.max_datagram,
         "bytes",
-        "largest UDP datagram; auto: 65507 (the UDP maximum) when telegraf.address is loopback, "
-        "else 1472 (fits a 1500-byte MTU); neither is fragmented",
+        "largest UDP datagram; auto: 65507 (the UDP maximum) when telegraf.address is this machine's "
+        "(loopback or one of its own addresses), else 1472 (fits a 1500-byte MTU); neither is fragmented",
     ),
     Setting(
         "influxdb.url",

@@ -19,7 +19,9 @@ per call, ``phases.shared.timing_us``), so a benchmark or test that replays pays
 what a GPU host pays. ``nvmlGpmMetricsGet`` costs by its metric set (with
 ``GRAPHICS_UTIL``: ~1.4 ms; without: ~2 us); a NotSupported answer costs
 :data:`NOT_SUPPORTED_US`. :attr:`FakeNvml.burned_us` and :attr:`FakeNvml.charged`
-(calls per function) add up what was spent; with ``ledger`` (a path) they are
+(calls per function) add up what was spent, and :attr:`FakeNvml.excess_us` the CPU the
+replay's own Python took beyond a call's price (a cheap call: its ~10 us of
+Python exceed NVML's 2 us), which a benchmark subtracts; with ``ledger`` (a path) they are
 also written there as JSON at most every :data:`LEDGER_S` seconds, for a
 benchmark to read from another process.
 
@@ -39,6 +41,7 @@ import itertools
 import json
 import os
 import pathlib
+import struct
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -51,7 +54,8 @@ RECORDING = "nvml_a100x2_k80_mig.json"
 COSTS = "nvml_h200_costs.json"
 NOT_SUPPORTED_US = 100.0  # what NVML's NotSupported answers cost on the H200 (fan speed 113 us, ...)
 DEFAULT_US = 2.0  # a call the cost table and the recording both lack: a plain getter
-LEDGER_S = 0.2
+LEDGER_S = 0.5
+LEDGER_BYTES = 4096
 # function -> its entry in COSTS' cpu_us (thread CPU; idle/busy)
 _CPU = {
     "nvmlDeviceGetUtilizationRates": "nvmlDeviceGetUtilizationRates",
@@ -78,6 +82,19 @@ def prices(load: str = "idle") -> dict[str, float]:
     out["nvmlGpmMetricsGet"] = table["cpu_us"][_GPM_CHEAP][load]
     out["nvmlGpmMetricsGet+GRAPHICS_UTIL"] = table["cpu_us"][_GPM_GRAPHICS][load]
     return out
+
+
+def read_ledger(path) -> dict:
+    """What a cost-mode fake wrote with ``ledger=path`` (``{}`` until it has): ``burned_us``, ``calls``."""
+    for _ in range(3):  # a read that met a write half done is read again
+        try:
+            with open(path, "rb") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return {}
+        except ValueError:
+            continue
+    return {}
 
 
 def burn(us: float) -> None:
@@ -109,9 +126,11 @@ class FakeNvml:
         self._gpm_ids = itertools.count(1)
         self._gpm_samples: dict[int, tuple | None] = {}  # sample id -> (entity record, order) once taken
         self._gpm_order = itertools.count()
+        self._gpm_answers: dict = {}  # (metric ids, recorded metrics' id) -> the results' bytes
         self.burned_us = 0.0  # cost mode: CPU spent as the H200 would
         self.charged: Counter = Counter()  # cost mode: calls per function
-        self._ledger, self._ledger_at = ledger, 0.0
+        self.excess_us = 0.0  # cost mode: the replay's own Python beyond the price (no GPU host spends it)
+        self._ledger, self._ledger_at, self._ledger_fd = ledger, 0.0, None
         if cost is not None:
             self._prices = prices(cost)
             for name in dir(type(self)):
@@ -149,8 +168,10 @@ class FakeNvml:
                 price = NOT_SUPPORTED_US
                 raise
             finally:  # the replay's own Python counts towards the price: a call costs what NVML's did
-                burn(price - (time.thread_time_ns() - start) / 1000)
+                spent = (time.thread_time_ns() - start) / 1000
+                burn(price - spent)
                 self.burned_us += price
+                self.excess_us += max(0.0, spent - price)
                 self.charged[name] += 1
                 if self._ledger and time.monotonic() - self._ledger_at >= LEDGER_S:
                     self.write_ledger()
@@ -158,12 +179,15 @@ class FakeNvml:
         return call
 
     def write_ledger(self) -> None:
-        """``{"burned_us", "calls"}`` into the ledger file (replaced whole: a reader never sees half)."""
+        """``{"burned_us", "calls"}`` over the ledger file's start, space-padded to its fixed size (one
+        ``pwrite`` on a descriptor kept open: a file created and renamed each time cost the process that
+        is measured ~1 ms); :func:`read_ledger` reads it."""
         self._ledger_at = time.monotonic()
-        tmp = f"{self._ledger}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump({"burned_us": self.burned_us, "calls": dict(self.charged)}, f)
-        os.replace(tmp, self._ledger)
+        if self._ledger_fd is None:
+            self._ledger_fd = os.open(self._ledger, os.O_RDWR | os.O_CREAT, 0o600)
+        data = json.dumps({"burned_us": self.burned_us, "excess_us": self.excess_us, "calls": dict(self.charged)})
+        data = data.encode()
+        os.pwrite(self._ledger_fd, data.ljust(max(LEDGER_BYTES, len(data))), 0)
 
     def __getattr__(self, name):
         # Constants, error classes and GPM structures only: a function the fake lacks must fail.
@@ -187,7 +211,7 @@ class FakeNvml:
             value = value.pop(0) if len(value) > 1 else value[0]
         if isinstance(value, dict) and "error" in value:
             raise getattr(pynvml, "NVMLError_" + value["error"])()
-        return copy.deepcopy(value) if isinstance(value, (dict, list)) else value
+        return copy.copy(value) if isinstance(value, (dict, list)) else value  # fresh, as a call's answer is
 
     def _check_init(self):
         if not self.initialised:
@@ -384,12 +408,19 @@ class FakeNvml:
             or first[1] >= second[1]
         ):  # two samples of one entity, in order
             raise pynvml.NVMLError_InvalidArgument()
-        names = {getattr(pynvml, "NVML_GPM_METRIC_" + name): name for name in second[2]}
-        for i in range(metricsGet.numMetrics):
-            metric = metricsGet.metrics[i]
-            name = names.get(metric.metricId)
-            metric.nvmlReturn = pynvml.NVML_SUCCESS if name else pynvml.NVML_ERROR_NOT_SUPPORTED
-            metric.value = second[2][name]["value"] if name else 0.0
+        n, start = metricsGet.numMetrics, type(metricsGet).metrics.offset
+        ids = _gpm_ids(n).unpack_from(memoryview(metricsGet).cast("B"), start)
+        answer = self._gpm_answers.get((ids, id(second[2])))
+        if answer is None:  # the request's results, built once (a replay is not to cost more than NVML)
+            names = {getattr(pynvml, "NVML_GPM_METRIC_" + name): name for name in second[2]}
+            results = (pynvml.c_nvmlGpmMetric_t * n)()
+            for metric, metric_id in zip(results, ids):
+                name = names.get(metric_id)
+                metric.metricId = metric_id
+                metric.nvmlReturn = pynvml.NVML_SUCCESS if name else pynvml.NVML_ERROR_NOT_SUPPORTED
+                metric.value = second[2][name]["value"] if name else 0.0
+            answer = self._gpm_answers[ids, id(second[2])] = bytes(results)
+        ctypes.memmove(ctypes.addressof(metricsGet) + start, answer, len(answer))
         return metricsGet
 
     def _sample_id(self, sample) -> int:
@@ -402,3 +433,10 @@ class FakeNvml:
 def _asks_graphics(request) -> bool:
     wanted = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
     return any(request.metrics[i].metricId == wanted for i in range(request.numMetrics))
+
+
+@functools.lru_cache
+def _gpm_ids(n: int) -> struct.Struct:
+    """The metric ids of a request's first ``n`` results, in one unpack."""
+    step = ctypes.sizeof(pynvml.c_nvmlGpmMetric_t)
+    return struct.Struct("=" + f"I{step - 4}x" * n)

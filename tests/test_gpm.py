@@ -246,3 +246,12 @@ def test_gpm_state_is_recorded_per_device_and_said_once_per_reason():
     assert gpm_found(h100s, uuids, report) == {uuids[0]: "on"} and len(said) == 1
     not_wanted = NvmlDevices(frozenset({(schema.GPU, "utilization_gpu")}), nvml=FakeNvml("nvml_h100_shared.json"))
     assert gpm_found(not_wanted, not_wanted.resolve(_Worker("0")), report) == {}
+
+
+def test_an_unusual_results_layout_is_read_field_by_field(monkeypatch):
+    """The results are unpacked from the structure's bytes only where pynvml lays them out as usual."""
+    from dask_influx_metrics.agent.sources import gpm
+
+    fast = reads(GpmReader(*h100()), 2)[1]
+    monkeypatch.setattr(gpm, "_results_layout", lambda nvml: None)
+    assert reads(GpmReader(*h100()), 2)[1] == fast and len(fast) == 10

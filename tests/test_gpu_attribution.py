@@ -318,3 +318,54 @@ def test_per_prefix_gpu_depth_from_the_replayed_h100(tmp_path):
     # one of the holder's three windows is the shared phase's first (the matmul had started): a third
     assert hold["mean_sm_active"] < 40 and hold["mean_pipe_tensor_active"] < 40 and hold["gpu_s"] == pytest.approx(0.6)
     assert hold["mean_memory_delta"] == 13428064256 / MIB and matmul["mean_memory_delta"] == 0
+
+
+def test_a_workers_gpu_processes_come_from_their_proc_parents_not_a_scan_of_every_process(tmp_path, monkeypatch):
+    """Issue 32: psutil's children() reads every /proc/<pid>/stat (1.5-2 ms with ~180 processes on the H200
+    host). The agent follows the few PIDs NVML lists up their parents instead: 425 (the matmul) is a
+    grandchild of worker 100 through 300; 427 (the holder) belongs to nobody. Each PID is read again at
+    most once a second; no other process is looked at."""
+    import psutil
+
+    monkeypatch.setattr(psutil.Process, "children", lambda *a, **k: pytest.fail("a scan of every process"))
+    proc = fake_proc(tmp_path, {425: 300, 300: 100, 100: 1, 427: 1})
+    opened = []
+    real_open = open
+
+    def counting_open(path, *args, **kwargs):
+        if str(path).startswith(proc):
+            opened.append(str(path).removeprefix(proc))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    clock = [0.0]
+    w = Worker(1, 100)
+    gpus = NvmlDevices(ALL, nvml=h100({}))
+    gpus._ancestry = Ancestry(clock=lambda: clock[0], proc=proc)
+    w.uuids = gpus.resolve(w)
+    collector = HostCollector(ALL, gpus, host=None)
+    for _ in range(10):  # ten samples within a second
+        (point,) = collector.collect([w], now_ns=0)
+        assert point.fields["worker_memory_used"] == 4909432832 / MIB, "the matmul's memory, not the holder's"
+    assert sorted(opened) == ["/300/stat", "/425/stat", "/427/stat"], "each listed PID's parents, read once"
+    clock[0] = 1.0
+    collector.collect([w], now_ns=0)
+    assert len(opened) == 6, "and again after a second"
+
+
+def test_every_per_gpu_call_once_per_sample_however_many_workers_share_it():
+    """Issue 32: what NVML burns per sample (cost mode, the H200's prices) is the same for 1 and 4 workers on
+    one GPU, but for the per-process utilization read on a shared GPU (at most once a second)."""
+
+    def burned(n):
+        nvml = FakeNvml("nvml_h200_shared.json", phase="idle", cost="idle")
+        workers = [Worker(i, 4000 + i) for i in range(n)]
+        collector = host(nvml, workers)
+        collector.collect(workers, now_ns=0)  # the first sample reads the counters
+        nvml.charged.clear()
+        for _ in range(10):
+            collector.collect(workers, now_ns=0)
+        return {f: c for f, c in nvml.charged.items() if "Utilization" not in f or "Process" not in f}
+
+    one, four = burned(1), burned(4)
+    assert one == four and one["nvmlDeviceGetComputeRunningProcesses"] == one["nvmlDeviceGetMemoryInfo"] == 10

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import time
 import uuid
 
@@ -57,6 +58,19 @@ def lines_of(lengths):
 )
 def test_auto_datagrams_are_as_large_as_udp_allows_on_loopback_only(host, size):
     assert UdpSink((host, 9), sock=FakeSocket()).max_datagram == size  # nothing is sent
+
+
+def test_auto_datagrams_are_as_large_as_udp_allows_to_this_machines_own_address():
+    """Issue 32: datagrams to one of this machine's own addresses go over the loopback interface (MTU 64 KiB):
+    packed as full as UDP allows, one sendto per sample instead of one per 1472 bytes. Nothing is sent."""
+    import psutil
+
+    own = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET]
+    own = [a for a in own if not a.startswith("127.")]
+    if not own:
+        pytest.skip("this machine has no IPv4 address but loopback")
+    assert UdpSink((own[0], 9), sock=FakeSocket()).max_datagram == MAX_UDP_PAYLOAD
+    assert UdpSink(("198.51.100.7", 9), sock=FakeSocket()).max_datagram == 1472  # TEST-NET-2: another machine
 
 
 def test_auto_datagram_size_follows_the_resolved_address():

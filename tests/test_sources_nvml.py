@@ -277,7 +277,13 @@ def test_result_missing_an_attribute_is_reported_once_and_read_again(fake, caplo
 
 
 def test_bug_in_a_conversion_is_reported_and_never_switches_the_field_off(fake, monkeypatch, caplog):
-    monkeypatch.setitem(nvml_mod.TABLE["power"].fields, "power_draw", lambda mw: mw.watts)  # a typo
+    odd = [3]  # three odd results (a typo on their path), then the documented one
+
+    def convert(mw):
+        odd[0] -= 1
+        return mw.watts if odd[0] >= 0 else mw / 1000.0
+
+    monkeypatch.setitem(nvml_mod.TABLE["power"].fields, "power_draw", convert)
     src = Source(ALL, visible="0", nvml=fake)
     for _ in range(3):
         fields = src.read()[0].fields
@@ -285,7 +291,6 @@ def test_bug_in_a_conversion_is_reported_and_never_switches_the_field_off(fake, 
     assert fake.calls_to("nvmlDeviceGetPowerUsage") == 3
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "power_draw" in warnings[0] and "AttributeError" in warnings[0]
-    monkeypatch.undo()  # the fix
     assert src.read()[0].fields["power_draw"] == 312.456
 
 

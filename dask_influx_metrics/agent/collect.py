@@ -74,6 +74,15 @@ class HostCollector:
         self._host_each = not any(m in (GPU, WORKER) for m, _ in fields)  # a worker has no other rows
         self._per_worker_gpu = any(m == GPU and f.startswith("worker_") for m, f in fields)
         self.shared: dict[str, list] = {}  # uuid -> the workers using it now, when more than one
+        # Tags change only with a worker's snapshot (the same object while it is idle): made once per snapshot.
+        self._tags: dict = {}  # worker id -> (its snapshot, its tags, {(uuid, index): its gpu points' tags})
+        self._union: tuple = ((), None)  # (the snapshots, the host point's job and dag)
+
+    def _own(self, w) -> tuple:
+        snap, cached = w.activity(), self._tags.get(w.id)
+        if cached is None or cached[0] is not snap:
+            cached = self._tags[w.id] = (snap, {**w.tags, "job": snap.job_tag, "dag": snap.dag_tag}, {})
+        return cached
 
     def collect(self, workers: list, now_ns: int, final: bool = False) -> list[Point]:
         if not workers:
@@ -81,23 +90,25 @@ class HostCollector:
         points = []
         own, times = {}, {}
         for w in workers:
-            snap = w.activity()
-            own[w.id] = {**w.tags, "job": snap.job_tag, "dag": snap.dag_tag}
+            own[w.id] = self._own(w)
             times[w.id] = now_ns + int(w.offset() * 1e9)
             fields = w.read()
             if fields:
-                points.append(Point(WORKER, own[w.id], fields, times[w.id]))
+                points.append(Point(WORKER, own[w.id][1], fields, times[w.id]))
+        if len(self._tags) > len(workers):  # some left
+            self._tags = {w.id: own[w.id] for w in workers}
         shared_ns = sorted(times.values())[len(workers) // 2]  # the host's points: the median offset
         if self.gpus is not None and self._gpu_fields:
             points += self._gpu_points(workers, own, times, final)
         if self.host is not None:
             fields = self.host.read(HOST)
             if fields and (self._host_each or not points):  # no worker has rows of its own (no GPU found)
-                points += [Point(HOST, own[w.id], dict(fields), times[w.id]) for w in workers]
+                points += [Point(HOST, own[w.id][1], dict(fields), times[w.id]) for w in workers]
             elif fields:
-                owner = workers[0]
-                job, dag = union_tags(workers)
-                points.append(Point(HOST, {**owner.tags, "job": job, "dag": dag}, fields, shared_ns))
+                snaps = tuple(own[w.id][0] for w in workers)
+                if len(snaps) != len(self._union[0]) or any(a is not b for a, b in zip(snaps, self._union[0])):
+                    self._union = (snaps, {**workers[0].tags, **dict(zip(("job", "dag"), union_tags(workers)))})
+                points.append(Point(HOST, self._union[1], fields, shared_ns))
         return points
 
     def _gpu_points(self, workers, own, times, final) -> list[Point]:
@@ -113,6 +124,9 @@ class HostCollector:
             for w, i in ws:
                 mine = self.gpus.read_worker(uuid, w.pid, len(ws) > 1) if self._per_worker_gpu else {}
                 if device or mine:
-                    tags = {**own[w.id], **self.gpus.tags(uuid, i)}
-                    points.append(Point(GPU, tags, {**device, **mine}, times[w.id]))
+                    _, tags, by_device = own[w.id]
+                    gpu_tags = by_device.get((uuid, i)) or by_device.setdefault(
+                        (uuid, i), {**tags, **self.gpus.tags(uuid, i)}
+                    )
+                    points.append(Point(GPU, gpu_tags, {**device, **mine}, times[w.id]))
         return points

@@ -50,7 +50,9 @@ FIRST_WORKER_S = 30.0  # an agent nobody registers with exits after this
 EXIT_CHECK_S = 0.5  # how often the agent looks whether its session is over here
 KEEP_REPORTS = 32
 COUNTERS_S = 1.0  # the sink's counters go into the beat this often
-BEAT_S = 0.09  # a beat at least this often (workers take one older than 3 intervals + 0.25 s for a hung agent)
+# A beat at least every interval + this: workers take one older than 3 intervals + 0.25 s for a hung agent,
+# and a live agent's beat is at most this + 2 intervals old. Every 3rd sample at 100 ms (was each one).
+BEAT_SLACK_S = 0.125
 LEAVE_DRAIN_S = 2.0  # at most this long to post an HTTP sink's queue when a worker leaves
 
 
@@ -215,7 +217,7 @@ class Agent:
             next(iter(self.workers.views), None),
         )
         fast = (acked, idle)  # changes every sample while tasks run: a line of its own, cheap to decode
-        if (key, fast) == self._doc_key and now - self._beat_at < BEAT_S:
+        if (key, fast) == self._doc_key and now - self._beat_at < self.sampler.interval + BEAT_SLACK_S:
             return  # nothing new to say, and the last beat is recent enough for the workers' watch
         self._beat_at = now
         if key != self._doc_key[0]:

@@ -2,7 +2,8 @@
 
 Lines are packed, newline-joined, into datagrams of at most ``max_datagram``
 bytes. By default (``None``, the setting's ``auto``) that is 65507, the UDP
-maximum, when Telegraf is on loopback (MTU 64 KiB: nothing is fragmented, and
+maximum, when Telegraf is on this machine (loopback, or one of its own addresses:
+the kernel delivers those over the loopback interface, MTU 64 KiB: nothing is fragmented, and
 Telegraf's ``socket_listener`` and InfluxDB 1.x's ``[[udp]]`` read up to 64 KiB
 a datagram), else 1472 (a 1500-byte Ethernet MTU minus IP and UDP headers). A
 line longer than that goes alone, up to 65507 bytes; a longer one is dropped and
@@ -75,6 +76,20 @@ def _open_socket(address: tuple[str, int]) -> tuple[_Socket, tuple]:
     if loopback:
         sock.connect(target)  # refusals come back as ECONNREFUSED
     return _Socket(sock, connected=loopback), target
+
+
+def is_local(host: str) -> bool:
+    """Whether datagrams to ``host`` (an IP address; a name is never looked up here) stay on this machine:
+    loopback, or one of this machine's own addresses (a connected UDP socket's source is the target)."""
+    if is_loopback(host):
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+        with socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))  # no packet is sent: the kernel only picks the route and the source
+            return s.getsockname()[0] == host
+    except (OSError, ValueError):
+        return False
 
 
 def is_loopback(host: str) -> bool:
@@ -251,7 +266,7 @@ class UdpSink:
 
     @staticmethod
     def _auto_size(host: str) -> int:
-        return MAX_UDP_PAYLOAD if is_loopback(host) else ETHERNET_PAYLOAD
+        return MAX_UDP_PAYLOAD if is_local(host) else ETHERNET_PAYLOAD
 
     def _fail(self, error: OSError) -> None:
         self.errors += 1

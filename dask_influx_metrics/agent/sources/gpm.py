@@ -48,56 +48,49 @@ A metric one device does not offer (per-metric NVML status) is left out.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import math
 import struct
 import time
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from ...names import GpmState
 from ...reports import Once
 
 logger = logging.getLogger(__name__)
 
+_set = ctypes.Structure.__setattr__
 MIN_WINDOW_S = 0.1  # NVML's GPM refresh: shorter windows give no new data
 GRAPHICS_WINDOW_S = 10.0  # gr_engine_active's window: its metric costs ~1,000x the others (module doc)
 GRAPHICS = "GRAPHICS_UTIL"
 _MIB = float(2**20)
-_RESULT = struct.Struct("@IId")  # one c_nvmlGpmMetric_t's metricId, nvmlReturn, value (native alignment, as ctypes)
 
 
 class Metric(NamedTuple):
     field: str  # ours, in schema.FIELDS
     gpm: str  # the NVML_GPM_METRIC_<name>
-    convert: Callable[[float], float]
-
-
-def _percent(v: float) -> float:
-    return float(v)
-
-
-def _mib_per_s(v: float) -> float:
-    return v * _MIB  # -> bytes/s
+    scale: float = 1.0  # ours = NVML's x scale: percent as is; MiB/s -> bytes/s
 
 
 METRICS: tuple[Metric, ...] = (
-    Metric("gr_engine_active", "GRAPHICS_UTIL", _percent),  # DCGM_FI_PROF_GR_ENGINE_ACTIVE
-    Metric("sm_active", "SM_UTIL", _percent),  # DCGM_FI_PROF_SM_ACTIVE
-    Metric("sm_occupancy", "SM_OCCUPANCY", _percent),  # DCGM_FI_PROF_SM_OCCUPANCY
-    Metric("pipe_tensor_active", "ANY_TENSOR_UTIL", _percent),  # DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
-    Metric("pipe_tensor_hmma_active", "HMMA_TENSOR_UTIL", _percent),  # DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE
-    Metric("pipe_tensor_imma_active", "IMMA_TENSOR_UTIL", _percent),  # DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE
-    Metric("pipe_tensor_dfma_active", "DFMA_TENSOR_UTIL", _percent),  # DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE
-    Metric("pipe_tensor_dmma_active", "DMMA_TENSOR_UTIL", _percent),  # GPM only
-    Metric("dram_active", "DRAM_BW_UTIL", _percent),  # DCGM_FI_PROF_DRAM_ACTIVE
-    Metric("pipe_fp64_active", "FP64_UTIL", _percent),  # DCGM_FI_PROF_PIPE_FP64_ACTIVE
-    Metric("pipe_fp32_active", "FP32_UTIL", _percent),  # DCGM_FI_PROF_PIPE_FP32_ACTIVE
-    Metric("pipe_fp16_active", "FP16_UTIL", _percent),  # DCGM_FI_PROF_PIPE_FP16_ACTIVE
-    Metric("pipe_int_active", "INTEGER_UTIL", _percent),  # DCGM_FI_PROF_PIPE_INT_ACTIVE
-    Metric("pcie_tx_bytes", "PCIE_TX_PER_SEC", _mib_per_s),  # DCGM_FI_PROF_PCIE_TX_BYTES
-    Metric("pcie_rx_bytes", "PCIE_RX_PER_SEC", _mib_per_s),  # DCGM_FI_PROF_PCIE_RX_BYTES
-    Metric("nvlink_tx_bytes", "NVLINK_TOTAL_TX_PER_SEC", _mib_per_s),  # DCGM_FI_PROF_NVLINK_TX_BYTES
-    Metric("nvlink_rx_bytes", "NVLINK_TOTAL_RX_PER_SEC", _mib_per_s),  # DCGM_FI_PROF_NVLINK_RX_BYTES
+    Metric("gr_engine_active", "GRAPHICS_UTIL"),  # DCGM_FI_PROF_GR_ENGINE_ACTIVE
+    Metric("sm_active", "SM_UTIL"),  # DCGM_FI_PROF_SM_ACTIVE
+    Metric("sm_occupancy", "SM_OCCUPANCY"),  # DCGM_FI_PROF_SM_OCCUPANCY
+    Metric("pipe_tensor_active", "ANY_TENSOR_UTIL"),  # DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
+    Metric("pipe_tensor_hmma_active", "HMMA_TENSOR_UTIL"),  # DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE
+    Metric("pipe_tensor_imma_active", "IMMA_TENSOR_UTIL"),  # DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE
+    Metric("pipe_tensor_dfma_active", "DFMA_TENSOR_UTIL"),  # DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE
+    Metric("pipe_tensor_dmma_active", "DMMA_TENSOR_UTIL"),  # GPM only
+    Metric("dram_active", "DRAM_BW_UTIL"),  # DCGM_FI_PROF_DRAM_ACTIVE
+    Metric("pipe_fp64_active", "FP64_UTIL"),  # DCGM_FI_PROF_PIPE_FP64_ACTIVE
+    Metric("pipe_fp32_active", "FP32_UTIL"),  # DCGM_FI_PROF_PIPE_FP32_ACTIVE
+    Metric("pipe_fp16_active", "FP16_UTIL"),  # DCGM_FI_PROF_PIPE_FP16_ACTIVE
+    Metric("pipe_int_active", "INTEGER_UTIL"),  # DCGM_FI_PROF_PIPE_INT_ACTIVE
+    Metric("pcie_tx_bytes", "PCIE_TX_PER_SEC", _MIB),  # DCGM_FI_PROF_PCIE_TX_BYTES; MiB/s -> bytes/s
+    Metric("pcie_rx_bytes", "PCIE_RX_PER_SEC", _MIB),  # DCGM_FI_PROF_PCIE_RX_BYTES
+    Metric("nvlink_tx_bytes", "NVLINK_TOTAL_TX_PER_SEC", _MIB),  # DCGM_FI_PROF_NVLINK_TX_BYTES
+    Metric("nvlink_rx_bytes", "NVLINK_TOTAL_RX_PER_SEC", _MIB),  # DCGM_FI_PROF_NVLINK_RX_BYTES
 )
 FIELDS = frozenset(m.field for m in METRICS)
 
@@ -171,29 +164,42 @@ class GpmReader:
         except nvml.NVMLError as e:
             return GpmState.ERROR, f"NVML: {type(e).__name__}: {e}"
         self._results = _results_layout(nvml)
-        self._request, self._graphics_request = self._new_request(self._metrics), self._new_request(self._graphics)
+        self._requests = {"window": self._asking(self._metrics), "graphics": self._asking(self._graphics)}
         return GpmState.ON, None
 
-    def _new_request(self, metrics):
-        """An nvmlGpmMetricsGet argument, built once: only its two samples change per call."""
-        request = self._nvml.c_nvmlGpmMetricsGet_t()
+    def _asking(self, metrics) -> tuple:
+        """``(request, metrics, results)``: the nvmlGpmMetricsGet argument for ``metrics``, built once (only
+        its two samples change per call), and ``results()``: each metric's ``nvmlReturn, value``, flat; or
+        None for no metric. The results are unpacked in one go from the structure's bytes where its layout is
+        the usual one (pynvml's attribute access costs ~1 us per field)."""
+        if not metrics:
+            return None
+        request, n = self._nvml.c_nvmlGpmMetricsGet_t(), len(metrics)
         request.version = self._nvml.NVML_GPM_METRICS_GET_VERSION
-        request.numMetrics = len(metrics)
+        request.numMetrics = n
         for i, (_, metric_id) in enumerate(metrics):
             request.metrics[i].metricId = metric_id
-        return request
+        if self._results is None:
+            results = lambda: tuple(x for m in request.metrics[:n] for x in (m.nvmlReturn, m.value))  # noqa: E731
+        else:
+            start, step = self._results
+            results = functools.partial(_unpacker(step, n).unpack_from, memoryview(request).cast("B"), start)
+        return request, metrics, results
+
+    def due(self) -> bool:
+        """Whether the next :meth:`read` takes a GPM sample (every k-th call, where GPM works)."""
+        return not self.unsupported and self._calls % self.every == 0
 
     def read(self) -> dict:
         """The wanted metrics for the window since the previous GPM sample, on every k-th call; else {}.
         ``gr_engine_active`` on the call that closes a graphics window (:data:`GRAPHICS_WINDOW_S`)."""
-        if self.unsupported:
-            return {}
-        due = self._calls % self.every == 0
-        self._calls += 1
-        if not due:
+        calls, self._calls = self._calls, self._calls + 1
+        if calls % self.every or self.unsupported:
             return {}
         previous, opened = self._previous, self._opened
-        current = next(b for b in self._samples if b is not previous and b is not opened)
+        for current in self._samples:  # a buffer neither window holds
+            if current is not previous and current is not opened:
+                break
         try:
             self._take(current)
         except self._nvml.NVMLError as e:
@@ -201,15 +207,15 @@ class GpmReader:
             return self._fail("sample", e)
         self._previous, fields = current, {}
         try:
-            if previous is not None and self._metrics:
-                fields = self._metrics_between(self._request, self._metrics, previous, current)
-            if self._graphics:
+            if previous is not None and self._requests["window"]:
+                fields = self._metrics_between("window", previous, current)
+            if self._requests["graphics"]:
                 now = self._clock()
                 if opened is None:
                     self._opened, self._opened_at = current, now
                 elif now - self._opened_at >= GRAPHICS_WINDOW_S:
                     self._opened, self._opened_at = current, now
-                    fields.update(self._metrics_between(self._graphics_request, self._graphics, opened, current))
+                    fields.update(self._metrics_between("graphics", opened, current))
         except self._nvml.NVMLError as e:
             return self._fail("metrics", e)
         return fields
@@ -220,28 +226,28 @@ class GpmReader:
         else:
             self._nvml.nvmlGpmMigSampleGet(self._handle, self._gi, sample)
 
-    def _metrics_between(self, request, metrics, first, second) -> dict:
-        nvml = self._nvml
-        request.sample1, request.sample2 = first, second
+    def _metrics_between(self, which: str, first, second) -> dict:
+        """The metrics of request ``which`` between two samples; one NVML does not offer on this device
+        (NVLink on a PCIe card) is said once and never asked for again."""
+        nvml, (request, metrics, results) = self._nvml, self._requests[which]
+        _set(request, "sample1", first)  # ctypes' own setter: pynvml's Python one only encodes str
+        _set(request, "sample2", second)
         nvml.nvmlGpmMetricsGet(request)
-        fields, ok = {}, nvml.NVML_SUCCESS
-        for (metric, _), (status, value) in zip(metrics, self._statuses(request, len(metrics))):
+        fields, ok, unsupported = {}, nvml.NVML_SUCCESS, []
+        values = iter(results())
+        for (metric, metric_id), status, value in zip(metrics, values, values):
             if status == ok:
-                fields[metric.field] = metric.convert(value)
-            elif self._once(metric.field):  # not offered here (NVLink on a PCIe card): said once
+                fields[metric.field] = value * metric.scale
+                continue
+            if self._once(metric.field):
                 logger.info(
                     "%s: GPM metric %s not available (NVML status %d); left out", self._label, metric.gpm, status
                 )
+            if status == nvml.NVML_ERROR_NOT_SUPPORTED:
+                unsupported.append(metric_id)
+        if unsupported:
+            self._requests[which] = self._asking([(m, i) for m, i in metrics if i not in unsupported])
         return fields
-
-    def _statuses(self, request, n: int) -> list:
-        """``(nvmlReturn, value)`` of the ``n`` requested metrics. Unpacked from the structure's bytes where
-        its layout is the usual one: pynvml's attribute access costs ~1 us per field, ~20 us per GPM read."""
-        if self._results is None:
-            return [(request.metrics[i].nvmlReturn, request.metrics[i].value) for i in range(n)]
-        start, step = self._results
-        raw = memoryview(request).cast("B")
-        return [_RESULT.unpack_from(raw, start + i * step)[1:] for i in range(n)]
 
     def _fail(self, what: str, error: Exception) -> dict:
         if self._once(what):
@@ -265,9 +271,15 @@ class GpmReader:
         self.unsupported = self.unsupported or "closed"
 
 
+@functools.lru_cache
+def _unpacker(step: int, n: int) -> struct.Struct:
+    """``n`` results of ``step`` bytes: each ``metricId`` (skipped), ``nvmlReturn``, ``value``, the rest."""
+    return struct.Struct("=" + f"4xId{step - 16}x" * n)
+
+
 def _results_layout(nvml) -> tuple[int, int] | None:
     """``(offset of metrics[0], size of one)`` in ``c_nvmlGpmMetricsGet_t`` when each result starts with
-    ``metricId, nvmlReturn, value`` laid out as :data:`_RESULT`; else None (read field by field)."""
+    ``metricId`` (uint), ``nvmlReturn`` (uint), ``value`` (double) at 0, 4 and 8; else None (field by field)."""
     try:
         request, metric = nvml.c_nvmlGpmMetricsGet_t, nvml.c_nvmlGpmMetric_t
         fields = [f[0] for f in metric._fields_[:3]]

@@ -113,6 +113,11 @@ class HostSource:
         for key in ((HOST, "cpu"), (WORKER, "cpu")):  # prime: the first read covers time since now
             if key in self._groups:
                 self._guard(key, self._calls[key])
+        # per measurement, what a read does: (group, ((field, its type), ...))
+        self._plans = {
+            m: [(k, tuple((n, FIELDS[m, n].type) for n in names)) for k, names in self._groups.items() if k[0] == m]
+            for m in (HOST, WORKER)
+        }
 
     def _host_cpu(self) -> dict:
         busy, total = self._proc.cpu_busy_total() if self._proc else _busy_total(psutil.cpu_times())
@@ -182,17 +187,15 @@ class HostSource:
                 return dict(self._host_fields)
             self._host_due = now + self._refresh
         fields: dict = {}
-        for key, names in self._groups.items():
-            if key[0] != measurement:
-                continue
+        for key, names in self._plans[measurement]:
             values = self._guard(key, self._calls[key])
             if values is None:
                 continue
-            for name in names:
+            for name, kind in names:
                 if name not in values:  # not yet (host cpu_percent right after priming)
                     continue
                 try:
-                    fields[name] = FIELDS[key[0], name].type(values[name])
+                    fields[name] = kind(values[name])
                 except (TypeError, ValueError) as e:  # an odd value
                     self._report(key, e)
         if measurement == HOST:

@@ -155,6 +155,7 @@ class _Device:
         "results",
         "gpm_reader",
         "slow",
+        "missing",
         "procs",
         "gpm",
     )
@@ -162,6 +163,7 @@ class _Device:
     def __init__(self, handle, uuid, name, calls, nvml_index=None):
         self.handle, self.uuid, self.name, self.nvml_index = handle, uuid, name, nvml_index
         self.static: dict = {}  # static fields read so far (memory_total)
+        self.missing: list = []  # (TABLE key, group, static fields) not read yet
         self.calls = calls  # TABLE key -> remaining variants of its NVML call
         self.results: dict = {}  # TABLE key -> this sample's NVML result (one call for every worker)
         self.gpm_reader = None  # GPM (:mod:`.gpm`): read() -> the fields of a window that ended now
@@ -223,6 +225,15 @@ class NvmlDevices:
             if e is not None
         )
         self._variants = {key: _variants(nvml, g) for key, g, _, _ in self._plan}
+        # what each sample reads, entry by entry: (key, group, ((field, converter), ...))
+        self._sample_plan, self._worker_plan = (
+            [
+                (key, g, tuple((f, g.fields[f]) for f in fields))
+                for key, g, fields, _ in self._plan
+                if fields and g.per_worker == per_worker
+            ]
+            for per_worker in (False, True)
+        )
         self._devices: dict[str, _Device] = {}  # uuid -> device, opened on first use
         self._ancestry = Ancestry()  # which listed process belongs to which worker
         self._final = False  # this sample is a worker's last (start_sample)
@@ -252,7 +263,8 @@ class NvmlDevices:
                 name = self._static(nvml.nvmlDeviceGetName, handle, "unknown")
                 calls = {key: list(v) for key, v in self._variants.items()}
                 dev = self._devices[uuid] = _Device(handle, uuid, name, calls, _nvml_index(nvml, handle))
-                self._fields(dev, static_only=True)
+                dev.missing = [(key, g, tuple(static)) for key, g, _, static in self._plan if static]
+                self._read_static(dev)
                 self._readers(dev)
             uuids.append(uuid)
         return uuids
@@ -303,7 +315,10 @@ class NvmlDevices:
     def read(self, uuid: str) -> dict:
         """The wanted device-wide fields of ``uuid`` now (static ones included)."""
         dev = self._devices[uuid]
-        fields = self._fields(dev)
+        if dev.missing:
+            self._read_static(dev)
+        fields = self._fields(dev, self._sample_plan)
+        fields.update(dev.static)
         if dev.gpm_reader is not None:
             fields.update(dev.gpm_reader.read())
         if dev.slow is not None:
@@ -320,7 +335,7 @@ class NvmlDevices:
         dev = self._devices[uuid]
         processes = self._call(dev, "processes", TABLE["processes"]) if "processes" in self._variants else None
         pids = self._ancestry.tree(pid, [p.pid for p in processes or ()])
-        fields = self._fields(dev, per_worker=pids)
+        fields = self._fields(dev, self._worker_plan, pids)
         if dev.procs is not None and (shared or _others(processes, pids)):
             if "procutil" not in dev.results:
                 dev.results["procutil"] = dev.procs.read()
@@ -343,27 +358,42 @@ class NvmlDevices:
             logger.warning("NVML %s failed (%s); using %r", fn.__name__, e, default)
             return default
 
-    def _fields(self, dev: _Device, static_only: bool = False, per_worker: frozenset | None = None) -> dict:
-        """The wanted device-wide (or, given ``per_worker`` pids, per-worker) fields of ``dev`` now;
-        static ones read only until they have a value."""
+    def _fields(self, dev: _Device, plan: list, *pids) -> dict:
+        """The fields ``plan`` (:attr:`_sample_plan`, or :attr:`_worker_plan` given a worker's ``pids``)
+        reads from ``dev`` now: one NVML call per entry and sample, one converter per field."""
         fields: dict = {}
-        for key, group, per_sample, static in self._plan:
-            if group.per_worker != (per_worker is not None):
-                continue
-            todo = [f for f in static if f not in dev.static] + ([] if static_only else per_sample)
-            raw = self._call(dev, key, group) if todo else None
+        for key, group, converters in plan:
+            raw = self._call(dev, key, group)
             if raw is None:
                 continue
-            extra = (per_worker,) if per_worker is not None else ()
-            for name in todo:
+            for name, convert in converters:
                 try:
-                    value = group.fields[name](raw, *extra)
+                    value = convert(raw, *pids)
                 except Exception as e:  # a result unlike the documented one, or a bug: this sample only
                     self._report(dev, name, e)
                     continue
                 if value is not None:
-                    (dev.static if name in static else fields)[name] = value
-        return fields if per_worker is not None else {**fields, **dev.static}
+                    fields[name] = value
+        return fields
+
+    def _read_static(self, dev: _Device) -> None:
+        """The static fields (``memory_total``) not read yet: when the device opens, and at each sample
+        until they have a value or their call is off on this device."""
+        missing = []
+        for key, group, names in dev.missing:
+            raw = self._call(dev, key, group)
+            for name in names:
+                try:
+                    value = None if raw is None else group.fields[name](raw)
+                except Exception as e:
+                    self._report(dev, name, e)
+                    value = None
+                if value is not None:
+                    dev.static[name] = value
+            left = tuple(n for n in names if n not in dev.static)
+            if left and dev.calls[key]:
+                missing.append((key, group, left))
+        dev.missing = missing
 
     def _call(self, dev: _Device, key: str, group: Group):
         """The entry's NVML result for ``dev`` this sample, or ``None`` (never raises)."""
