@@ -123,7 +123,10 @@ def _variants(nvml, group: Group) -> list[Callable]:
             continue
         args = tuple(getattr(nvml, a) for a in call.args)
         kwargs = {k: getattr(nvml, v) for k, v in call.keywords}
-        bound.append(lambda handle, fn=fn, args=args, kwargs=kwargs: fn(handle, *args, **kwargs))
+        if args or kwargs:
+            bound.append(lambda handle, fn=fn, args=args, kwargs=kwargs: fn(handle, *args, **kwargs))
+        else:
+            bound.append(fn)  # fn(handle) as it is: one Python frame less per call
     if not bound:
         logger.info(
             "this pynvml has none of %s: %s not read", [c.function for c in group.calls], "/".join(group.fields)
@@ -156,6 +159,7 @@ class _Device:
         "gpm_reader",
         "slow",
         "missing",
+        "plans",
         "procs",
         "gpm",
     )
@@ -164,6 +168,7 @@ class _Device:
         self.handle, self.uuid, self.name, self.nvml_index = handle, uuid, name, nvml_index
         self.static: dict = {}  # static fields read so far (memory_total)
         self.missing: list = []  # (TABLE key, group, static fields) not read yet
+        self.plans: tuple = ([], [])  # what each sample reads here: device-wide, per worker (NvmlDevices._fields)
         self.calls = calls  # TABLE key -> remaining variants of its NVML call
         self.results: dict = {}  # TABLE key -> this sample's NVML result (one call for every worker)
         self.gpm_reader = None  # GPM (:mod:`.gpm`): read() -> the fields of a window that ended now
@@ -264,6 +269,7 @@ class NvmlDevices:
                 calls = {key: list(v) for key, v in self._variants.items()}
                 dev = self._devices[uuid] = _Device(handle, uuid, name, calls, _nvml_index(nvml, handle))
                 dev.missing = [(key, g, tuple(static)) for key, g, _, static in self._plan if static]
+                dev.plans = (list(self._sample_plan), list(self._worker_plan))
                 self._read_static(dev)
                 self._readers(dev)
             uuids.append(uuid)
@@ -317,7 +323,7 @@ class NvmlDevices:
         dev = self._devices[uuid]
         if dev.missing:
             self._read_static(dev)
-        fields = self._fields(dev, self._sample_plan)
+        fields = self._fields(dev, dev.plans[0])
         fields.update(dev.static)
         if dev.gpm_reader is not None:
             fields.update(dev.gpm_reader.read())
@@ -335,7 +341,7 @@ class NvmlDevices:
         dev = self._devices[uuid]
         processes = self._call(dev, "processes", TABLE["processes"]) if "processes" in self._variants else None
         pids = self._ancestry.tree(pid, [p.pid for p in processes or ()])
-        fields = self._fields(dev, self._worker_plan, pids)
+        fields = self._fields(dev, dev.plans[1], pids)
         if dev.procs is not None and (shared or _others(processes, pids)):
             if "procutil" not in dev.results:
                 dev.results["procutil"] = dev.procs.read()
@@ -359,12 +365,17 @@ class NvmlDevices:
             return default
 
     def _fields(self, dev: _Device, plan: list, *pids) -> dict:
-        """The fields ``plan`` (:attr:`_sample_plan`, or :attr:`_worker_plan` given a worker's ``pids``)
-        reads from ``dev`` now: one NVML call per entry and sample, one converter per field."""
+        """The fields ``plan`` (the device's copy of :attr:`_sample_plan`, or of :attr:`_worker_plan` given a
+        worker's ``pids``) reads from ``dev`` now: one NVML call per entry and sample, one converter per field.
+        An entry whose call is off on this device for good leaves the plan."""
         fields: dict = {}
-        for key, group, converters in plan:
+        off = []
+        for entry in plan:
+            key, group, converters = entry
             raw = self._call(dev, key, group)
             if raw is None:
+                if not dev.calls[key]:
+                    off.append(entry)
                 continue
             for name, convert in converters:
                 try:
@@ -374,6 +385,8 @@ class NvmlDevices:
                     continue
                 if value is not None:
                     fields[name] = value
+        for entry in off:
+            plan.remove(entry)
         return fields
 
     def _read_static(self, dev: _Device) -> None:
