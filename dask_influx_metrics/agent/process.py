@@ -9,7 +9,9 @@ the run folder (:mod:`.workers`), takes their task snapshots, writes its beat
 (:mod:`..snapshot`: the snapshots it used, its sink's counters, what it
 reports), samples every GPU the workers use once, the host once and each worker
 process (:mod:`.collect`), and sends to its one sink (UDP to the node's
-Telegraf, HTTP, spool: ``sink: auto`` decided from its settings). A datagram on
+Telegraf, HTTP, spool: ``sink: auto`` decided from its settings), with the points
+the workers left in their outboxes (:mod:`..outbox`: custom metrics, task stream):
+the host's one sender. A datagram on
 ``agent.sock`` naming a worker whose last sample saw it idle asks for a sample
 at once (a short graph still gets a busy sample).
 
@@ -99,6 +101,7 @@ class Agent:
             field_tags=() if settings.dag_tag else ("dag",),
         )
         self._left: list[WorkerView] = []
+        self._outgoing: list[bytes] = []  # lines of the workers' outboxes, sent with the sample's own
         self._woken = False  # a worker woke the agent since the last sample
         self._lock = threading.Lock()  # the sampler thread and the main thread both write the beat
         self._counted, self._counters, self._doc_key, self._doc = -COUNTERS_S, [], (None, None), b"{}"
@@ -162,14 +165,17 @@ class Agent:
         return view
 
     def send(self, lines: list) -> None:
-        """The sampler's sink: each sample written through (a killed agent loses nothing it sampled
-        to the spool; HTTP batches as its sink does), the sink's ``delivery`` counters every 10 s."""
+        """The sampler's sink: each sample, with what the workers' outboxes held, written through (a killed
+        agent loses nothing it sampled to the spool; HTTP batches as its sink does), the sink's ``delivery``
+        counters every 10 s; then the outboxes note what went."""
+        lines, self._outgoing = self._outgoing + lines, []
         now = time.time()
         if now - self._health_at >= HEALTH_INTERVAL:
             self._health_at = now
             lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9))
         self.sink.send(lines)
         flush(self.sink)
+        self.workers.sent()
 
     def collect(self, now_ns: int) -> list:
         """One sample (the sampler's ``collect``): see the module docstring."""
@@ -198,6 +204,7 @@ class Agent:
                 workers=addresses,
                 host=socket.gethostname(),
             )
+        self._outgoing = self.workers.outgoing()  # the workers' own points go out with this sample's
         return points
 
     def write_beat(self) -> None:
@@ -258,7 +265,8 @@ class Agent:
         """Last sample's lines out, sink closed; the run folder removed when ``remove``."""
         self.sampler.stop()
         self._health_at = 0.0
-        self.send([])  # the last delivery counts
+        self._outgoing = self.workers.outgoing()
+        self.send([])  # what the outboxes still hold, and the last delivery counts
         self.sink.close()
         if self.gpus is not None:
             self.gpus.close()

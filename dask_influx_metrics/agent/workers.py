@@ -1,13 +1,15 @@
 """The workers a sampler serves: one :class:`WorkerView` each; the agent finds them in the run folder.
 
 A worker registers in the session's host folder (:mod:`..runfolder`):
-``workers/<id>.json`` (address, pid, tags, ``CUDA_VISIBLE_DEVICES``) and its task
-snapshot ``workers/<id>.snap``. :class:`FolderWorkers` looks at the folder once
-a second or when a worker woke the agent (it arrives and leaves with a wake),
-lists it again only when it changed, and checks once a second that each
-worker's process still lives; a worker whose ``.json`` is gone is leaving
-(it waits until the agent has sampled it and flushed, then the agent removes
-its snapshot); one whose process died is forgotten and its files removed.
+``workers/<id>.json`` (address, pid, tags, ``CUDA_VISIBLE_DEVICES``), its task
+snapshot ``workers/<id>.snap`` and its outbox (:mod:`..outbox`: the points only
+it makes, for the agent to send). :class:`FolderWorkers` looks at the folder
+once a second or when a worker woke the agent (it arrives and leaves with a
+wake), lists it again only when it changed, and checks once a second that each
+worker's process still lives; a worker whose ``.json`` is gone is leaving (it
+waits until the agent has sampled it, sent its outbox and flushed, then the
+agent removes its files); one whose process died is forgotten, its outbox sent
+first.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Callable
 
 from .. import runfolder
 from ..clock import SteadyOffset
+from ..outbox import OutboxReader
 from ..schema import WORKER
 from ..snapshot import BUFFER_BYTES, SnapshotBuffer, SnapshotReader
 from .sources.host import HostSource
@@ -64,6 +67,8 @@ class FolderWorkers:
         self.foreign: dict[str, str] = {}  # worker id -> why this agent cannot sample it (another PID namespace)
         self._dir = os.path.join(folder, runfolder.WORKERS)
         self.views: dict[str, WorkerView] = {}
+        self.outboxes: dict[str, OutboxReader] = {}  # worker id -> its outbox: the live, the leaving, the dead
+        self._gone: list[str] = []  # dead workers whose outbox goes out with the next send, then is removed
         self._stamp = None
         self._checked = 0.0
         self.ever = False  # whether any worker has registered yet
@@ -86,7 +91,7 @@ class FolderWorkers:
         if now - self._checked >= LIVENESS_S:
             self._checked = now
             for wid, view in list(self.views.items()):
-                if not runfolder.alive(view.pid):  # killed: nothing to wait for
+                if not runfolder.alive(view.pid):  # killed: nothing to wait for but its outbox
                     self._remove(wid)
                     logger.info("worker %s (pid %d) is gone", view.address, view.pid)
         files = runfolder.worker_files(self.folder)
@@ -121,16 +126,37 @@ class FolderWorkers:
         except (OSError, ValueError):  # not there yet: next time
             self._stamp = None
             return None
+        self.outboxes[wid] = OutboxReader(self._dir, wid)
         return self._make(wid, info, SnapshotReader(buffer))
 
     def _remove(self, wid: str) -> None:
+        """A dead worker: its files go now, its outbox once sent (:meth:`sent`)."""
         view = self.views.pop(wid, None)
         if view is not None:
             view.close()
-        self.forget(wid)
+        self._unlink(wid)
+        self._gone.append(wid)
+
+    def outgoing(self) -> list[bytes]:
+        """What every outbox holds that was not sent yet (live, leaving and dead workers')."""
+        return [line for outbox in self.outboxes.values() for line in outbox.take()]
+
+    def sent(self) -> None:
+        """The lines :meth:`outgoing` gave are in the sink: noted; the outboxes of dead workers removed."""
+        for outbox in self.outboxes.values():
+            outbox.sent()
+        for wid in self._gone:
+            self.outboxes.pop(wid).remove()
+        self._gone = []
 
     def forget(self, wid: str) -> None:
-        """Remove worker ``wid``'s files (its snapshot last: the worker waits for that)."""
+        """Remove worker ``wid``'s files, its outbox sent (its snapshot last: the worker waits for that)."""
+        outbox = self.outboxes.pop(wid, None)
+        if outbox is not None:
+            outbox.remove()
+        self._unlink(wid)
+
+    def _unlink(self, wid: str) -> None:
         for suffix in (".json", ".snap"):
             try:
                 os.unlink(os.path.join(self._dir, wid + suffix))

@@ -15,9 +15,12 @@ descriptor). From then on:
   (the agent was killed) or, seen by the relay, a beat older than 3 polling
   intervals + 0.25 s (it hangs: it is killed) makes it start another, at most one
   per host (the lock again), and say so once per gap;
-* :meth:`leave` removes the registration, wakes the agent and waits (bounded)
-  until it has sampled this worker one last time and flushed (it then removes
-  the snapshot).
+* the same thread, the only one the link runs, writes the points only the worker
+  makes (custom metrics, the task stream) into its :attr:`outbox` for the agent to
+  send (:meth:`every`);
+* :meth:`leave` writes them one last time, removes the registration, wakes the
+  agent and waits (bounded) until it has sampled this worker one last time, sent
+  its outbox and flushed (it then removes the snapshot).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import threading
 import time
 
 from .. import runfolder
+from ..outbox import Outbox
 from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher, SnapshotBuffer
 
 START_TIMEOUT = 30.0  # s for an agent to start sampling (it imports this package and NVML)
@@ -84,12 +88,14 @@ class AgentLink:
         self._restarts: list[float] = []  # when this worker replaced an agent (monotonic)
         self.failed = None  # why this worker gave up on the agent (the plugin then samples in-process)
         self.gaps = 0  # agents replaced while this worker ran
+        self._every, self._due = None, math.inf  # (seconds, fn) the watcher thread also runs; when next
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             # taken by another worker of this process, or by a namesake in another PID namespace
             while self.id in _in_use or os.path.exists(os.path.join(self._dir, f"{self.id}.json")):
                 self.id = f"{os.getpid()}.{next(_ids)}"
             _in_use.add(self.id)
             self._snap = SnapshotBuffer.create(BUFFER_BYTES, path=os.path.join(self._dir, f"{self.id}.snap"))
+            self.outbox = Outbox(self._dir, self.id)  # this worker's own points, for the agent to send
             self.publisher = Publisher(self._snap, self.acked, activity.nthreads, activity.running, activity.last_job)
             runfolder.write_worker(self.folder, self.id, {**info, "pid": os.getpid(), "started": runfolder.started()})
             held = runfolder.try_lock(self.folder, runfolder.AGENT_LOCK)
@@ -168,11 +174,28 @@ class AgentLink:
             )
         self._follow_beat()
 
+    def every(self, seconds: float, fn) -> None:
+        """Run ``fn()`` every ``seconds`` on the watcher thread, and once more in :meth:`leave` (it writes the
+        worker's own points into :attr:`outbox`: the agent sends them)."""
+        self._every, self._due = (seconds, fn), time.monotonic() + seconds
+
+    def _run_every(self) -> None:
+        now = time.monotonic()
+        if self._every is not None and now >= self._due:
+            seconds, fn = self._every
+            self._due = max(self._due + seconds, now)  # drift-free; a late run is not repeated to catch up
+            fn()
+
     def _watch(self) -> None:
         """One worker of the host (the agent's relay) looks for a dead or a hung agent when its beat would be
-        stale (:meth:`_pause`); the others once a second, for a dead one (a free lock: one system call)."""
+        stale (:meth:`_pause`); the others once a second, for a dead one (a free lock: one system call).
+        Between looks, what :meth:`every` asked for."""
         relay, n, looked = False, 0, 0.0
-        while not self._closed.wait(self._pause(relay, n)):
+        look = time.monotonic() + self._pause(relay, n)
+        while not self._closed.wait(max(0.0, min(look, self._due) - time.monotonic())):
+            self._run_every()
+            if time.monotonic() < look:
+                continue
             n += 1
             if self._agents:
                 self._agents = [p for p in self._agents if p.poll() is None]  # reap those that exited
@@ -191,6 +214,7 @@ class AgentLink:
                     fcntl.flock(self._probe, fcntl.LOCK_UN)
                     return
                 self._replace()
+            look = time.monotonic() + self._pause(relay, n)
 
     def _pause(self, relay: bool, n: int) -> float:
         """Seconds to the watcher's next look. The relay: until the agent's latest beat would be 3 intervals +
@@ -302,6 +326,10 @@ class AgentLink:
         if self._closed.is_set():
             return
         self._closed.set()
+        self._watcher.join(WATCH_S * 4 + (self._every[0] if self._every else 0.0))
+        if self._every is not None:  # the worker's last points, before the agent's last look
+            self._every[1]()
+        self.outbox.close()
         self.publisher.publish()
         try:
             os.unlink(os.path.join(self._dir, f"{self.id}.json"))
@@ -312,7 +340,6 @@ class AgentLink:
         while os.path.exists(snap) and time.monotonic() < deadline:
             self.wake("folder")
             time.sleep(0.01)
-        self._watcher.join(WATCH_S * 4)
         for fd_owner in (self._snap, self._beat and self._beat.buffer):
             if fd_owner is not None:
                 fd_owner.close()

@@ -18,8 +18,10 @@ agent (:mod:`.agentlink`, started if missing), publishes its task starts and
 ends to it, wakes it when a task starts on an idle worker, and once a second
 publishes the bytes it holds and its clock offset and relays the agent's
 reports to the scheduler. Custom metrics and the task stream need the worker
-object: they run here on one thread with one sink (:mod:`.extras`). If the
-agent cannot be started the worker says so and samples in-process.
+object: they are made here (:mod:`.extras`), on the link's one thread, into the
+worker's outbox, and the agent sends them with its own: the host has one
+sender. If the agent cannot be started the worker says so and samples
+in-process.
 
 ``sampler.mode: thread``: one thread in the worker samples its GPUs, its host,
 itself, custom metrics and tasks (no coordination with other workers: each
@@ -151,7 +153,11 @@ class MetricsWorkerPlugin(WorkerPlugin):
             return await self._leave_agent(str(e))
         self._record_destinations(agent_role(), found)
         if self.custom or self.tasks is not None:
-            self._start_extras(extras.interval(self.settings, self.custom), refresh=True)
+            self._make_extras()
+            collect = _refreshing(self.activity, self.extras.collect) if self.custom else self.extras.collect
+            # never started: the link's thread runs it, into the outbox the agent sends
+            self.sampler = Sampler(collect, link.outbox, field_tags=() if self.settings.dag_tag else ("dag",))
+            link.every(extras.interval(self.settings, self.custom), self.sampler.sample_and_send)
 
     def _publish(self) -> None:
         """Bytes held and the clock offset, which change between the publishes of task starts and ends."""
@@ -164,12 +170,9 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self._ticker.stop()
         self.report("agent", f"{why}; sampling in-process")
         await asyncio.to_thread(link.leave, 0)
-        if self.sampler is not None:  # the extras' sampler: the in-process one replaces it
-            sampler, self.sampler = self.sampler, None
-            await asyncio.to_thread(sampler.stop)
+        if self.extras is not None:  # the in-process sampler makes them from now on
             self.extras.stop()
-            self.health.stop()
-            self.sink.close()
+            self.sampler = self.extras = None
         if not self.closed:
             self._sample_in_process()
 
@@ -212,11 +215,23 @@ class MetricsWorkerPlugin(WorkerPlugin):
         host = HostSource(host_fields, refresh=refresh) if host_fields else None
         self.collector = HostCollector(settings.fields, self.gpus, host)
         self._record_destinations(self.worker.address, found)
-        self._start_extras(settings.polling_interval / 1000.0, refresh=False)
+        self._make_extras()
+        self.sink = make_sink(
+            self.settings, role=self.worker.address, session=self.session["id"], report=self.report.once
+        )
+        self.health = HealthWriter(
+            self.sink, {**self.settings.tags, "host": self.base_tags["host"], "worker": self.worker.address}
+        )
+        self.sampler = Sampler(
+            self._collect_all,
+            self.sink,
+            settings.polling_interval / 1000.0,
+            field_tags=() if self.settings.dag_tag else ("dag",),
+        )
+        self.sampler.start()
 
-    def _start_extras(self, interval: float, refresh: bool) -> None:
-        """The in-process sampler: custom metrics and the task stream (``refresh``: its own activity
-        snapshots, beside the agent), plus everything else in thread mode."""
+    def _make_extras(self) -> None:
+        """Custom metrics and the task stream, which need the worker object (:mod:`.extras`)."""
         if self.custom and any(m.per_device for m in self.custom) and self.gpus is None:
             self.gpus, _, _ = open_gpus(self.settings, report=self.report.once)
             if self.gpus is not None:
@@ -245,19 +260,6 @@ class MetricsWorkerPlugin(WorkerPlugin):
             else None
         )  # per sample
         self.extras = extras.WorkerExtras(custom, self.tasks, self.base_tags, self.activity, self.offset)
-        role = agent_role() if self.link is not None else self.worker.address
-        self.sink = make_sink(self.settings, role=role, session=self.session["id"], report=self.report.once)
-        self.health = HealthWriter(
-            self.sink, {**self.settings.tags, "host": self.base_tags["host"], "worker": self.worker.address}
-        )
-        collect = self.extras.collect if self.link is not None else self._collect_all
-        self.sampler = Sampler(
-            _refreshing(self.activity, collect) if refresh else collect,
-            self.sink,
-            interval,
-            field_tags=() if self.settings.dag_tag else ("dag",),
-        )
-        self.sampler.start()
 
     def _collect_all(self, now_ns: int) -> list:
         self.activity.refresh()
@@ -278,18 +280,18 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if link is not None:
             self._ticker.stop()
             link.publisher.flush()  # a deferred write now, on the loop: none runs beside leave()'s
-        sampler, self.sampler = self.sampler, None
-        final = sampler is not None and (self.extras.pending() or link is None)  # thread mode: the counters once more
-        return asyncio.to_thread(self._close, link, sampler, final)
+        sampler = self.sampler if link is None else None  # beside the agent, leave() writes the last points
+        return asyncio.to_thread(self._close, link, sampler)
 
-    def _close(self, link, sampler, final: bool) -> None:
+    def _close(self, link, sampler) -> None:
         if link is not None:
             link.leave()
-        if sampler is not None:
-            sampler.stop(final_sample=final)
-            self.extras.stop()
+        if sampler is not None:  # thread mode: one more sample, the counters too
+            sampler.stop(final_sample=True)
             self.health.stop()
             self.sink.close()
+        if self.extras is not None:
+            self.extras.stop()
         if self.gpus is not None:
             self.gpus.close()
 
@@ -377,9 +379,9 @@ def _resolved(gpus, view) -> list:
 
 
 def delivery_counters(dask_worker) -> list[dict]:
-    """This worker's sink counters (``Monitor.delivery()``, via ``client.run``): its host agent's
-    (as of its latest sample; with those of agents that died), then those of the worker's own sink
-    (custom metrics and the task stream, or everything in thread mode); [] when no session samples here."""
+    """This worker's sink counters (``Monitor.delivery()``, via ``client.run``): its host agent's (as of its
+    latest sample; with those of agents that died), or in thread mode its own sink's; [] when no session
+    samples here."""
     plugin = _dask.worker_plugin(dask_worker, WORKER_PLUGIN)
     link, sink = getattr(plugin, "link", None), getattr(plugin, "sink", None)
-    return (link.counters() if link is not None else []) + (counters(sink) if sink is not None else [])
+    return link.counters() if link is not None else counters(sink) if sink is not None else []
