@@ -536,6 +536,8 @@ def test_rendered_kustomization_validates_strictly(rendered):
         "StatefulSet/influxdb",
     ]
     assert {d["metadata"].get("namespace") for d in docs} == {"dask-metrics"}
+    with open(os.path.join(DEPLOY, "README.md")) as f:  # what deploy/README.md says is checked
+        assert int(re.search(r"the (\d+) expected objects", f.read())[1]) == len(docs)
     out = subprocess.run([_tool("kubernetes-validate"), "--strict", path], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     for d in docs:  # ConfigMaps hold at most 1 MiB; `kubectl apply` keeps a copy in a 256 KiB annotation
