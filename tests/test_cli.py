@@ -300,7 +300,7 @@ def test_tasks_activity_and_report(monitored, tmp_path):
     sink.close()
     missing = run("tasks", "--source", tmp_path / "bare")
     assert missing.exit_code == 2 and missing.stderr.startswith(
-        "error: no task stream recorded: tracking `task-stream`"
+        "error: no task stream recorded: add `task-stream` to tracking"
     )
     missing = run("tasks", "--gpu", "--source", tmp_path / "bare")
     assert missing.exit_code == 2 and missing.stderr.startswith("error: no task stream recorded")

@@ -171,6 +171,14 @@ def test_readme_use_and_analyze_blocks_run(documented, doc_cluster, tmp_path, mo
         _run_python("README.md", namespace, rewrites)
         assert namespace["session"]["destinations"] and len(namespace["paths"]) == 2
         assert _run_shell("README.md", rewrites) == 3
+        # The first example's tracking collects every section of the report: no "add `...` to tracking"
+        db = namespace["monitor"].query()
+        assert not db.tasks().empty and not db.activity().empty
+        report = open(namespace["monitor"].report(tmp_path / "r.html"), encoding="utf-8").read()
+        assert "Slowest task prefixes" in report and re.findall(r"no [\w ]+ recorded: add [^<]*", report) == []
+        for command in ("tasks", "activity"):  # the CLI agrees
+            result = CliRunner().invoke(cli, [command, "--source", rewrites["tcp://scheduler:8786"]])
+            assert result.exit_code == 0 and "sum" in result.stdout, result.output
     finally:
         if "monitor" in namespace:
             namespace["monitor"].shutdown()
