@@ -94,7 +94,10 @@ def test_summary(sources):
     rows = json.loads(ok("summary", "--job", 1, "--format", "json", *args).stdout)
     expected = query.connect(**kwargs).summary(job=1)
     assert len(rows) == len(expected) and {r["resource"] for r in rows} == {"gpu", "cpu"}
-    assert {r["job"] for r in rows} == {None, 1}
+    assert {r["job"] for r in rows} == {1}  # only job 1's rows: no whole-session ones beside them
+    table = ok("summary", *args).stdout.splitlines()  # the whole session's rows say so
+    assert table[0].split()[2] == "job" and {line.split()[2] for line in table[1:]} == {"all", "1", "2"}
+    assert "Only job N's rows" in " ".join(ok("summary", "--help").stdout.split())
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])

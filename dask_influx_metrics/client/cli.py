@@ -155,11 +155,12 @@ def peaks(open_store, metric, per_job, workers, job, client_side, fmt):
 @cli.command()
 @per_job_option
 @workers_option
-@job_option
+@click.option("--job", type=int, metavar="N", help="Only job N's rows (see `jobs`), no whole-session rows.")
 @format_option
 @store_options
 def summary(open_store, per_job, workers, job, fmt):
-    """GPU and host-CPU utilization per worker (and job).
+    """GPU and host-CPU utilization per worker: over the whole session (job
+    "all"; empty in csv, null in json) and per job.
 
     Mean and max (%), share of samples above 20/40/80% and at 100%, device
     hours and unused device hours.
@@ -168,7 +169,10 @@ def summary(open_store, per_job, workers, job, fmt):
     Example:
       dask-influx-metrics summary --job 1 --format csv --source http://127.0.0.1:8086
     """
-    emit(open_store().summary(per_job=per_job, workers=workers, job=job), fmt)
+    frame = open_store().summary(per_job=per_job, workers=workers, job=job)
+    if fmt == "table":  # name the whole-session rows (pandas would print <NA>)
+        frame = frame.assign(job=frame["job"].astype("string").fillna("all"))
+    emit(frame, fmt)
 
 
 @cli.command()
