@@ -264,7 +264,9 @@ _FIELDS = (
     ),
     Field(DAG, "event", str, "", "'submit' or 'end'"),
     Field(DAG, "tasks", int, "count", "tasks in the DAG (new tasks of this submission)"),
-    Field(DAG, "label", str, "", "readable job label: the submitting client's id"),
+    Field(
+        DAG, "label", str, "", "readable job label: new_job(label=...) of a manual job, else the submitting client's id"
+    ),
     Field(DAG, "duration", float, "s", "end points: seconds from submission to end"),
     Field(TASK, "key", str, "", "the task's key as Dask prints it (str(key)); a field, never a tag"),
     Field(
