@@ -169,7 +169,11 @@ def test_readme_use_and_analyze_blocks_run(documented, doc_cluster, tmp_path, mo
     namespace: dict = {}
     try:
         _run_python("README.md", namespace, rewrites)
-        assert namespace["session"]["destinations"] and len(namespace["paths"]) == 2
+        assert namespace["session"]["destinations"] and [os.path.basename(p) for p in namespace["paths"]] == [
+            "worker_0.csv",
+            "worker_1.csv",
+            "workers.csv",
+        ]
         assert _run_shell("README.md", rewrites) == 3
         # The first example's tracking collects every section of the report: no "add `...` to tracking"
         db = namespace["monitor"].query()

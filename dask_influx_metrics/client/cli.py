@@ -18,7 +18,6 @@ listing that finds nothing in the asked range and tags. The Store's notes
 from __future__ import annotations
 
 import functools
-import os
 import sys
 
 import click
@@ -193,8 +192,6 @@ def export(open_store, directory, fname, clear_dir, metrics, workers, job):
     Example:
       dask-influx-metrics export out/ --job 2 --metrics compute-util,mem-util --source /tmp/dask-influx-metrics
     """
-    from .csvfiles import MANIFEST
-
     db = open_store()
     total = len(workers or db.workers())
     with click.progressbar(length=total, label=f"reading worker 0/{total}", file=sys.stderr) as bar:
@@ -206,7 +203,7 @@ def export(open_store, directory, fname, clear_dir, metrics, workers, job):
         paths = db.to_csv(
             directory, fname=fname, clear_dir=clear_dir, metrics=metrics, workers=workers, job=job, progress=progress
         )
-    click.echo("\n".join(paths + [os.path.join(directory, MANIFEST)]))
+    click.echo("\n".join(paths))
 
 
 @cli.command()

@@ -393,7 +393,7 @@ class Monitor:
         """One CSV per worker, ``<path>/<fname>_<i>.csv`` (old layout), plus ``workers.csv``.
 
         ``clear_dir`` removes earlier ``<fname>_*.csv`` files there first
-        (nothing else). Returns the paths written.
+        (nothing else). Returns the paths written, ``workers.csv`` last.
 
         >>> monitor.to_csv("out/")  # doctest: +SKIP
         """

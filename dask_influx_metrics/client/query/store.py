@@ -387,7 +387,8 @@ class Store(TaskQuestions, HostQuestions):
         job: Optional[int] = None,
         progress: Optional[Callable[[int, int], None]] = None,
     ) -> list[str]:
-        """One CSV per worker in the old layout (see :mod:`dask_influx_metrics.client.csvfiles`); returns the paths."""
+        """One CSV per worker in the old layout, then ``workers.csv`` (see :mod:`dask_influx_metrics.client.csvfiles`);
+        returns their paths."""
         from ..csvfiles import write_tables
 
         tables = self.worker_tables(job=job, metrics=metrics, workers=workers, progress=progress)
