@@ -64,7 +64,7 @@ def test_workers_jobs_metrics_dags(sources, monitored, kind):
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
-@pytest.mark.parametrize("extra", [[], ["--whole"], ["--workers", "1", "--job", "2"], ["--client-side"]])
+@pytest.mark.parametrize("extra", [[], ["--whole"], ["--worker", "1", "--job", "2"], ["--client-side"]])
 def test_peaks_json_equals_get_peaks(sources, kind, extra):
     args, kwargs = sources[kind]
     got = json.loads(ok("peaks", "compute-util", "--format", "json", *extra, *args).stdout)
@@ -73,7 +73,7 @@ def test_peaks_json_equals_get_peaks(sources, kind, extra):
     expected = db.get_peaks(
         "compute-util",
         per_job=per_job,
-        workers=[1] if "--workers" in extra else None,
+        workers=[1] if "--worker" in extra else None,
         job=2 if "--job" in extra else None,
         server="--client-side" not in extra,
     )
@@ -204,8 +204,10 @@ def test_other_errors_are_one_line(sources, tmp_path):
     assert result.exit_code == 2 and result.stderr == f"error: spool folder '{tmp_path / 'missing'}' does not exist\n"
     result = run("peaks", "gpu-magic", *sources["spool"][0])
     assert result.exit_code == 2 and result.stderr.startswith("error: ") and "gpu-magic" in result.stderr
-    result = run("peaks", "compute-util", "--workers", "5", *sources["spool"][0])
+    result = run("peaks", "compute-util", "--worker", "5", *sources["spool"][0])
     assert result.exit_code == 2 and result.stderr.startswith("error: no worker 5; workers: ")
+    result = run("peaks", "compute-util", "--workers", "1", *sources["spool"][0])  # one spelling, as plot's
+    assert result.exit_code == 2 and "No such option '--workers'" in result.stderr and "'--worker'" in result.stderr
     result = run("jobs", "--tag", "oops", *sources["spool"][0])  # a usage error: click's own message
     assert result.exit_code == 2 and "'oops' is not KEY=VALUE" in result.stderr
     result = run("jobs", "--start", "yesterday-ish", *sources["spool"][0])

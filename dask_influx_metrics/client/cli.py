@@ -66,7 +66,7 @@ def cli():
 def workers(open_store, fmt, gpus):
     """Worker index and address (with --gpus: the GPUs each used, shared ones marked).
 
-    The index is the numbering every --workers option and CSV file uses.
+    The index is the numbering every --worker option and CSV file uses.
 
     \b
     Example:
@@ -142,7 +142,7 @@ def peaks(open_store, metric, per_job, workers, job, client_side, fmt):
 
     \b
     Example:
-      dask-influx-metrics peaks compute-util --workers 0,2 --format json --source /tmp/dask-influx-metrics
+      dask-influx-metrics peaks compute-util --worker 0,2 --format json --source /tmp/dask-influx-metrics
     """
     db, server = open_store(), not client_side
     if fmt == "json":

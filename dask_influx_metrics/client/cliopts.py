@@ -211,8 +211,9 @@ format_option = click.option(
     show_default=True,
     help="Output: an aligned table, CSV, or JSON.",
 )
-workers_option = click.option(
-    "--workers",
+workers_option = click.option(  # --worker, as plot's single one: one spelling everywhere
+    "--worker",
+    "workers",
     callback=_comma(numbers=True),
     metavar="I,J|ADDR",
     help="Workers by index (see `workers`) or address, comma separated [default: all].",
