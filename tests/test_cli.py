@@ -241,6 +241,25 @@ def test_source_from_environment_and_config(monitored):
         assert result.exit_code == 2 and "http://127.0.0.1:1" in result.stderr
 
 
+def test_notes_are_said_once(tmp_path):
+    """A spool root with two sessions: which one was read is said once, as a note (not also logged)."""
+    import shutil
+
+    import task_points
+
+    root = task_points.write_spool(tmp_path / "spool")
+    shutil.copytree(tmp_path / "spool" / "20251123T120000-000001", tmp_path / "spool" / "20251122T120000-000001")
+    done = subprocess.run(
+        [sys.executable, "-m", "dask_influx_metrics", "jobs", "--source", root],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout == "1\n2\n", done.stderr
+    assert done.stderr.count("read session '20251123T120000-000001', the latest of 2") == 1, done.stderr
+    assert done.stderr.startswith("note: read session")
+
+
 def test_every_option_has_help():
     for name, command in cli.commands.items():
         for param in command.params:
