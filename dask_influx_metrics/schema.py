@@ -264,7 +264,9 @@ _FIELDS = (
     ),
     Field(DAG, "event", str, "", "'submit' or 'end'"),
     Field(DAG, "tasks", int, "count", "tasks in the DAG (new tasks of this submission)"),
-    Field(DAG, "label", str, "", "readable job label: the submitting client's id"),
+    Field(
+        DAG, "label", str, "", "readable job label: new_job(label=...) of a manual job, else the submitting client's id"
+    ),
     Field(DAG, "duration", float, "s", "end points: seconds from submission to end"),
     Field(TASK, "key", str, "", "the task's key as Dask prints it (str(key)); a field, never a tag"),
     Field(
@@ -458,6 +460,23 @@ def fields_for(tracking) -> frozenset[tuple[str, str]]:
     chosen = {pair for name in tracking for pair in TRACKING[name]}
     measurements = {m for m, _ in chosen}
     return frozenset(chosen | {p for p in ALWAYS if p[0] in measurements})
+
+
+def not_recorded(what: str, names, otherwise: str) -> str:
+    """Why a reader found no ``what``, with the tracking names that record it: the one wording of
+    every empty answer (``frame.attrs["why"]``), so the CLI's errors and the report's empty sections
+    agree. An unknown name raises (as :func:`fields_for`): the hint stays true.
+
+    >>> not_recorded("task stream", ["task-stream"], "no task finished in range")
+    'no task stream recorded: add `task-stream` to tracking (or tracking=None: every metric), or no task finished in range'
+    >>> not_recorded("X", ["compute-util", "gpm", "worker-gpu-mem"], "no GPU").split(" to ")[0]
+    'no X recorded: add `compute-util`, `gpm` or `worker-gpu-mem`'
+    """
+    names = list(names)
+    fields_for(names)
+    quoted = [f"`{n}`" for n in names]
+    listed = ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
+    return f"no {what} recorded: add {listed} to tracking (or tracking=None: every metric), or {otherwise}"
 
 
 # NVML's clock-event reason bits in ``clocks_event_reasons`` (nvidia-smi's names, shortened).

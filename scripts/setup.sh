@@ -5,14 +5,18 @@
 # .venv, and this package with its extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-apt_for() {  # apt_for COMMAND PACKAGE: install the Debian package when COMMAND is missing
+apt_for() {  # apt_for COMMAND PACKAGE [APT-GET OPTION...]: install the Debian package when COMMAND is missing
   command -v "$1" >/dev/null 2>&1 && return 0
+  local package="$2"; shift 2
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$2" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" "$package" >/dev/null
 }
 apt_for influxd influxdb
 apt_for chromium chromium  # headless, for tests/test_report.py: the HTML report as a person sees it
+# `docker-compose config` checks deploy/compose in tests/test_deploy.py (no engine needed): Debian's
+# docker-compose (1.29.2 on Debian 12), without the Docker engine it recommends.
+apt_for docker-compose docker-compose --no-install-recommends
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 # The Flux checker used by tests/test_flux.py: the Flux language server compiled to

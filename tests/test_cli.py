@@ -64,7 +64,7 @@ def test_workers_jobs_metrics_dags(sources, monitored, kind):
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
-@pytest.mark.parametrize("extra", [[], ["--whole"], ["--workers", "1", "--job", "2"], ["--client-side"]])
+@pytest.mark.parametrize("extra", [[], ["--whole"], ["--worker", "1", "--job", "2"], ["--client-side"]])
 def test_peaks_json_equals_get_peaks(sources, kind, extra):
     args, kwargs = sources[kind]
     got = json.loads(ok("peaks", "compute-util", "--format", "json", *extra, *args).stdout)
@@ -73,7 +73,7 @@ def test_peaks_json_equals_get_peaks(sources, kind, extra):
     expected = db.get_peaks(
         "compute-util",
         per_job=per_job,
-        workers=[1] if "--workers" in extra else None,
+        workers=[1] if "--worker" in extra else None,
         job=2 if "--job" in extra else None,
         server="--client-side" not in extra,
     )
@@ -94,7 +94,10 @@ def test_summary(sources):
     rows = json.loads(ok("summary", "--job", 1, "--format", "json", *args).stdout)
     expected = query.connect(**kwargs).summary(job=1)
     assert len(rows) == len(expected) and {r["resource"] for r in rows} == {"gpu", "cpu"}
-    assert {r["job"] for r in rows} == {None, 1}
+    assert {r["job"] for r in rows} == {1}  # only job 1's rows: no whole-session ones beside them
+    table = ok("summary", *args).stdout.splitlines()  # the whole session's rows say so
+    assert table[0].split()[2] == "job" and {line.split()[2] for line in table[1:]} == {"all", "1", "2"}
+    assert "Only job N's rows" in " ".join(ok("summary", "--help").stdout.split())
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
@@ -201,8 +204,10 @@ def test_other_errors_are_one_line(sources, tmp_path):
     assert result.exit_code == 2 and result.stderr == f"error: spool folder '{tmp_path / 'missing'}' does not exist\n"
     result = run("peaks", "gpu-magic", *sources["spool"][0])
     assert result.exit_code == 2 and result.stderr.startswith("error: ") and "gpu-magic" in result.stderr
-    result = run("peaks", "compute-util", "--workers", "5", *sources["spool"][0])
+    result = run("peaks", "compute-util", "--worker", "5", *sources["spool"][0])
     assert result.exit_code == 2 and result.stderr.startswith("error: no worker 5; workers: ")
+    result = run("peaks", "compute-util", "--workers", "1", *sources["spool"][0])  # one spelling, as plot's
+    assert result.exit_code == 2 and "No such option '--workers'" in result.stderr and "'--worker'" in result.stderr
     result = run("jobs", "--tag", "oops", *sources["spool"][0])  # a usage error: click's own message
     assert result.exit_code == 2 and "'oops' is not KEY=VALUE" in result.stderr
     result = run("jobs", "--start", "yesterday-ish", *sources["spool"][0])
@@ -234,6 +239,25 @@ def test_source_from_environment_and_config(monitored):
     with dask.config.set({"influx-metrics.sink": "udp", "influx-metrics.influxdb.url": "http://127.0.0.1:1"}):
         result = run("jobs", "--timeout", 1, env={SOURCE_ENV: None})
         assert result.exit_code == 2 and "http://127.0.0.1:1" in result.stderr
+
+
+def test_notes_are_said_once(tmp_path):
+    """A spool root with two sessions: which one was read is said once, as a note (not also logged)."""
+    import shutil
+
+    import task_points
+
+    root = task_points.write_spool(tmp_path / "spool")
+    shutil.copytree(tmp_path / "spool" / "20251123T120000-000001", tmp_path / "spool" / "20251122T120000-000001")
+    done = subprocess.run(
+        [sys.executable, "-m", "dask_influx_metrics", "jobs", "--source", root],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout == "1\n2\n", done.stderr
+    assert done.stderr.count("read session '20251123T120000-000001', the latest of 2") == 1, done.stderr
+    assert done.stderr.startswith("note: read session")
 
 
 def test_every_option_has_help():
@@ -300,7 +324,7 @@ def test_tasks_activity_and_report(monitored, tmp_path):
     sink.close()
     missing = run("tasks", "--source", tmp_path / "bare")
     assert missing.exit_code == 2 and missing.stderr.startswith(
-        "error: no task stream recorded: tracking `task-stream`"
+        "error: no task stream recorded: add `task-stream` to tracking"
     )
     missing = run("tasks", "--gpu", "--source", tmp_path / "bare")
     assert missing.exit_code == 2 and missing.stderr.startswith("error: no task stream recorded")

@@ -142,7 +142,8 @@ def test_workers_2_means_worker_2_not_worker_10(tmp_path):
 def test_round_trip_keeps_values_and_address(tmp_path):
     t = _table(3, [0.1, 1e-7, 123456789.125], worker="tcp://[::1]:8786")
     t["running"] = ['["a, b", 1]', "[]", '["x"]']
-    (path,) = csvfiles.write_tables([t], tmp_path)
+    path, manifest = csvfiles.write_tables([t], tmp_path)
+    assert manifest == str(tmp_path / "workers.csv")
     back = csvfiles.read_worker_csv(path)
     assert back.attrs == {"worker": "tcp://[::1]:8786", "worker_index": 3, "units": {}, "job_rule": "busy"}
     pd.testing.assert_frame_equal(back[t.columns], t, check_dtype=False)

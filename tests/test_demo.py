@@ -1,4 +1,5 @@
 import os
+import re
 
 from dask_influx_metrics import demo
 
@@ -31,6 +32,12 @@ def test_demo_through_udp_into_influxd(influxd, capsys, tmp_path):
     )
     out = capsys.readouterr().out
     assert rc == 0 and "3 jobs" in out and "UDP ->" in out and "reading back with InfluxQL" in out
+    # the DAG table: two DAGs per job, each labelled with its job's label (dag, job, ..., label)
+    assert set(re.findall(r"^ *\d+ +(\d+) .* (matmul \+ \d+ busy tasks)$", out, re.M)) == {
+        ("1", "matmul + 8 busy tasks"),
+        ("2", "matmul + 16 busy tasks"),
+        ("3", "matmul + 24 busy tasks"),
+    }
     _check_report(out, tmp_path)
 
 

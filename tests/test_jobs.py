@@ -30,6 +30,18 @@ def test_manual_mode_changes_job_only_through_new_job():
     assert book.submit("Client-a", ["w"], now=1).job == 7
 
 
+def test_manual_jobs_label_their_dags():
+    book = JobBook("manual")
+    book.new_job(label="etl")
+    first = book.submit("Client-a", ["x"], now=1.0)
+    book.new_job()
+    second = book.submit("Client-a", ["y"], now=2.0)
+    assert (first.label, second.label) == ("etl", "Client-a")
+    assert (book.jobs[1].label, book.jobs[2].label) == ("etl", "manual")
+    with pytest.raises(ValueError, match="label must be a string"):
+        book.new_job(label=3)
+
+
 def test_first_new_job_before_any_submission_is_job_one():
     book = JobBook("manual")
     assert book.new_job() == 1

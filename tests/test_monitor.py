@@ -313,7 +313,8 @@ def test_readers_take_only_the_sessions_own_series(client, influxd, fresh_db, tm
     assert list(db.host_tables()) == [socket.gethostname()]
     assert (db.host_tables()[socket.gethostname()]["host-cpu"] < 999).all()
     assert set(db.summary()["worker"]) == set(ours)
-    assert [os.path.basename(p) for p in m.to_csv(tmp_path / "csv")] == ["worker_0.csv", "worker_1.csv"]
+    paths = m.to_csv(tmp_path / "csv")
+    assert [os.path.basename(p) for p in paths] == ["worker_0.csv", "worker_1.csv", "workers.csv"]
     assert all(max(p) < 999 for p in db.get_peaks("host-cpu", per_job=False))
     assert all(max(p) < 999 for p in db.get_peaks("compute-util", per_job=False))
     assert any("'celery@host'" in n and "not a worker of this session" in n for n in db.notes)

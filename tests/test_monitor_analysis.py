@@ -32,7 +32,11 @@ def test_query_reuses_one_store_per_session_and_source(monitored):
 def test_to_csv_then_peaks_from_csv(monitored):
     paths = monitored.answers["csv"]
     folder = os.path.dirname(paths[0])
-    assert sorted(os.listdir(folder)) == ["worker_0.csv", "worker_1.csv", "workers.csv"]
+    assert (
+        [os.path.basename(p) for p in paths]
+        == sorted(os.listdir(folder))
+        == ["worker_0.csv", "worker_1.csv", "workers.csv"]
+    )
     assert Monitor.peaks_from_csv(folder, "compute-util") == monitored.answers["peaks_spool"]
     assert Monitor.peaks_from_csv(folder, "compute-util", workers=[1], per_job=False) == query.connect(
         monitored.spool

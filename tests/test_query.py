@@ -201,7 +201,7 @@ def test_csv_round_trip(stores, monitored, tmp_path):
 
     db = stores["influxql"]
     paths = db.to_csv(tmp_path, metrics=METRICS)
-    assert [p.rsplit("/", 1)[1] for p in paths] == ["worker_0.csv", "worker_1.csv"]
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["worker_0.csv", "worker_1.csv", "workers.csv"]
     manifest = pd.read_csv(tmp_path / "workers.csv")
     assert list(manifest["worker"]) == monitored.workers
     tables = db.worker_tables(metrics=METRICS)

@@ -146,7 +146,7 @@ def test_export_and_peaks_from_csv_per_session(two_sessions, kind, tmp_path):
     with _open(two_sessions, kind, "a") as a, _open(two_sessions, kind, "b") as b:
         for name, db in (("a", a), ("b", b)):
             paths = db.to_csv(tmp_path / name)
-            assert len(paths) == 2
+            assert len(paths) == 3  # two workers and workers.csv
             for metric in ("queue", "tasks"):
                 assert Monitor.peaks_from_csv(tmp_path / name, metric) == db.get_peaks(metric)
         assert Monitor.peaks_from_csv(tmp_path / "a", "dev-x", per_job=False) == [[3, 103], [4, 104]]

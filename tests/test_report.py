@@ -107,8 +107,8 @@ def test_sections_without_data_say_why(influxd, tmp_path):
     influxd.write(lineprotocol.encode_many(points), db=database).raise_for_status()
     with query.connect(influxd.url, database=database) as db:
         text = open(db.report(tmp_path / "r.html"), encoding="utf-8").read()
-    assert "no task stream recorded: tracking `task-stream` is off" in text
-    assert "no fine performance metrics recorded: tracking `fine-metrics` is off" in text
+    assert "no task stream recorded: add `task-stream` to tracking" in text
+    assert "no fine performance metrics recorded: add `fine-metrics` to tracking" in text
     busy = text.split("Per task prefix")[1].split("</h4>")[1]
     assert busy.lstrip().startswith('<p class="why">no task stream recorded')
 

@@ -101,8 +101,8 @@ def test_nothing_recorded_says_why(influxd, tmp_path):
 
     influxd.write(lineprotocol.encode_many(points), db=database).raise_for_status()
     with query.connect(influxd.url, database=database) as db:
-        assert db.tasks().empty and "tracking `task-stream` is off" in db.tasks().attrs["why"]
-        assert db.activity().empty and "tracking `fine-metrics` is off" in db.activity().attrs["why"]
+        assert db.tasks().empty and "add `task-stream` to tracking" in db.tasks().attrs["why"]
+        assert db.activity().empty and "add `fine-metrics` to tracking" in db.activity().attrs["why"]
         assert len(db.gpu_during_tasks()) == 5
 
 

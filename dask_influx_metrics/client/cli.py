@@ -18,7 +18,6 @@ listing that finds nothing in the asked range and tags. The Store's notes
 from __future__ import annotations
 
 import functools
-import os
 import sys
 
 import click
@@ -67,7 +66,7 @@ def cli():
 def workers(open_store, fmt, gpus):
     """Worker index and address (with --gpus: the GPUs each used, shared ones marked).
 
-    The index is the numbering every --workers option and CSV file uses.
+    The index is the numbering every --worker option and CSV file uses.
 
     \b
     Example:
@@ -143,7 +142,7 @@ def peaks(open_store, metric, per_job, workers, job, client_side, fmt):
 
     \b
     Example:
-      dask-influx-metrics peaks compute-util --workers 0,2 --format json --source /tmp/dask-influx-metrics
+      dask-influx-metrics peaks compute-util --worker 0,2 --format json --source /tmp/dask-influx-metrics
     """
     db, server = open_store(), not client_side
     if fmt == "json":
@@ -155,11 +154,12 @@ def peaks(open_store, metric, per_job, workers, job, client_side, fmt):
 @cli.command()
 @per_job_option
 @workers_option
-@job_option
+@click.option("--job", type=int, metavar="N", help="Only job N's rows (see `jobs`), no whole-session rows.")
 @format_option
 @store_options
 def summary(open_store, per_job, workers, job, fmt):
-    """GPU and host-CPU utilization per worker (and job).
+    """GPU and host-CPU utilization per worker: over the whole session (job
+    "all"; empty in csv, null in json) and per job.
 
     Mean and max (%), share of samples above 20/40/80% and at 100%, device
     hours and unused device hours.
@@ -168,7 +168,10 @@ def summary(open_store, per_job, workers, job, fmt):
     Example:
       dask-influx-metrics summary --job 1 --format csv --source http://127.0.0.1:8086
     """
-    emit(open_store().summary(per_job=per_job, workers=workers, job=job), fmt)
+    frame = open_store().summary(per_job=per_job, workers=workers, job=job)
+    if fmt == "table":  # name the whole-session rows (pandas would print <NA>)
+        frame = frame.assign(job=frame["job"].astype("string").fillna("all"))
+    emit(frame, fmt)
 
 
 @cli.command()
@@ -189,8 +192,6 @@ def export(open_store, directory, fname, clear_dir, metrics, workers, job):
     Example:
       dask-influx-metrics export out/ --job 2 --metrics compute-util,mem-util --source /tmp/dask-influx-metrics
     """
-    from .csvfiles import MANIFEST
-
     db = open_store()
     total = len(workers or db.workers())
     with click.progressbar(length=total, label=f"reading worker 0/{total}", file=sys.stderr) as bar:
@@ -202,7 +203,7 @@ def export(open_store, directory, fname, clear_dir, metrics, workers, job):
         paths = db.to_csv(
             directory, fname=fname, clear_dir=clear_dir, metrics=metrics, workers=workers, job=job, progress=progress
         )
-    click.echo("\n".join(paths + [os.path.join(directory, MANIFEST)]))
+    click.echo("\n".join(paths))
 
 
 @cli.command()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 
 import click
 
@@ -180,6 +181,21 @@ def _connect(source=None, database=None, username=None, password=None, token=Non
     )
 
 
+@contextlib.contextmanager
+def _notes_only():
+    """The spool reader logs each note it keeps (which session it picked, corrupt lines): the command
+    prints the notes (``note: ...``), so the log's copies would say everything twice."""
+    from .query import spool
+
+    log = logging.getLogger(spool.__name__)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def store_options(f):
     """Add the connection options; the command gets ``open_store()`` (a callable) as its first argument.
 
@@ -191,6 +207,7 @@ def store_options(f):
     def command(**kw):
         given, stores = {k: kw.pop(k) for k in _STORE_KEYS}, []
         with contextlib.ExitStack() as opened:
+            opened.enter_context(_notes_only())
             try:
                 return f(lambda: stores.append(opened.enter_context(_connect(**given))) or stores[-1], **kw)
             finally:  # what the answers should be read with: skipped lines, undelivered samples
@@ -211,8 +228,9 @@ format_option = click.option(
     show_default=True,
     help="Output: an aligned table, CSV, or JSON.",
 )
-workers_option = click.option(
-    "--workers",
+workers_option = click.option(  # --worker, as plot's single one: one spelling everywhere
+    "--worker",
+    "workers",
     callback=_comma(numbers=True),
     metavar="I,J|ADDR",
     help="Workers by index (see `workers`) or address, comma separated [default: all].",

@@ -18,7 +18,7 @@ tool's ``dag`` column lagged behind the work; ours keep the busy-only rule.
 >>> t.attrs = {"worker": "tcp://h:1", "worker_index": 0}
 >>> d = tempfile.mkdtemp()
 >>> [os.path.basename(p) for p in write_tables([t], d)]
-['worker_0.csv']
+['worker_0.csv', 'workers.csv']
 >>> open(os.path.join(d, "worker_0.csv")).read().splitlines()[1]
 '1,1,0.5,"1, 2.5",tcp://h:1'
 >>> read_worker_csv(os.path.join(d, "worker_0.csv"))["x[1]"].tolist()
@@ -80,7 +80,7 @@ def write_tables(
 
     ``clear_dir`` first removes the ``<fname>_*.csv`` files already there
     (only those). ``progress(done, total)`` is called after each file.
-    Returns the paths written.
+    Returns the paths written: the worker files in index order, then ``workers.csv``.
     """
     directory = os.fspath(directory)
     if not re.fullmatch(r"[\w.-]+", fname):
@@ -100,9 +100,8 @@ def write_tables(
         )
         if progress:
             progress(done, len(tables))
-    pd.DataFrame(manifest, columns=["index", "worker", "file", "rows"]).to_csv(
-        os.path.join(directory, MANIFEST), index=False
-    )
+    paths.append(os.path.join(directory, MANIFEST))
+    pd.DataFrame(manifest, columns=["index", "worker", "file", "rows"]).to_csv(paths[-1], index=False)
     return paths
 
 

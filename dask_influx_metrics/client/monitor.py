@@ -173,21 +173,24 @@ class Monitor:
             )
         return self.client.run_on_scheduler(scheduler_session.stop)
 
-    def new_job(self, job=None) -> None:
+    def new_job(self, job=None, label=None) -> None:
         """Manual job mode: graphs submitted after this call belong to a new job.
 
-        ``job`` sets the number; by default it is the next one. The message
+        ``job`` sets the number; by default it is the next one. ``label`` names
+        the job in its DAGs' ``label`` (default: the client's id). The message
         travels on this client's graph stream, so it is ordered exactly with
         this client's submissions.
 
-        >>> monitor.new_job()  # doctest: +SKIP
+        >>> monitor.new_job(label="etl")  # doctest: +SKIP
         """
         state = self._state()
         if state["job_type"] != "manual":
             raise ValueError("new_job() needs attach(job_type='manual'); this monitor counts one job per client")
         if job is not None and (isinstance(job, bool) or not isinstance(job, int) or job < 1):
             raise ValueError(f"job must be a positive integer, got {job!r}")
-        _dask.send_on_client_stream(self.client, {"op": NEW_JOB_OP, "job": job})
+        if label is not None and not isinstance(label, str):
+            raise ValueError(f"label must be a string, got {label!r}")
+        _dask.send_on_client_stream(self.client, {"op": NEW_JOB_OP, "job": job, "label": label})
 
     def shutdown(self) -> None:
         """Stop any running session, remove the monitor from the cluster, delete the temporary spool
@@ -390,7 +393,7 @@ class Monitor:
         """One CSV per worker, ``<path>/<fname>_<i>.csv`` (old layout), plus ``workers.csv``.
 
         ``clear_dir`` removes earlier ``<fname>_*.csv`` files there first
-        (nothing else). Returns the paths written.
+        (nothing else). Returns the paths written, ``workers.csv`` last.
 
         >>> monitor.to_csv("out/")  # doctest: +SKIP
         """

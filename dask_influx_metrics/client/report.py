@@ -18,12 +18,15 @@ import os
 
 import pandas as pd
 
+from ..schema import not_recorded
 from . import reportfigs as figs
 from . import summary as _summary
 from .tables import MIB, device_columns
 
 GIB = 2.0**30
 TIMELINES = {"compute-util": ("GPU utilization (%)", 1.0), "total-mem": ("GPU memory used (GiB)", GIB)}
+NO_GPU = not_recorded("GPU samples", list(TIMELINES), "the workers saw no GPU")
+NO_UTILIZATION = not_recorded("utilization", ["compute-util", "host-cpu"], "no sample counted for this job")
 SUMMARY_COLUMNS = [
     "worker_index",
     "resource",
@@ -209,14 +212,14 @@ def _job(data: dict, job: int, figures: dict) -> str:
             figures[f"job{job}-{metric}"] = fig
             parts.append(f"{{{{job{job}-{metric}}}}}")
     if x_range is None:
-        parts.append(_why("no GPU samples: tracking `compute-util`/`total-mem` is off, or the workers saw no GPU"))
+        parts.append(_why(NO_GPU))
     summary = data["summary"]
     mine = _of_job(summary, job)
     parts += [
         "<h3>Peaks</h3>",
-        _table(_peaks(data["peaks"], job), "no GPU peaks: no GPU metric was collected"),
+        _table(_peaks(data["peaks"], job), NO_GPU),
         "<h3>Utilization while the job ran (per worker)</h3>",
-        _table(mine[SUMMARY_COLUMNS] if not mine.empty else mine, "no utilization: compute-util and host-cpu are off"),
+        _table(mine[SUMMARY_COLUMNS] if not mine.empty else mine, NO_UTILIZATION),
         "<h3>Was the GPU busy? Utilization, and where collected SM active, SM occupancy, tensor and DRAM activity "
         "and the job's share of a shared GPU, during its tasks (job, then each DAG)</h3>",
         _table(_of_job(data["gpu"], job)),

@@ -176,8 +176,9 @@ def _run(args) -> int:
         monitor.attach(polling_interval=100, job_type="manual")
         session = monitor.start()
         for job in range(3):
-            monitor.new_job()
-            _workload(client, 8 * (job + 1))
+            n = 8 * (job + 1)
+            monitor.new_job(label=f"matmul + {n} busy tasks")  # the DAGs' label: which run is which
+            _workload(client, n)
         monitor.stop()
         jobs = monitor.jobs()
         print(f"session {session['id']}: {len(jobs['jobs'])} jobs, {len(jobs['dags'])} DAGs")

@@ -5,6 +5,8 @@
 * A job is one client connection (``job_type="client"``), or whatever
   :meth:`JobBook.new_job` says (``job_type="manual"``): job 1 until the first
   ``new_job()`` after a submission, then 2, ...; ``new_job(job=N)`` sets N.
+* A DAG's ``label`` is its manual job's label (``new_job(label=...)``), else the
+  id of the client that submitted it.
   Graphs submitted from inside a task belong to that task's job.
 * A DAG ends when every task it brought has reached memory, erred or been
   forgotten; its status is ``erred`` if any of them erred, else ``cancelled``
@@ -46,6 +48,7 @@ class Dag:
     pending: set = field(default_factory=set, repr=False)
     ended: float | None = None
     status: str = "running"  # running, then ok, erred or cancelled
+    label: str = ""  # its manual job's label, else the client's id
 
 
 class JobBook:
@@ -60,6 +63,7 @@ class JobBook:
         self._client_job: dict[str, int] = {}
         self._key_dag: dict = {}
         self._manual_job = 1
+        self._labels: dict[int, str] = {}  # manual jobs' labels, from new_job(label=...)
 
     def job_of_client(self, client: str, parent_job: int | None = None) -> int:
         """The job a submission from ``client`` belongs to (creating it)."""
@@ -67,7 +71,7 @@ class JobBook:
             return parent_job
         if self.job_type == "manual":
             number = self._manual_job
-            self.jobs.setdefault(number, Job(number, "manual"))
+            self.jobs.setdefault(number, Job(number, self._labels.get(number, "manual")))
             return number
         if client not in self._client_job:
             number = max(self.jobs, default=0) + 1
@@ -75,15 +79,19 @@ class JobBook:
             self._client_job[client] = number
         return self._client_job[client]
 
-    def new_job(self, job: int | None = None) -> int:
-        """Manual mode: the next submissions belong to ``job`` (default: next)."""
+    def new_job(self, job: int | None = None, label: str | None = None) -> int:
+        """Manual mode: the next submissions belong to ``job`` (default: next), labelled ``label``."""
         if self.job_type != "manual":
             raise ValueError("new_job() needs job_type='manual'; this session counts jobs per client")
         if job is not None and (isinstance(job, bool) or not isinstance(job, int) or job < 1):
             raise ValueError(f"job must be a positive integer, got {job!r}")
+        if label is not None and not isinstance(label, str):
+            raise ValueError(f"label must be a string, got {label!r}")
         # Jobs exist only once they have a DAG, so repeated new_job() calls with
         # nothing submitted in between do not leave empty job numbers behind.
         self._manual_job = job if job is not None else max(self.jobs, default=0) + 1
+        if label:
+            self._labels[self._manual_job] = label
         return self._manual_job
 
     def submit(self, client: str, new_keys, now: float, parent_job: int | None = None) -> Dag:
@@ -91,7 +99,7 @@ class JobBook:
         job = self.job_of_client(client, parent_job)
         number = len(self.dags) + 1
         pending = {k for k in new_keys if k not in self._key_dag}
-        dag = Dag(number, job, client, now, len(pending), pending)
+        dag = Dag(number, job, client, now, len(pending), pending, label=self._labels.get(job, client))
         self.dags[number] = dag
         self.jobs.setdefault(job, Job(job, client)).dags.append(number)
         for k in pending:

@@ -159,9 +159,9 @@ class JobPlugin(SchedulerPlugin):
         if dag is not None:
             self._write_dag(dag, "end")
 
-    def _handle_new_job(self, client=None, job=None, **kwargs):
+    def _handle_new_job(self, client=None, job=None, label=None, **kwargs):
         try:
-            number = self.book.new_job(job)
+            number = self.book.new_job(job, label)
             logger.info("influx-metrics: client %s started manual job %s", client, number)
         except ValueError as e:
             logger.warning("influx-metrics: new_job from %s refused: %s", client, e)
@@ -174,7 +174,7 @@ class JobPlugin(SchedulerPlugin):
             "status": dag.status,
             "event": event,
             "tasks": dag.ntasks,
-            "label": dag.client,
+            "label": dag.label,
         }
         if event == "end":
             fields["duration"] = float(dag.ended - dag.submitted)

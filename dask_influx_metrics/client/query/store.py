@@ -361,7 +361,8 @@ class Store(TaskQuestions, HostQuestions):
 
     def summary(self, per_job: bool = True, workers=None, job: Optional[int] = None) -> pd.DataFrame:
         """GPU and host-CPU utilization per worker (and per job): see :mod:`dask_influx_metrics.client.summary`;
-        the host CPU rows of a worker are its host's (:meth:`host_tables`)."""
+        the host CPU rows of a worker are its host's (:meth:`host_tables`). With ``job``: that job's rows only
+        (``per_job`` then does not matter)."""
         names = [n for n in (_summary.GPU_METRIC, _summary.CPU_METRIC, *_summary.MEMORY_METRICS) if n in self.metrics()]
         if not {_summary.GPU_METRIC, _summary.CPU_METRIC} & set(names):
             raise ValueError(f"a summary needs compute-util or host-cpu; present: {self.metrics()}")
@@ -373,8 +374,8 @@ class Store(TaskQuestions, HostQuestions):
             if _summary.CPU_METRIC in names
             else None
         )
-        frame = _summary.summarize(list(tables.values()), per_job=per_job, hosts=hosts)
-        return frame if job is None else frame[frame["job"].isna() | (frame["job"] == job)].reset_index(drop=True)
+        frame = _summary.summarize(list(tables.values()), per_job=per_job or job is not None, hosts=hosts)
+        return frame if job is None else frame[frame["job"] == job].reset_index(drop=True)
 
     def to_csv(
         self,
@@ -386,7 +387,8 @@ class Store(TaskQuestions, HostQuestions):
         job: Optional[int] = None,
         progress: Optional[Callable[[int, int], None]] = None,
     ) -> list[str]:
-        """One CSV per worker in the old layout (see :mod:`dask_influx_metrics.client.csvfiles`); returns the paths."""
+        """One CSV per worker in the old layout, then ``workers.csv`` (see :mod:`dask_influx_metrics.client.csvfiles`);
+        returns their paths."""
         from ..csvfiles import write_tables
 
         tables = self.worker_tables(job=job, metrics=metrics, workers=workers, progress=progress)

@@ -3,8 +3,9 @@
 # $INFLUX3_TOKEN (an offline admin token file), then create the database $INFLUX_BUCKET
 # with retention $INFLUX_RETENTION (a no-op once it exists). Auth stays on for every endpoint.
 set -eu
-case "$INFLUX3_TOKEN" in
+case "${INFLUX3_TOKEN-}" in
   apiv3_*) ;;
+  "") echo "missing in deploy/compose/.env (this profile needs them; see .env.example): INFLUX3_TOKEN" >&2; exit 1 ;;
   *) echo "INFLUX3_TOKEN must start with apiv3_ (e.g. apiv3_\$(openssl rand -hex 32))" >&2; exit 1 ;;
 esac
 umask 077
