@@ -10,6 +10,7 @@ there is no ``/dev/shm``)::
     agent.sock          the agent's wake socket (datagram: the id of a worker whose task started while idle)
     workers/<id>.json   what the agent needs of worker ``<id>``: address, pid, tags, GPUs (written once)
     workers/<id>.snap   its task snapshot (:class:`.snapshot.Publisher`)
+    workers/<id>.out-<k>, .sent   its outbox: points only it makes, for the agent to send (:mod:`.outbox`)
 
 Workers that cannot see one another's folder (separate containers without a
 shared ``/dev/shm``) each get an agent of their own. The kernel drops a flock

@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 
 import psutil
 import pytest
@@ -319,3 +320,76 @@ def test_a_run_folder_open_to_others_is_refused_at_start(client, monitor, tmp_pa
         client.run(point_at, folder=None)
     events = [e["message"] for _, e in client.get_events("influx-metrics") if e.get("what") == "agent"]
     assert any("refused to start" in m and "not a private folder" in m for m in events), events
+
+
+def outbox_lines(folder, worker_id):
+    """The lines a worker's outbox holds on disk (every segment)."""
+    names = sorted(n for n in os.listdir(os.path.join(folder, runfolder.WORKERS)) if n.startswith(f"{worker_id}.out-"))
+    data = b"".join(open(os.path.join(folder, runfolder.WORKERS, n), "rb").read() for n in names)
+    return [line for line in data.split(b"\n") if line]
+
+
+def test_a_killed_workers_points_written_but_not_sent_arrive_once(client, monitor, tmp_path):
+    """Issue 35: the agent is the host's only sender. A worker's task points wait in its outbox; the worker is
+    SIGKILLed before the agent (stopped meanwhile) sent them: the agent sends them when it sees it dead."""
+    monitor.attach(polling_interval=2000, tracking=["task-stream", "tasks"])  # hung only after 6.25 s stopped
+    session = monitor.start()
+    folder = runfolder.session_folder(session["id"])
+    found = agents(client)
+    (agent,) = {a for _, a in found.values()}
+    victim, (victim_pid, _) = next(iter(found.items()))
+    victim_id = client.run(lambda dask_worker: dask_worker.plugins["influx-metrics"].link.id, workers=[victim])[victim]
+    os.kill(agent, signal.SIGSTOP)  # sends nothing now
+    try:
+        keys = [f"doomed-{i}" for i in range(5)]
+        client.gather(client.map(slow, range(5), delay=0.01, key=keys, workers=[victim]))
+        wait_until(lambda: len(outbox_lines(folder, victim_id)) >= 5, timeout=5, what="the points written")
+        os.kill(victim_pid, signal.SIGKILL)
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    wait_until(lambda: {p.fields["key"] for p in points(tmp_path, "task")} >= set(keys), what="the points sent")
+
+    def victims_files():
+        try:
+            return [n for n in os.listdir(os.path.join(folder, runfolder.WORKERS)) if n.startswith(f"{victim_id}.")]
+        except FileNotFoundError:  # the session's folder is gone
+            return []
+
+    wait_until(lambda: not victims_files(), timeout=5, what="the dead worker's files removed once sent")
+    monitor.stop()
+    sent = [p.fields["key"] for p in points(tmp_path, "task") if p.fields["key"] in keys]
+    assert sorted(sent) == sorted(keys), "each once"
+
+
+def test_an_agent_replaced_mid_session_loses_and_doubles_no_point(client, monitor, tmp_path):
+    """Issue 35: the next agent sends what the killed one left in the workers' outboxes, from where it noted."""
+    monitor.attach(polling_interval=POLL_MS, tracking=["task-stream", "tasks"])
+    monitor.start()
+    (agent,) = {a for _, a in agents(client).values()}
+    keys = [f"steady-{i}" for i in range(240)]
+    futures = client.map(slow, range(240), delay=0.01, key=keys)  # ~1.2 s of tasks on 2 x 2 threads
+    wait_until(lambda: len(points(tmp_path, "task")) >= 20, what="task points before")
+    os.kill(agent, signal.SIGKILL)
+    client.gather(futures)
+    wait_until(lambda: {a for _, a in agents(client).values()} - {agent, None}, timeout=10, what="a new agent")
+    monitor.stop()
+    sent = [p.fields["key"] for p in points(tmp_path, "task")]
+    assert sorted(sent) == sorted(keys), f"{len(sent)} task points for {len(keys)} tasks, {len(set(sent))} distinct"
+
+
+def test_the_monitor_adds_one_thread_to_a_worker_beside_the_agent(client, monitor):
+    """Issue 35: the link's thread watches the agent and writes the worker's own points; nothing else."""
+
+    def names(dask_worker):
+        return [t.name for t in threading.enumerate()]
+
+    client.gather(client.map(slow, range(8), delay=0.05, pure=False))  # the workers' own task threads
+    before = client.run(names)
+    monitor.attach(polling_interval=POLL_MS)  # every metric: the task stream and the fine metrics too
+    monitor.start()
+    client.gather(client.map(slow, range(8), delay=0.05, pure=False))
+    during = client.run(names)
+    monitor.stop()
+    added = {w: sorted((Counter(during[w]) - Counter(before[w])).elements()) for w in before}
+    print("threads added per worker:", added)
+    assert all(len(a) <= 1 for a in added.values()), added

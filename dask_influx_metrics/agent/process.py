@@ -68,10 +68,10 @@ def flush(sink, drain: float = 0.0) -> None:
     what an HTTP sink queued and wait that long at most (when a worker leaves: its last samples are
     in InfluxDB when its teardown returns)."""
     for one in getattr(sink, "sinks", [sink]):
-        if callable(getattr(one, "flush", None)):
-            one.flush()
         if drain and callable(getattr(one, "drain", None)):
             one.drain(drain)
+        if callable(getattr(one, "flush", None)):
+            one.flush()
 
 
 class Agent:

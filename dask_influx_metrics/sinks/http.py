@@ -208,6 +208,12 @@ class HttpSink:
             finally:
                 self._draining -= 1
 
+    def flush(self) -> None:
+        """Put on disk what the fallback holds (the undelivered copy); what is queued is posted on its own
+        schedule (:meth:`drain` posts it now)."""
+        if callable(getattr(self.fallback, "flush", None)):
+            self.fallback.flush()
+
     def _post(self, batch: list[bytes]) -> None:
         try:
             r = self._session.post(

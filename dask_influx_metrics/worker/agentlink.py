@@ -104,7 +104,7 @@ class AgentLink:
         self._probe = os.open(os.path.join(self.folder, runfolder.AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.setblocking(False)
-        self._watcher = threading.Thread(target=self._watch, name="influx-metrics-agent-watch", daemon=True)
+        self._watcher = threading.Thread(target=self._watch, name="influx-metrics-worker", daemon=True)
         self._watcher.start()
 
     # --- the agent's beat ---------------------------------------------------------------
