@@ -8,7 +8,8 @@ CRC mismatch).
 **The snapshot** (worker -> agent, ``workers/<id>.snap``, :data:`BUFFER_BYTES`),
 written by :class:`Publisher` on the worker's event loop just before the agent's next sample
 when tasks started or ended (``transition``), and when bytes held or the clock offset changed
-(once a second): compact JSON with the change counter ``seq``, the executing tasks and the
+(once a second): compact JSON with the change counter ``seq``, the worker's busy-time
+counter (:meth:`Activity.busy_seconds`: what a simulated GPU averages between two reads), the executing tasks and the
 *recent* ones, tasks that ended before the agent may have sampled them. Each entry is
 ``[key, job, dag, start]`` (``start``: the ``seq`` of its start), a recent one encoded once. A
 sample counts a recent task as executing when it started after the snapshot of
@@ -80,10 +81,26 @@ class Activity(NamedTuple):
     managed_bytes: int
     last_job: int
     scheduler_delay: float = 0.0  # the worker's raw clock-offset estimate (Dask's scheduler_delay)
+    # the worker's busy-time counter: the sum of its task ends minus the sum of its task starts
+    # (time.monotonic() seconds); None where it does not keep one. See busy_seconds().
+    busy: float | None = None
+    busy_n: int = 0  # the tasks executing when ``busy`` was last changed (not the brief ones)
 
     @property
     def executing(self) -> int:
         return len(self.running)
+
+    def busy_seconds(self, now: float) -> float | None:
+        """Thread-seconds the worker spent executing tasks up to ``now`` (``time.monotonic()``): the ended
+        tasks' durations plus the running ones' time so far, ``busy + busy_n * now``; None when not counted.
+        Two reads give the exact busy share between them, however short the tasks (a simulated GPU's
+        utilization, :mod:`.agent.sources.simulated`). One clock read per task start and end keeps it.
+
+        >>> a = Activity((), 2, 0, 0, busy=(4.0 - 3.0) - 10.0, busy_n=1)  # 3-4 s one task; one since 10 s
+        >>> a.busy_seconds(10.5)
+        1.5
+        """
+        return None if self.busy is None else self.busy + self.busy_n * now
 
     @property
     def job_tag(self) -> str:
@@ -203,9 +220,10 @@ def _key_json(k) -> str:
 
 
 _string = json.encoder.encode_basestring  # a JSON string, non-ASCII kept (C)
+_monotonic = time.monotonic
 
 
-_SNAPSHOT = b'{"seq":%d,"threads":%d,"bytes":%d,"last":%d,"delay":%s,"running":[%s],"recent":[%s]}'
+_SNAPSHOT = b'{"seq":%d,"threads":%d,"bytes":%d,"last":%d,"delay":%s,"busy":%r,"running":[%s],"recent":[%s]}'
 
 
 def _delay(delay: float) -> bytes:
@@ -221,9 +239,12 @@ def encode_snapshot(
     running: list[bytes],
     recent: list[bytes],
     limit: int = BUFFER_BYTES,
+    busy: float = 0.0,
 ) -> bytes:
-    """The snapshot as compact JSON of at most ``limit`` bytes (entries from :func:`entry`)."""
-    data = _SNAPSHOT % (seq, nthreads, managed_bytes, last_job, _delay(delay), b",".join(running), b",".join(recent))
+    """The snapshot as compact JSON of at most ``limit`` bytes (entries from :func:`entry`; ``busy``:
+    the busy-time counter, :attr:`Activity.busy`)."""
+    state = (seq, nthreads, managed_bytes, last_job, _delay(delay), busy)
+    data = _SNAPSHOT % (*state, b",".join(running), b",".join(recent))
     if len(data) <= limit:
         return data
     head = data[: data.index(b'"running"')]
@@ -254,7 +275,7 @@ def decode_snapshot(data: bytes) -> Snapshot:
     running = tuple((_tuples(k), j, g) for k, j, g, _ in d["running"])
     return Snapshot(
         d["seq"],
-        Activity(running, d["threads"], d["bytes"], d["last"], d["delay"]),
+        Activity(running, d["threads"], d["bytes"], d["last"], d["delay"], d.get("busy"), len(running)),
         tuple((_tuples(k), j, g, s) for k, j, g, s in d["recent"]),
     )
 
@@ -342,6 +363,7 @@ class Publisher:
         self.seq, self.nthreads, self.last_job = 0, nthreads, last_job
         self.managed_bytes, self.delay, self._delay_json = 0, 0.0, b"0.0"
         self._running: dict = {}  # key -> (start seq, job, dag)
+        self.busy = 0.0  # the busy-time counter (Activity.busy): minus each start's time, plus each end's
         self._recent: list = []  # (start seq, key, job, dag) of ended tasks
         self._recent_json, self._encoded = b"", 0  # the first ``_encoded`` recent entries, joined
         self._acked = 0
@@ -356,6 +378,8 @@ class Publisher:
         self.seq += 1
         if job:
             self.last_job = job
+        if key not in self._running:
+            self.busy -= _monotonic()
         self._running[key] = (self.seq, job, dag)
         self._changed()
 
@@ -365,6 +389,7 @@ class Publisher:
         if task is None:
             return None
         self.seq += 1
+        self.busy += _monotonic()
         start, job, dag = task
         if start > self._acked:  # no sample had seen it when last asked: carried until one has
             self._recent.append((start, key, job, dag))
@@ -446,13 +471,14 @@ class Publisher:
                 self.managed_bytes,
                 self.last_job,
                 self._delay_json,
+                self.busy,
                 b",".join(running),
                 self._recent_json,
             )
             if len(data) > self._buffer.capacity:  # rare: without keys, then fewer recent tasks
                 recent = [entry(key, job, dag, start) for start, key, job, dag in self._recent]
                 state = (self.seq, self.nthreads, self.managed_bytes, self.last_job, self.delay)
-                data = encode_snapshot(*state, running, recent, self._buffer.capacity)
+                data = encode_snapshot(*state, running, recent, self._buffer.capacity, self.busy)
             self._buffer.write(data)
         except Exception as e:
             self._fail(e)

@@ -82,23 +82,23 @@ def test_held_but_idle_is_nan_without_memory_metrics():
 
 
 def _short_task_table():
-    """20 s of samples every 0.1 s plus, each second, the burst a short task causes: five wake samples
-    2 ms apart at its start (GPU 0 at 100 %) and one at its end (0 %); GPU 1 reads 40 % throughout.
-    GPU 0's utilization changes only at sample times, so its time-weighted truth is exact."""
+    """20 s of samples every 0.1 s plus, each second, the burst a short task (10 ms, at 30 ms past the
+    second) causes: five wake samples 2 ms apart at its start and one at its end. GPU 0 reads, as NVML
+    does, the share of the window since its previous sample in which the task ran; GPU 1 reads 40 %
+    throughout. So the time-weighted truth is exact."""
     ticks = np.arange(200) * 0.1
     starts = np.arange(1, 20) + 0.03
     wakes = (starts[:, None] + np.arange(5) * 0.002).ravel()
-    ends = starts + 0.01
-    times = np.concatenate([ticks, wakes, ends])
-    util = np.concatenate([np.zeros(len(ticks)), np.full(len(wakes), 100.0), np.zeros(len(ends))])
-    order = np.argsort(times, kind="stable")
+    times = np.sort(np.concatenate([ticks, wakes, starts + 0.01]))
+    busy = np.clip(times[:, None] - starts[None, :], 0, 0.01).sum(axis=1)  # busy seconds up to each sample
+    util = np.append(0.0, (100 * np.diff(busy) / np.diff(times)).round(9))
     return _table(
         **{
-            "compute-util[0]": util[order],
+            "compute-util[0]": util,
             "compute-util[1]": np.full(len(times), 40.0),
             "total-mem[0]": np.full(len(times), 1e9),
         }
-    ).assign(timestamp=times[order])
+    ).assign(timestamp=times)
 
 
 def test_means_and_hours_are_time_weighted_on_irregular_samples():
@@ -122,4 +122,4 @@ def test_a_gap_counts_a_few_intervals_at_most():
     t["timestamp"] = np.append(0.0, 600 + np.arange(40) * 0.5)  # ten minutes without a sample after the first
     (whole,) = summary.summarize([t], per_job=False).itertuples()
     assert whole.hours == pytest.approx((summary.CAP_INTERVALS * 0.5 + 40 * 0.5) / 3600)
-    assert whole.mean == pytest.approx(100 * 1.5 / 21.5)
+    assert whole.mean == pytest.approx(100 * 0.5 / 21.5)  # the first reading stands for one interval

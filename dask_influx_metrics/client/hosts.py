@@ -18,7 +18,7 @@ never by worker:
   reads the same way: a worker's row takes its own reading of the same instant
   (the host series is all of the host's points), and a host's figures cover every
   worker's readings, each tagged with its own worker's jobs. Summaries weight each
-  reading by the time to the next one of the host (:func:`.summary.weights`), so the
+  reading by the window before it, from the previous one of the host (:func:`.summary.weights`), so the
   interleaved readings of N writers share the host's time instead of each counting
   a whole interval.
 

@@ -9,11 +9,13 @@ samples cover), ``mean`` and ``max`` utilization (%),
 
 **Time-weighted** (:func:`weights`): samples are not evenly spaced (the sampler
 also wakes at task starts, so a short-task workload puts most samples where
-tasks start), so each value counts for the time it stands for: the time to the
-next value of the same GPU (or host), at most :data:`CAP_INTERVALS` regular
-sampling steps (a gap, e.g. a stopped sampler, is not charged to the value
-before it); the last value stands for one sampling interval. Means, shares, hours
-and device-hours all use these weights; ``samples`` counts samples.
+tasks start), so each value counts for the time it stands for: the window that
+ends at it, from the previous value of the same GPU (or host), as NVML's
+utilization and the host's CPU share are averages over the time before a read;
+at most :data:`CAP_INTERVALS` regular sampling steps (a gap, e.g. a stopped
+sampler, is not charged to the value after it); the first value stands for one
+sampling interval. Means, shares, hours and device-hours all use these weights;
+``samples`` counts samples.
 
 **Held but idle** (``held_idle_device_hours``, gpu rows): device-hours in
 which the worker holds GPU memory while the GPU computes nothing: the time of
@@ -61,7 +63,7 @@ CPU_METRIC = "host-cpu"
 # Held GPU memory: the worker's own first, the whole device's where a sample lacks it.
 MEMORY_METRICS = ("worker-gpu-mem", "total-mem")
 THRESHOLDS = (20, 40, 80)
-# A value stands for the time to the next one, at most this many regular sampling steps.
+# A value stands for the window before it (from the previous one), at most this many regular sampling steps.
 CAP_INTERVALS = 3
 # The regular step: this quantile of the steps (wake samples at task starts make many steps short).
 REGULAR_STEP_QUANTILE = 0.95
@@ -93,16 +95,17 @@ def interval_seconds(table: pd.DataFrame) -> float:
     return float(np.median(steps)) if len(steps) else 0.0
 
 
-def weights(seconds: np.ndarray, values: np.ndarray, last: float | None = None) -> np.ndarray:
+def weights(seconds: np.ndarray, values: np.ndarray, first: float | None = None) -> np.ndarray:
     """Seconds each of ``values`` (samples x devices, at sample times ``seconds``, sorted) stands for:
-    the time to the next non-NaN value of the same device, at most :data:`CAP_INTERVALS` regular
-    steps (a high quantile of that device's steps: wake samples make many steps short); the last
-    value ``last`` (the sampling interval, :func:`interval_seconds`; default: the median step); NaN values 0.
+    the window that ends at it, from the previous non-NaN value of the same device, at most
+    :data:`CAP_INTERVALS` regular steps (a high quantile of that device's steps: wake samples make many
+    steps short); the first value ``first`` (the sampling interval, :func:`interval_seconds`; default:
+    the median step); NaN values 0.
 
     >>> t = np.append(np.arange(60) * 0.1, 60.0)  # every 0.1 s, then a minute's gap
     >>> values = np.ones((61, 1)); values[1] = np.nan
-    >>> weights(t, values, last=0.1)[[0, 1, 2, 59, 60], 0].round(2)  # to the next value, NaN, -, capped, last
-    array([0.2, 0. , 0.1, 0.3, 0.1])
+    >>> weights(t, values, first=0.1)[[0, 1, 2, 59, 60], 0].round(2)  # first, NaN, from the one before, -, capped
+    array([0.1, 0. , 0.2, 0.1, 0.3])
     """
     out = np.zeros(values.shape)
     for d in range(values.shape[1]):
@@ -111,9 +114,9 @@ def weights(seconds: np.ndarray, values: np.ndarray, last: float | None = None) 
             continue
         steps = np.diff(seconds[valid])
         positive = steps[steps > 0]
-        end = last if last is not None else float(np.median(positive)) if len(positive) else 0.0
-        regular = np.quantile(positive, REGULAR_STEP_QUANTILE) if len(positive) else end
-        out[valid, d] = np.minimum(np.append(steps, end), CAP_INTERVALS * regular)
+        start = first if first is not None else float(np.median(positive)) if len(positive) else 0.0
+        regular = np.quantile(positive, REGULAR_STEP_QUANTILE) if len(positive) else start
+        out[valid, d] = np.minimum(np.insert(steps, 0, start), CAP_INTERVALS * regular)
     return out
 
 
@@ -180,7 +183,7 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | No
             if not cols:
                 continue
             util = table[cols].to_numpy(dtype=float)
-            seconds = weights(table["timestamp"].to_numpy(dtype=float), util, last=interval_seconds(table))
+            seconds = weights(table["timestamp"].to_numpy(dtype=float), util, first=interval_seconds(table))
             held = held_memory(table, cols) if resource == "gpu" else None
             rows.append({**who, "job": pd.NA, "resource": resource, **_row(util, held, seconds)})
             for job in jobs:

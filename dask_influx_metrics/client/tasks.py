@@ -12,7 +12,7 @@ Flux or a spool) from the ``task`` and ``activity`` points (tracking names ``tas
 - ``db.gpu_during_tasks()``: mean and max ``utilization_gpu`` of the GPU samples that count for
   the job (busy, the job in the ``job`` tag; per DAG: the DAG in the ``dag`` tag): one row per
   job (``dag`` <NA>) and one per DAG. The mean is time-weighted, as in summaries
-  (:func:`.summary.weights`): each sample counts for the time to the next one of its GPU.
+  (:func:`.summary.weights`): each sample counts for the window before it (from the previous one of its GPU).
 - ``db.gpu_per_prefix()``: the same question per job (and DAG) and task prefix, from the samples of
   each task's worker's own GPU during the task, and the worker's GPU memory delta (:func:`prefix_gpu`).
 
@@ -196,7 +196,7 @@ def _covered(times: np.ndarray, values: np.ndarray, starts: np.ndarray, ends: np
     """Seconds of each [start, end] (s) covered by one GPU's sample windows, and the integral of the readings
     over them. A reading describes the window that ends at its time: from the previous sample (at most
     :func:`.summary.weights`' cap); the first sample's, one median step."""
-    lengths = np.roll(weights(times, np.ones((len(times), 1)))[:, 0], 1)
+    lengths = weights(times, np.ones((len(times), 1)))[:, 0]
     lefts = times - lengths
     total = np.concatenate([[0.0], np.cumsum(lengths)])
     area = np.concatenate([[0.0], np.cumsum(lengths * values)])
@@ -340,7 +340,7 @@ class TaskQuestions:
         if UTIL not in have:
             return _empty(GPU, NO_GPU)
         fields = [UTIL] + [f for f in DEPTH if f in have]
-        # every sample, not the job's only: a sample stands for the time to the next one of its GPU
+        # every sample, not the job's only: a sample stands for the window before it, from the previous one of its GPU
         frames = [self.backend.frame(schema.GPU, fields, w) for w in self.workers()]
         samples = pd.concat([_timed(f) for f in frames if not f.empty] or [frames[0]], ignore_index=True)
         dags = self.dags()
