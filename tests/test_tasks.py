@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import short_tasks
 import task_points as P
 
 from dask_influx_metrics import query
@@ -162,15 +163,12 @@ T0_NS = 1_800_000_000_000_000_000
 
 def test_gpu_utilization_during_tasks_is_time_weighted():
     # issue 23 item 6: wake samples at task starts put most samples where short tasks start
-    ticks = np.arange(200) * 0.1
-    starts = np.arange(1, 20) + 0.03
-    times = np.concatenate([ticks, (starts[:, None] + np.arange(5) * 0.002).ravel(), starts + 0.01])
-    util = np.concatenate([np.zeros(200), np.full(19 * 5, 100.0), np.zeros(19)])
+    times, util = short_tasks.samples()
     frame = pd.DataFrame(
         {"time": (T0_NS + times * 1e9).astype("int64"), "job": "1", "dag": "1", "index": "0", "utilization_gpu": util}
     )
     row = T.gpu_during(T._timed(frame), {1: 1}).iloc[0]
-    assert util.mean() > 30 and row["mean_utilization_gpu"] == pytest.approx(0.95, rel=1e-4)  # 19 x 10 ms busy in 20 s
+    assert util.mean() > 30 and row["mean_utilization_gpu"] == pytest.approx(short_tasks.TRUTH, rel=1e-4)
     assert row["samples"] == len(util) and row["max_utilization_gpu"] == 100
 
 
