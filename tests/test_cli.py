@@ -313,7 +313,7 @@ def test_tasks_gpu_per_prefix(tmp_path):
     table = ok("tasks", "--gpu", "--source", spool).stdout.splitlines()
     assert table[0].split() == [
         "job", "prefix", "tasks", "gpu_s", "mean_utilization_gpu", "mean_sm_active",
-        "mean_memory_delta", "max_memory_delta",
+        "mean_device_utilization_gpu", "mean_device_sm_active", "mean_memory_delta", "max_memory_delta",
     ]  # fmt: skip
     assert [line.split()[:3] for line in table[1:]] == [
         ["1", "mm", "2"],

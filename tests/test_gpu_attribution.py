@@ -1,4 +1,5 @@
-"""Attribution in the agent: each physical GPU written once per sample, tagged with the jobs of its users.
+"""Attribution in the agent: each physical GPU read once per sample, written on each worker using it with
+that worker's own jobs; and read back per job and prefix, the job's own figures beside the device's.
 
 Replays real NVML output through ``tests/fake_nvml.py``: the H100 shared by two
 processes (``nvml_h100_shared.json``: 'matmul' holds 4682 MiB, 'holder' 12806 MiB),
@@ -15,7 +16,7 @@ from fake_nvml import FakeNvml
 
 from dask_influx_metrics.agent.collect import HostCollector
 from dask_influx_metrics.agent.sources.gpuprocs import Ancestry
-from dask_influx_metrics.agent.sources.nvml import NvmlDevices, Pace
+from dask_influx_metrics.agent.sources.nvml import NvmlDevices
 from dask_influx_metrics.names import EVENT_TOPIC, SHARED_GPU
 from dask_influx_metrics.scheduler.plugin import JobPlugin
 from dask_influx_metrics.schema import FIELDS, GPU
@@ -243,60 +244,103 @@ def test_a_gpu_one_worker_shares_with_another_process_is_split_too(tmp_path):
     assert nvml.calls_to("nvmlDeviceGetProcessesUtilizationInfo") == 0
 
 
-def test_per_job_gpu_depth_from_the_replayed_h100(tmp_path):
-    """Issue 25 item 3: per job, the device's utilization vs SM active vs occupancy vs tensor activity, and
-    the job's own share of the shared GPU's SM time, read back from a spool as any reader would."""
+# The two recordings of a GPU shared by a bf16 matmul loop and a process only holding 12.5 GiB:
+# (file, the matmul's pid, the holder's pid)
+RECORDINGS = {
+    "h100": ("nvml_h100_shared.json", 425, 427),
+    "h200": ("nvml_h200_shared.json", 666, 668),
+}
+
+
+class Clock:
+    """Simulated time for the agent's per-process reads (one window per ``gpu.process-interval``, 1 s)."""
+
+    def __init__(self, wall: float):
+        self.t, self.wall = 0.0, wall
+
+    def __call__(self):
+        return self.t
+
+
+def replayed(recording, phase=None):
+    """``(gpus, [matmul worker, holder worker], clock)`` on a replay of ``recording``: the workers under the
+    recorded PIDs, the per-process reads paced by ``clock`` (advance ``clock.t``), its wall clock the
+    recording's (just before its first per-process sample)."""
+    name, matmul, holder = RECORDINGS[recording]
+    fake = FakeNvml(name, phase=phase)
+    gpus = NvmlDevices(ALL, nvml=fake)
+    workers = [Worker(1, matmul), Worker(2, holder)]
+    for w in workers:
+        w.uuids = gpus.resolve(w)
+    stamps = [
+        s["timeStamp"] for a in fake.data["phases"]["shared"]["devices"][0]["processes_utilization_info"] for s in a
+    ]
+    clock = Clock(min(stamps) / 1e6 - 1)
+    procs = gpus._devices[workers[0].uuids[0]].procs
+    procs._clock, procs._wall = clock, lambda: clock.wall
+    return fake, gpus, workers, clock
+
+
+@pytest.mark.parametrize("recording", sorted(RECORDINGS))
+def test_per_job_gpu_depth_from_the_replay_the_jobs_own_and_the_devices(tmp_path, recording):
+    """Issue 33 item 2: per job, the device's utilization, SM active, occupancy and tensor activity
+    (``device_``, both jobs ran on the GPU throughout) and each job's own: scaled by its worker's share of
+    the GPU's kernel time, so the holder's job reads ~0 and the jobs' own figures sum to at most the
+    device's. Sampled every 200 ms for 3 s (a per-process window a second), read back from a spool."""
     from dask_influx_metrics import lineprotocol, query
     from dask_influx_metrics.sinks.spool import SpoolSink
 
-    a, b = Worker(1, 425), Worker(2, 427)
-    gpus = NvmlDevices(ALL, nvml=FakeNvml("nvml_h100_shared.json"), pace=Pace(interval_s=0.2))
-    for w in (a, b):
-        w.uuids = gpus.resolve(w)
-    gpus._devices[a.uuids[0]].procs._interval = 0.0
+    _, gpus, (a, b), clock = replayed(recording)
     collector = HostCollector(ALL, gpus, host=None)
     a.run(1, 1)
     b.run(2, 2)
     sink = SpoolSink(tmp_path / "20260101T000000-000001" / "agent-node")
     t0 = 1_790_000_000_000_000_000
-    for k in range(4):  # the recording's windows of the shared phase
+    for k in range(16):
+        clock.t = k * 0.2
         sink.send(lineprotocol.encode_many(collector.collect([a, b], now_ns=t0 + k * 200_000_000)))
     sink.close()
     with query.connect(str(tmp_path)) as db:
         depth = db.gpu_during_tasks().set_index("job")
+        notes = db.notes
     one, two = depth.loc[1], depth.loc[2]
-    assert one["mean_utilization_gpu"] == two["mean_utilization_gpu"] > 95  # device-wide: both jobs ran on it
-    assert round(one["mean_sm_occupancy"], 1) == 14.2 and round(one["mean_pipe_tensor_active"]) == 93
-    assert one["mean_worker_utilization_gpu"] >= 95 and two["mean_worker_utilization_gpu"] <= 2
-    assert one["mean_worker_utilization_gpu"] + two["mean_worker_utilization_gpu"] <= one["mean_utilization_gpu"] + 1
+    for f in ("utilization_gpu", "sm_active", "sm_occupancy", "pipe_tensor_active"):
+        assert one[f"mean_device_{f}"] == two[f"mean_device_{f}"], f  # the union figure: one GPU, both jobs
+    assert one["mean_device_utilization_gpu"] > 95 and round(one["mean_device_sm_active"]) == 96
+    assert one["mean_worker_gpu_share"] >= 95 and two["mean_worker_gpu_share"] <= 2
+    assert one["mean_sm_active"] >= 90 and two["mean_sm_active"] <= 5  # the matmul's job, the holder's
+    assert two["mean_utilization_gpu"] <= 5 and two["mean_pipe_tensor_active"] <= 5
+    assert round(one["mean_sm_occupancy"], 1) == round(one["mean_device_sm_occupancy"], 1) > 14
+    for f in ("utilization_gpu", "sm_active", "sm_occupancy", "pipe_tensor_active", "dram_active"):
+        assert one[f"mean_{f}"] + two[f"mean_{f}"] <= one[f"mean_device_{f}"] + 1e-9, f
+    assert not notes, "every sample had a share point within 2.5 s"
 
 
-def test_per_prefix_gpu_depth_from_the_replayed_h100(tmp_path):
-    """Issue 25 item 3, per task prefix: the holder's task allocates its 12 GiB while the GPU idles (the
-    recording's idle phase), then the matmul's tasks run the bf16 loop (its shared phase); read back
-    from a spool, the matmul prefix gets the recorded SM active / tensor activity, the holder's stays low
+@pytest.mark.parametrize("recording", sorted(RECORDINGS))
+def test_per_prefix_gpu_depth_from_the_replay(tmp_path, recording):
+    """Issue 33 item 2 per task prefix: the holder's task allocates its 12.5 GiB while the GPU idles (the
+    recording's idle phase) and then holds it while the matmul runs (the shared phase); the matmul's tasks
+    run the bf16 loop. Read back from a spool: the matmul prefix gets the recorded SM active and tensor
+    activity as its own, the holder's own reads ~0 (its device figures keep what the GPU did meanwhile),
     and its memory delta is its allocation."""
     from dask_influx_metrics import lineprotocol, query
     from dask_influx_metrics.schema import Point
     from dask_influx_metrics.sinks.spool import SpoolSink
 
-    a, b = Worker(1, 425), Worker(2, 427)
-    fake = FakeNvml("nvml_h100_shared.json", phase="idle")
-    gpus = NvmlDevices(ALL, nvml=fake)  # sampled every 200 ms (the default)
-    for w in (a, b):
-        w.uuids = gpus.resolve(w)
+    fake, gpus, (a, b), clock = replayed(recording, phase="idle")
     collector = HostCollector(ALL, gpus, host=None)
     t0, step = 1_790_000_000_000_000_000, 200_000_000
     sink = SpoolSink(tmp_path / "20260101T000000-000001" / "agent-node")
-    for k in range(9):
+    for k in range(11):
+        clock.t = k * 0.2
         if k == 4:  # the holder's and then the matmul's process appear
             fake.devices = fake.data["phases"]["shared"]["devices"]
-        for w, job, busy in ((b, 2, range(1, 5)), (a, 1, range(5, 9))):
+        for w, job, busy in ((b, 2, range(1, 7)), (a, 1, range(7, 11))):
             w.run(job, job) if k in busy else w.idle()
         sink.send(lineprotocol.encode_many(collector.collect([a, b], now_ns=t0 + k * step)))
     tasks = [
-        (b, 2, "hold", 1, 4),  # windows 2-4: idle, idle, the first shared one
-        (a, 1, "matmul", 5, 8),  # windows 6-8: the bf16 loop
+        (b, 2, "hold", 1, 6),  # windows 2-6: idle, idle, then three of the shared phase
+        (a, 1, "matmul", 7, 10),  # windows 8-10: the bf16 loop
     ]
     sink.send(
         lineprotocol.encode_many(
@@ -313,8 +357,9 @@ def test_per_prefix_gpu_depth_from_the_replayed_h100(tmp_path):
     with query.connect(str(tmp_path)) as db:
         per = db.gpu_per_prefix().set_index("prefix")
     matmul, hold = per.loc["matmul"], per.loc["hold"]
-    assert round(matmul["mean_sm_active"]) == 96 and round(matmul["mean_pipe_tensor_active"]) == 93
-    assert round(matmul["mean_sm_occupancy"], 1) == 14.2 and matmul["mean_utilization_gpu"] > 95
-    # one of the holder's three windows is the shared phase's first (the matmul had started): a third
-    assert hold["mean_sm_active"] < 40 and hold["mean_pipe_tensor_active"] < 40 and hold["gpu_s"] == pytest.approx(0.6)
+    assert matmul["mean_sm_active"] >= 90 and round(matmul["mean_sm_active"]) == round(matmul["mean_device_sm_active"])
+    assert matmul["mean_pipe_tensor_active"] >= 90 and matmul["mean_utilization_gpu"] > 95
+    assert hold["mean_sm_active"] <= 5 and hold["mean_pipe_tensor_active"] <= 5 and hold["mean_utilization_gpu"] <= 5
+    assert hold["mean_device_sm_active"] > 40, "three of its five windows saw the matmul on the device"
+    assert hold["gpu_s"] == pytest.approx(1.0) and matmul["gpu_s"] == pytest.approx(0.6)
     assert hold["mean_memory_delta"] == 13428064256 / MIB and matmul["mean_memory_delta"] == 0

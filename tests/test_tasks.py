@@ -77,7 +77,9 @@ def test_activity_breakdown(stores, kind):
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_gpu_utilization_during_tasks(stores, kind):
     frame = stores[kind].gpu_during_tasks()
-    assert list(frame.columns) == T.GPU
+    assert list(frame.columns) == T.GPU + ["mean_device_utilization_gpu", "max_device_utilization_gpu"]
+    # no worker_gpu_share written: no GPU was shared, so each job's own figures are the device's
+    assert frame["mean_utilization_gpu"].tolist() == frame["mean_device_utilization_gpu"].tolist()
     rows = frame[["job", "dag", "samples", "mean_utilization_gpu"]].astype(object).where(frame.notna(), None)
     assert rows.values.tolist() == [
         [1, None, 40, 80.0],
@@ -212,9 +214,12 @@ def test_gpu_per_prefix_weights_each_sample_by_its_window(prefix_stores, kind):
     frame = db.gpu_per_prefix()
     assert list(frame.columns) == [
         "job", "prefix", "tasks", "gpu_s", "mean_utilization_gpu", "mean_sm_active",
-        "mean_memory_delta", "max_memory_delta",
+        "mean_device_utilization_gpu", "mean_device_sm_active", "mean_memory_delta", "max_memory_delta",
     ]  # fmt: skip
-    got = _rows(frame, list(frame.columns))
+    # no worker_gpu_share written: no GPU was shared, so each job's own figures are the device's
+    own, device = ["mean_utilization_gpu", "mean_sm_active"], ["mean_device_utilization_gpu", "mean_device_sm_active"]
+    assert _rows(frame, own) == _rows(frame, device)
+    got = _rows(frame, [c for c in frame.columns if c not in device])
     assert [row[:3] for row in got] == [row[:3] for row in PREFIX]
     for row, want in zip(got, PREFIX):
         # task starts are float Unix seconds: exact to ~0.2 us

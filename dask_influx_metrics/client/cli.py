@@ -281,8 +281,10 @@ def tasks(open_store, job, per_dag, gpu, fmt):
     With --gpu: job, [dag,] prefix, tasks, gpu_s (task seconds covered by
     samples of the workers' own GPUs), mean_utilization_gpu, GPM's
     mean_sm_active, mean_sm_occupancy, mean_pipe_tensor_active where
-    collected, mean/max_memory_delta (MiB of the worker's GPU memory across
-    a task); the device's readings, other work on the GPU included.
+    collected: the job's own (on a shared GPU, the device's scaled by the
+    worker's share of its kernel time); the same as mean_device_* (the
+    whole GPU, other work on it included); mean/max_memory_delta (MiB of
+    the worker's GPU memory across a task).
 
     \b
     Example:
