@@ -39,12 +39,31 @@ def test_job_rows_hold_the_jobs_busy_samples_only(stores, kind):
     assert job3["held_idle_device_hours"] == pytest.approx(4 * HOUR_PER_SAMPLE)
     job2 = _gpu(s, 1, 2)
     assert (job2["samples"], job2["mean"], job2["held_idle_device_hours"]) == (8, 100, 0)
-    jobs = s.dropna(subset=["job"])
+    jobs = s.dropna(subset=["job", "worker_index"])
     assert set(zip(jobs["worker_index"], jobs["job"])) == {(0, 1), (0, 3), (1, 2)}
     # the whole session counts every sample, idle ones too: worker 1 held 16.5 GiB while idle in phase C
     whole = _gpu(s, 1, None)
     assert whole["samples"] == len(S.SAMPLES) and whole["mean"] == pytest.approx(np.mean(util))
     assert whole["held_idle_device_hours"] == pytest.approx(4 * HOUR_PER_SAMPLE)
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_all_workers_rows_count_the_shared_gpu_once(stores, kind):
+    """Issue 33: each worker's rows hold the GPU they share (their own view: 9 s of device time each); the
+    ``all workers`` rows count it once: device-hours are the session's wall time x 1 GPU, and held-but-idle
+    time is the phase in which the GPU computed nothing while either worker held memory on it."""
+    s = stores[kind].summary()
+    gpu = s[s["resource"] == "gpu"]
+    mine = gpu[gpu["worker_index"].notna() & gpu["job"].isna()]
+    assert mine["device_hours"].tolist() == pytest.approx([18 * HOUR_PER_SAMPLE] * 2)
+    every = gpu[gpu["worker"] == summary.ALL].set_index("job", drop=False)
+    assert every["worker_index"].isna().all() and (every["devices"] == 1).all()
+    whole = every[every["job"].isna()].iloc[0]
+    assert whole["device_hours"] == pytest.approx(18 * HOUR_PER_SAMPLE) == whole["hours"]
+    assert whole["held_idle_device_hours"] == pytest.approx(4 * HOUR_PER_SAMPLE)
+    assert whole["mean"] == pytest.approx(np.mean([u for u, *_ in S.SAMPLES]))
+    hours = {int(j): r["device_hours"] / HOUR_PER_SAMPLE for j, r in every.dropna(subset=["job"]).iterrows()}
+    assert hours == pytest.approx({1: 6, 2: 8, 3: 4})  # each job's own samples, on one GPU
 
 
 def test_spool_and_influx_summaries_are_equal(stores):

@@ -36,6 +36,16 @@ cover the samples that count for that job: busy (``dag != "0"``) with the job
 in the ``job`` tag (shared samples count for each job in their tag); idle
 samples count for no job.
 
+**Each physical GPU once** (gpu rows with ``worker_index`` <NA>, ``worker``
+:data:`ALL`): a worker's rows hold every GPU it uses, so on a GPU several workers
+share each worker's rows count the whole device (their own view). These rows add
+the workers up counting each physical GPU (``table.attrs["gpus"]``: device index
+-> ``host/uuid``) once: the time of a GPU's values is the union of the windows
+of every worker's values of it (per job: of those that count for the job), so
+``device_hours`` is the wall time x the GPUs, ``devices`` the physical GPUs, and
+``held_idle_device_hours`` the time in which any of its workers held memory on
+it while it computed nothing. Only where every table says which GPU each column is.
+
 >>> import pandas as pd
 >>> t = pd.DataFrame({"job": ["1"] * 4, "dag": ["1"] * 3 + ["0"], "timestamp": [0.0, 0.5, 1.0, 1.5],
 ...                   "compute-util[0]": [0.0, 50.0, 100.0, 100.0], "total-mem[0]": [1e9, 1e9, 1e9, 0.0],
@@ -56,9 +66,11 @@ import numpy as np
 import pandas as pd
 
 from .. import jobtags
-from .tables import device_columns
+from .tables import DEVICE_COLUMN, device_columns
 
 GPU_METRIC = "compute-util"
+ALL = "all workers"  # the worker of the rows that count each physical GPU once
+GPUS = "gpus"  # table.attrs: {device index: the physical GPU, "host/uuid"}
 CPU_METRIC = "host-cpu"
 # Held GPU memory: the worker's own first, the whole device's where a sample lacks it.
 MEMORY_METRICS = ("worker-gpu-mem", "total-mem")
@@ -168,10 +180,59 @@ def _row(util: np.ndarray, held, seconds: np.ndarray) -> dict:
     return row
 
 
+def _union(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For intervals sorted by ``start``: the part of each that no interval before it covers (they add up
+    to the length of their union).
+
+    >>> _union(np.array([0.0, 0.5, 3.0]), np.array([1.0, 2.0, 4.0])).tolist()
+    [1.0, 1.0, 1.0]
+    """
+    before = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
+    return np.clip(end - np.maximum(start, before), 0.0, None)
+
+
+def _spans(table: pd.DataFrame, cols: list[str], seconds: np.ndarray, held) -> pd.DataFrame | None:
+    """One row per GPU value of a worker's table: ``gpu`` (the physical GPU), its window ``start``-``end``
+    (s), ``util``, ``held``, and the row's ``job`` and ``counts`` (it counts for the jobs in its tag);
+    None when the table does not say which GPU a column is."""
+    ids = table.attrs.get(GPUS) or {}
+    index = [DEVICE_COLUMN.match(c)["index"] if DEVICE_COLUMN.match(c) else None for c in cols]
+    if not all(i in ids for i in index):
+        return None
+    end, util = table["timestamp"].to_numpy(dtype=float), table[cols].to_numpy(dtype=float)
+    held = np.full(util.shape, np.nan) if held is None else held
+    counts = jobtags.counting(table).to_numpy()
+    parts = [
+        pd.DataFrame(
+            {"gpu": ids[i], "start": end - seconds[:, d], "end": end, "util": util[:, d], "held": held[:, d]}
+        ).assign(job=table["job"].astype(str).to_numpy(), counts=counts)
+        for d, i in enumerate(index)
+    ]
+    out = pd.concat(parts, ignore_index=True)
+    return out[out["util"].notna()]
+
+
+def _once(spans: pd.DataFrame) -> dict:
+    """The figures of :func:`_row` for ``spans`` (:func:`_spans` of every worker), each physical GPU once."""
+    spans = spans.sort_values(["gpu", "start"], kind="stable")
+    time = np.concatenate([_union(g["start"].to_numpy(), g["end"].to_numpy()) for _, g in spans.groupby("gpu")])
+    row = _row(spans["util"].to_numpy()[:, None], None, time[:, None])
+    held = spans[(spans["held"] == 1) & (spans["util"] == 0)]
+    idle = sum(_union(g["start"].to_numpy(), g["end"].to_numpy()).sum() for _, g in held.groupby("gpu"))
+    wall = spans.sort_values("start", kind="stable")
+    row.update(
+        samples=int((time > 0).sum()),
+        devices=spans["gpu"].nunique(),
+        hours=float(_union(wall["start"].to_numpy(), wall["end"].to_numpy()).sum()) / 3600,
+        held_idle_device_hours=float(idle) / 3600 if spans["held"].notna().any() else float("nan"),
+    )
+    return row
+
+
 def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | None = None) -> pd.DataFrame:
     """Utilization summary rows for ``tables`` (whole session, and per job when ``per_job``);
     ``hosts``: ``{worker: host table}``, where the cpu rows come from (see the module docstring)."""
-    rows = []
+    rows, spans = [], []
     for own in tables:
         who = {"worker_index": own.attrs.get("worker_index", 0), "worker": own.attrs.get("worker", "")}
         for resource, metric in (("gpu", GPU_METRIC), ("cpu", CPU_METRIC)):
@@ -185,6 +246,8 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | No
             util = table[cols].to_numpy(dtype=float)
             seconds = weights(table["timestamp"].to_numpy(dtype=float), util, first=interval_seconds(table))
             held = held_memory(table, cols) if resource == "gpu" else None
+            if resource == "gpu":
+                spans.append(_spans(table, cols, seconds, held))
             rows.append({**who, "job": pd.NA, "resource": resource, **_row(util, held, seconds)})
             for job in jobs:
                 mask = jobtags.counts_for(table, job).to_numpy()
@@ -198,6 +261,18 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | No
                 )
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["job"] = frame["job"].astype("Int64")
-    return frame.sort_values(["worker_index", "resource", "job"], na_position="first", kind="stable").reset_index(
-        drop=True
-    )
+    frame = frame.sort_values(["worker_index", "resource", "job"], na_position="first", kind="stable")
+    if spans and all(s is not None for s in spans):
+        frame = pd.concat([frame, _all_workers(pd.concat(spans, ignore_index=True), per_job)], ignore_index=True)
+    return frame.reset_index(drop=True)
+
+
+def _all_workers(spans: pd.DataFrame, per_job: bool) -> pd.DataFrame:
+    """The gpu rows that count each physical GPU once: the whole session, then each job."""
+    who = {"worker_index": pd.NA, "worker": ALL, "resource": "gpu"}
+    rows = [{**who, "job": pd.NA, **_once(spans)}] if len(spans) else []
+    counted = spans[spans["counts"]]
+    for job in jobtags.distinct(counted["job"].unique()) if per_job else []:
+        rows.append({**who, "job": job, **_once(counted[jobtags.series_contains(counted["job"], job)])})
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    return frame.astype({"job": "Int64", "worker_index": "Int64"})

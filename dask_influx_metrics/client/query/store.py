@@ -290,6 +290,7 @@ class Store(TaskQuestions, HostQuestions):
                 metrics = metrics + _tables.resolve(["tasks"])
         origin = self.origin_ns
         hosts = self.host_longs([w for _, w in chosen], wanted[schema.HOST]) if schema.HOST in wanted else {}
+        gpus = self.gpu_ids() if schema.GPU in wanted else {}
 
         def one(item):
             i, worker = item
@@ -297,7 +298,10 @@ class Store(TaskQuestions, HostQuestions):
                 m: None if m == schema.HOST else self.backend.frame(m, list(dict.fromkeys(fs)), worker, job)
                 for m, fs in wanted.items()
             }
-            return worker, _tables.build(frames, metrics, origin, worker, i, host=hosts.get(worker))
+            table = _tables.build(frames, metrics, origin, worker, i, host=hosts.get(worker))
+            if worker in gpus:
+                table.attrs[_summary.GPUS] = gpus[worker]
+            return worker, table
 
         out = {}
         # A few workers in flight: the server builds one answer while we parse another.
