@@ -360,7 +360,7 @@ class TaskQuestions:
         job = self.check_job(job)
         have = self.fields().get(schema.GPU, ())
         if UTIL not in have:
-            return _empty(GPU, NO_GPU)
+            return _empty(GPU, self.kept(schema.GPU, UTIL) or NO_GPU)
         fields = [f for f in (UTIL, *GPM, *PER_WORKER) if f in have]
         # every sample, not the job's only: a sample stands for the window before it, from the previous one of its GPU
         frames = [self.backend.frame(schema.GPU, fields, w).assign(worker=w) for w in self.workers()]
@@ -383,6 +383,8 @@ class TaskQuestions:
         # every sample of every GPU, not the job's only: a reading stands for the window before it
         samples = self.backend.points(schema.GPU, ["worker", "index", "uuid", *PREFIX_DEVICE, MEMORY, shares.SHARE])
         out = prefix_gpu(stream, samples, per_dag=per_dag)
+        if out.attrs.get("why") == NO_GPU_SAMPLES and (kept := self.kept(schema.GPU, UTIL)):
+            out.attrs["why"] = kept
         if missing := out.attrs.pop("unknown", 0):
             self.skip_note(shares.unknown_note(missing))
         return _only(out, job)
