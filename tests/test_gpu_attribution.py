@@ -9,6 +9,7 @@ activity, process tree), read by one :class:`HostCollector` over one
 :class:`NvmlDevices` (NVML opened once for the host).
 """
 
+import os
 from collections import Counter
 
 import pytest
@@ -363,3 +364,90 @@ def test_per_prefix_gpu_depth_from_the_replay(tmp_path, recording):
     assert hold["mean_device_sm_active"] > 40, "three of its five windows saw the matmul on the device"
     assert hold["gpu_s"] == pytest.approx(1.0) and matmul["gpu_s"] == pytest.approx(0.6)
     assert hold["mean_memory_delta"] == 13428064256 / MIB and matmul["mean_memory_delta"] == 0
+
+
+def _hold(seconds):
+    import threading
+
+    threading.Event().wait(seconds)
+
+
+def _set_env(values):
+    import os
+
+    os.environ.update(values)
+
+
+def test_two_workers_sharing_the_replayed_h200_end_to_end(tmp_path, monkeypatch, influxd, fresh_db):
+    """Issue 33's targets on a real LocalCluster of 2 worker processes whose agent replays the H200
+    recording: worker 0 (standing for the recording's holder, pid 668) runs job 1, worker 1 (the bf16
+    matmul, pid 666) runs job 2, at the same time, on the one GPU both see. Read back from the spool and
+    from InfluxDB (InfluxQL): each worker's own table and peaks hold its own jobs only, the holder's job and
+    prefix read ~0 of the GPU's SM time and the matmul's >= 90 %, and the summary counts the GPU once."""
+    from distributed import Client, LocalCluster
+    from nvml_shim import replay_env
+
+    from dask_influx_metrics import Monitor
+    from dask_influx_metrics.client import summary as S
+    from dask_influx_metrics.client.tables import natural_key
+
+    for key, value in replay_env(tmp_path, recording="nvml_h200_shared.json").items():
+        monkeypatch.setenv(key, value)  # the workers' agent imports the replay (the workers inherit this)
+    monkeypatch.setenv("DASK_DISTRIBUTED__DIAGNOSTICS__NVML", "False")
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        pids = client.run(os.getpid)
+        holder, matmul = sorted(pids, key=natural_key)
+        client.run(_set_env, {"FAKE_NVML_PIDS": f"668={pids[holder]},666={pids[matmul]}"})
+        monitor = Monitor(
+            client,
+            sink=["http", "spool"],
+            influxdb_url=influxd.url,
+            database=fresh_db,
+            spool_directory=str(tmp_path / "spool"),
+            gpu_source="nvml",
+        )
+        tracking = ["compute-util", "total-mem", "worker-gpu-mem", "gpm", "worker-gpu-util", "task-stream"]
+        monitor.attach(tracking=tracking, polling_interval=200, job_type="manual")
+        monitor.start()
+        try:
+            monitor.new_job()
+            hold = client.submit(_hold, 2.5, key="hold-1", workers=[holder])
+            monitor.new_job()
+            work = client.submit(_hold, 2.5, key="matmul-1", workers=[matmul])
+            client.gather([hold, work])
+        finally:
+            monitor.stop()
+        _check_shared_h200("spool", monitor.query(), holder, matmul, S)
+        _check_shared_h200("influxql", monitor.query(source=influxd.url, database=fresh_db), holder, matmul, S)
+        monitor.shutdown()
+
+
+def _check_shared_h200(kind, db, holder, matmul, S):
+    assert db.workers() == [holder, matmul], kind
+    tables = db.worker_tables(metrics=["total-mem", "compute-util"])
+    for worker, job in ((holder, 1), (matmul, 2)):
+        table = tables[worker]
+        assert "total-mem[0]" in table.columns, f"{kind}: worker {worker} has its GPU column"
+        busy = table[table["dag"] != "0"]
+        assert set(busy["job"]) == {str(job)}, f"{kind}: worker {worker}'s busy rows are its own job's only"
+    peaks = db.get_peaks("total-mem")
+    assert [set(p) for p in peaks] == [{1}, {2}], f"{kind}: {peaks}"
+    device = db.get_peaks("total-mem", per_job=False)  # the device's peak over the session
+    assert peaks[1][2][0] == pytest.approx(device[1][0], rel=0.01) == 18352570368
+    prefix = db.gpu_per_prefix().set_index("prefix")
+    assert prefix.loc["hold", "mean_sm_active"] <= 5 and prefix.loc["matmul", "mean_sm_active"] >= 90, kind
+    assert prefix.loc["hold", "mean_device_sm_active"] >= 90, f"{kind}: the device was busy meanwhile"
+    per_job = db.gpu_during_tasks().set_index("job")
+    jobs = per_job[per_job["dag"].isna()]
+    assert jobs.loc[1, "mean_sm_active"] + jobs.loc[2, "mean_sm_active"] <= jobs["mean_device_sm_active"].min() + 1e-9
+    s = db.summary(per_job=False)
+    gpu = s[s["resource"] == "gpu"]
+    every = gpu[gpu["worker"] == S.ALL].iloc[0]
+    first, last = db.backend.first_time(), db.backend.last_time()
+    wall = (last - first) / 1e9 + 0.2  # the first sample stands for one interval
+    assert every["devices"] == 1 and every["device_hours"] * 3600 == pytest.approx(wall, rel=0.02), kind
+    mine = gpu[gpu["worker"] != S.ALL]
+    assert mine["device_hours"].sum() == pytest.approx(2 * every["device_hours"], rel=0.05), "each worker's own view"
