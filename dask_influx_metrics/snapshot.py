@@ -1,33 +1,29 @@
 """What a worker and its host's sampling agent share: the task snapshot one way, the agent's beat the other.
 
-Both are :class:`SnapshotBuffer` s over files in the session's host run folder
-(:mod:`.runfolder`): one writer, any readers, under a seqlock (the sequence
-number is odd while writing; a reader retries on an odd or changed number or a
-CRC mismatch).
+Both are :class:`SnapshotBuffer` s over files in the session's host run folder (:mod:`.runfolder`): one
+writer, any readers, under a seqlock (the sequence number is odd while writing; a reader retries on an odd
+or changed number or a CRC mismatch).
 
-**The snapshot** (worker -> agent, ``workers/<id>.snap``, :data:`BUFFER_BYTES`),
-written by :class:`Publisher` on the worker's event loop just before the agent's next sample
-when tasks started or ended (``transition``), and when bytes held or the clock offset changed
-(once a second): compact JSON with the change counter ``seq``, the worker's busy-time
-counter (:meth:`Activity.busy_seconds`: what a simulated GPU averages between two reads), the executing tasks and the
-*recent* ones, tasks that ended before the agent may have sampled them. Each entry is
-``[key, job, dag, start]`` (``start``: the ``seq`` of its start), a recent one encoded once. A
-sample counts a recent task as executing when it started after the snapshot of
-the previous sample (``start > acked``): a task that started and ended between
-two samples leaves a trace. Those the agent has acknowledged are pruned (looked at
-every :data:`ASK_EVERY` carried tasks: one carried longer is not counted twice, its
-start is not after ``acked``); beyond :data:`RECENT`, the older half is folded into
-one keyless entry per job and DAG (tags stay exact), so a publish stays a few µs. A
-snapshot too big for the buffer drops keys (``null``), then the oldest recent
-tasks; counts and tags stay exact while entries remain.
+**The snapshot** (worker -> agent, ``workers/<id>.snap``, :data:`BUFFER_BYTES`), written by
+:class:`Publisher` on the worker's event loop just before the agent's next sample when tasks started or
+ended (``transition``), and when bytes held or the clock offset changed (once a second): compact JSON with
+the change counter ``seq``, the busy-time counter (:attr:`Activity.busy`: a simulated GPU averages it
+between reads), the executing tasks and the *recent* ones, tasks that ended before the agent may have
+sampled them. Each entry is ``[key, job, dag, start]`` (``start``: the ``seq`` of its start), a recent one
+encoded once. A sample counts a recent task as executing when it started after the snapshot of the
+previous sample (``start > acked``): a task that started and ended between two samples leaves a trace.
+Those the agent has acknowledged are pruned (looked at every :data:`ASK_EVERY` carried tasks: one carried
+longer is not counted twice, its start is not after ``acked``); beyond :data:`RECENT`, the older half is
+folded into one keyless entry per job and DAG (tags stay exact), so a publish stays a few µs. A snapshot
+too big for the buffer drops keys (``null``), then the oldest recent tasks; counts and tags stay exact
+while entries remain.
 
-**The beat** (agent -> workers, ``agent.beat``, :data:`BEAT_BYTES`), written by
-the agent before each sample: its ``pid``, ``samples``, ``extra`` (on a wake) and
-``time`` (``time.monotonic()``, one clock for all processes on Linux) packed,
-then JSON that changes less often: ``acked`` (worker id -> the ``seq`` of the
-snapshot that sample used), ``idle`` (the workers that sample saw idle), ``ticks`` (its schedule:
-``[origin, interval]``, samples at ``origin + k * interval``), what it ``found`` of each worker's GPUs, its
-sink's delivery ``counters`` (once a second) and its latest ``reports``.
+**The beat** (agent -> workers, ``agent.beat``, :data:`BEAT_BYTES`), written by the agent before each
+sample: its ``pid``, ``samples``, ``extra`` (on a wake) and ``time`` (``time.monotonic()``, one clock for
+all processes on Linux) packed, then JSON that changes less often: ``acked`` (worker id -> the ``seq`` of
+the snapshot that sample used), ``idle`` (the workers that sample saw idle), ``ticks`` (its schedule:
+``[origin, interval]``, samples at ``origin + k * interval``), what it ``found`` of each worker's GPUs,
+its sink's delivery ``counters`` (once a second) and its latest ``reports``.
 
 Example
 -------
@@ -81,26 +77,12 @@ class Activity(NamedTuple):
     managed_bytes: int
     last_job: int
     scheduler_delay: float = 0.0  # the worker's raw clock-offset estimate (Dask's scheduler_delay)
-    # the worker's busy-time counter: the sum of its task ends minus the sum of its task starts
-    # (time.monotonic() seconds); None where it does not keep one. See busy_seconds().
-    busy: float | None = None
-    busy_n: int = 0  # the tasks executing when ``busy`` was last changed (not the brief ones)
+    busy: float | None = None  # busy-time counter: task ends - task starts (time.monotonic() s); None: not kept
+    busy_n: int = 0  # tasks executing (not the brief ones): busy thread-seconds up to t = busy + busy_n * t
 
     @property
     def executing(self) -> int:
         return len(self.running)
-
-    def busy_seconds(self, now: float) -> float | None:
-        """Thread-seconds the worker spent executing tasks up to ``now`` (``time.monotonic()``): the ended
-        tasks' durations plus the running ones' time so far, ``busy + busy_n * now``; None when not counted.
-        Two reads give the exact busy share between them, however short the tasks (a simulated GPU's
-        utilization, :mod:`.agent.sources.simulated`). One clock read per task start and end keeps it.
-
-        >>> a = Activity((), 2, 0, 0, busy=(4.0 - 3.0) - 10.0, busy_n=1)  # 3-4 s one task; one since 10 s
-        >>> a.busy_seconds(10.5)
-        1.5
-        """
-        return None if self.busy is None else self.busy + self.busy_n * now
 
     @property
     def job_tag(self) -> str:
@@ -220,7 +202,6 @@ def _key_json(k) -> str:
 
 
 _string = json.encoder.encode_basestring  # a JSON string, non-ASCII kept (C)
-_monotonic = time.monotonic
 
 
 _SNAPSHOT = b'{"seq":%d,"threads":%d,"bytes":%d,"last":%d,"delay":%s,"busy":%r,"running":[%s],"recent":[%s]}'
@@ -241,8 +222,7 @@ def encode_snapshot(
     limit: int = BUFFER_BYTES,
     busy: float = 0.0,
 ) -> bytes:
-    """The snapshot as compact JSON of at most ``limit`` bytes (entries from :func:`entry`; ``busy``:
-    the busy-time counter, :attr:`Activity.busy`)."""
+    """The snapshot as compact JSON of at most ``limit`` bytes (entries from :func:`entry`)."""
     state = (seq, nthreads, managed_bytes, last_job, _delay(delay), busy)
     data = _SNAPSHOT % (*state, b",".join(running), b",".join(recent))
     if len(data) <= limit:
@@ -341,14 +321,14 @@ class BeatReader:
 
 
 class Publisher:
-    """The worker's side: its executing and recent tasks; writes the snapshot on each change. Called on
-    the event loop only; never raises (an error is logged once). ``acked()``: the ``seq`` the agent's
-    latest sample used (:meth:`BeatReader.acked`).
+    """The worker's side: its executing and recent tasks; writes the snapshot on each change. Called on the
+    event loop only; never raises (an error is logged once). ``acked()``: the ``seq`` the agent's latest
+    sample used (:meth:`BeatReader.acked`).
 
-    With :attr:`defer` set (beside the agent, :meth:`..worker.agentlink.AgentLink.publish_from`), a change
-    is written later with those that follow it (just before the agent's next sample): short tasks cost a
-    write per interval, not one or two each; entries are encoded at the write, each recent one once.
-    :meth:`flush` writes a pending change now (before a wake)."""
+    With :attr:`defer` set (beside the agent, :meth:`..worker.agentlink.AgentLink.publish_from`), a change is
+    written later with those that follow it (just before the agent's next sample): short tasks cost a write
+    per interval, not one or two each; entries are encoded at the write, each recent one once. :meth:`flush`
+    writes a pending change now (before a wake)."""
 
     def __init__(
         self,
@@ -378,8 +358,7 @@ class Publisher:
         self.seq += 1
         if job:
             self.last_job = job
-        if key not in self._running:
-            self.busy -= _monotonic()
+        self.busy -= 0.0 if key in self._running else time.monotonic()
         self._running[key] = (self.seq, job, dag)
         self._changed()
 
@@ -389,7 +368,7 @@ class Publisher:
         if task is None:
             return None
         self.seq += 1
-        self.busy += _monotonic()
+        self.busy += time.monotonic()
         start, job, dag = task
         if start > self._acked:  # no sample had seen it when last asked: carried until one has
             self._recent.append((start, key, job, dag))
@@ -465,16 +444,8 @@ class Publisher:
                 self._recent_json = self._recent_json + b"," + new if self._recent_json else new
                 self._encoded = len(self._recent)
             running = [entry(key, job, dag, start) for key, (start, job, dag) in self._running.items()]
-            data = _SNAPSHOT % (
-                self.seq,
-                self.nthreads,
-                self.managed_bytes,
-                self.last_job,
-                self._delay_json,
-                self.busy,
-                b",".join(running),
-                self._recent_json,
-            )
+            head = (self.seq, self.nthreads, self.managed_bytes, self.last_job, self._delay_json, self.busy)
+            data = _SNAPSHOT % (*head, b",".join(running), self._recent_json)
             if len(data) > self._buffer.capacity:  # rare: without keys, then fewer recent tasks
                 recent = [entry(key, job, dag, start) for start, key, job, dag in self._recent]
                 state = (self.seq, self.nthreads, self.managed_bytes, self.last_job, self.delay)
@@ -493,9 +464,9 @@ IDLE = Activity((), 0, 0, 0)
 
 
 class SnapshotReader:
-    """The agent's side for one worker: ``refresh()`` once per sample (the running tasks plus the
-    recent ones no sample has seen; a failed read keeps the previous snapshot, without the recent
-    ones), then ``reader()`` is that snapshot and :attr:`acked` the ``seq`` it used."""
+    """The agent's side for one worker: ``refresh()`` once per sample (the running tasks plus the recent ones
+    no sample has seen; a failed read keeps the previous snapshot, without the recent ones), then
+    ``reader()`` is that snapshot and :attr:`acked` the ``seq`` it used."""
 
     def __init__(self, buffer: SnapshotBuffer):
         self._buffer = buffer

@@ -75,6 +75,14 @@ def held_idle() -> str:
     return f'(1 - ceil("{util}" / 100)) * ceil("{mem}" / 1000000000)'
 
 
+def nested(outer: str, inner: str, where: str, group: str) -> str:
+    """``SELECT outer`` over the gpu points' ``SELECT inner`` (``where`` and the time filter), ``GROUP BY group``."""
+    return (
+        f'SELECT {outer} FROM (SELECT {inner} FROM "{schema.GPU}" WHERE {where} AND $timeFilter) '
+        f"WHERE $timeFilter GROUP BY {group}"
+    )
+
+
 def target(query: str, alias: str = "", fmt: str = "time_series", ref: str = "A") -> dict:
     out = {"refId": ref, "datasource": INFLUXQL, "rawQuery": True, "resultFormat": fmt, "query": query}
     return {**out, "alias": alias} if alias else out
@@ -145,15 +153,9 @@ def gpu_panels() -> list[list[tuple[dict, int]]]:
     reasons = field(schema.GPU, "clocks_event_reasons")
     shares = ", ".join(f'100 * mean("r{bit}") AS "{schema.CLOCK_EVENT_REASONS[bit]}"' for bit in SLOWDOWNS)
     bits = ", ".join(f'("{reasons.name}" & {bit}) / {bit} AS "r{bit}"' for bit in SLOWDOWNS)
-    slowdowns = (
-        f"SELECT {shares} FROM (SELECT {bits} FROM \"{schema.GPU}\" WHERE {SAMPLES} AND $timeFilter) "
-        f"WHERE $timeFilter GROUP BY time($__interval), \"host\", \"uuid\" fill(none)"
-    )
-    held = (
-        f"SELECT 100 * mean(\"held_idle\") FROM (SELECT {held_idle()} AS \"held_idle\" FROM \"{schema.GPU}\" "
-        f"WHERE {SAMPLES} AND {BUSY} AND $timeFilter) WHERE $timeFilter "
-        f"GROUP BY time($__interval), \"host\", \"uuid\" fill(none)"
-    )
+    per_device = 'time($__interval), "host", "uuid" fill(none)'
+    slowdowns = nested(shares, bits, SAMPLES, per_device)
+    held = nested('100 * mean("held_idle")', f'{held_idle()} AS "held_idle"', f"{SAMPLES} AND {BUSY}", per_device)
     hours = "* $sample_ms / 3600000"
     util = field(schema.GPU, "utilization_gpu").name
     # each physical GPU once per sampling interval: the workers sharing it write a point each
@@ -303,10 +305,7 @@ def own_panel() -> tuple[dict, int]:
     names = [field(schema.GPU, n).name for n in ("utilization_gpu", "sm_active", "pipe_tensor_active")]
     inner = ", ".join(f'"{n}" * "{share}" / 100 AS "own_{n}"' for n in names)
     outer = ", ".join(f'mean("own_{n}") AS "own_{n}"' for n in names)
-    query = (
-        f'SELECT {outer} FROM (SELECT {inner} FROM "{schema.GPU}" WHERE {SAMPLES} AND {BUSY} AND $timeFilter) '
-        f'WHERE $timeFilter GROUP BY time($__interval), "worker", "index", "job" fill(none)'
-    )
+    query = nested(outer, inner, f"{SAMPLES} AND {BUSY}", 'time($__interval), "worker", "index", "job" fill(none)')
     description = (
         "On a GPU several workers (or other processes) share: each job's own utilization, SM active and tensor "
         "activity, the device's readings scaled by its worker's worker_gpu_share (a process that only holds "

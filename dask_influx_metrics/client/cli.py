@@ -162,7 +162,9 @@ def summary(open_store, per_job, workers, job, fmt):
     """GPU and host-CPU utilization per worker (and job).
 
     Mean and max (%), share of samples above 20/40/80% and at 100%, device
-    hours and unused device hours.
+    hours and unused device hours. Each worker's rows are its own view of the
+    GPUs it uses; the last gpu rows, worker "all workers", count each physical
+    GPU once (two workers sharing a GPU: its hours once).
 
     \b
     Example:

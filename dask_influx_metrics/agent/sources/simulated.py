@@ -11,8 +11,8 @@ utilization, power, temperature, clock) is an **average over the time since the 
 memory is **as now**:
 
 * ``busy``: the share of the worker's threads executing tasks since the previous read, from the
-  worker's busy-time counter (:meth:`~dask_influx_metrics.snapshot.Activity.busy_seconds`): exact
-  however short the tasks. Where the worker does not count it (and at the first read),
+  worker's busy-time counter (:attr:`~dask_influx_metrics.snapshot.Activity.busy`, kept with one
+  clock read per task start and end): exact however short the tasks. Where the worker does not count it (and at the first read),
   ``min(1, executing / nthreads)`` at the read (0 when the worker has no threads)
 * ``utilization_gpu = round(100 * busy * (1 - j))`` with ``j`` a seeded jitter
   in ``[0, 0.08]`` (a fixed per-device part plus a per-read part), so an idle
@@ -120,7 +120,7 @@ class SimulatedGpuSource:
     def _busy(self, snap: Activity) -> float:
         """The worker's busy share since the previous read; at a read where that is unknown, now."""
         now = self._clock()
-        total = snap.busy_seconds(now)
+        total = None if snap.busy is None else snap.busy + snap.busy_n * now  # busy thread-seconds so far
         last, self._last = self._last, (None if total is None else (now, total))
         if total is None or last is None or now <= last[0] or snap.nthreads <= 0:
             return min(1.0, snap.executing / snap.nthreads) if snap.nthreads > 0 else 0.0
