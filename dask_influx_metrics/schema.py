@@ -443,6 +443,16 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     ),
     "fine-metrics": ((ACTIVITY, "value"), (ACTIVITY, "jobs")),
 }
+# The gpu fields that say how busy the GPU's compute was. On a GPU several workers (or other processes)
+# share, a job's own figure is the device's scaled by its worker's ``worker_gpu_share``
+# (docs/attribution.md); memory is per worker already (``worker_memory_used``).
+SHARE_SCALED = (
+    "utilization_gpu",
+    "sm_active",
+    "sm_occupancy",
+    "dram_active",
+    *(name for m, name in TRACKING["gpm"] if name.startswith("pipe_")),
+)
 # Fields written whenever their measurement is written at all (static, cheap).
 ALWAYS = frozenset({(GPU, "memory_total"), (HOST, "memory_total")})
 

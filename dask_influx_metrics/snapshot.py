@@ -1,32 +1,29 @@
 """What a worker and its host's sampling agent share: the task snapshot one way, the agent's beat the other.
 
-Both are :class:`SnapshotBuffer` s over files in the session's host run folder
-(:mod:`.runfolder`): one writer, any readers, under a seqlock (the sequence
-number is odd while writing; a reader retries on an odd or changed number or a
-CRC mismatch).
+Both are :class:`SnapshotBuffer` s over files in the session's host run folder (:mod:`.runfolder`): one
+writer, any readers, under a seqlock (the sequence number is odd while writing; a reader retries on an odd
+or changed number or a CRC mismatch).
 
-**The snapshot** (worker -> agent, ``workers/<id>.snap``, :data:`BUFFER_BYTES`),
-written by :class:`Publisher` on the worker's event loop just before the agent's next sample
-when tasks started or ended (``transition``), and when bytes held or the clock offset changed
-(once a second): compact JSON with the change counter ``seq``, the executing tasks and the
-*recent* ones, tasks that ended before the agent may have sampled them. Each entry is
-``[key, job, dag, start]`` (``start``: the ``seq`` of its start), a recent one encoded once. A
-sample counts a recent task as executing when it started after the snapshot of
-the previous sample (``start > acked``): a task that started and ended between
-two samples leaves a trace. Those the agent has acknowledged are pruned (looked at
-every :data:`ASK_EVERY` carried tasks: one carried longer is not counted twice, its
-start is not after ``acked``); beyond :data:`RECENT`, the older half is folded into
-one keyless entry per job and DAG (tags stay exact), so a publish stays a few µs. A
-snapshot too big for the buffer drops keys (``null``), then the oldest recent
-tasks; counts and tags stay exact while entries remain.
+**The snapshot** (worker -> agent, ``workers/<id>.snap``, :data:`BUFFER_BYTES`), written by
+:class:`Publisher` on the worker's event loop just before the agent's next sample when tasks started or
+ended (``transition``), and when bytes held or the clock offset changed (once a second): compact JSON with
+the change counter ``seq``, the busy-time counter (:attr:`Activity.busy`: a simulated GPU averages it
+between reads), the executing tasks and the *recent* ones, tasks that ended before the agent may have
+sampled them. Each entry is ``[key, job, dag, start]`` (``start``: the ``seq`` of its start), a recent one
+encoded once. A sample counts a recent task as executing when it started after the snapshot of the
+previous sample (``start > acked``): a task that started and ended between two samples leaves a trace.
+Those the agent has acknowledged are pruned (looked at every :data:`ASK_EVERY` carried tasks: one carried
+longer is not counted twice, its start is not after ``acked``); beyond :data:`RECENT`, the older half is
+folded into one keyless entry per job and DAG (tags stay exact), so a publish stays a few µs. A snapshot
+too big for the buffer drops keys (``null``), then the oldest recent tasks; counts and tags stay exact
+while entries remain.
 
-**The beat** (agent -> workers, ``agent.beat``, :data:`BEAT_BYTES`), written by
-the agent before each sample: its ``pid``, ``samples``, ``extra`` (on a wake) and
-``time`` (``time.monotonic()``, one clock for all processes on Linux) packed,
-then JSON that changes less often: ``acked`` (worker id -> the ``seq`` of the
-snapshot that sample used), ``idle`` (the workers that sample saw idle), ``ticks`` (its schedule:
-``[origin, interval]``, samples at ``origin + k * interval``), what it ``found`` of each worker's GPUs, its
-sink's delivery ``counters`` (once a second) and its latest ``reports``.
+**The beat** (agent -> workers, ``agent.beat``, :data:`BEAT_BYTES`), written by the agent before each
+sample: its ``pid``, ``samples``, ``extra`` (on a wake) and ``time`` (``time.monotonic()``, one clock for
+all processes on Linux) packed, then JSON that changes less often: ``acked`` (worker id -> the ``seq`` of
+the snapshot that sample used), ``idle`` (the workers that sample saw idle), ``ticks`` (its schedule:
+``[origin, interval]``, samples at ``origin + k * interval``), what it ``found`` of each worker's GPUs,
+its sink's delivery ``counters`` (once a second) and its latest ``reports``.
 
 Example
 -------
@@ -80,6 +77,8 @@ class Activity(NamedTuple):
     managed_bytes: int
     last_job: int
     scheduler_delay: float = 0.0  # the worker's raw clock-offset estimate (Dask's scheduler_delay)
+    busy: float | None = None  # busy-time counter: task ends - task starts (time.monotonic() s); None: not kept
+    busy_n: int = 0  # tasks executing (not the brief ones): busy thread-seconds up to t = busy + busy_n * t
 
     @property
     def executing(self) -> int:
@@ -205,7 +204,7 @@ def _key_json(k) -> str:
 _string = json.encoder.encode_basestring  # a JSON string, non-ASCII kept (C)
 
 
-_SNAPSHOT = b'{"seq":%d,"threads":%d,"bytes":%d,"last":%d,"delay":%s,"running":[%s],"recent":[%s]}'
+_SNAPSHOT = b'{"seq":%d,"threads":%d,"bytes":%d,"last":%d,"delay":%s,"busy":%r,"running":[%s],"recent":[%s]}'
 
 
 def _delay(delay: float) -> bytes:
@@ -221,9 +220,11 @@ def encode_snapshot(
     running: list[bytes],
     recent: list[bytes],
     limit: int = BUFFER_BYTES,
+    busy: float = 0.0,
 ) -> bytes:
     """The snapshot as compact JSON of at most ``limit`` bytes (entries from :func:`entry`)."""
-    data = _SNAPSHOT % (seq, nthreads, managed_bytes, last_job, _delay(delay), b",".join(running), b",".join(recent))
+    state = (seq, nthreads, managed_bytes, last_job, _delay(delay), busy)
+    data = _SNAPSHOT % (*state, b",".join(running), b",".join(recent))
     if len(data) <= limit:
         return data
     head = data[: data.index(b'"running"')]
@@ -254,7 +255,7 @@ def decode_snapshot(data: bytes) -> Snapshot:
     running = tuple((_tuples(k), j, g) for k, j, g, _ in d["running"])
     return Snapshot(
         d["seq"],
-        Activity(running, d["threads"], d["bytes"], d["last"], d["delay"]),
+        Activity(running, d["threads"], d["bytes"], d["last"], d["delay"], d.get("busy"), len(running)),
         tuple((_tuples(k), j, g, s) for k, j, g, s in d["recent"]),
     )
 
@@ -320,14 +321,14 @@ class BeatReader:
 
 
 class Publisher:
-    """The worker's side: its executing and recent tasks; writes the snapshot on each change. Called on
-    the event loop only; never raises (an error is logged once). ``acked()``: the ``seq`` the agent's
-    latest sample used (:meth:`BeatReader.acked`).
+    """The worker's side: its executing and recent tasks; writes the snapshot on each change. Called on the
+    event loop only; never raises (an error is logged once). ``acked()``: the ``seq`` the agent's latest
+    sample used (:meth:`BeatReader.acked`).
 
-    With :attr:`defer` set (beside the agent, :meth:`..worker.agentlink.AgentLink.publish_from`), a change
-    is written later with those that follow it (just before the agent's next sample): short tasks cost a
-    write per interval, not one or two each; entries are encoded at the write, each recent one once.
-    :meth:`flush` writes a pending change now (before a wake)."""
+    With :attr:`defer` set (beside the agent, :meth:`..worker.agentlink.AgentLink.publish_from`), a change is
+    written later with those that follow it (just before the agent's next sample): short tasks cost a write
+    per interval, not one or two each; entries are encoded at the write, each recent one once. :meth:`flush`
+    writes a pending change now (before a wake)."""
 
     def __init__(
         self,
@@ -342,6 +343,7 @@ class Publisher:
         self.seq, self.nthreads, self.last_job = 0, nthreads, last_job
         self.managed_bytes, self.delay, self._delay_json = 0, 0.0, b"0.0"
         self._running: dict = {}  # key -> (start seq, job, dag)
+        self.busy = 0.0  # the busy-time counter (Activity.busy): minus each start's time, plus each end's
         self._recent: list = []  # (start seq, key, job, dag) of ended tasks
         self._recent_json, self._encoded = b"", 0  # the first ``_encoded`` recent entries, joined
         self._acked = 0
@@ -356,6 +358,7 @@ class Publisher:
         self.seq += 1
         if job:
             self.last_job = job
+        self.busy -= 0.0 if key in self._running else time.monotonic()
         self._running[key] = (self.seq, job, dag)
         self._changed()
 
@@ -365,6 +368,7 @@ class Publisher:
         if task is None:
             return None
         self.seq += 1
+        self.busy += time.monotonic()
         start, job, dag = task
         if start > self._acked:  # no sample had seen it when last asked: carried until one has
             self._recent.append((start, key, job, dag))
@@ -440,19 +444,12 @@ class Publisher:
                 self._recent_json = self._recent_json + b"," + new if self._recent_json else new
                 self._encoded = len(self._recent)
             running = [entry(key, job, dag, start) for key, (start, job, dag) in self._running.items()]
-            data = _SNAPSHOT % (
-                self.seq,
-                self.nthreads,
-                self.managed_bytes,
-                self.last_job,
-                self._delay_json,
-                b",".join(running),
-                self._recent_json,
-            )
+            head = (self.seq, self.nthreads, self.managed_bytes, self.last_job, self._delay_json, self.busy)
+            data = _SNAPSHOT % (*head, b",".join(running), self._recent_json)
             if len(data) > self._buffer.capacity:  # rare: without keys, then fewer recent tasks
                 recent = [entry(key, job, dag, start) for start, key, job, dag in self._recent]
                 state = (self.seq, self.nthreads, self.managed_bytes, self.last_job, self.delay)
-                data = encode_snapshot(*state, running, recent, self._buffer.capacity)
+                data = encode_snapshot(*state, running, recent, self._buffer.capacity, self.busy)
             self._buffer.write(data)
         except Exception as e:
             self._fail(e)
@@ -467,9 +464,9 @@ IDLE = Activity((), 0, 0, 0)
 
 
 class SnapshotReader:
-    """The agent's side for one worker: ``refresh()`` once per sample (the running tasks plus the
-    recent ones no sample has seen; a failed read keeps the previous snapshot, without the recent
-    ones), then ``reader()`` is that snapshot and :attr:`acked` the ``seq`` it used."""
+    """The agent's side for one worker: ``refresh()`` once per sample (the running tasks plus the recent ones
+    no sample has seen; a failed read keeps the previous snapshot, without the recent ones), then
+    ``reader()`` is that snapshot and :attr:`acked` the ``seq`` it used."""
 
     def __init__(self, buffer: SnapshotBuffer):
         self._buffer = buffer

@@ -173,12 +173,13 @@ def rule(uid: str, title: str, condition: str, data: list[dict], panel: str, sum
 
 
 def held_idle_rule() -> dict:
-    """A GPU whose every sample in the window is busy (a job's task running on a worker using it) with
-    memory in use, and none ran a kernel: one alert per GPU (host, uuid)."""
+    """A GPU on which a worker's every sample in the window is busy (a job's task running on it) with memory
+    in use, and no kernel ran: one alert per GPU (host, uuid) and worker (each worker writes its own points
+    of the GPUs it uses, tagged with its own jobs)."""
     util, mem = field(schema.GPU, "utilization_gpu").name, field(schema.GPU, "memory_used").name
     seconds = HELD_IDLE_MINUTES * 60
-    every = f'FROM "{schema.GPU}" WHERE $timeFilter GROUP BY "host", "uuid"'
-    held = f'FROM "{schema.GPU}" WHERE {BUSY} AND "{mem}" > 0 AND $timeFilter GROUP BY "host", "uuid"'
+    every = f'FROM "{schema.GPU}" WHERE $timeFilter GROUP BY "host", "uuid", "worker"'
+    held = f'FROM "{schema.GPU}" WHERE {BUSY} AND "{mem}" > 0 AND $timeFilter GROUP BY "host", "uuid", "worker"'
     data = [
         alert_query("A", f'SELECT max("{util}") {every}', seconds),
         alert_query("B", f'SELECT count("{util}") {held}', seconds),
@@ -196,9 +197,9 @@ def held_idle_rule() -> dict:
         data,
         "GPU held idle while a job runs (% of busy samples)",
         "GPU {{ $labels.uuid }} on {{ $labels.host }} ran no kernel for "
-        f"{HELD_IDLE_MINUTES} minutes while a job held it",
-        f"In each of the last {HELD_IDLE_MINUTES} minutes' samples a job's task ran on a worker using "
-        "this GPU, with memory in use on it, and utilization_gpu was 0. The dashboard's job "
+        f"{HELD_IDLE_MINUTES} minutes while a job on worker {{{{ $labels.worker }}}} held it",
+        f"In each of the last {HELD_IDLE_MINUTES} minutes' samples a job's task ran on this worker, which "
+        "uses this GPU, with memory in use on it, and utilization_gpu was 0. The dashboard's job "
         "variable and GPU-hours table show which job.",
     )
 

@@ -27,6 +27,9 @@ JOB = f'"job" =~ {jobtags.influxql_regex("$job")}'  # activity points have no da
 JOB_DAG = f'{JOB} AND "dag" =~ {jobtags.influxql_regex("$dag")}'
 SAMPLES = f"{HOST_WORKER} AND {JOB_DAG}"
 BUSY = "\"dag\" != '0'"
+# A GPU's device-wide fields are written on each worker using it (its own job tags): device panels draw
+# one line per physical GPU (host, uuid), per-worker fields one per worker and GPU.
+PER_DEVICE, DEVICE_ALIAS = ["host", "uuid"], "$tag_host $tag_uuid"
 PER_GPU, GPU_ALIAS = ["worker", "index"], "$tag_worker GPU $tag_index"
 # Clock-event reasons that mean the GPU was slowed down (idle, application/display clocks and
 # sync boost are not shown).
@@ -70,6 +73,14 @@ def held_idle() -> str:
     """
     util, mem = field(schema.GPU, "utilization_gpu").name, field(schema.GPU, "memory_used").name
     return f'(1 - ceil("{util}" / 100)) * ceil("{mem}" / 1000000000)'
+
+
+def nested(outer: str, inner: str, where: str, group: str) -> str:
+    """``SELECT outer`` over the gpu points' ``SELECT inner`` (``where`` and the time filter), ``GROUP BY group``."""
+    return (
+        f'SELECT {outer} FROM (SELECT {inner} FROM "{schema.GPU}" WHERE {where} AND $timeFilter) '
+        f"WHERE $timeFilter GROUP BY {group}"
+    )
 
 
 def target(query: str, alias: str = "", fmt: str = "time_series", ref: str = "A") -> dict:
@@ -134,34 +145,34 @@ def gpu_panels() -> list[list[tuple[dict, int]]]:
     """Rows of per-GPU panels: every collected gpu field, clock-event reasons, held-idle time, GPU-hours."""
 
     def per_gpu(title: str, name: str, agg: str = "mean") -> tuple[dict, int]:
+        return timeseries(title, field(schema.GPU, name), agg, SAMPLES, PER_DEVICE, DEVICE_ALIAS), 12
+
+    def per_worker(title: str, name: str, agg: str = "mean") -> tuple[dict, int]:
         return timeseries(title, field(schema.GPU, name), agg, SAMPLES, PER_GPU, GPU_ALIAS), 12
 
     reasons = field(schema.GPU, "clocks_event_reasons")
     shares = ", ".join(f'100 * mean("r{bit}") AS "{schema.CLOCK_EVENT_REASONS[bit]}"' for bit in SLOWDOWNS)
     bits = ", ".join(f'("{reasons.name}" & {bit}) / {bit} AS "r{bit}"' for bit in SLOWDOWNS)
-    slowdowns = (
-        f"SELECT {shares} FROM (SELECT {bits} FROM \"{schema.GPU}\" WHERE {SAMPLES} AND $timeFilter) "
-        f"WHERE $timeFilter GROUP BY time($__interval), \"worker\", \"index\" fill(none)"
-    )
-    held = (
-        f"SELECT 100 * mean(\"held_idle\") FROM (SELECT {held_idle()} AS \"held_idle\" FROM \"{schema.GPU}\" "
-        f"WHERE {SAMPLES} AND {BUSY} AND $timeFilter) WHERE $timeFilter "
-        f"GROUP BY time($__interval), \"worker\", \"index\" fill(none)"
-    )
+    per_device = 'time($__interval), "host", "uuid" fill(none)'
+    slowdowns = nested(shares, bits, SAMPLES, per_device)
+    held = nested('100 * mean("held_idle")', f'{held_idle()} AS "held_idle"', f"{SAMPLES} AND {BUSY}", per_device)
     hours = "* $sample_ms / 3600000"
     util = field(schema.GPU, "utilization_gpu").name
+    # each physical GPU once per sampling interval: the workers sharing it write a point each
     gpu_hours = (
         f'SELECT count("util") {hours} AS "gpu_hours", sum("held_idle") {hours} AS "held_idle_gpu_hours", '
-        f'mean("util") AS "mean_{util}" FROM (SELECT "{util}" AS "util", {held_idle()} AS "held_idle" '
-        f"FROM \"{schema.GPU}\" WHERE {SAMPLES} AND {BUSY} AND $timeFilter) WHERE $timeFilter GROUP BY \"job\""
+        f'mean("util") AS "mean_{util}" FROM (SELECT max("{util}") AS "util", max("held_idle") AS "held_idle" '
+        f'FROM (SELECT "{util}", {held_idle()} AS "held_idle" FROM "{schema.GPU}" WHERE {SAMPLES} AND {BUSY} '
+        f'AND $timeFilter) WHERE $timeFilter GROUP BY time(${{sample_ms:raw}}ms), "host", "uuid", "job") '
+        f'WHERE $timeFilter GROUP BY "job"'
     )
     return [
         [
-            per_gpu("GPU power draw per worker/GPU", "power_draw"),
-            per_gpu("GPU temperature per worker/GPU", "temperature_gpu", "max"),
+            per_gpu("GPU power draw per GPU", "power_draw"),
+            per_gpu("GPU temperature per GPU", "temperature_gpu", "max"),
         ],
         [
-            per_gpu("SM clock per worker/GPU", "clocks_current_sm"),
+            per_gpu("SM clock per GPU", "clocks_current_sm"),
             (
                 graph(
                     "Clock-event reasons: % of samples slowed down, per reason",
@@ -170,7 +181,7 @@ def gpu_panels() -> list[list[tuple[dict, int]]]:
                     + ", ".join(f"{bit:#x} {schema.CLOCK_EVENT_REASONS[bit]}" for bit in SLOWDOWNS)
                     + ").",
                     slowdowns,
-                    f"{GPU_ALIAS} $col",
+                    f"{DEVICE_ALIAS} $col",
                     "percent",
                     y_max=100,
                 ),
@@ -178,7 +189,7 @@ def gpu_panels() -> list[list[tuple[dict, int]]]:
             ),
         ],
         [
-            per_gpu("GPU memory held by each worker's processes", "worker_memory_used", "max"),
+            per_worker("GPU memory held by each worker's processes", "worker_memory_used", "max"),
             per_gpu("GPU memory busy (read/write time)", "utilization_memory"),
         ],
         [
@@ -188,7 +199,7 @@ def gpu_panels() -> list[list[tuple[dict, int]]]:
                     "Share of the busy samples (a job's task running on a worker using the GPU) in which the GPU "
                     "ran no kernel while memory was in use on it (utilization_gpu = 0, memory_used > 0).",
                     held,
-                    GPU_ALIAS,
+                    DEVICE_ALIAS,
                     "percent",
                     y_max=100,
                 ),
@@ -198,8 +209,9 @@ def gpu_panels() -> list[list[tuple[dict, int]]]:
                 table(
                     "GPU-hours and held-idle GPU-hours per job",
                     "GPU samples while the job ran (busy, dag != '0') x the sampling interval ($sample_ms ms), "
-                    "over the GPUs shown; held idle: those in which the GPU ran no kernel while memory was in use. "
-                    "A job tag such as '1,2' means the jobs shared the GPU's workers at that time.",
+                    "over the GPUs shown, each physical GPU once per interval however many workers share it; "
+                    "held idle: those in which the GPU ran no kernel while memory was in use. "
+                    "A job tag such as '1,2' means the worker ran tasks of both jobs at that time.",
                     gpu_hours,
                 ),
                 12,
@@ -265,9 +277,9 @@ def delivery_panels() -> list[list[tuple[dict, int]]]:
 
 
 def several(
-    title: str, names: tuple, agg: str = "mean", group: tuple = ("worker", "index"), where: str = SAMPLES
+    title: str, names: tuple, agg: str = "mean", group: tuple = tuple(PER_DEVICE), where: str = SAMPLES
 ) -> tuple[dict, int]:
-    """One panel of several gpu fields of one unit, one line per field and GPU (or ``group``)."""
+    """One panel of several gpu fields of one unit, one line per field and physical GPU (or ``group``)."""
     fields = [field(schema.GPU, n) for n in names]
     select = ", ".join(f'{agg}("{f.name}") AS "{f.name}"' for f in fields)
     tags = "".join(f', "{t}"' for t in group)
@@ -276,11 +288,40 @@ def several(
     )
     description = "; ".join(f"{f.name}: {f.description}" for f in fields)
     alias = (
-        "$tag_worker " + ("GPU $tag_index " if "index" in group else "") + ("job $tag_job " if "job" in group else "")
+        ("$tag_worker " if "worker" in group else "")
+        + ("GPU $tag_index " if "index" in group else "")
+        + ("$tag_host $tag_uuid " if "uuid" in group else "")
+        + ("job $tag_job " if "job" in group else "")
     )
     return graph(
         title, description, query, alias + "$col", unit(fields[0]), y_max=100 if fields[0].unit == "%" else None
     ), 12
+
+
+def own_panel() -> tuple[dict, int]:
+    """Each job's own GPU use on a shared GPU: the device's readings x its worker's share of the kernel time,
+    at the points that carry the share (once per gpu.process-interval, on shared GPUs only)."""
+    share = field(schema.GPU, "worker_gpu_share").name
+    names = [field(schema.GPU, n).name for n in ("utilization_gpu", "sm_active", "pipe_tensor_active")]
+    inner = ", ".join(f'"{n}" * "{share}" / 100 AS "own_{n}"' for n in names)
+    outer = ", ".join(f'mean("own_{n}") AS "own_{n}"' for n in names)
+    query = nested(outer, inner, f"{SAMPLES} AND {BUSY}", 'time($__interval), "worker", "index", "job" fill(none)')
+    description = (
+        "On a GPU several workers (or other processes) share: each job's own utilization, SM active and tensor "
+        "activity, the device's readings scaled by its worker's worker_gpu_share (a process that only holds "
+        "memory reads ~0; the jobs of one GPU add up to at most the device's). The device-wide figures: the "
+        "'Was the GPU busy?' panel above; db.gpu_during_tasks() and db.gpu_per_prefix() give both per job, DAG "
+        "and task prefix."
+    )
+    alias = "$tag_worker GPU $tag_index job $tag_job $col"
+    return graph(
+        "Each job's own GPU use on a shared GPU (device x its worker's share)",
+        description,
+        query,
+        alias,
+        "percent",
+        y_max=100,
+    ), 24
 
 
 def depth_panels() -> list[list[tuple[dict, int]]]:
@@ -297,6 +338,7 @@ def depth_panels() -> list[list[tuple[dict, int]]]:
                 group=("worker", "index", "job"),
             ),
         ],
+        [own_panel()],
         [
             several(
                 "Pipes active (GPM)",
@@ -367,11 +409,11 @@ def panels() -> list[dict]:
     )
     rows = [
         [
-            (timeseries("GPU utilization per worker/GPU", gpu_util, "mean", SAMPLES, PER_GPU, GPU_ALIAS), 12),
-            (timeseries("GPU memory used per worker/GPU", gpu_mem, "max", SAMPLES, PER_GPU, GPU_ALIAS), 12),
+            (timeseries("GPU utilization per GPU", gpu_util, "mean", SAMPLES, PER_DEVICE, DEVICE_ALIAS), 12),
+            (timeseries("GPU memory used per GPU", gpu_mem, "max", SAMPLES, PER_DEVICE, DEVICE_ALIAS), 12),
         ],
         [
-            (timeseries("GPU memory used (% of capacity)", gpu_mem_pct, "max", SAMPLES, PER_GPU, GPU_ALIAS), 12),
+            (timeseries("GPU memory used (% of capacity)", gpu_mem_pct, "max", SAMPLES, PER_DEVICE, DEVICE_ALIAS), 12),
             (
                 table(
                     "Peak GPU memory per job",

@@ -10,7 +10,8 @@ GPM replays the recorded ``gpm.metrics`` for any two samples taken in order
 (metrics not recorded answer NotSupported, per metric, as NVML does); a device
 without a ``gpm`` record is a pre-Hopper GPU (``isSupportedDevice`` 0). Process
 utilization replays one recorded answer per call, keeping only samples newer
-than the ``timeStamp`` argument, NotFound when none is left, as the driver does.
+than the ``timeStamp`` argument, NotFound when none is left, as the driver does;
+past the recording, its last answer again, stamped newer (the processes run on).
 
 ``cost="idle"`` (or ``"busy"``) is the cost mode: each call spends the thread
 CPU that it cost on a real H200 (``data/nvml_h200_costs.json``, measured with
@@ -345,7 +346,11 @@ class FakeNvml:
         )
 
     def _process_samples(self, function, handle, key, since):
-        fresh = [s for s in self._value(function, handle, key) if s["timeStamp"] > since]
+        answers = self._record(handle).get(key)
+        recorded = self._value(function, handle, key)
+        fresh = [s for s in recorded if s["timeStamp"] > since]
+        if not fresh and isinstance(answers, list) and len(answers) == 1:  # replayed past the recording:
+            fresh = [dict(s, timeStamp=since + 1) for s in recorded]  # its processes run on as in its last answer
         if not fresh:  # the driver's answer when no process ran a kernel since ``since``
             raise pynvml.NVMLError_NotFound()
         return [SimpleNamespace(**s) for s in fresh]

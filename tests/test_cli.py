@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -96,7 +97,9 @@ def test_summary(sources):
     assert len(rows) == len(expected) and {r["resource"] for r in rows} == {"gpu", "cpu"}
     assert {r["job"] for r in rows} == {1}  # only job 1's rows: no whole-session ones beside them
     table = ok("summary", *args).stdout.splitlines()  # the whole session's rows say so
-    assert table[0].split()[2] == "job" and {line.split()[2] for line in table[1:]} == {"all", "1", "2"}
+    rows = [re.match(r"\s*(\S+)\s+(tcp://\S+|all workers)\s+(\S+)", line).groups() for line in table[1:]]
+    assert table[0].split()[2] == "job" and {job for _, _, job in rows} == {"all", "1", "2"}
+    assert {i for i, w, _ in rows if w == "all workers"} == {"-"}, "each GPU once, over every worker"
     assert "Only job N's rows" in " ".join(ok("summary", "--help").stdout.split())
 
 
@@ -337,7 +340,7 @@ def test_tasks_gpu_per_prefix(tmp_path):
     table = ok("tasks", "--gpu", "--source", spool).stdout.splitlines()
     assert table[0].split() == [
         "job", "prefix", "tasks", "gpu_s", "mean_utilization_gpu", "mean_sm_active",
-        "mean_memory_delta", "max_memory_delta",
+        "mean_device_utilization_gpu", "mean_device_sm_active", "mean_memory_delta", "max_memory_delta",
     ]  # fmt: skip
     assert [line.split()[:3] for line in table[1:]] == [
         ["1", "mm", "2"],

@@ -1,4 +1,5 @@
-"""Attribution in the agent: each physical GPU written once per sample, tagged with the jobs of its users.
+"""Attribution in the agent: each physical GPU read once per sample, written on each worker using it with
+that worker's own jobs; and read back per job and prefix, the job's own figures beside the device's.
 
 Replays real NVML output through ``tests/fake_nvml.py``: the H100 shared by two
 processes (``nvml_h100_shared.json``: 'matmul' holds 4682 MiB, 'holder' 12806 MiB),
@@ -8,6 +9,7 @@ activity, process tree), read by one :class:`HostCollector` over one
 :class:`NvmlDevices` (NVML opened once for the host).
 """
 
+import os
 from collections import Counter
 
 import pytest
@@ -15,7 +17,7 @@ from fake_nvml import FakeNvml
 
 from dask_influx_metrics.agent.collect import HostCollector
 from dask_influx_metrics.agent.sources.gpuprocs import Ancestry
-from dask_influx_metrics.agent.sources.nvml import NvmlDevices, Pace
+from dask_influx_metrics.agent.sources.nvml import NvmlDevices
 from dask_influx_metrics.names import EVENT_TOPIC, SHARED_GPU
 from dask_influx_metrics.scheduler.plugin import JobPlugin
 from dask_influx_metrics.schema import FIELDS, GPU
@@ -243,60 +245,103 @@ def test_a_gpu_one_worker_shares_with_another_process_is_split_too(tmp_path):
     assert nvml.calls_to("nvmlDeviceGetProcessesUtilizationInfo") == 0
 
 
-def test_per_job_gpu_depth_from_the_replayed_h100(tmp_path):
-    """Issue 25 item 3: per job, the device's utilization vs SM active vs occupancy vs tensor activity, and
-    the job's own share of the shared GPU's SM time, read back from a spool as any reader would."""
+# The two recordings of a GPU shared by a bf16 matmul loop and a process only holding 12.5 GiB:
+# (file, the matmul's pid, the holder's pid)
+RECORDINGS = {
+    "h100": ("nvml_h100_shared.json", 425, 427),
+    "h200": ("nvml_h200_shared.json", 666, 668),
+}
+
+
+class Clock:
+    """Simulated time for the agent's per-process reads (one window per ``gpu.process-interval``, 1 s)."""
+
+    def __init__(self, wall: float):
+        self.t, self.wall = 0.0, wall
+
+    def __call__(self):
+        return self.t
+
+
+def replayed(recording, phase=None):
+    """``(gpus, [matmul worker, holder worker], clock)`` on a replay of ``recording``: the workers under the
+    recorded PIDs, the per-process reads paced by ``clock`` (advance ``clock.t``), its wall clock the
+    recording's (just before its first per-process sample)."""
+    name, matmul, holder = RECORDINGS[recording]
+    fake = FakeNvml(name, phase=phase)
+    gpus = NvmlDevices(ALL, nvml=fake)
+    workers = [Worker(1, matmul), Worker(2, holder)]
+    for w in workers:
+        w.uuids = gpus.resolve(w)
+    stamps = [
+        s["timeStamp"] for a in fake.data["phases"]["shared"]["devices"][0]["processes_utilization_info"] for s in a
+    ]
+    clock = Clock(min(stamps) / 1e6 - 1)
+    procs = gpus._devices[workers[0].uuids[0]].procs
+    procs._clock, procs._wall = clock, lambda: clock.wall
+    return fake, gpus, workers, clock
+
+
+@pytest.mark.parametrize("recording", sorted(RECORDINGS))
+def test_per_job_gpu_depth_from_the_replay_the_jobs_own_and_the_devices(tmp_path, recording):
+    """Issue 33 item 2: per job, the device's utilization, SM active, occupancy and tensor activity
+    (``device_``, both jobs ran on the GPU throughout) and each job's own: scaled by its worker's share of
+    the GPU's kernel time, so the holder's job reads ~0 and the jobs' own figures sum to at most the
+    device's. Sampled every 200 ms for 3 s (a per-process window a second), read back from a spool."""
     from dask_influx_metrics import lineprotocol, query
     from dask_influx_metrics.sinks.spool import SpoolSink
 
-    a, b = Worker(1, 425), Worker(2, 427)
-    gpus = NvmlDevices(ALL, nvml=FakeNvml("nvml_h100_shared.json"), pace=Pace(interval_s=0.2))
-    for w in (a, b):
-        w.uuids = gpus.resolve(w)
-    gpus._devices[a.uuids[0]].procs._interval = 0.0
+    _, gpus, (a, b), clock = replayed(recording)
     collector = HostCollector(ALL, gpus, host=None)
     a.run(1, 1)
     b.run(2, 2)
     sink = SpoolSink(tmp_path / "20260101T000000-000001" / "agent-node")
     t0 = 1_790_000_000_000_000_000
-    for k in range(4):  # the recording's windows of the shared phase
+    for k in range(16):
+        clock.t = k * 0.2
         sink.send(lineprotocol.encode_many(collector.collect([a, b], now_ns=t0 + k * 200_000_000)))
     sink.close()
     with query.connect(str(tmp_path)) as db:
         depth = db.gpu_during_tasks().set_index("job")
+        notes = db.notes
     one, two = depth.loc[1], depth.loc[2]
-    assert one["mean_utilization_gpu"] == two["mean_utilization_gpu"] > 95  # device-wide: both jobs ran on it
-    assert round(one["mean_sm_occupancy"], 1) == 14.2 and round(one["mean_pipe_tensor_active"]) == 93
-    assert one["mean_worker_utilization_gpu"] >= 95 and two["mean_worker_utilization_gpu"] <= 2
-    assert one["mean_worker_utilization_gpu"] + two["mean_worker_utilization_gpu"] <= one["mean_utilization_gpu"] + 1
+    for f in ("utilization_gpu", "sm_active", "sm_occupancy", "pipe_tensor_active"):
+        assert one[f"mean_device_{f}"] == two[f"mean_device_{f}"], f  # the union figure: one GPU, both jobs
+    assert one["mean_device_utilization_gpu"] > 95 and round(one["mean_device_sm_active"]) == 96
+    assert one["mean_worker_gpu_share"] >= 95 and two["mean_worker_gpu_share"] <= 2
+    assert one["mean_sm_active"] >= 90 and two["mean_sm_active"] <= 5  # the matmul's job, the holder's
+    assert two["mean_utilization_gpu"] <= 5 and two["mean_pipe_tensor_active"] <= 5
+    assert round(one["mean_sm_occupancy"], 1) == round(one["mean_device_sm_occupancy"], 1) > 14
+    for f in ("utilization_gpu", "sm_active", "sm_occupancy", "pipe_tensor_active", "dram_active"):
+        assert one[f"mean_{f}"] + two[f"mean_{f}"] <= one[f"mean_device_{f}"] + 1e-9, f
+    assert not notes, "every sample had a share point within 2.5 s"
 
 
-def test_per_prefix_gpu_depth_from_the_replayed_h100(tmp_path):
-    """Issue 25 item 3, per task prefix: the holder's task allocates its 12 GiB while the GPU idles (the
-    recording's idle phase), then the matmul's tasks run the bf16 loop (its shared phase); read back
-    from a spool, the matmul prefix gets the recorded SM active / tensor activity, the holder's stays low
+@pytest.mark.parametrize("recording", sorted(RECORDINGS))
+def test_per_prefix_gpu_depth_from_the_replay(tmp_path, recording):
+    """Issue 33 item 2 per task prefix: the holder's task allocates its 12.5 GiB while the GPU idles (the
+    recording's idle phase) and then holds it while the matmul runs (the shared phase); the matmul's tasks
+    run the bf16 loop. Read back from a spool: the matmul prefix gets the recorded SM active and tensor
+    activity as its own, the holder's own reads ~0 (its device figures keep what the GPU did meanwhile),
     and its memory delta is its allocation."""
     from dask_influx_metrics import lineprotocol, query
     from dask_influx_metrics.schema import Point
     from dask_influx_metrics.sinks.spool import SpoolSink
 
-    a, b = Worker(1, 425), Worker(2, 427)
-    fake = FakeNvml("nvml_h100_shared.json", phase="idle")
-    gpus = NvmlDevices(ALL, nvml=fake)  # sampled every 200 ms (the default)
-    for w in (a, b):
-        w.uuids = gpus.resolve(w)
+    fake, gpus, (a, b), clock = replayed(recording, phase="idle")
     collector = HostCollector(ALL, gpus, host=None)
     t0, step = 1_790_000_000_000_000_000, 200_000_000
     sink = SpoolSink(tmp_path / "20260101T000000-000001" / "agent-node")
-    for k in range(9):
+    for k in range(11):
+        clock.t = k * 0.2
         if k == 4:  # the holder's and then the matmul's process appear
             fake.devices = fake.data["phases"]["shared"]["devices"]
-        for w, job, busy in ((b, 2, range(1, 5)), (a, 1, range(5, 9))):
+        for w, job, busy in ((b, 2, range(1, 7)), (a, 1, range(7, 11))):
             w.run(job, job) if k in busy else w.idle()
         sink.send(lineprotocol.encode_many(collector.collect([a, b], now_ns=t0 + k * step)))
     tasks = [
-        (b, 2, "hold", 1, 4),  # windows 2-4: idle, idle, the first shared one
-        (a, 1, "matmul", 5, 8),  # windows 6-8: the bf16 loop
+        (b, 2, "hold", 1, 6),  # windows 2-6: idle, idle, then three of the shared phase
+        (a, 1, "matmul", 7, 10),  # windows 8-10: the bf16 loop
     ]
     sink.send(
         lineprotocol.encode_many(
@@ -313,10 +358,11 @@ def test_per_prefix_gpu_depth_from_the_replayed_h100(tmp_path):
     with query.connect(str(tmp_path)) as db:
         per = db.gpu_per_prefix().set_index("prefix")
     matmul, hold = per.loc["matmul"], per.loc["hold"]
-    assert round(matmul["mean_sm_active"]) == 96 and round(matmul["mean_pipe_tensor_active"]) == 93
-    assert round(matmul["mean_sm_occupancy"], 1) == 14.2 and matmul["mean_utilization_gpu"] > 95
-    # one of the holder's three windows is the shared phase's first (the matmul had started): a third
-    assert hold["mean_sm_active"] < 40 and hold["mean_pipe_tensor_active"] < 40 and hold["gpu_s"] == pytest.approx(0.6)
+    assert matmul["mean_sm_active"] >= 90 and round(matmul["mean_sm_active"]) == round(matmul["mean_device_sm_active"])
+    assert matmul["mean_pipe_tensor_active"] >= 90 and matmul["mean_utilization_gpu"] > 95
+    assert hold["mean_sm_active"] <= 5 and hold["mean_pipe_tensor_active"] <= 5 and hold["mean_utilization_gpu"] <= 5
+    assert hold["mean_device_sm_active"] > 40, "three of its five windows saw the matmul on the device"
+    assert hold["gpu_s"] == pytest.approx(1.0) and matmul["gpu_s"] == pytest.approx(0.6)
     assert hold["mean_memory_delta"] == 13428064256 / MIB and matmul["mean_memory_delta"] == 0
 
 
@@ -371,3 +417,90 @@ def test_every_per_gpu_call_once_per_sample_however_many_workers_share_it():
     per_process = four.pop("nvmlDeviceGetProcessesUtilizationInfo", 0)
     assert per_process <= 1 and "nvmlDeviceGetProcessesUtilizationInfo" not in one, "~2 ms: shared GPUs, <= 1/s"
     assert one == four and one["nvmlDeviceGetComputeRunningProcesses"] == one["nvmlDeviceGetMemoryInfo"] == 10
+
+
+def _hold(seconds):
+    import threading
+
+    threading.Event().wait(seconds)
+
+
+def _set_env(values):
+    import os
+
+    os.environ.update(values)
+
+
+def test_two_workers_sharing_the_replayed_h200_end_to_end(tmp_path, monkeypatch, influxd, fresh_db):
+    """Issue 33's targets on a real LocalCluster of 2 worker processes whose agent replays the H200
+    recording: worker 0 (standing for the recording's holder, pid 668) runs job 1, worker 1 (the bf16
+    matmul, pid 666) runs job 2, at the same time, on the one GPU both see. Read back from the spool and
+    from InfluxDB (InfluxQL): each worker's own table and peaks hold its own jobs only, the holder's job and
+    prefix read ~0 of the GPU's SM time and the matmul's >= 90 %, and the summary counts the GPU once."""
+    from distributed import Client, LocalCluster
+    from nvml_shim import replay_env
+
+    from dask_influx_metrics import Monitor
+    from dask_influx_metrics.client import summary as S
+    from dask_influx_metrics.client.tables import natural_key
+
+    for key, value in replay_env(tmp_path, recording="nvml_h200_shared.json").items():
+        monkeypatch.setenv(key, value)  # the workers' agent imports the replay (the workers inherit this)
+    monkeypatch.setenv("DASK_DISTRIBUTED__DIAGNOSTICS__NVML", "False")
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        pids = client.run(os.getpid)
+        holder, matmul = sorted(pids, key=natural_key)
+        client.run(_set_env, {"FAKE_NVML_PIDS": f"668={pids[holder]},666={pids[matmul]}"})
+        monitor = Monitor(
+            client,
+            sink=["http", "spool"],
+            influxdb_url=influxd.url,
+            database=fresh_db,
+            spool_directory=str(tmp_path / "spool"),
+            gpu_source="nvml",
+        )
+        tracking = ["compute-util", "total-mem", "worker-gpu-mem", "gpm", "worker-gpu-util", "task-stream"]
+        monitor.attach(tracking=tracking, polling_interval=200, job_type="manual")
+        monitor.start()
+        try:
+            monitor.new_job()
+            hold = client.submit(_hold, 2.5, key="hold-1", workers=[holder])
+            monitor.new_job()
+            work = client.submit(_hold, 2.5, key="matmul-1", workers=[matmul])
+            client.gather([hold, work])
+        finally:
+            monitor.stop()
+        _check_shared_h200("spool", monitor.query(), holder, matmul, S)
+        _check_shared_h200("influxql", monitor.query(source=influxd.url, database=fresh_db), holder, matmul, S)
+        monitor.shutdown()
+
+
+def _check_shared_h200(kind, db, holder, matmul, S):
+    assert db.workers() == [holder, matmul], kind
+    tables = db.worker_tables(metrics=["total-mem", "compute-util"])
+    for worker, job in ((holder, 1), (matmul, 2)):
+        table = tables[worker]
+        assert "total-mem[0]" in table.columns, f"{kind}: worker {worker} has its GPU column"
+        busy = table[table["dag"] != "0"]
+        assert set(busy["job"]) == {str(job)}, f"{kind}: worker {worker}'s busy rows are its own job's only"
+    peaks = db.get_peaks("total-mem")
+    assert [set(p) for p in peaks] == [{1}, {2}], f"{kind}: {peaks}"
+    device = db.get_peaks("total-mem", per_job=False)  # the device's peak over the session
+    assert peaks[1][2][0] == pytest.approx(device[1][0], rel=0.01) == 18352570368
+    prefix = db.gpu_per_prefix().set_index("prefix")
+    assert prefix.loc["hold", "mean_sm_active"] <= 5 and prefix.loc["matmul", "mean_sm_active"] >= 90, kind
+    assert prefix.loc["hold", "mean_device_sm_active"] >= 90, f"{kind}: the device was busy meanwhile"
+    per_job = db.gpu_during_tasks().set_index("job")
+    jobs = per_job[per_job["dag"].isna()]
+    assert jobs.loc[1, "mean_sm_active"] + jobs.loc[2, "mean_sm_active"] <= jobs["mean_device_sm_active"].min() + 1e-9
+    s = db.summary(per_job=False)
+    gpu = s[s["resource"] == "gpu"]
+    every = gpu[gpu["worker"] == S.ALL].iloc[0]
+    first, last = db.backend.first_time(), db.backend.last_time()
+    wall = (last - first) / 1e9 + 0.2  # the first sample stands for one interval
+    assert every["devices"] == 1 and every["device_hours"] * 3600 == pytest.approx(wall, rel=0.02), kind
+    mine = gpu[gpu["worker"] != S.ALL]
+    assert mine["device_hours"].sum() == pytest.approx(2 * every["device_hours"], rel=0.05), "each worker's own view"

@@ -34,6 +34,7 @@ BUILTIN_VARS = {
     "__to",
     "tag_worker",
     "tag_index",
+    "tag_uuid",
     "tag_host",
     "tag_job",
     "tag_activity",
@@ -162,11 +163,11 @@ def _regex_escape(value: str) -> str:
 
 def substitute(query: str, values: dict[str, list[str] | str], since: str = "now() - 1h") -> str:
     """What Grafana sends: multi-value variables (lists) as ``(a|b)``, a single-value one (a string) as
-    it is, time macros filled in."""
+    it is (also as ``${name:raw}``), time macros filled in."""
     query = query.replace("$timeFilter", f"time > {since}").replace("$__interval", "10s")
     for name, vals in sorted(values.items(), key=lambda kv: -len(kv[0])):
         text = vals if isinstance(vals, str) else "(" + "|".join(_regex_escape(v) for v in vals) + ")"
-        query = query.replace(f"${name}", text)
+        query = query.replace(f"${{{name}:raw}}", text).replace(f"${name}", text)
     return query
 
 
@@ -311,10 +312,14 @@ SINCE = str(T0 - 1)
 WORKER = "tcp://127.0.0.1:1001"
 
 
+OTHER = "tcp://127.0.0.1:1002"
+
+
 def _gpu_lines() -> list[str]:
     """One worker, 2 GPUs, a sample every 200 ms: job 1 busy for samples 0-29 (GPU 0 at 50 %, software
     power cap in every other sample; GPU 1 at 0 % with 1000 MiB in use: held idle), idle 30-39, job 2
-    busy 40-59 (both GPUs at 80 %, GPU 1 hardware slowdown)."""
+    busy 40-59 (both GPUs at 80 %, GPU 1 hardware slowdown). A second worker shares GPU 1 (its index 0)
+    and runs job 2 too in samples 40-59: it writes the same device readings, 3 ms later, its own tags."""
     lines = []
     for i in range(60):
         job, dag = ("1", "1") if i < 30 else ("1", "0") if i < 40 else ("2", "2")
@@ -335,6 +340,12 @@ def _gpu_lines() -> list[str]:
                 f"gpu,host=node1,worker={WORKER},job={job},dag={dag},index={index},"
                 f"uuid=GPU-{index},nvml_index={index},name=Test {fields} {T0 + i * 200_000_000}"
             )
+            if index == 1:
+                tags = ("2", "2") if i >= 40 else ("0", "0")
+                lines.append(
+                    f"gpu,host=node1,worker={OTHER},job={tags[0]},dag={tags[1]},index=0,"
+                    f"uuid=GPU-1,nvml_index=1,name=Test {fields} {T0 + i * 200_000_000 + 3_000_000}"
+                )
     return lines
 
 
@@ -355,7 +366,7 @@ def _run(influxd, database, panel_title, values, since=SINCE):
 
 
 def _gpu_values(influxd, database) -> dict:
-    values = {"host": ["node1"], "worker": [WORKER], "job": ["1", "2"], "dag": ["1", "2"]}
+    values = {"host": ["node1"], "worker": [WORKER, OTHER], "job": ["1", "2"], "dag": ["1", "2"]}
     (var,) = [v for v in _dashboards()["dask-influx-metrics.json"]["templating"]["list"] if v["name"] == "sample_ms"]
     (row,) = influxd.query(substitute(var["query"], values, SINCE), db=database)
     return {**values, "sample_ms": str(row["round"])}
@@ -363,12 +374,15 @@ def _gpu_values(influxd, database) -> dict:
 
 def test_gpu_panels_on_written_points(influxd, written_gpu):
     """Every gpu panel returns rows on points with every NVML field, the sampling interval is read from
-    the data, and GPU-hours, held-idle GPU-hours and clock-event reasons are exact."""
+    the data, and GPU-hours, held-idle GPU-hours and clock-event reasons are exact: each physical GPU
+    counted once, one line per GPU in the device panels, though two workers write GPU 1."""
     values = _gpu_values(influxd, written_gpu)
     assert values["sample_ms"] == "200"
     for where, q in _queries(_dashboards()["dask-influx-metrics.json"]):
         if where.startswith("panel") and 'FROM "gpu"' in q:
             assert influxd.query(substitute(q, values, SINCE), db=written_gpu), where
+    lines = _run(influxd, written_gpu, "GPU utilization per GPU", values)
+    assert {r["uuid"] for r in lines} == {"GPU-0", "GPU-1"} and {"worker", "index"}.isdisjoint(lines[0])
     hours = {r["job"]: r for r in _run(influxd, written_gpu, "GPU-hours and held-idle GPU-hours per job", values)}
     assert set(hours) == {"1", "2"}  # the idle samples (dag 0, job 1) count for no job
     assert hours["1"]["gpu_hours"] == pytest.approx(30 * 2 * 0.2 / 3600)
@@ -382,9 +396,9 @@ def test_gpu_panels_on_written_points(influxd, written_gpu):
         values,
         since=str(T0 + 40 * 200_000_000 - 1),
     )  # job 2 only: GPU 1 in hardware slowdown throughout
-    assert {(r["index"], r["hardware slowdown"], r["software power cap"]) for r in slowed} == {
-        ("0", 0, 0),
-        ("1", 100, 0),
+    assert {(r["uuid"], r["hardware slowdown"], r["software power cap"]) for r in slowed} == {
+        ("GPU-0", 0, 0),
+        ("GPU-1", 100, 0),
     }
     slowed = _run(
         influxd,
@@ -392,8 +406,8 @@ def test_gpu_panels_on_written_points(influxd, written_gpu):
         "Clock-event reasons: % of samples slowed down, per reason",
         {**values, "job": ["1"], "dag": ["1"]},
     )
-    assert sum(r["software power cap"] for r in slowed if r["index"] == "0") / len(
-        [r for r in slowed if r["index"] == "0"]
+    assert sum(r["software power cap"] for r in slowed if r["uuid"] == "GPU-0") / len(
+        [r for r in slowed if r["uuid"] == "GPU-0"]
     ) == pytest.approx(50)
     held = _run(
         influxd,
@@ -401,7 +415,7 @@ def test_gpu_panels_on_written_points(influxd, written_gpu):
         "GPU held idle while a job runs (% of busy samples)",
         {**values, "job": ["1"], "dag": ["1"]},
     )
-    assert {(r["index"], r["mean"]) for r in held} == {("0", 0), ("1", 100)}
+    assert {(r["uuid"], r["mean"]) for r in held} == {("GPU-0", 0), ("GPU-1", 100)}
 
 
 def _delivery_lines() -> list[str]:

@@ -286,7 +286,7 @@ def test_held_idle_rule_fires_only_for_a_gpu_held_idle_all_window(influxd, dag_t
     database = influxd.create_database(f"alerts_gpu_{int(dag_tag)}")
     influxd.write(_gpu_lines(dag_tag), db=database)
     assert evaluate(_rules()["dask-gpu-held-idle"], influxd, database) == {
-        frozenset({("host", "n1"), ("uuid", "U-held")})
+        frozenset({("host", "n1"), ("uuid", "U-held"), ("worker", "w1")})
     }
 
 

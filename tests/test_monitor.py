@@ -312,7 +312,7 @@ def test_readers_take_only_the_sessions_own_series(client, influxd, fresh_db, tm
     assert sorted(db.workers()) == ours and len(db.worker_tables()) == 2
     assert list(db.host_tables()) == [socket.gethostname()]
     assert (db.host_tables()[socket.gethostname()]["host-cpu"] < 999).all()
-    assert set(db.summary()["worker"]) == set(ours)
+    assert set(db.summary()["worker"]) == {*ours, "all workers"}  # and each GPU once, over them
     paths = m.to_csv(tmp_path / "csv")
     assert [os.path.basename(p) for p in paths] == ["worker_0.csv", "worker_1.csv", "workers.csv"]
     assert all(max(p) < 999 for p in db.get_peaks("host-cpu", per_job=False))

@@ -138,8 +138,11 @@ def test_summary(stores, kind):
     s = stores[kind].summary()
     assert set(s["resource"]) == {"gpu", "cpu"}
     whole = s[s["job"].isna() & (s["resource"] == "gpu")]
-    assert len(whole) == 2 and (whole["devices"] == 2).all()
+    mine, every = whole[whole["worker_index"].notna()], whole[whole["worker"] == "all workers"]
+    assert len(mine) == 2 and (mine["devices"] == 2).all()
     assert ((whole["unused_device_hours"] >= 0) & (whole["unused_device_hours"] <= whole["device_hours"])).all()
+    # simulated GPUs are each worker's own: counting each physical GPU once adds the workers' figures up
+    assert every["devices"].tolist() == [4] and every["device_hours"].sum() == pytest.approx(mine["device_hours"].sum())
     assert ((s["above_20"] >= s["above_40"]) & (s["above_40"] >= s["above_80"])).all()
     assert set(s["job"].dropna()) == {1, 2}
 

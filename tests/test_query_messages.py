@@ -98,3 +98,44 @@ def test_flux_against_a_server_without_flux(influxd):
     )
     result = _cli("jobs", "--source", influxd.url, "--language", "flux")
     assert result.exit_code == 2 and "b'404" not in result.stderr and "--language influxql" in result.stderr
+
+
+def test_lines_influxdb_refused_are_named_never_as_no_gpu(influxd, fresh_db, tmp_path):
+    """Issue 33 item 4: a foreign string ``utilization_gpu`` (same shard, before the session) makes
+    InfluxDB refuse every GPU line of the session (HTTP 400, field type conflict); the HTTP sink keeps them
+    under ``refused/``. A reader of the session's range finds no GPU samples and says that InfluxDB
+    refused them, why and where they are, not that the workers had no GPU; likewise for samples kept
+    only in ``undelivered/``."""
+    from dask_influx_metrics.sinks.http import HttpSink
+    from dask_influx_metrics.sinks.spool import SpoolSink
+
+    influxd.write(b'gpu,host=other utilization_gpu="foreign" %d' % (T0 - 3600 * 10**9), db=fresh_db)
+    session = tmp_path / "20240501T120000-000001"
+    refused = session / "agent-h" / "refused"
+    tags = {"host": "h", "worker": W, "job": "1", "dag": "1"}
+    gpu = [Point("gpu", {**tags, "index": "0", "uuid": "GPU-1"}, {"utilization_gpu": 50.0}, T0 + k) for k in range(4)]
+    host = [Point("host", tags, {"cpu_percent": 10.0}, T0 + k) for k in range(4)]
+    sink = HttpSink(influxd.url, fresh_db, flush_interval=0.01, refused=refused)
+    sink.send(lineprotocol.encode_many(gpu + host))
+    sink.close()
+    assert (sink.points_written, sink.points_refused) == (4, 4)
+    with query.connect(influxd.url, database=fresh_db, start=T0 / 1e9, undelivered=session) as db:
+        with pytest.raises(ValueError) as e:
+            db.get_peaks("compute-util")
+        assert db.gpu_during_tasks().attrs["why"].startswith("InfluxDB refused 4 line(s) of gpu/utilization_gpu")
+    message = str(e.value)
+    assert "InfluxDB refused 4 line(s) of gpu/utilization_gpu" in message and str(refused) in message
+    assert 'field type conflict: input field "utilization_gpu" on measurement "gpu"' in message
+    assert "no GPU" not in message, message
+
+    undelivered = SpoolSink(session / "agent-h" / "undelivered")
+    undelivered.send(lineprotocol.encode_many(Point("gpu", p.tags, {"memory_used": 10.0}, p.time_ns) for p in gpu))
+    undelivered.close()
+    with query.connect(influxd.url, database=fresh_db, start=T0 / 1e9, undelivered=session) as db:
+        with pytest.raises(ValueError, match=r"4 line\(s\) of gpu/memory_used are only in the undelivered copy at "):
+            db.get_peaks("total-mem")
+        with pytest.raises(ValueError, match=r"InfluxDB refused 4 line\(s\) of gpu/utilization_gpu"):
+            db.to_csv(tmp_path / "csv", metrics=["compute-util"])
+    with query.connect(influxd.url, database=fresh_db, start=T0 / 1e9) as db:  # no copy named: as before
+        with pytest.raises(ValueError, match="the workers reported no GPU"):
+            db.get_peaks("compute-util")

@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import shared_gpu as S
+import short_tasks
 
 from dask_influx_metrics.client import summary
 
@@ -38,12 +39,31 @@ def test_job_rows_hold_the_jobs_busy_samples_only(stores, kind):
     assert job3["held_idle_device_hours"] == pytest.approx(4 * HOUR_PER_SAMPLE)
     job2 = _gpu(s, 1, 2)
     assert (job2["samples"], job2["mean"], job2["held_idle_device_hours"]) == (8, 100, 0)
-    jobs = s.dropna(subset=["job"])
+    jobs = s.dropna(subset=["job", "worker_index"])
     assert set(zip(jobs["worker_index"], jobs["job"])) == {(0, 1), (0, 3), (1, 2)}
     # the whole session counts every sample, idle ones too: worker 1 held 16.5 GiB while idle in phase C
     whole = _gpu(s, 1, None)
     assert whole["samples"] == len(S.SAMPLES) and whole["mean"] == pytest.approx(np.mean(util))
     assert whole["held_idle_device_hours"] == pytest.approx(4 * HOUR_PER_SAMPLE)
+
+
+@pytest.mark.parametrize("kind", ["influxql", "spool"])
+def test_all_workers_rows_count_the_shared_gpu_once(stores, kind):
+    """Issue 33: each worker's rows hold the GPU they share (their own view: 9 s of device time each); the
+    ``all workers`` rows count it once: device-hours are the session's wall time x 1 GPU, and held-but-idle
+    time is the phase in which the GPU computed nothing while either worker held memory on it."""
+    s = stores[kind].summary()
+    gpu = s[s["resource"] == "gpu"]
+    mine = gpu[gpu["worker_index"].notna() & gpu["job"].isna()]
+    assert mine["device_hours"].tolist() == pytest.approx([18 * HOUR_PER_SAMPLE] * 2)
+    every = gpu[gpu["worker"] == summary.ALL].set_index("job", drop=False)
+    assert every["worker_index"].isna().all() and (every["devices"] == 1).all()
+    whole = every[every["job"].isna()].iloc[0]
+    assert whole["device_hours"] == pytest.approx(18 * HOUR_PER_SAMPLE) == whole["hours"]
+    assert whole["held_idle_device_hours"] == pytest.approx(4 * HOUR_PER_SAMPLE)
+    assert whole["mean"] == pytest.approx(np.mean([u for u, *_ in S.SAMPLES]))
+    hours = {int(j): r["device_hours"] / HOUR_PER_SAMPLE for j, r in every.dropna(subset=["job"]).iterrows()}
+    assert hours == pytest.approx({1: 6, 2: 8, 3: 4})  # each job's own samples, on one GPU
 
 
 def test_spool_and_influx_summaries_are_equal(stores):
@@ -82,33 +102,24 @@ def test_held_but_idle_is_nan_without_memory_metrics():
 
 
 def _short_task_table():
-    """20 s of samples every 0.1 s plus, each second, the burst a short task causes: five wake samples
-    2 ms apart at its start (GPU 0 at 100 %) and one at its end (0 %); GPU 1 reads 40 % throughout.
-    GPU 0's utilization changes only at sample times, so its time-weighted truth is exact."""
-    ticks = np.arange(200) * 0.1
-    starts = np.arange(1, 20) + 0.03
-    wakes = (starts[:, None] + np.arange(5) * 0.002).ravel()
-    ends = starts + 0.01
-    times = np.concatenate([ticks, wakes, ends])
-    util = np.concatenate([np.zeros(len(ticks)), np.full(len(wakes), 100.0), np.zeros(len(ends))])
-    order = np.argsort(times, kind="stable")
+    """The short-task workload (tests/short_tasks.py) on GPU 0; GPU 1 reads 40 % throughout."""
+    times, util = short_tasks.samples()
     return _table(
         **{
-            "compute-util[0]": util[order],
+            "compute-util[0]": util,
             "compute-util[1]": np.full(len(times), 40.0),
             "total-mem[0]": np.full(len(times), 1e9),
         }
-    ).assign(timestamp=times[order])
+    ).assign(timestamp=times)
 
 
 def test_means_and_hours_are_time_weighted_on_irregular_samples():
     # issue 23 item 6: wake samples at task starts put most busy samples where tasks start
     t = _short_task_table()
-    grid = np.arange(0, 20, 1e-4) + 5e-5  # the truth, integrated on a 0.1 ms grid
-    busy = ((grid % 1 >= 0.03) & (grid % 1 < 0.04) & (grid >= 1)).mean() * 100
+    busy = short_tasks.TRUTH
     (whole,) = summary.summarize([t], per_job=False).itertuples()
     per_sample = t["compute-util[0]"].mean()  # what a per-sample mean read: 30 % against 0.95 %
-    assert per_sample > 30 and busy == pytest.approx(0.95)
+    assert per_sample > 30
     assert whole.mean == pytest.approx((busy + 40) / 2)
     assert whole.hours == pytest.approx(20 / 3600) and whole.device_hours == pytest.approx(2 * 20 / 3600)
     assert whole.unused_device_hours == pytest.approx(20 / 3600 * ((1 - busy / 100) + 0.6))
@@ -122,4 +133,4 @@ def test_a_gap_counts_a_few_intervals_at_most():
     t["timestamp"] = np.append(0.0, 600 + np.arange(40) * 0.5)  # ten minutes without a sample after the first
     (whole,) = summary.summarize([t], per_job=False).itertuples()
     assert whole.hours == pytest.approx((summary.CAP_INTERVALS * 0.5 + 40 * 0.5) / 3600)
-    assert whole.mean == pytest.approx(100 * 1.5 / 21.5)
+    assert whole.mean == pytest.approx(100 * 0.5 / 21.5)  # the first reading stands for one interval

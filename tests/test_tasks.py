@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import short_tasks
 import task_points as P
 
 from dask_influx_metrics import query
@@ -76,7 +77,9 @@ def test_activity_breakdown(stores, kind):
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_gpu_utilization_during_tasks(stores, kind):
     frame = stores[kind].gpu_during_tasks()
-    assert list(frame.columns) == T.GPU
+    assert list(frame.columns) == T.GPU + ["mean_device_utilization_gpu", "max_device_utilization_gpu"]
+    # no worker_gpu_share written: no GPU was shared, so each job's own figures are the device's
+    assert frame["mean_utilization_gpu"].tolist() == frame["mean_device_utilization_gpu"].tolist()
     rows = frame[["job", "dag", "samples", "mean_utilization_gpu"]].astype(object).where(frame.notna(), None)
     assert rows.values.tolist() == [
         [1, None, 40, 80.0],
@@ -162,15 +165,12 @@ T0_NS = 1_800_000_000_000_000_000
 
 def test_gpu_utilization_during_tasks_is_time_weighted():
     # issue 23 item 6: wake samples at task starts put most samples where short tasks start
-    ticks = np.arange(200) * 0.1
-    starts = np.arange(1, 20) + 0.03
-    times = np.concatenate([ticks, (starts[:, None] + np.arange(5) * 0.002).ravel(), starts + 0.01])
-    util = np.concatenate([np.zeros(200), np.full(19 * 5, 100.0), np.zeros(19)])
+    times, util = short_tasks.samples()
     frame = pd.DataFrame(
         {"time": (T0_NS + times * 1e9).astype("int64"), "job": "1", "dag": "1", "index": "0", "utilization_gpu": util}
     )
     row = T.gpu_during(T._timed(frame), {1: 1}).iloc[0]
-    assert util.mean() > 30 and row["mean_utilization_gpu"] == pytest.approx(0.95, rel=1e-4)  # 19 x 10 ms busy in 20 s
+    assert util.mean() > 30 and row["mean_utilization_gpu"] == pytest.approx(short_tasks.TRUTH, rel=1e-4)
     assert row["samples"] == len(util) and row["max_utilization_gpu"] == 100
 
 
@@ -214,9 +214,12 @@ def test_gpu_per_prefix_weights_each_sample_by_its_window(prefix_stores, kind):
     frame = db.gpu_per_prefix()
     assert list(frame.columns) == [
         "job", "prefix", "tasks", "gpu_s", "mean_utilization_gpu", "mean_sm_active",
-        "mean_memory_delta", "max_memory_delta",
+        "mean_device_utilization_gpu", "mean_device_sm_active", "mean_memory_delta", "max_memory_delta",
     ]  # fmt: skip
-    got = _rows(frame, list(frame.columns))
+    # no worker_gpu_share written: no GPU was shared, so each job's own figures are the device's
+    own, device = ["mean_utilization_gpu", "mean_sm_active"], ["mean_device_utilization_gpu", "mean_device_sm_active"]
+    assert _rows(frame, own) == _rows(frame, device)
+    got = _rows(frame, [c for c in frame.columns if c not in device])
     assert [row[:3] for row in got] == [row[:3] for row in PREFIX]
     for row, want in zip(got, PREFIX):
         # task starts are float Unix seconds: exact to ~0.2 us

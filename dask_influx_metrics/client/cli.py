@@ -162,15 +162,20 @@ def summary(open_store, per_job, workers, job, fmt):
     "all"; empty in csv, null in json) and per job.
 
     Mean and max (%), share of samples above 20/40/80% and at 100%, device
-    hours and unused device hours.
+    hours and unused device hours. Each worker's rows are its own view of the
+    GPUs it uses; the last gpu rows, worker "all workers", count each physical
+    GPU once (two workers sharing a GPU: its hours once).
 
     \b
     Example:
       dask-influx-metrics summary --job 1 --format csv --source http://127.0.0.1:8086
     """
     frame = open_store().summary(per_job=per_job, workers=workers, job=job)
-    if fmt == "table":  # name the whole-session rows (pandas would print <NA>)
-        frame = frame.assign(job=frame["job"].astype("string").fillna("all"))
+    if fmt == "table":  # name the whole-session rows, and the all-workers ones' index (pandas would print <NA>)
+        frame = frame.assign(
+            job=frame["job"].astype("string").fillna("all"),
+            worker_index=frame["worker_index"].astype("string").fillna("-"),
+        )
     emit(frame, fmt)
 
 
@@ -282,8 +287,10 @@ def tasks(open_store, job, per_dag, gpu, fmt):
     With --gpu: job, [dag,] prefix, tasks, gpu_s (task seconds covered by
     samples of the workers' own GPUs), mean_utilization_gpu, GPM's
     mean_sm_active, mean_sm_occupancy, mean_pipe_tensor_active where
-    collected, mean/max_memory_delta (MiB of the worker's GPU memory across
-    a task); the device's readings, other work on the GPU included.
+    collected: the job's own (on a shared GPU, the device's scaled by the
+    worker's share of its kernel time); the same as mean_device_* (the
+    whole GPU, other work on it included); mean/max_memory_delta (MiB of
+    the worker's GPU memory across a task).
 
     \b
     Example:

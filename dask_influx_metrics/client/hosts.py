@@ -18,7 +18,7 @@ never by worker:
   reads the same way: a worker's row takes its own reading of the same instant
   (the host series is all of the host's points), and a host's figures cover every
   worker's readings, each tagged with its own worker's jobs. Summaries weight each
-  reading by the time to the next one of the host (:func:`.summary.weights`), so the
+  reading by the window before it, from the previous one of the host (:func:`.summary.weights`), so the
   interleaved readings of N writers share the host's time instead of each counting
   a whole interval.
 
@@ -71,6 +71,21 @@ class HostQuestions:
         users = rows.groupby(["host", "uuid"])["worker"].transform("nunique")
         rows = rows.assign(worker_index=rows["worker"].map(index), shared=users > 1)
         return rows.sort_values(["worker_index", "uuid"])[["host", "worker_index", "worker", "uuid", "shared"]]
+
+    def gpu_ids(self) -> dict[str, dict[str, str]]:
+        """``{worker: {index: "host/uuid"}}``: the physical GPU behind each device column of a worker's table
+        (what counts a GPU several workers share once: :mod:`.summary`); ``worker/index`` where a point
+        has no ``uuid`` (older data)."""
+        if getattr(self, "_gpu_ids", None) is None:
+            have = self.fields().get(schema.GPU, [])
+            numeric = [f for f in have if getattr(schema.FIELDS.get((schema.GPU, f)), "type", str) is not str]
+            field = next((f for f in ("utilization_gpu", "memory_used") if f in have), numeric[0] if numeric else None)
+            rows = self.backend.max_by(schema.GPU, field, ("host", "worker", "index", "uuid")) if field else None
+            out: dict = {}
+            for host, worker, index, uuid in [] if rows is None else rows[["host", "worker", "index", "uuid"]].values:
+                out.setdefault(worker, {})[str(index)] = f"{host}/{uuid}" if uuid else f"{worker}/{index}"
+            self._gpu_ids = out
+        return {w: dict(ids) for w, ids in self._gpu_ids.items()}
 
     def host_series(self, host: str, fields: list[str], job: Optional[int] = None) -> pd.DataFrame:
         """Every ``host`` point of ``host`` in range written by this Store's workers (long: ``time``, ``job``,

@@ -408,7 +408,7 @@ class Monitor:
             if missing and present:  # none present: store.to_csv says what the source holds
                 raise QueryError(
                     f"worker(s) {missing} sampled in this session but wrote no samples "
-                    f"{store.scope()}; no CSV written ({NO_GPU})"
+                    f"{store.scope()}; no CSV written ({store.kept_gpu(metrics) or NO_GPU})"
                 )
         return store.to_csv(path, fname=fname, clear_dir=clear_dir, metrics=metrics)
 

@@ -2,7 +2,8 @@
 
 One self-contained file (BokehJS, CSS and data inline; nothing is fetched when it is opened):
 a session overview (source, time range, workers, GPUs, one row per job: DAGs, tasks, GPU
-utilization while its tasks ran, device-hours, unused and held-but-idle GPU-hours), then per
+utilization while its tasks ran (its own, and the device's), device-hours, unused and held-but-idle
+GPU-hours, each physical GPU counted once), then per
 job its DAGs, GPU utilization and memory timelines per worker and GPU with the job's busy
 intervals shaded, peaks, utilization summary per worker, GPU use per DAG, the activity
 breakdown (Dask's fine performance metrics) and the slowest task prefixes. "Was the GPU busy": per
@@ -30,6 +31,7 @@ NO_UTILIZATION = not_recorded("utilization", ["compute-util", "host-cpu"], "no s
 SUMMARY_COLUMNS = [
     "worker_index",
     "resource",
+    "devices",
     "samples",
     "mean",
     "max",
@@ -119,15 +121,14 @@ def _when(ns) -> str:
 
 
 def _gpu_hours(summary: pd.DataFrame, job) -> dict:
-    rows = (
-        summary[(summary["resource"] == "gpu") & (summary["job"].isna() if job is None else summary["job"] == job)]
-        if not summary.empty
-        else summary
-    )
+    """GPU-hours of the session (or of ``job``): the summary's row that counts each physical GPU once (workers
+    sharing a GPU each see all of it); NaN without one."""
     cols = ("device_hours", "unused_device_hours", "held_idle_device_hours")
-    if rows.empty:
+    if summary.empty:
         return {c: float("nan") for c in cols}
-    return {c: rows[c].sum(min_count=1) for c in cols}
+    every = (summary["resource"] == "gpu") & (summary["worker"] == _summary.ALL)
+    rows = summary[every & (summary["job"].isna() if job is None else summary["job"] == job)]
+    return {c: float(rows[c].iloc[0]) if len(rows) else float("nan") for c in cols}
 
 
 def job_overview(data: dict) -> pd.DataFrame:
@@ -146,6 +147,9 @@ def job_overview(data: dict) -> pd.DataFrame:
             "submitted": mine["submitted"].min() if len(mine) else pd.NaT,
             "wall_s": (mine["ended"].max() - mine["submitted"].min()).total_seconds() if len(mine) else float("nan"),
             "gpu_util_while_busy": float(util["mean_utilization_gpu"].iloc[0]) if len(util) else float("nan"),
+            "device_util_while_busy": float(util["mean_device_utilization_gpu"].iloc[0])
+            if len(util) and "mean_device_utilization_gpu" in util
+            else float("nan"),
         }
         rows.append({**row, **_gpu_hours(data["summary"], job)})
     return pd.DataFrame(rows)
@@ -160,10 +164,11 @@ def _overview(data: dict) -> str:
         ("to", _when(data["last"])),
         ("workers", len(data["workers"])),
         ("GPUs (worker, uuid)", len(data["gpus"])),
+        ("physical GPUs", data["gpus"][["host", "uuid"]].drop_duplicates().shape[0] if len(data["gpus"]) else 0),
         ("jobs", ", ".join(map(str, data["jobs"])) or "-"),
         ("DAGs", len(data["dags"])),
         ("tasks finished (task stream)", int(data["tasks"]["tasks"].sum()) if not data["tasks"].empty else "-"),
-        ("GPU device-hours", f"{hours['device_hours']:.4g}"),
+        ("GPU device-hours (each physical GPU once)", f"{hours['device_hours']:.4g}"),
         ("unused GPU-hours", f"{hours['unused_device_hours']:.4g}"),
         ("held-but-idle GPU-hours", f"{hours['held_idle_device_hours']:.4g}"),
     ]
@@ -218,13 +223,15 @@ def _job(data: dict, job: int, figures: dict) -> str:
     parts += [
         "<h3>Peaks</h3>",
         _table(_peaks(data["peaks"], job), NO_GPU),
-        "<h3>Utilization while the job ran (per worker)</h3>",
+        "<h3>Utilization while the job ran (per worker: its own view of each GPU it uses; worker '-': all "
+        "workers, each physical GPU once)</h3>",
         _table(mine[SUMMARY_COLUMNS] if not mine.empty else mine, NO_UTILIZATION),
-        "<h3>Was the GPU busy? Utilization, and where collected SM active, SM occupancy, tensor and DRAM activity "
-        "and the job's share of a shared GPU, during its tasks (job, then each DAG)</h3>",
+        "<h3>Was the GPU busy? Utilization, and where collected SM active, SM occupancy, tensor and DRAM activity, "
+        "during its tasks (job, then each DAG): the job's own (on a shared GPU, scaled by its workers' share of "
+        "the GPU's kernel time, worker_gpu_share), and the whole device's (device_: every process on it)</h3>",
         _table(_of_job(data["gpu"], job)),
-        f"<h4>Per task prefix (the device's readings during its tasks, on each worker's own GPU; GPU memory "
-        f"delta across a task, in MiB; top {BUSIEST} by gpu_s)</h4>",
+        f"<h4>Per task prefix (the readings during its tasks on each worker's own GPU, the job's own and the "
+        f"device's; GPU memory delta across a task, in MiB; top {BUSIEST} by gpu_s)</h4>",
         _table(
             _of_job(data["prefix_gpu"], job).head(BUSIEST),
             data["prefix_gpu"].attrs.get("why", "no task of this job finished in range"),

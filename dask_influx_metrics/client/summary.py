@@ -9,11 +9,13 @@ samples cover), ``mean`` and ``max`` utilization (%),
 
 **Time-weighted** (:func:`weights`): samples are not evenly spaced (the sampler
 also wakes at task starts, so a short-task workload puts most samples where
-tasks start), so each value counts for the time it stands for: the time to the
-next value of the same GPU (or host), at most :data:`CAP_INTERVALS` regular
-sampling steps (a gap, e.g. a stopped sampler, is not charged to the value
-before it); the last value stands for one sampling interval. Means, shares, hours
-and device-hours all use these weights; ``samples`` counts samples.
+tasks start), so each value counts for the time it stands for: the window that
+ends at it, from the previous value of the same GPU (or host), as NVML's
+utilization and the host's CPU share are averages over the time before a read;
+at most :data:`CAP_INTERVALS` regular sampling steps (a gap, e.g. a stopped
+sampler, is not charged to the value after it); the first value stands for one
+sampling interval. Means, shares, hours and device-hours all use these weights;
+``samples`` counts samples.
 
 **Held but idle** (``held_idle_device_hours``, gpu rows): device-hours in
 which the worker holds GPU memory while the GPU computes nothing: the time of
@@ -33,6 +35,16 @@ Rows with ``job`` ``<NA>`` cover the whole session, every sample. The others
 cover the samples that count for that job: busy (``dag != "0"``) with the job
 in the ``job`` tag (shared samples count for each job in their tag); idle
 samples count for no job.
+
+**Each physical GPU once** (gpu rows with ``worker_index`` <NA>, ``worker``
+:data:`ALL`): a worker's rows hold every GPU it uses, so on a GPU several workers
+share each worker's rows count the whole device (their own view). These rows add
+the workers up counting each physical GPU (``table.attrs["gpus"]``: device index
+-> ``host/uuid``) once: the time of a GPU's values is the union of the windows
+of every worker's values of it (per job: of those that count for the job), so
+``device_hours`` is the wall time x the GPUs, ``devices`` the physical GPUs, and
+``held_idle_device_hours`` the time in which any of its workers held memory on
+it while it computed nothing. Only where every table says which GPU each column is.
 
 >>> import pandas as pd
 >>> t = pd.DataFrame({"job": ["1"] * 4, "dag": ["1"] * 3 + ["0"], "timestamp": [0.0, 0.5, 1.0, 1.5],
@@ -54,14 +66,16 @@ import numpy as np
 import pandas as pd
 
 from .. import jobtags
-from .tables import device_columns
+from .tables import DEVICE_COLUMN, device_columns
 
 GPU_METRIC = "compute-util"
+ALL = "all workers"  # the worker of the rows that count each physical GPU once
+GPUS = "gpus"  # table.attrs: {device index: the physical GPU, "host/uuid"}
 CPU_METRIC = "host-cpu"
 # Held GPU memory: the worker's own first, the whole device's where a sample lacks it.
 MEMORY_METRICS = ("worker-gpu-mem", "total-mem")
 THRESHOLDS = (20, 40, 80)
-# A value stands for the time to the next one, at most this many regular sampling steps.
+# A value stands for the window before it (from the previous one), at most this many regular sampling steps.
 CAP_INTERVALS = 3
 # The regular step: this quantile of the steps (wake samples at task starts make many steps short).
 REGULAR_STEP_QUANTILE = 0.95
@@ -93,16 +107,17 @@ def interval_seconds(table: pd.DataFrame) -> float:
     return float(np.median(steps)) if len(steps) else 0.0
 
 
-def weights(seconds: np.ndarray, values: np.ndarray, last: float | None = None) -> np.ndarray:
+def weights(seconds: np.ndarray, values: np.ndarray, first: float | None = None) -> np.ndarray:
     """Seconds each of ``values`` (samples x devices, at sample times ``seconds``, sorted) stands for:
-    the time to the next non-NaN value of the same device, at most :data:`CAP_INTERVALS` regular
-    steps (a high quantile of that device's steps: wake samples make many steps short); the last
-    value ``last`` (the sampling interval, :func:`interval_seconds`; default: the median step); NaN values 0.
+    the window that ends at it, from the previous non-NaN value of the same device, at most
+    :data:`CAP_INTERVALS` regular steps (a high quantile of that device's steps: wake samples make many
+    steps short); the first value ``first`` (the sampling interval, :func:`interval_seconds`; default:
+    the median step); NaN values 0.
 
     >>> t = np.append(np.arange(60) * 0.1, 60.0)  # every 0.1 s, then a minute's gap
     >>> values = np.ones((61, 1)); values[1] = np.nan
-    >>> weights(t, values, last=0.1)[[0, 1, 2, 59, 60], 0].round(2)  # to the next value, NaN, -, capped, last
-    array([0.2, 0. , 0.1, 0.3, 0.1])
+    >>> weights(t, values, first=0.1)[[0, 1, 2, 59, 60], 0].round(2)  # first, NaN, from the one before, -, capped
+    array([0.1, 0. , 0.2, 0.1, 0.3])
     """
     out = np.zeros(values.shape)
     for d in range(values.shape[1]):
@@ -111,9 +126,9 @@ def weights(seconds: np.ndarray, values: np.ndarray, last: float | None = None) 
             continue
         steps = np.diff(seconds[valid])
         positive = steps[steps > 0]
-        end = last if last is not None else float(np.median(positive)) if len(positive) else 0.0
-        regular = np.quantile(positive, REGULAR_STEP_QUANTILE) if len(positive) else end
-        out[valid, d] = np.minimum(np.append(steps, end), CAP_INTERVALS * regular)
+        start = first if first is not None else float(np.median(positive)) if len(positive) else 0.0
+        regular = np.quantile(positive, REGULAR_STEP_QUANTILE) if len(positive) else start
+        out[valid, d] = np.minimum(np.insert(steps, 0, start), CAP_INTERVALS * regular)
     return out
 
 
@@ -165,10 +180,59 @@ def _row(util: np.ndarray, held, seconds: np.ndarray) -> dict:
     return row
 
 
+def _union(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For intervals sorted by ``start``: the part of each that no interval before it covers (they add up
+    to the length of their union).
+
+    >>> _union(np.array([0.0, 0.5, 3.0]), np.array([1.0, 2.0, 4.0])).tolist()
+    [1.0, 1.0, 1.0]
+    """
+    before = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
+    return np.clip(end - np.maximum(start, before), 0.0, None)
+
+
+def _spans(table: pd.DataFrame, cols: list[str], seconds: np.ndarray, held) -> pd.DataFrame | None:
+    """One row per GPU value of a worker's table: ``gpu`` (the physical GPU), its window ``start``-``end``
+    (s), ``util``, ``held``, and the row's ``job`` and ``counts`` (it counts for the jobs in its tag);
+    None when the table does not say which GPU a column is."""
+    ids = table.attrs.get(GPUS) or {}
+    index = [DEVICE_COLUMN.match(c)["index"] if DEVICE_COLUMN.match(c) else None for c in cols]
+    if not all(i in ids for i in index):
+        return None
+    end, util = table["timestamp"].to_numpy(dtype=float), table[cols].to_numpy(dtype=float)
+    held = np.full(util.shape, np.nan) if held is None else held
+    counts = jobtags.counting(table).to_numpy()
+    parts = [
+        pd.DataFrame(
+            {"gpu": ids[i], "start": end - seconds[:, d], "end": end, "util": util[:, d], "held": held[:, d]}
+        ).assign(job=table["job"].astype(str).to_numpy(), counts=counts)
+        for d, i in enumerate(index)
+    ]
+    out = pd.concat(parts, ignore_index=True)
+    return out[out["util"].notna()]
+
+
+def _once(spans: pd.DataFrame) -> dict:
+    """The figures of :func:`_row` for ``spans`` (:func:`_spans` of every worker), each physical GPU once."""
+    spans = spans.sort_values(["gpu", "start"], kind="stable")
+    time = np.concatenate([_union(g["start"].to_numpy(), g["end"].to_numpy()) for _, g in spans.groupby("gpu")])
+    row = _row(spans["util"].to_numpy()[:, None], None, time[:, None])
+    held = spans[(spans["held"] == 1) & (spans["util"] == 0)]
+    idle = sum(_union(g["start"].to_numpy(), g["end"].to_numpy()).sum() for _, g in held.groupby("gpu"))
+    wall = spans.sort_values("start", kind="stable")
+    row.update(
+        samples=int((time > 0).sum()),
+        devices=spans["gpu"].nunique(),
+        hours=float(_union(wall["start"].to_numpy(), wall["end"].to_numpy()).sum()) / 3600,
+        held_idle_device_hours=float(idle) / 3600 if spans["held"].notna().any() else float("nan"),
+    )
+    return row
+
+
 def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | None = None) -> pd.DataFrame:
     """Utilization summary rows for ``tables`` (whole session, and per job when ``per_job``);
     ``hosts``: ``{worker: host table}``, where the cpu rows come from (see the module docstring)."""
-    rows = []
+    rows, spans = [], []
     for own in tables:
         who = {"worker_index": own.attrs.get("worker_index", 0), "worker": own.attrs.get("worker", "")}
         for resource, metric in (("gpu", GPU_METRIC), ("cpu", CPU_METRIC)):
@@ -180,8 +244,10 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | No
             if not cols:
                 continue
             util = table[cols].to_numpy(dtype=float)
-            seconds = weights(table["timestamp"].to_numpy(dtype=float), util, last=interval_seconds(table))
+            seconds = weights(table["timestamp"].to_numpy(dtype=float), util, first=interval_seconds(table))
             held = held_memory(table, cols) if resource == "gpu" else None
+            if resource == "gpu":
+                spans.append(_spans(table, cols, seconds, held))
             rows.append({**who, "job": pd.NA, "resource": resource, **_row(util, held, seconds)})
             for job in jobs:
                 mask = jobtags.counts_for(table, job).to_numpy()
@@ -195,6 +261,18 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | No
                 )
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["job"] = frame["job"].astype("Int64")
-    return frame.sort_values(["worker_index", "resource", "job"], na_position="first", kind="stable").reset_index(
-        drop=True
-    )
+    frame = frame.sort_values(["worker_index", "resource", "job"], na_position="first", kind="stable")
+    if spans and all(s is not None for s in spans):
+        frame = pd.concat([frame, _all_workers(pd.concat(spans, ignore_index=True), per_job)], ignore_index=True)
+    return frame.reset_index(drop=True)
+
+
+def _all_workers(spans: pd.DataFrame, per_job: bool) -> pd.DataFrame:
+    """The gpu rows that count each physical GPU once: the whole session, then each job."""
+    who = {"worker_index": pd.NA, "worker": ALL, "resource": "gpu"}
+    rows = [{**who, "job": pd.NA, **_once(spans)}] if len(spans) else []
+    counted = spans[spans["counts"]]
+    for job in jobtags.distinct(counted["job"].unique()) if per_job else []:
+        rows.append({**who, "job": job, **_once(counted[jobtags.series_contains(counted["job"], job)])})
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    return frame.astype({"job": "Int64", "worker_index": "Int64"})

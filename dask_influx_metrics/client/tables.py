@@ -16,7 +16,8 @@ A per-worker **table** is a DataFrame indexed by ``time`` (UTC), with columns
 collection start, one clock for all workers), ``tasks`` and ``running`` when
 collected, then one column per metric: ``<metric>[<i>]`` per GPU ``i`` for
 device metrics, ``<metric>`` otherwise. ``table.attrs`` holds ``worker``,
-``worker_index`` and ``units``.
+``worker_index``, ``units`` and, read from a Store with GPU metrics, ``gpus``
+(``{index: "host/uuid"}``: which physical GPU each device column is).
 
 >>> [m.name for m in resolve(["compute-util", "host-mem"])]
 ['compute-util', 'host.memory_used', 'host.memory_used_percent']

@@ -12,7 +12,7 @@ Flux or a spool) from the ``task`` and ``activity`` points (tracking names ``tas
 - ``db.gpu_during_tasks()``: mean and max ``utilization_gpu`` of the GPU samples that count for
   the job (busy, the job in the ``job`` tag; per DAG: the DAG in the ``dag`` tag): one row per
   job (``dag`` <NA>) and one per DAG. The mean is time-weighted, as in summaries
-  (:func:`.summary.weights`): each sample counts for the time to the next one of its GPU.
+  (:func:`.summary.weights`): each sample counts for the window before it (from the previous one of its GPU).
 - ``db.gpu_per_prefix()``: the same question per job (and DAG) and task prefix, from the samples of
   each task's worker's own GPU during the task, and the worker's GPU memory delta (:func:`prefix_gpu`).
 
@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from .. import jobtags, schema
+from . import shares
 from .summary import weights
 
 TASK_COLUMNS = list(schema.MEASUREMENT_TAGS[schema.TASK]) + [f for m, f in schema.FIELDS if m == schema.TASK]
@@ -58,10 +59,13 @@ ACTIVITY = ["job", "prefix", "activity", "unit", "value"]
 GPU = ["job", "dag", "samples", "mean_utilization_gpu", "max_utilization_gpu"]
 UTIL = "utilization_gpu"
 # "was the GPU busy": besides utilization, where collected, GPM's SM active / occupancy / tensor / DRAM
-# (docs/attribution.md) and, on shared GPUs, the worker's own share of the SM time
-DEPTH = ("sm_active", "sm_occupancy", "pipe_tensor_active", "dram_active", "worker_utilization_gpu")
+# (docs/attribution.md), each the job's own and the device's (:mod:`.shares`), and on shared GPUs the
+# worker's share of the kernel time and its own SM time
+GPM = ("sm_active", "sm_occupancy", "pipe_tensor_active", "dram_active")
+PER_WORKER = (shares.SHARE, "worker_utilization_gpu")
 
-# per task prefix: the device readings during its tasks, and the worker's GPU memory across them
+# per task prefix: the readings during its tasks (the job's own and the device's), and the worker's GPU
+# memory across them
 PREFIX_DEVICE = (UTIL, "sm_active", "sm_occupancy", "pipe_tensor_active")
 MEMORY = "worker_memory_used"
 PREFIX_GPU = ["job", "dag", "prefix", "tasks", "gpu_s", "mean_utilization_gpu", "mean_memory_delta", "max_memory_delta"]
@@ -135,7 +139,9 @@ def summarize_activity(points: pd.DataFrame) -> pd.DataFrame:
 
 def gpu_during(samples: pd.DataFrame, dag_jobs: dict) -> pd.DataFrame:
     """GPU samples (``job``, ``dag``, ``utilization_gpu``, optional ``seconds``: the time each stands for)
-    -> mean (weighted by ``seconds`` where given) and max per job (``dag`` <NA>) and per DAG.
+    -> mean (weighted by ``seconds`` where given) and max per job (``dag`` <NA>) and per DAG, of each field
+    present: utilization, GPM's (:data:`GPM`), the per-worker :data:`PER_WORKER` and the ``device_`` ones
+    (:func:`.shares.own`).
 
     ``dag_jobs`` maps each DAG to its job (from the ``dag`` points); a DAG it lacks gets job <NA>.
 
@@ -150,16 +156,18 @@ def gpu_during(samples: pd.DataFrame, dag_jobs: dict) -> pd.DataFrame:
     busy = samples[jobtags.busy(samples["dag"])] if not samples.empty else samples
     if busy.empty:
         return _empty(GPU, NO_GPU)
-    fields = [UTIL] + [f for f in DEPTH if f in busy]
+    own = [UTIL, *GPM, *PER_WORKER]
+    fields = [f for f in (*own, *(shares.DEVICE + f for f in (UTIL, *GPM))) if f in busy]
     busy = busy.assign(**{f: pd.to_numeric(busy[f]) for f in fields}).dropna(subset=fields, how="all")
     seconds = busy["seconds"] if "seconds" in busy else pd.Series(1.0, index=busy.index)
     timed = {f"_time_{f}": seconds.where(busy[f].notna()) for f in fields}  # a field's own samples only
-    busy = busy.assign(**timed, **{f"_area_{f}": busy[f] * seconds for f in fields})
+    busy = busy.assign(**timed, **{f"_area_{f}": busy[f] * seconds for f in fields}, _one=1)
     rows = []
     for column in ("job", "dag"):
-        per = jobtags.explode(busy[[column, *fields, *timed, *(f"_area_{f}" for f in fields)]], column).groupby(column)
+        kept = [column, "_one", *fields, *timed, *(f"_area_{f}" for f in fields)]
+        per = jobtags.explode(busy[kept], column).groupby(column)
         stats = per.agg(
-            count=(UTIL, "count"),
+            count=("_one", "sum"),
             **{f"mean_{f}": (f, "mean") for f in fields},
             **{f"max_{f}": (f, "max") for f in fields},
             **{f"time_{f}": (f"_time_{f}", "sum") for f in fields},
@@ -172,9 +180,11 @@ def gpu_during(samples: pd.DataFrame, dag_jobs: dict) -> pd.DataFrame:
                 row[f"mean_{f}"] = s[f"area_{f}"] / s[f"time_{f}"] if s[f"time_{f}"] > 0 else s[f"mean_{f}"]
                 row[f"max_{f}"] = s[f"max_{f}"]
             rows.append(row)
-    columns = GPU + [f"{k}_{f}" for f in fields[1:] for k in ("mean", "max")]
+    columns = GPU + [f"{k}_{f}" for f in fields if f != UTIL for k in ("mean", "max")]
     out = pd.DataFrame(rows, columns=columns).astype({"job": "Int64", "dag": "Int64"})
-    return out.sort_values(["job", "dag"], na_position="first", kind="stable").reset_index(drop=True)
+    out = out.sort_values(["job", "dag"], na_position="first", kind="stable").reset_index(drop=True)
+    out.attrs["figures"] = shares.NOTE
+    return out
 
 
 def _own_gpus(samples: pd.DataFrame) -> pd.Series:
@@ -193,18 +203,20 @@ def _gpu_ids(samples: pd.DataFrame) -> pd.Series:
 def _covered(times: np.ndarray, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple:
     """Seconds of each [start, end] (s) covered by one GPU's sample windows, and the integral of the readings
     over them. A reading describes the window that ends at its time: from the previous sample (at most
-    :func:`.summary.weights`' cap); the first sample's, one median step."""
-    lengths = np.roll(weights(times, np.ones((len(times), 1)))[:, 0], 1)
+    :func:`.summary.weights`' cap); the first sample's, one median step. A NaN reading (unknown) covers
+    nothing."""
+    lengths = weights(times, np.ones((len(times), 1)))[:, 0]
     lefts = times - lengths
-    total = np.concatenate([[0.0], np.cumsum(lengths)])
+    known = ~np.isnan(values)
+    values = np.where(known, values, 0.0)
+    total = np.concatenate([[0.0], np.cumsum(lengths * known)])
     area = np.concatenate([[0.0], np.cumsum(lengths * values)])
 
     def upto(x):  # (covered seconds, integral) from the first window to x
         k = np.searchsorted(times, x, side="left")  # the window x falls in (or the gap before it)
-        inside = k < len(times)
-        part = np.where(inside, np.clip(x - lefts[np.minimum(k, len(times) - 1)], 0.0, None), 0.0)
-        value = values[np.minimum(k, len(times) - 1)]
-        return total[k] + part, area[k] + part * value
+        last = np.minimum(k, len(times) - 1)
+        part = np.where(k < len(times), np.clip(x - lefts[last], 0.0, None) * known[last], 0.0)
+        return total[k] + part, area[k] + part * values[last]
 
     (c0, a0), (c1, a1) = upto(starts), upto(ends)
     return c1 - c0, a1 - a0
@@ -222,23 +234,26 @@ def _memory_deltas(series: pd.DataFrame, starts: np.ndarray, ends: np.ndarray) -
 
 def prefix_gpu(tasks: pd.DataFrame, samples: pd.DataFrame, per_dag: bool = False) -> pd.DataFrame:
     """Task points and ``gpu`` samples -> per job (and DAG) and prefix: ``tasks``, ``gpu_s`` (task seconds
-    covered by samples of the worker's own GPU), the time-weighted mean of each device reading of
-    :data:`PREFIX_DEVICE` collected (``mean_<field>``) during the tasks, and ``mean_memory_delta`` /
-    ``max_memory_delta`` (MiB) of the worker's ``worker_memory_used`` across each task.
+    covered by samples of the worker's own GPU), the time-weighted mean of each reading of
+    :data:`PREFIX_DEVICE` collected during the tasks: the job's own (``mean_<field>``) and the device's
+    (``mean_device_<field>``, :mod:`.shares`), and ``mean_memory_delta`` / ``max_memory_delta`` (MiB) of
+    the worker's ``worker_memory_used`` across each task.
 
-    A task's GPU is its worker's index "0" (by ``uuid``: device samples count whoever wrote them). Each
-    sample counts for the overlap of its window (the previous sample of that GPU .. its time) with the
-    task's [start, end], so a 5 ms task inside one 100 ms window gets that window's value. The device
-    figures are the device's: other work on the GPU at the same time counts too (the per-job figures
-    say how shared it was). A memory delta includes what other tasks on the worker allocated meanwhile,
-    and is 0 under a pool allocator (RMM) that does not grow. NA where nothing was measured.
+    A task's GPU is its worker's index "0" (by ``uuid``), read from that worker's own points (in older
+    data, where one worker wrote a GPU's device points, from that writer's). Each sample counts for the
+    overlap of its window (the previous sample of that GPU .. its time) with the task's [start, end], so
+    a 5 ms task inside one 100 ms window gets that window's value. The device figures count other work on
+    the GPU at the same time too; the own ones scale them by the worker's share of a shared GPU's kernel
+    time (``worker_gpu_share``). A memory delta includes what other tasks on the worker allocated
+    meanwhile, and is 0 under a pool allocator (RMM) that does not grow. NA where nothing was measured.
 
     >>> s = pd.DataFrame({"time": [1e9, 2e9, 3e9, 4e9], "worker": "w", "index": "0", "uuid": "GPU-1",  # each second
-    ...                   "utilization_gpu": [0.0, 90.0, 60.0, 0.0], "worker_memory_used": [10.0, 10.0, 30.0, 30.0]})
+    ...                   "utilization_gpu": [0.0, 90.0, 60.0, 0.0], "worker_memory_used": [10.0, 10.0, 30.0, 30.0],
+    ...                   "worker_gpu_share": 50.0})  # a shared GPU: the worker ran half its kernel time
     >>> t = pd.DataFrame({"time": [3e9, 2.1e9], "worker": "w", "job": 1, "dag": 1, "prefix": ["a", "b"],
     ...                   "start": [1.5, 2.05]})  # a: half of (1, 2] s at 90, all of (2, 3] at 60; b: 50 ms at 60
     >>> prefix_gpu(t, s).round(3).values.tolist()
-    [[1, 'a', 1, 1.5, 70.0, 20.0, 20.0], [1, 'b', 1, 0.05, 60.0, 20.0, 20.0]]
+    [[1, 'a', 1, 1.5, 35.0, 70.0, 20.0, 20.0], [1, 'b', 1, 0.05, 30.0, 60.0, 20.0, 20.0]]
     """
     columns = PREFIX_GPU if per_dag else [c for c in PREFIX_GPU if c != "dag"]
     if tasks.empty:
@@ -248,6 +263,8 @@ def prefix_gpu(tasks: pd.DataFrame, samples: pd.DataFrame, per_dag: bool = False
         return _empty(columns, NO_GPU_SAMPLES)
     samples = samples.assign(gpu=_gpu_ids(samples), t=pd.to_numeric(samples["time"]).astype("int64"))
     samples = samples.assign(**{f: pd.to_numeric(samples[f]) for f in fields}).sort_values("t", kind="stable")
+    samples = shares.own(samples, ["worker", "gpu"])
+    unknown = shares.unknown(samples)
     own = _own_gpus(samples)
     tasks = tasks.assign(gpu=tasks["worker"].map(own)).reset_index(drop=True)
     if tasks["gpu"].isna().all():
@@ -260,33 +277,37 @@ def prefix_gpu(tasks: pd.DataFrame, samples: pd.DataFrame, per_dag: bool = False
     starts = starts.where(timed, ends)
     samples = samples.assign(t=(samples["t"] - origin) / 1e9)
     device = [f for f in PREFIX_DEVICE if f in fields]
-    got = {f"{k}_{f}": np.zeros(len(tasks)) for f in device for k in ("time", "area")}
+    figures = [*device, *(shares.DEVICE + f for f in device)]  # the job's own, then the device's
+    got = {f"{k}_{f}": np.zeros(len(tasks)) for f in figures for k in ("time", "area")}
     got["delta"] = np.full(len(tasks), np.nan)
-    for gpu, rows in tasks.groupby("gpu", sort=False).indices.items():
+    for (worker, gpu), rows in tasks.groupby(["worker", "gpu"], sort=False).indices.items():
         of_gpu = samples[samples["gpu"] == gpu]
+        mine = of_gpu[of_gpu["worker"] == worker]
         s, e = starts.to_numpy()[rows], ends.to_numpy()[rows]
         for f in device:
-            series = of_gpu[of_gpu[f].notna()]
-            if len(series):
-                covered, area = _covered(series["t"].to_numpy(), series[f].to_numpy(float), s, e)
-                got[f"time_{f}"][rows], got[f"area_{f}"][rows] = covered, area
-        if MEMORY not in fields:
-            continue
-        held = of_gpu[of_gpu[MEMORY].notna()]
-        for worker, mine in tasks.iloc[rows].groupby("worker", sort=False).indices.items():
-            got["delta"][rows[mine]] = _memory_deltas(held[held["worker"] == worker], s[mine], e[mine])
+            # the task's worker's own points of its GPU; in older data (one writer per GPU), the writer's
+            series = mine[mine[shares.DEVICE + f].notna()]
+            series = series if len(series) else of_gpu[of_gpu[shares.DEVICE + f].notna()]
+            for name in (f, shares.DEVICE + f) if len(series) else ():
+                covered, area = _covered(series["t"].to_numpy(), series[name].to_numpy(float), s, e)
+                got[f"time_{name}"][rows], got[f"area_{name}"][rows] = covered, area
+        if MEMORY in fields:
+            got["delta"][rows] = _memory_deltas(mine[mine[MEMORY].notna()], s, e)
     got["delta"][~timed] = np.nan
     by = ["job", "dag", "prefix"] if per_dag else ["job", "prefix"]
     groups = tasks[by].assign(**got, n=1).groupby(by, sort=True)
     sums = groups.sum(numeric_only=True)
-    out = pd.DataFrame({"tasks": sums["n"], "gpu_s": sums[f"time_{device[0]}"] if device else np.nan})
-    for f in device:  # task-time weighted; NA where no sample covered the prefix's tasks
+    gpu_s = sums[f"time_{shares.DEVICE}{device[0]}"] if device else np.nan
+    out = pd.DataFrame({"tasks": sums["n"], "gpu_s": gpu_s})
+    for f in figures:  # task-time weighted; NA where no sample covered the prefix's tasks
         out[f"mean_{f}"] = (sums[f"area_{f}"] / sums[f"time_{f}"]).where(sums[f"time_{f}"] > 0)
     out["mean_memory_delta"], out["max_memory_delta"] = groups["delta"].mean(), groups["delta"].max()
     out = out.reset_index().astype({"tasks": "int64"})
     out = out.sort_values(["job", "gpu_s"], ascending=[True, False], kind="stable").reset_index(drop=True)
-    gpm = [f"mean_{f}" for f in device if f != UTIL]  # only where collected
-    return out.reindex(columns=[*columns[:-2], *gpm, *columns[-2:]])
+    more = [f"mean_{f}" for f in figures if f != UTIL]  # GPM only where collected
+    out = out.reindex(columns=[*columns[:-2], *more, *columns[-2:]])
+    out.attrs.update(figures=shares.NOTE, unknown=unknown)
+    return out
 
 
 def _timed(frame: pd.DataFrame) -> pd.DataFrame:
@@ -331,30 +352,40 @@ class TaskQuestions:
 
     def gpu_during_tasks(self, job: Optional[int] = None) -> pd.DataFrame:
         """Was the GPU busy: mean/max GPU utilization while each job (and DAG) had tasks executing, and
-        where collected GPM's SM active, SM occupancy, tensor and DRAM activity, and the job's workers'
-        share of a shared GPU's SM time (``worker_utilization_gpu``)."""
+        where collected GPM's SM active, SM occupancy, tensor and DRAM activity: the job's own figures
+        (scaled by its workers' share of a shared GPU) and the device's (``device_``, :mod:`.shares`),
+        and the workers' share (``worker_gpu_share``) and own SM time (``worker_utilization_gpu``)."""
         job = self.check_job(job)
         have = self.fields().get(schema.GPU, ())
         if UTIL not in have:
-            return _empty(GPU, NO_GPU)
-        fields = [UTIL] + [f for f in DEPTH if f in have]
-        # every sample, not the job's only: a sample stands for the time to the next one of its GPU
-        frames = [self.backend.frame(schema.GPU, fields, w) for w in self.workers()]
+            return _empty(GPU, self.kept(schema.GPU, UTIL) or NO_GPU)
+        fields = [f for f in (UTIL, *GPM, *PER_WORKER) if f in have]
+        # every sample, not the job's only: a sample stands for the window before it, from the previous one of its GPU
+        frames = [self.backend.frame(schema.GPU, fields, w).assign(worker=w) for w in self.workers()]
         samples = pd.concat([_timed(f) for f in frames if not f.empty] or [frames[0]], ignore_index=True)
+        samples = shares.own(samples, ["worker", "index"])
+        if missing := shares.unknown(samples):
+            self.skip_note(shares.unknown_note(missing))
         dags = self.dags()
         return _only(gpu_during(samples, dict(zip(dags["dag"], dags["job"]))), job)
 
     def gpu_per_prefix(self, job: Optional[int] = None, per_dag: bool = False) -> pd.DataFrame:
-        """Was the GPU busy during each task prefix's tasks: per job (and DAG) and prefix, the device's mean
-        utilization (and GPM's SM active, occupancy, tensor activity where collected) over the tasks' time
-        on their workers' own GPUs, and the worker's GPU memory delta across them; see :func:`prefix_gpu`."""
+        """Was the GPU busy during each task prefix's tasks: per job (and DAG) and prefix, the mean utilization
+        (and GPM's SM active, occupancy, tensor activity where collected) over the tasks' time on their workers'
+        own GPUs, the job's own and the device's (:mod:`.shares`), and the worker's GPU memory delta across
+        them; see :func:`prefix_gpu`."""
         stream = self.task_stream(job)
         columns = PREFIX_GPU if per_dag else [c for c in PREFIX_GPU if c != "dag"]
         if stream.empty:
             return _empty(columns, stream.attrs.get("why", NO_TASK_STREAM))
         # every sample of every GPU, not the job's only: a reading stands for the window before it
-        samples = self.backend.points(schema.GPU, ["worker", "index", "uuid", *PREFIX_DEVICE, MEMORY])
-        return _only(prefix_gpu(stream, samples, per_dag=per_dag), job)
+        samples = self.backend.points(schema.GPU, ["worker", "index", "uuid", *PREFIX_DEVICE, MEMORY, shares.SHARE])
+        out = prefix_gpu(stream, samples, per_dag=per_dag)
+        if out.attrs.get("why") == NO_GPU_SAMPLES and (kept := self.kept(schema.GPU, UTIL)):
+            out.attrs["why"] = kept
+        if missing := out.attrs.pop("unknown", 0):
+            self.skip_note(shares.unknown_note(missing))
+        return _only(out, job)
 
     def report(self, path, title: Optional[str] = None) -> str:
         """Write the one-file HTML report (see :mod:`dask_influx_metrics.client.report`); returns ``path``."""

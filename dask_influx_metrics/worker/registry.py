@@ -22,6 +22,7 @@ Example
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 from ..snapshot import Activity
@@ -38,11 +39,14 @@ class TaskRegistry:
         self._fresh: set = set()  # started since the last sample's snapshot
         self._brief: dict = {}  # started and finished since then: shown once, at the next sample
         self._last_job = 0
+        self._busy = 0.0  # the busy-time counter (Activity.busy): what a simulated GPU averages
         self.nthreads = nthreads
         self._managed_bytes = managed_bytes
 
     def started(self, key, job: int, dag: int) -> None:
         with self._lock:
+            if key not in self._running:
+                self._busy -= time.monotonic()
             self._running[key] = (job, dag)
             if self._track:
                 self._fresh.add(key)
@@ -58,12 +62,15 @@ class TaskRegistry:
         """Forget ``key``; returns its ``(job, dag)``, or None if it was not executing."""
         with self._lock:
             where = self._running.pop(key, None)
-            if where is not None and key in self._fresh:
-                self._brief[key] = where
+            if where is not None:
+                self._busy += time.monotonic()
+                if key in self._fresh:
+                    self._brief[key] = where
         return where
 
     def clear(self) -> None:
         with self._lock:
+            self._busy += len(self._running) * time.monotonic()
             self._running.clear()
             self._fresh.clear()
             self._brief.clear()
@@ -81,12 +88,12 @@ class TaskRegistry:
             if sample:
                 running += tuple((k, j, d) for k, (j, d) in self._brief.items())
                 self._brief, self._fresh = {}, set()
-            last = self._last_job
+            last, busy = self._last_job, (self._busy, len(self._running))
         try:
             managed = int(self._managed_bytes())
         except Exception:  # worker state mid-update: report nothing rather than fail
             managed = 0
-        return Activity(running, self.nthreads, managed, last)
+        return Activity(running, self.nthreads, managed, last, 0.0, *busy)
 
 
 class CachedActivity:

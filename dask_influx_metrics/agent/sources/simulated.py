@@ -6,9 +6,14 @@ have the same shape and tags as :class:`.nvml.NvmlSource`; the name is
 ``Simulated GPU`` and the UUID ``SIM-...`` is stable per (host, worker process,
 index).
 
-Model, per read and per device ``i`` (``busy`` from the activity snapshot):
+Model, per read and per device ``i``. Like NVML's, utilization (and what derives from it: memory
+utilization, power, temperature, clock) is an **average over the time since the previous read**;
+memory is **as now**:
 
-* ``busy = min(1, executing / nthreads)`` (0 when the worker has no threads)
+* ``busy``: the share of the worker's threads executing tasks since the previous read, from the
+  worker's busy-time counter (:attr:`~dask_influx_metrics.snapshot.Activity.busy`, kept with one
+  clock read per task start and end): exact however short the tasks. Where the worker does not count it (and at the first read),
+  ``min(1, executing / nthreads)`` at the read (0 when the worker has no threads)
 * ``utilization_gpu = round(100 * busy * (1 - j))`` with ``j`` a seeded jitter
   in ``[0, 0.08]`` (a fixed per-device part plus a per-read part), so an idle
   worker reads exactly 0 and a saturated one 92..100
@@ -37,6 +42,7 @@ import hashlib
 import os
 import random
 import socket
+import time
 from typing import Callable, NamedTuple
 
 from ...schema import GPU, Reading
@@ -76,7 +82,17 @@ class SimulatedGpuSource:
 
     ``fields`` holds ``(measurement, field)`` pairs; only the requested ``gpu``
     fields are computed and returned. ``pid``: the worker process the UUIDs
-    belong to (default this one; the agent passes the worker's).
+    belong to (default this one; the agent passes the worker's). ``clock``: the clock of the worker's
+    busy time (``time.monotonic``, one clock for every process of a Linux host).
+
+    >>> snap = Activity((), 1, 0, 0, busy=0.0)  # idle so far
+    >>> now = [10.0]
+    >>> src = SimulatedGpuSource(1, frozenset({("gpu", "utilization_gpu")}), lambda: snap, clock=lambda: now[0])
+    >>> src.read()[0].fields["utilization_gpu"]
+    0.0
+    >>> snap = Activity((), 1, 0, 0, busy=10.13 - 10.1)  # a 30 ms task (10.1 to 10.13 s), then idle
+    >>> now[0] = 10.2; src.read()[0].fields["utilization_gpu"]  # 15 % of the 200 ms since the last read, less jitter
+    14.0
     """
 
     def __init__(
@@ -87,6 +103,7 @@ class SimulatedGpuSource:
         memory_total_mib: float = 81920.0,
         seed: int = 0,
         pid: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         if count < 0:
             raise ValueError(f"simulated GPU count must be >= 0, got {count}")
@@ -98,13 +115,23 @@ class SimulatedGpuSource:
         self._temp = [COOL_C] * count
         self._handles = [SimulatedHandle(i, simulated_uuid(i, pid=pid)) for i in range(count)]
         self._tags = [{"index": str(i), "uuid": h.uuid, "name": NAME} for i, h in enumerate(self._handles)]
+        self._clock, self._last = clock, None  # (time, busy seconds) at the previous read
+
+    def _busy(self, snap: Activity) -> float:
+        """The worker's busy share since the previous read; at a read where that is unknown, now."""
+        now = self._clock()
+        total = None if snap.busy is None else snap.busy + snap.busy_n * now  # busy thread-seconds so far
+        last, self._last = self._last, (None if total is None else (now, total))
+        if total is None or last is None or now <= last[0] or snap.nthreads <= 0:
+            return min(1.0, snap.executing / snap.nthreads) if snap.nthreads > 0 else 0.0
+        return min(1.0, max(0.0, (total - last[1]) / ((now - last[0]) * snap.nthreads)))
 
     def read(self) -> list[Reading]:
         """One ``gpu`` reading per simulated device."""
         if not self._want or not self._handles:
             return []
         snap = self._activity()
-        busy = min(1.0, snap.executing / snap.nthreads) if snap.nthreads > 0 else 0.0
+        busy = self._busy(snap)
         count = len(self._handles)
         used = min(self._total, BASE_MIB + snap.managed_bytes / _MIB / count)
         want = self._want

@@ -135,4 +135,4 @@ def connect(
 
         backend = SpoolBackend(source, session=session, **window)
     backend.notes.extend(pending_notes(undelivered) if undelivered is not None else ())  # http(s) only
-    return Store(backend, origin_ns=window["start_ns"], workers=workers)
+    return Store(backend, origin_ns=window["start_ns"], workers=workers, undelivered=undelivered)

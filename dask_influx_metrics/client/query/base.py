@@ -109,3 +109,51 @@ def pending_notes(folder) -> list[str]:
             f"{os.fspath(folder)} --source URL`"
         )
     return notes
+
+
+def kept_lines(folder, measurement: str, field: str) -> list[str]:
+    """Where the lines of ``measurement``/``field`` that are not in InfluxDB are: one sentence per
+    ``refused/`` or ``undelivered/`` folder under ``folder`` holding any (with InfluxDB's reason for a
+    refusal). What a reader says instead of "no GPU" when a metric has no samples in InfluxDB.
+
+    >>> kept_lines("/nonexistent", "gpu", "utilization_gpu")
+    []
+    """
+    from ... import lineprotocol
+    from ...sinks import REFUSED_DIR, pending_folders
+    from ...sinks.spool import read_lines
+
+    out, head = [], measurement.encode() + b","
+    for root in pending_folders(folder):
+        count = 0
+        for line in read_lines(root):
+            if line.startswith(head) and field.encode() in line:
+                try:
+                    count += field in lineprotocol.parse(line).fields
+                except ValueError:
+                    continue
+        if not count:
+            continue
+        what = f"{count} line(s) of {measurement}/{field}"
+        if os.path.basename(root) == REFUSED_DIR:
+            out.append(f"InfluxDB refused {what} ({_reason(root, measurement, field)}); they are kept in {root}")
+        else:
+            out.append(
+                f"{what} are only in the undelivered copy at {root} (not delivered over HTTP at the time; replay "
+                f"with db.replay_undelivered({os.fspath(folder)!r}) or `dask-influx-metrics replay "
+                f"{os.fspath(folder)} --source URL`)"
+            )
+    return out
+
+
+def _reason(root: str, measurement: str, field: str) -> str:
+    """InfluxDB's latest reason in ``root``'s reasons file that names the field (else its latest one)."""
+    from ...sinks.http import REASONS_FILE
+
+    try:
+        with open(os.path.join(root, REASONS_FILE), encoding="utf-8") as f:
+            reasons = [line.strip().split(" ", 1)[-1] for line in f if line.strip()]
+    except OSError:
+        return f"no {REASONS_FILE} beside them"
+    named = [r for r in reasons if f'"{field}"' in r and f'"{measurement}"' in r]
+    return ((named or reasons or ["no reason recorded"])[-1])[:300]

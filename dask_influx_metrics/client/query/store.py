@@ -15,7 +15,7 @@ from .. import summary as _summary
 from .. import tables as _tables
 from ..hosts import HostQuestions
 from ..tasks import TaskQuestions
-from .base import DEVICE_MEASUREMENTS, Backend, QueryError
+from .base import DEVICE_MEASUREMENTS, Backend, QueryError, kept_lines, pending_notes
 
 _DASK_ADDRESS = re.compile(r"^[A-Za-z][\w+.-]*://")  # a worker tag Dask wrote (scheme://...)
 
@@ -55,8 +55,9 @@ class Store(TaskQuestions, HostQuestions):
     #: workers fetched at once by :meth:`worker_tables`
     parallel = 4
 
-    def __init__(self, backend: Backend, origin_ns: Optional[int] = None, workers=None):
+    def __init__(self, backend: Backend, origin_ns: Optional[int] = None, workers=None, undelivered=None):
         self.backend = backend
+        self.undelivered = undelivered  # a spool folder whose undelivered/ and refused/ samples are not in InfluxDB
         self._origin_ns = origin_ns
         self._own = None if workers is None else set(workers)  # the session's workers, when known
         self._skipped: list[str] = []  # notes on series skipped as not this session's
@@ -93,6 +94,18 @@ class Store(TaskQuestions, HostQuestions):
         self._workers = self._fields = None  # the answers may change
         return self.backend.replay_undelivered(folder)
 
+    def kept(self, measurement: str, field: str) -> str:
+        """Where the samples of ``measurement``/``field`` missing from the source are, when InfluxDB refused
+        them or they were not delivered (the ``undelivered`` folder of :func:`connect`); "" otherwise."""
+        return "; ".join(kept_lines(self.undelivered, measurement, field)) if self.undelivered is not None else ""
+
+    def kept_gpu(self, metrics=None) -> str:
+        """:meth:`kept` of the gpu fields of ``metrics`` (names; default ``compute-util`` and ``total-mem``)."""
+        names = ["compute-util", "total-mem"] if metrics is None else [metrics] if isinstance(metrics, str) else metrics
+        known = _tables.resolve([n for n in names if not _tables.unknown([n])])
+        found = (self.kept(m.measurement, m.field) for m in known if m.measurement == schema.GPU)
+        return "; ".join(k for k in dict.fromkeys(found) if k)
+
     def scope(self) -> str:
         """Where this Store looks, in words: the source, the time range and the tags."""
         b = self.backend
@@ -111,15 +124,16 @@ class Store(TaskQuestions, HostQuestions):
         first, last = wide.first_time(), wide.last_time()
         if first is None:
             dags = wide.dag_points()
+            pending = pending_notes(self.undelivered) if self.undelivered is not None else []
             there = (
                 "the source holds no samples at all"
                 if dags.empty
-                # GPU-only tracking, no GPU
-                else (
-                    f"the workers wrote no samples there, though the scheduler recorded {dags['dag'].nunique()} "
-                    f"DAG(s): if only GPU metrics were tracked, {NO_GPU}"
-                )
+                else f"the workers wrote no samples there, though the scheduler recorded {dags['dag'].nunique()} DAG(s)"
             )
+            if pending:  # kept aside: InfluxDB refused them, or they were not delivered
+                there += ": " + "; ".join(pending)
+            elif not dags.empty:  # GPU-only tracking, no GPU
+                there += f": if only GPU metrics were tracked, {NO_GPU}"
         else:
             there = f"the source holds samples from {_iso(first)} to {_iso(last)}"
             for key in sorted(self.backend.tags):
@@ -251,14 +265,15 @@ class Store(TaskQuestions, HostQuestions):
                     "tracking names, measurement.field, custom metrics; see `metrics`)"
                 )
             metrics = _tables.resolve(names, fields.get(schema.CUSTOM, ()))
-        absent = [m.name for m in metrics if m.field not in fields.get(m.measurement, ())]
+        absent = [m for m in metrics if m.field not in fields.get(m.measurement, ())]
         if absent:
-            why = (
-                f"; {NO_GPU}"
-                if schema.GPU not in fields and any(m.measurement == schema.GPU for m in metrics if m.name in absent)
-                else ""
-            )
-            raise ValueError(f"metric(s) {absent} were not collected{why}; present: {self.metrics()} ({self.scope()})")
+            names = [m.name for m in absent]
+            kept = "; ".join(k for k in (self.kept(m.measurement, m.field) for m in absent) if k)
+            if kept:  # written, but not into this InfluxDB: say so, and where they are
+                raise ValueError(f"metric(s) {names} have no samples {self.scope()}: {kept}")
+            gpu = schema.GPU not in fields and any(m.measurement == schema.GPU for m in absent)
+            why = f"; {NO_GPU}" if gpu else ""
+            raise ValueError(f"metric(s) {names} were not collected{why}; present: {self.metrics()} ({self.scope()})")
         return metrics
 
     # --- tables ------------------------------------------------------------
@@ -290,6 +305,7 @@ class Store(TaskQuestions, HostQuestions):
                 metrics = metrics + _tables.resolve(["tasks"])
         origin = self.origin_ns
         hosts = self.host_longs([w for _, w in chosen], wanted[schema.HOST]) if schema.HOST in wanted else {}
+        gpus = self.gpu_ids() if schema.GPU in wanted else {}
 
         def one(item):
             i, worker = item
@@ -297,7 +313,10 @@ class Store(TaskQuestions, HostQuestions):
                 m: None if m == schema.HOST else self.backend.frame(m, list(dict.fromkeys(fs)), worker, job)
                 for m, fs in wanted.items()
             }
-            return worker, _tables.build(frames, metrics, origin, worker, i, host=hosts.get(worker))
+            table = _tables.build(frames, metrics, origin, worker, i, host=hosts.get(worker))
+            if worker in gpus:
+                table.attrs[_summary.GPUS] = gpus[worker]
+            return worker, table
 
         out = {}
         # A few workers in flight: the server builds one answer while we parse another.
@@ -394,8 +413,10 @@ class Store(TaskQuestions, HostQuestions):
         tables = self.worker_tables(job=job, metrics=metrics, workers=workers, progress=progress)
         empty = [w for w, t in tables.items() if t.empty]
         if empty:  # a header-only file would pass for an export
+            kept = self.kept_gpu(metrics)
             raise QueryError(
-                f"no samples for worker(s) {empty} {self.scope()}; no CSV written (a worker without "
-                f"a GPU writes no GPU samples: {NO_GPU})"
+                f"no samples for worker(s) {empty} {self.scope()}; no CSV written ("
+                + (kept if kept else f"a worker without a GPU writes no GPU samples: {NO_GPU}")
+                + ")"
             )
         return write_tables(list(tables.values()), path, fname=fname, clear_dir=clear_dir)
