@@ -148,41 +148,24 @@ _FIELDS = (
         "energy used since the driver loaded (counter; read every 10 s and at a worker's last sample: "
         "3.1-3.7 ms of CPU per call on an H200)",
     ),
-    Field(
-        GPU,
-        "ecc_errors_volatile_correctable",
-        int,
-        "count",
-        "corrected ECC errors since the driver loaded, all memory locations (counter; every 10 s)",
-    ),
-    Field(
-        GPU,
-        "ecc_errors_volatile_uncorrectable",
-        int,
-        "count",
-        "uncorrected ECC errors since the driver loaded (counter; every 10 s)",
-    ),
-    Field(
-        GPU,
-        "ecc_errors_aggregate_correctable",
-        int,
-        "count",
-        "corrected ECC errors over the GPU's lifetime (counter; every 10 s)",
-    ),
-    Field(
-        GPU,
-        "ecc_errors_aggregate_uncorrectable",
-        int,
-        "count",
-        "uncorrected ECC errors over the GPU's lifetime (counter; every 10 s)",
+    *(
+        Field(
+            GPU,
+            f"ecc_errors_{c}_{k}",
+            int,
+            "count",
+            f"{k} ECC errors {when}, all memory locations (counter; every 10 s)",
+        )
+        for c, when in (("volatile", "since the driver loaded"), ("aggregate", "over the GPU's lifetime"))
+        for k in ("correctable", "uncorrectable")
     ),
     Field(
         GPU,
         "gr_engine_active",
         float,
         "%",
-        "GPM (Hopper+): time the graphics/compute engine was active (DCGM GR_ENGINE_ACTIVE), over 10 s windows: "
-        "its GPM metric costs ~1-1.4 ms of CPU per call on an H200 (the others ~2 us); utilization_gpu says nearly the same",
+        "GPM (Hopper+): time the graphics/compute engine was active (DCGM GR_ENGINE_ACTIVE), over 10 s windows "
+        "(its metric costs ~1 ms of CPU per call on an H200, the others ~2 us)",
     ),
     Field(
         GPU,
@@ -238,9 +221,8 @@ _FIELDS = (
         "worker_gpu_share",
         float,
         "%",
-        "the worker's process tree's share of the GPU's kernel time over that window: its smUtil over the "
-        "smUtil of every process on the GPU (0 when none ran a kernel); a job's own figures on a shared "
-        "GPU are the device-wide ones scaled by it",
+        "the worker's share of the GPU's kernel time over that window: its processes' smUtil over every process's "
+        "(0 when none ran a kernel); a job's own figures on a shared GPU are the device's scaled by it",
     ),
     Field(HOST, "cpu_percent", float, "%", "whole-host CPU use since the previous sample (all cores = 100)"),
     Field(HOST, "memory_used", int, "bytes", "host memory in use (psutil virtual_memory.used)"),
