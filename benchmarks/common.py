@@ -225,7 +225,7 @@ def gpus_label(count: int) -> str:
 
 def skipped_without_nvml(name: str) -> list[dict] | None:
     """One "skipped" row when ``--gpu-source nvml`` was asked for on a machine without an NVML GPU, else None."""
-    from dask_influx_metrics.agent.sources.nvml_devices import nvml_available
+    from dask_influx_metrics.sampling.sources.nvml_devices import nvml_available
 
     if gpu_source() != "nvml" or nvml_available():
         return None
@@ -250,34 +250,34 @@ def simulated_worker(
     The GPUs are ``gpu_count`` simulated devices, or this node's real ones
     through NVML with ``--gpu-source nvml`` (``gpu_count`` ignored).
     ``psutil_reads=False``: no host or worker-process fields. ``parts``:
-    ``activity`` (the cache), ``gpus`` (the backend), ``view`` (the worker),
+    ``snapshot`` (the cache), ``gpus`` (the backend), ``view`` (the worker),
     ``host`` (the host source, or None) and ``collector``. ``interval_ms``:
     sample at this polling interval with the default ``sampler.host-refresh``,
     as a worker does; None: back to back, every sample reads the host counters.
     """
     from dask_influx_metrics import config, schema
-    from dask_influx_metrics.agent.collect import HostCollector
-    from dask_influx_metrics.agent.gpus import SimulatedDevices
-    from dask_influx_metrics.agent.sources.host import HostSource, refresh_seconds
-    from dask_influx_metrics.agent.workers import WorkerView
-    from dask_influx_metrics.sampler import Sampler
-    from dask_influx_metrics.worker.registry import CachedActivity, TaskRegistry
+    from dask_influx_metrics.sampling.collect import HostCollector
+    from dask_influx_metrics.sampling.gpus import SimulatedDevices
+    from dask_influx_metrics.sampling.sampler import Sampler
+    from dask_influx_metrics.sampling.sources.host import HostSource, refresh_seconds
+    from dask_influx_metrics.sampling.view import WorkerView
+    from dask_influx_metrics.worker.registry import CachedSnapshot, TaskRegistry
 
     reg = TaskRegistry(nthreads=8, managed_bytes=lambda: 3 << 30)
     for i in range(6):
         reg.started(("task", i), 1, 3)
-    activity = CachedActivity(reg)
+    snapshot = CachedSnapshot(reg)
     fields = schema.fields_for(tracking if tracking is not None else schema.TRACKING)
     if not psutil_reads:
         fields = frozenset(f for f in fields if f[0] != schema.HOST and f not in PROCESS_FIELDS)
     if gpu_source() == "nvml":
-        from dask_influx_metrics.agent.sources.nvml import NvmlDevices
+        from dask_influx_metrics.sampling.sources.nvml import NvmlDevices
 
         gpus = NvmlDevices(fields)
     else:
         gpus = SimulatedDevices(gpu_count, fields)
     info = {"address": TAGS["worker"], "pid": os.getpid(), "tags": {"host": TAGS["host"], "worker": TAGS["worker"]}}
-    view = WorkerView("bench", info, activity, fields, offset=lambda: 0.0)
+    view = WorkerView("bench", info, snapshot, fields, offset=lambda: 0.0)
     view.uuids = gpus.resolve(view)
     refresh = 0.0 if interval_ms is None else refresh_seconds(config.Settings.resolve({}).host_refresh, interval_ms)
     host_fields = frozenset(f for f in fields if f[0] == schema.HOST)
@@ -285,10 +285,10 @@ def simulated_worker(
     collector = HostCollector(fields, gpus, host)
 
     def collect(now_ns: int) -> list:
-        activity.refresh()
+        snapshot.refresh()
         return collector.collect([view], now_ns)
 
-    parts = {"activity": activity, "gpus": gpus, "view": view, "host": host, "collector": collector}
+    parts = {"snapshot": snapshot, "gpus": gpus, "view": view, "host": host, "collector": collector}
     return Sampler(collect, sink, interval=(interval_ms or 200) / 1000.0), parts
 
 

@@ -26,14 +26,14 @@ import time
 
 from benchmarks import common
 from dask_influx_metrics import config, schema
-from dask_influx_metrics.agent.collect import HostCollector
-from dask_influx_metrics.agent.sources.gpm import FIELDS as GPM_FIELDS
-from dask_influx_metrics.agent.sources.host import HostSource, refresh_seconds
-from dask_influx_metrics.agent.sources.nvml import NvmlDevices, Pace
-from dask_influx_metrics.agent.workers import WorkerView
-from dask_influx_metrics.sampler import Sampler
+from dask_influx_metrics.sampling.collect import HostCollector
+from dask_influx_metrics.sampling.sampler import Sampler
+from dask_influx_metrics.sampling.sources.gpm import FIELDS as GPM_FIELDS
+from dask_influx_metrics.sampling.sources.host import HostSource, refresh_seconds
+from dask_influx_metrics.sampling.sources.nvml import NvmlDevices, Pace
+from dask_influx_metrics.sampling.view import WorkerView
 from dask_influx_metrics.sinks.udp import UdpSink
-from dask_influx_metrics.snapshot import Activity
+from dask_influx_metrics.snapshot import Snapshot
 
 NAME = "gpm"
 GPUS = 8
@@ -52,10 +52,10 @@ def eight_h200s():
 
 def _busy():
     """A worker running two tasks of job 1 (``refresh()`` per sample, as the agent's snapshot readers)."""
-    snap = Activity(((("task", 0), 1, 3), (("task", 1), 1, 3)), 8, 3 << 30, 1)
-    activity = lambda: snap  # noqa: E731
-    activity.refresh = lambda: None
-    return activity
+    snap = Snapshot(((("task", 0), 1, 3), (("task", 1), 1, 3)), 8, 3 << 30, 1)
+    snapshot = lambda: snap  # noqa: E731
+    snapshot.refresh = lambda: None
+    return snapshot
 
 
 def measure(window_ms: float | None, ticks: int) -> dict:

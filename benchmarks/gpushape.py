@@ -40,13 +40,13 @@ METRICS = ["compute-util", "total-mem", "worker-gpu-mem", "gpu.sm_active"]
 
 class _Worker:
     def __init__(self, n: int, pid: int):
-        from dask_influx_metrics.snapshot import Activity
+        from dask_influx_metrics.snapshot import Snapshot
 
         self.id, self.pid, self.address = str(n), pid, f"tcp://127.0.0.1:{40000 + n}"
         self.tags, self.uuids, self.visible = {"host": "node", "worker": self.address}, [], None
-        self.snap = Activity(((f"task-{n}", n + 1, n + 1),), 1, 0, n + 1)  # each runs its own job
+        self.snap = Snapshot(((f"task-{n}", n + 1, n + 1),), 1, 0, n + 1)  # each runs its own job
 
-    def activity(self):
+    def snapshot(self):
         return self.snap
 
     def offset(self):
@@ -60,8 +60,8 @@ def points_per_worker(workers: int, samples: int) -> list:
     """The agent's points: the replayed H200 read once per sample, one gpu point per worker."""
     from fake_nvml import FakeNvml
 
-    from dask_influx_metrics.agent.collect import HostCollector
-    from dask_influx_metrics.agent.sources.nvml import NvmlDevices
+    from dask_influx_metrics.sampling.collect import HostCollector
+    from dask_influx_metrics.sampling.sources.nvml import NvmlDevices
     from dask_influx_metrics.schema import FIELDS, GPU
 
     fields = frozenset(k for k in FIELDS if k[0] == GPU)

@@ -1,7 +1,7 @@
 """Host readings per node: one sampling agent per host (``sampler.mode: agent``, the default) vs each
 worker sampling itself (``sampler.mode: thread``), N workers on one host.
 
-Agent: one :class:`~dask_influx_metrics.agent.collect.HostCollector` over the N
+Agent: one :class:`~dask_influx_metrics.sampling.collect.HostCollector` over the N
 workers (as the agent builds it: one ``host`` source, one view per worker).
 Thread: N collectors of one worker each (as each worker's in-process sampler
 builds it). Every metric, no GPU source; R rounds of one sample of every worker,
@@ -22,11 +22,11 @@ import os
 import time
 
 from benchmarks import common
-from dask_influx_metrics.agent.collect import HostCollector
-from dask_influx_metrics.agent.sources.host import HostSource
-from dask_influx_metrics.agent.workers import WorkerView
+from dask_influx_metrics.sampling.collect import HostCollector
+from dask_influx_metrics.sampling.sources.host import HostSource
+from dask_influx_metrics.sampling.view import WorkerView
 from dask_influx_metrics.schema import HOST, TRACKING, fields_for
-from dask_influx_metrics.worker.registry import CachedActivity, TaskRegistry
+from dask_influx_metrics.worker.registry import CachedSnapshot, TaskRegistry
 
 NAME = "hostonce"
 
@@ -37,7 +37,7 @@ def _views(n: int, fields: frozenset) -> list[WorkerView]:
         registry = TaskRegistry(nthreads=2)
         registry.started(("task", i), job=1 + i % 2, dag=1 + i)  # every worker busy: tags differ per worker
         info = {"address": f"tcp://10.0.0.1:{i}", "pid": os.getpid(), "tags": {"host": "node", "worker": f"w{i}"}}
-        views.append(WorkerView(str(i), info, CachedActivity(registry), fields, offset=lambda: 0.0))
+        views.append(WorkerView(str(i), info, CachedSnapshot(registry), fields, offset=lambda: 0.0))
     return views
 
 
@@ -64,7 +64,7 @@ def measure(n: int, agent: bool, rounds: int) -> dict:
         for _ in range(rounds):
             t0 = time.thread_time()
             for view in views:
-                view.activity.refresh()
+                view.snapshot.refresh()
             for collector, members in groups:
                 points += sum(p.measurement == HOST for p in collector.collect(members, time.time_ns()))
             cpu += time.thread_time() - t0

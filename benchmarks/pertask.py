@@ -95,7 +95,7 @@ def stream(n: int = 20_000, rounds: int = 5) -> dict:
     from dask_influx_metrics import lineprotocol
     from dask_influx_metrics.schema import TRACKING
     from dask_influx_metrics.sinks.udp import UdpSink
-    from dask_influx_metrics.worker.sources.taskstream import TaskStream
+    from dask_influx_metrics.worker.taskstream import TaskStream
 
     compute = {"action": "compute", "start": 1.7e9, "stop": 1.7e9 + 0.01}
     out = {"points": [], "encode": [], "send": []}

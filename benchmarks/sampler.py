@@ -47,7 +47,7 @@ def _udp_sink():
 def cost_table(n: int = 2000) -> tuple[dict, dict]:
     """({row: median CPU us}, details) for the full sample and its parts."""
     from dask_influx_metrics import lineprotocol, schema
-    from dask_influx_metrics.agent.sources.host import HostSource
+    from dask_influx_metrics.sampling.sources.host import HostSource
 
     receiver, sink = _udp_sink()
     try:

@@ -69,7 +69,7 @@ def writer_rate(n: int) -> tuple[float, int]:
     """(task points/s of thread CPU, bytes per point): ``n`` records -> points -> line protocol -> UDP."""
     from dask_influx_metrics import lineprotocol
     from dask_influx_metrics.schema import TRACKING
-    from dask_influx_metrics.worker.sources.taskstream import TaskStream
+    from dask_influx_metrics.worker.taskstream import TaskStream
 
     stream = TaskStream(frozenset(TRACKING["task-stream"]), common.TAGS)
     compute = {"action": "compute", "start": 1.7e9, "stop": 1.7e9 + 0.01}

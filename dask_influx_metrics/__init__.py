@@ -17,7 +17,7 @@ def __getattr__(name: str):
 
         return Monitor
     if name == "custom_metric":
-        from .worker.sources.custom import custom_metric
+        from .worker.custom import custom_metric
 
         return custom_metric
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

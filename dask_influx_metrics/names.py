@@ -2,6 +2,7 @@
 annotation, the event topic and the kinds of report sent on it)."""
 
 import enum
+import socket
 
 JOBS_PLUGIN = "influx-metrics-jobs"  # the scheduler plugin
 WORKER_PLUGIN = "influx-metrics"  # the worker plugin
@@ -32,3 +33,8 @@ class GpmState(str, enum.Enum):
     UNSUPPORTED = "unsupported"  # the device (older than Hopper) or its driver has no GPM
     NO_CALLS = "no-gpm-calls"  # this pynvml lacks the GPM calls (nvidia-ml-py >= 12.535 has them)
     ERROR = "error"  # NVML failed when asked
+
+
+def agent_role() -> str:
+    """The host agent's name in sinks, spool folders and ``delivery`` points: ``agent-<host>``."""
+    return f"agent-{socket.gethostname()}"

@@ -7,7 +7,7 @@ or changed number or a CRC mismatch).
 **The snapshot** (worker -> agent, ``workers/<id>.snap``, :data:`BUFFER_BYTES`), written by
 :class:`Publisher` on the worker's event loop just before the agent's next sample when tasks started or
 ended (``transition``), and when bytes held or the clock offset changed (once a second): compact JSON with
-the change counter ``seq``, the busy-time counter (:attr:`Activity.busy`: a simulated GPU averages it
+the change counter ``seq``, the busy-time counter (:attr:`Snapshot.busy`: a simulated GPU averages it
 between reads), the executing tasks and the *recent* ones, tasks that ended before the agent may have
 sampled them. Each entry is ``[key, job, dag, start]`` (``start``: the ``seq`` of its start), a recent one
 encoded once. A sample counts a recent task as executing when it started after the snapshot of the
@@ -69,7 +69,7 @@ _BODY = struct.Struct("<II")  # at offset 8: payload length, crc32
 _HEADER = _SEQ.size + _BODY.size
 
 
-class Activity(NamedTuple):
+class Snapshot(NamedTuple):
     """What one worker is doing at one instant."""
 
     running: tuple  # ((key, job, dag), ...) in start order
@@ -235,13 +235,15 @@ def encode_snapshot(
         if len(data) <= limit:
             return data
         if not recent:
-            raise ValueError(f"activity snapshot needs {len(data)} bytes without keys; buffer holds {limit}")
+            raise ValueError(f"task snapshot needs {len(data)} bytes without keys; buffer holds {limit}")
         recent = recent[len(recent) // 2 + 1 :]
 
 
-class Snapshot(NamedTuple):
+class Published(NamedTuple):
+    """A worker's snapshot buffer, decoded."""
+
     seq: int
-    activity: Activity  # the executing tasks only
+    snapshot: Snapshot  # the executing tasks only
     recent: tuple  # ((key, job, dag, start), ...) of tasks that ended
 
 
@@ -250,12 +252,12 @@ def _tuples(k):
     return tuple(_tuples(p) for p in k) if isinstance(k, list) else k
 
 
-def decode_snapshot(data: bytes) -> Snapshot:
+def decode_snapshot(data: bytes) -> Published:
     d = json.loads(data)
     running = tuple((_tuples(k), j, g) for k, j, g, _ in d["running"])
-    return Snapshot(
+    return Published(
         d["seq"],
-        Activity(running, d["threads"], d["bytes"], d["last"], d["delay"], d.get("busy"), len(running)),
+        Snapshot(running, d["threads"], d["bytes"], d["last"], d["delay"], d.get("busy"), len(running)),
         tuple((_tuples(k), j, g, s) for k, j, g, s in d["recent"]),
     )
 
@@ -343,7 +345,7 @@ class Publisher:
         self.seq, self.nthreads, self.last_job = 0, nthreads, last_job
         self.managed_bytes, self.delay, self._delay_json = 0, 0.0, b"0.0"
         self._running: dict = {}  # key -> (start seq, job, dag)
-        self.busy = 0.0  # the busy-time counter (Activity.busy): minus each start's time, plus each end's
+        self.busy = 0.0  # the busy-time counter (Snapshot.busy): minus each start's time, plus each end's
         self._recent: list = []  # (start seq, key, job, dag) of ended tasks
         self._recent_json, self._encoded = b"", 0  # the first ``_encoded`` recent entries, joined
         self._acked = 0
@@ -457,10 +459,10 @@ class Publisher:
     def _fail(self, e: Exception) -> None:
         if not self._failed:
             self._failed = True
-            logger.warning("influx-metrics: cannot publish the activity snapshot: %r (reported once)", e)
+            logger.warning("influx-metrics: cannot publish the task snapshot: %r (reported once)", e)
 
 
-IDLE = Activity((), 0, 0, 0)
+IDLE = Snapshot((), 0, 0, 0)
 
 
 class SnapshotReader:
@@ -489,7 +491,7 @@ class SnapshotReader:
         else:  # no stable copy: the previous one, its brief tasks already counted; read again next time
             self._snap, self._version = self._base, None
 
-    def __call__(self) -> Activity:
+    def __call__(self) -> Snapshot:
         return self._snap
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ import pytest
 from distributed import Client
 
 from dask_influx_metrics import Monitor, custom_metric, lineprotocol, runfolder
-from dask_influx_metrics.agent.sources.simulated import simulated_uuid
+from dask_influx_metrics.sampling.sources.simulated import simulated_uuid
 from dask_influx_metrics.sinks.spool import read_lines
 
 POLL_MS = 50

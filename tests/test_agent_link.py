@@ -16,7 +16,7 @@ import pytest
 from dask_influx_metrics import lineprotocol, runfolder
 from dask_influx_metrics.config import Settings
 from dask_influx_metrics.sinks.spool import read_lines
-from dask_influx_metrics.snapshot import Activity
+from dask_influx_metrics.snapshot import Snapshot
 from dask_influx_metrics.worker.agentlink import AgentLink
 
 
@@ -55,7 +55,7 @@ def link(config, n, reports=None, running=()):
     return AgentLink(
         config,
         info,
-        Activity(running, 2, 0, 0),
+        Snapshot(running, 2, 0, 0),
         lambda what, message, **d: (reports if reports is not None else []).append((what, message)),
     )
 

@@ -2,10 +2,10 @@
 
 import json
 
-from dask_influx_metrics.agent.sources.tasks import TaskSource, key_json
+from dask_influx_metrics.sampling.sources.tasks import TaskSource, key_json
 from dask_influx_metrics.schema import fields_for
-from dask_influx_metrics.snapshot import Activity
-from dask_influx_metrics.worker.registry import CachedActivity, TaskRegistry
+from dask_influx_metrics.snapshot import Snapshot
+from dask_influx_metrics.worker.registry import CachedSnapshot, TaskRegistry
 
 
 def test_running_keys_survive_any_key_shape():
@@ -17,7 +17,7 @@ def test_running_keys_survive_any_key_shape():
 def test_task_source_reads_one_snapshot():
     reg = TaskRegistry(managed_bytes=lambda: 1234)
     reg.started(("k", 1), 1, 1)
-    cache = CachedActivity(reg)
+    cache = CachedSnapshot(reg)
     cache.refresh()
     reg.finished(("k", 1))  # after the snapshot: the sample still shows it
     fields = TaskSource(fields_for(["tasks", "worker-mem"]), cache).read()
@@ -26,7 +26,7 @@ def test_task_source_reads_one_snapshot():
 
 def test_running_json_follows_the_executing_keys_across_samples():
     reg = TaskRegistry()
-    cache = CachedActivity(reg)
+    cache = CachedSnapshot(reg)
     source = TaskSource(fields_for(["tasks"]), cache)
     seen = []
     for step in (
@@ -44,7 +44,7 @@ def test_running_json_follows_the_executing_keys_across_samples():
 
 
 def test_keys_a_full_snapshot_left_out_are_counted_but_not_listed():
-    snap = Activity(((None, 1, 1), ("a", 1, 1)), 2, 0, 1)  # None: a key dropped to fit the buffer
+    snap = Snapshot(((None, 1, 1), ("a", 1, 1)), 2, 0, 1)  # None: a key dropped to fit the buffer
     fields = TaskSource(fields_for(["tasks"]), lambda: snap).read()
     assert (fields["tasks"], fields["running"]) == (2, '["a"]')
 

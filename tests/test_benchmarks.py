@@ -27,7 +27,7 @@ def test_quick_benchmarks_run(tmp_path):
 
 
 def test_gpu_source_nvml_runs_or_skips_cleanly(tmp_path):
-    from dask_influx_metrics.agent.sources.nvml_devices import nvml_available
+    from dask_influx_metrics.sampling.sources.nvml_devices import nvml_available
 
     out = tmp_path / "bench.json"
     proc = subprocess.run(

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from dask_influx_metrics import Monitor
-from dask_influx_metrics.client import sources
+from dask_influx_metrics.client import destinations
 from dask_influx_metrics.client.cli import cli
 
 
@@ -55,9 +55,9 @@ def test_a_spool_folder_not_visible_here_is_read_through_the_cluster(tmp_path):
         "host": "other-host",
         "spool": str(tmp_path / "not-here" / "s1" / "tcp-10.0.0.2-4000"),
     }
-    assert sources.pick([elsewhere]) == ("cluster", None)
+    assert destinations.pick([elsewhere]) == ("cluster", None)
     os.makedirs(elsewhere["spool"])
-    assert sources.pick([elsewhere]) == ("spool", None)
+    assert destinations.pick([elsewhere]) == ("spool", None)
 
 
 def test_destinations_set_only_in_the_workers_environment_are_used_and_read(dask_processes, influxd):

@@ -14,7 +14,7 @@ import pytest
 
 from dask_influx_metrics import Monitor, lineprotocol, query
 from dask_influx_metrics.config import Settings
-from dask_influx_metrics.sampler import Sampler
+from dask_influx_metrics.sampling.sampler import Sampler
 from dask_influx_metrics.schema import Point
 
 N_DAGS = 12

@@ -10,10 +10,10 @@ from fake_nvml import FakeNvml
 from fake_nvml import prices as fake_prices
 
 from dask_influx_metrics import schema
-from dask_influx_metrics.agent.gpus import gpm_found
-from dask_influx_metrics.agent.sources.gpm import FIELDS, GRAPHICS_WINDOW_S, METRICS, GpmReader
-from dask_influx_metrics.agent.sources.nvml import NvmlDevices
 from dask_influx_metrics.names import GpmState
+from dask_influx_metrics.sampling.gpus import gpm_found
+from dask_influx_metrics.sampling.sources.gpm import FIELDS, GRAPHICS_WINDOW_S, METRICS, GpmReader
+from dask_influx_metrics.sampling.sources.nvml import NvmlDevices
 
 MIB = 2**20
 
@@ -250,7 +250,7 @@ def test_gpm_state_is_recorded_per_device_and_said_once_per_reason():
 
 def test_an_unusual_results_layout_is_read_field_by_field(monkeypatch):
     """The results are unpacked from the structure's bytes only where pynvml lays them out as usual."""
-    from dask_influx_metrics.agent.sources import gpm
+    from dask_influx_metrics.sampling.sources import gpm
 
     fast = reads(GpmReader(*h100()), 2)[1]
     monkeypatch.setattr(gpm, "_results_layout", lambda nvml: None)

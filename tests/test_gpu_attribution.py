@@ -15,13 +15,13 @@ from collections import Counter
 import pytest
 from fake_nvml import FakeNvml
 
-from dask_influx_metrics.agent.collect import HostCollector
-from dask_influx_metrics.agent.sources.gpuprocs import Ancestry
-from dask_influx_metrics.agent.sources.nvml import NvmlDevices
 from dask_influx_metrics.names import EVENT_TOPIC, SHARED_GPU
+from dask_influx_metrics.sampling.collect import HostCollector
+from dask_influx_metrics.sampling.sources.gpuprocs import Ancestry
+from dask_influx_metrics.sampling.sources.nvml import NvmlDevices
 from dask_influx_metrics.scheduler.plugin import JobPlugin
 from dask_influx_metrics.schema import FIELDS, GPU
-from dask_influx_metrics.snapshot import Activity
+from dask_influx_metrics.snapshot import Snapshot
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
 DEVICE_WIDE = {"utilization_gpu", "memory_used", "power_draw", "clocks_event_reasons"}
@@ -34,16 +34,16 @@ class Worker:
     def __init__(self, n: int, pid: int, visible=None):
         self.id, self.pid, self.visible, self.address = f"{n:03d}", pid, visible, f"tcp://w:{n}"
         self.tags = {"host": "node", "worker": self.address}
-        self.snap = Activity((), 1, 0, 0)
+        self.snap = Snapshot((), 1, 0, 0)
         self.uuids = []
 
     def run(self, job, dag):
-        self.snap = Activity((("task", job, dag),), 1, 0, job)
+        self.snap = Snapshot((("task", job, dag),), 1, 0, job)
 
     def idle(self):
-        self.snap = Activity((), 1, 0, self.snap.last_job)
+        self.snap = Snapshot((), 1, 0, self.snap.last_job)
 
-    def activity(self):
+    def snapshot(self):
         return self.snap
 
     def offset(self):
@@ -180,7 +180,7 @@ def test_shared_gpu_report_names_every_worker_on_the_scheduler():
 
 
 def test_per_worker_memory_left_out_in_a_container(monkeypatch):
-    from dask_influx_metrics.agent.sources import nvml as nvml_mod
+    from dask_influx_metrics.sampling.sources import nvml as nvml_mod
 
     monkeypatch.setattr(nvml_mod, "host_pid_problem", lambda: "own PID namespace (test)")
     reports = []

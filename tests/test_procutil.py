@@ -9,7 +9,7 @@ import pytest
 from fake_nvml import FakeNvml
 
 from dask_influx_metrics import schema
-from dask_influx_metrics.agent.sources.procutil import ProcessUtilization, worker_utilization
+from dask_influx_metrics.sampling.sources.procutil import ProcessUtilization, worker_utilization
 
 MATMUL, HOLDER = 425, 427
 

@@ -5,7 +5,7 @@ import time
 import pytest
 from polling import wait_until
 
-from dask_influx_metrics.sampler import Sampler
+from dask_influx_metrics.sampling.sampler import Sampler
 from dask_influx_metrics.schema import Point
 
 TAGS = {"host": "h", "worker": "w", "job": "1", "dag": "2"}

@@ -10,7 +10,7 @@ import time
 import pytest
 from polling import wait_until
 
-from dask_influx_metrics.agent.sources.tasks import key_json
+from dask_influx_metrics.sampling.sources.tasks import key_json
 from dask_influx_metrics.snapshot import (
     BEAT_BYTES,
     BeatReader,

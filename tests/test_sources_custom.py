@@ -4,9 +4,9 @@ import time
 import pytest
 
 from dask_influx_metrics.names import CUSTOM_METRIC
-from dask_influx_metrics.sampler import Sampler
+from dask_influx_metrics.sampling.sampler import Sampler
 from dask_influx_metrics.schema import Point
-from dask_influx_metrics.worker.sources.custom import CustomSource, custom_metric, validate
+from dask_influx_metrics.worker.custom import CustomSource, custom_metric, validate
 
 
 def _into(reports):

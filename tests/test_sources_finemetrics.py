@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dask_influx_metrics.schema import fields_for
-from dask_influx_metrics.worker.sources.finemetrics import FineMetrics
+from dask_influx_metrics.worker.finemetrics import FineMetrics
 
 BASE = {"host": "h", "worker": "tcp://w:1"}
 

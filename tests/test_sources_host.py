@@ -12,9 +12,9 @@ from collections import Counter, namedtuple
 import psutil
 import pytest
 
-from dask_influx_metrics.agent.sources import host as host_mod
-from dask_influx_metrics.agent.sources.host import HostSource
-from dask_influx_metrics.agent.sources.procfs import ProcReader, available
+from dask_influx_metrics.sampling.sources import host as host_mod
+from dask_influx_metrics.sampling.sources.host import HostSource
+from dask_influx_metrics.sampling.sources.procfs import ProcReader, available
 from dask_influx_metrics.schema import FIELDS, HOST, WORKER
 
 ALL = frozenset(k for k in FIELDS if k[0] == HOST) | {(WORKER, "cpu_percent"), (WORKER, "rss")}

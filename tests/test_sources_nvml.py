@@ -13,12 +13,12 @@ import pytest
 from fake_nvml import FakeNvml
 from fake_nvml import prices as fake_prices
 
-from dask_influx_metrics.agent.sources import nvml as nvml_mod
-from dask_influx_metrics.agent.sources import nvml_devices
-from dask_influx_metrics.agent.sources.gpm import FIELDS as GPM_FIELDS
-from dask_influx_metrics.agent.sources.nvml import NvmlDevices, Pace
-from dask_influx_metrics.agent.sources.nvml_devices import nvml_available, parse_visible
-from dask_influx_metrics.agent.sources.slowfields import SLOW, SLOW_FIELDS, SlowFields
+from dask_influx_metrics.sampling.sources import nvml as nvml_mod
+from dask_influx_metrics.sampling.sources import nvml_devices
+from dask_influx_metrics.sampling.sources.gpm import FIELDS as GPM_FIELDS
+from dask_influx_metrics.sampling.sources.nvml import NvmlDevices, Pace
+from dask_influx_metrics.sampling.sources.nvml_devices import nvml_available, parse_visible
+from dask_influx_metrics.sampling.sources.slowfields import SLOW, SLOW_FIELDS, SlowFields
 from dask_influx_metrics.schema import FIELDS, GPU, Reading
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
@@ -522,7 +522,7 @@ def test_handles_and_close(fake):
 
 
 def nvml_names_used() -> set[str]:
-    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in agent/sources/nvml*.py (and the
+    """``nvml.X`` attributes and ``getattr(nvml, "X", ...)`` names in sampling/sources/nvml*.py (and the
     GPM, per-process and slow-field modules), and every name the calls in ``nvml.TABLE``/``SLOW`` need."""
     groups = [*nvml_mod.TABLE.values(), *SLOW.values()]
     names = {n for group in groups for call in group.calls for n in call.names()}

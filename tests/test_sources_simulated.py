@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from dask_influx_metrics.agent.sources.simulated import NAME, SimulatedGpuSource, SimulatedHandle
+from dask_influx_metrics.sampling.sources.simulated import NAME, SimulatedGpuSource, SimulatedHandle
 from dask_influx_metrics.schema import FIELDS, GPU
-from dask_influx_metrics.snapshot import Activity
+from dask_influx_metrics.snapshot import Snapshot
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
 MIB = 2**20
@@ -18,7 +18,7 @@ class Worker:
     """A settable activity snapshot."""
 
     def __init__(self, nthreads=4):
-        self.snap = Activity(running=(), nthreads=nthreads, managed_bytes=0, last_job=0)
+        self.snap = Snapshot(running=(), nthreads=nthreads, managed_bytes=0, last_job=0)
 
     def set(self, executing=0, managed_bytes=0):
         running = tuple((("t", i), 1, 1) for i in range(executing))

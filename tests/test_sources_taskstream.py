@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dask_influx_metrics import lineprotocol
 from dask_influx_metrics.schema import TRACKING, fields_for
-from dask_influx_metrics.worker.sources.taskstream import TaskStream, wanted
+from dask_influx_metrics.worker.taskstream import TaskStream, wanted
 
 BASE = {"host": "h", "worker": "tcp://w:1", "run": "r"}
 STREAM = fields_for(["task-stream"])

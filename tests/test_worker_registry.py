@@ -1,6 +1,6 @@
-"""TaskRegistry and CachedActivity: what the worker is doing, as an in-process sampler sees it."""
+"""TaskRegistry and CachedSnapshot: what the worker is doing, as an in-process sampler sees it."""
 
-from dask_influx_metrics.worker.registry import CachedActivity, TaskRegistry
+from dask_influx_metrics.worker.registry import CachedSnapshot, TaskRegistry
 
 
 def test_tags_list_running_jobs_and_dags_and_idle_keeps_last_job():
@@ -46,7 +46,7 @@ def test_without_an_in_process_sampler_brief_tasks_are_not_kept():
 
 def test_cached_activity_is_one_snapshot_per_sample():
     reg = TaskRegistry(managed_bytes=lambda: 1234)
-    cache = CachedActivity(reg)
+    cache = CachedSnapshot(reg)
     reg.started(("k", 1), 1, 1)
     assert cache().executing == 0  # not refreshed yet
     cache.refresh()

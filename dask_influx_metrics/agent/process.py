@@ -36,16 +36,17 @@ import time
 
 from .. import runfolder
 from ..config import Settings, public
-from ..names import GpuState
+from ..names import GpuState, agent_role
 from ..reports import Reporter
-from ..sampler import Sampler
+from ..sampling.collect import HostCollector
+from ..sampling.gpus import gpm_found, open_gpus
+from ..sampling.sampler import Sampler
+from ..sampling.sources.host import HostSource, refresh_seconds
+from ..sampling.view import WorkerView
 from ..schema import GPU, HOST
 from ..sinks import HEALTH_INTERVAL, counters, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
-from .collect import HostCollector
-from .gpus import gpm_found, open_gpus
-from .sources.host import HostSource, refresh_seconds
-from .workers import FolderWorkers, WorkerView
+from .workers import FolderWorkers
 
 logger = logging.getLogger(__name__)
 FIRST_WORKER_S = 30.0  # an agent nobody registers with exits after this
@@ -56,11 +57,6 @@ COUNTERS_S = 1.0  # the sink's counters go into the beat this often
 # and a live agent's beat is at most this + 2 intervals old. Every 3rd sample at 100 ms (was each one).
 BEAT_SLACK_S = 0.125
 LEAVE_DRAIN_S = 2.0  # at most this long to post an HTTP sink's queue when a worker leaves
-
-
-def agent_role() -> str:
-    """The agent's name in sinks and spool folders: ``agent-<host>``."""
-    return f"agent-{socket.gethostname()}"
 
 
 def flush(sink, drain: float = 0.0) -> None:
@@ -130,8 +126,8 @@ class Agent:
             {**c, "agent": beat.get("pid"), "dead": True} for c in beat.get("counters", []) if not c.get("dead")
         ] + [c for c in beat.get("counters", []) if c.get("dead")]
 
-    def _view(self, wid: str, info: dict, activity) -> WorkerView:
-        view = WorkerView(wid, info, activity, self.settings.fields)
+    def _view(self, wid: str, info: dict, snapshot) -> WorkerView:
+        view = WorkerView(wid, info, snapshot, self.settings.fields)
         differ = sorted(k for k, v in (info.get("settings") or {}).items() if self._public.get(k, v) != v)
         if differ:
             self.report.once(
@@ -189,7 +185,7 @@ class Agent:
         self._left = self.workers.refresh(changed=woken)
         live = self.workers.live()
         for w in live + self._left:
-            w.activity.refresh()
+            w.snapshot.refresh()
         self.write_beat()
         points = self.collector.collect(live + self._left, now_ns, final=bool(self._left))
         for uuid, users in self.collector.shared.items():
@@ -213,8 +209,8 @@ class Agent:
         now = time.monotonic()
         if now - self._counted >= COUNTERS_S:
             self._counted, self._counters = now, [{**c, "agent": os.getpid()} for c in counters(self.sink)]
-        acked = {w.id: w.activity.acked for w in views}
-        idle = [w.id for w in views if not w.activity().executing]  # their next task start is worth a wake
+        acked = {w.id: w.snapshot.acked for w in views}
+        idle = [w.id for w in views if not w.snapshot().executing]  # their next task start is worth a wake
         key = (
             self._counters,
             self._reported,
@@ -252,7 +248,7 @@ class Agent:
         if why != "task" or worker_id not in self.workers.views:
             self._woken = True
         view = self.workers.views.get(worker_id)
-        if view is None or not view.activity().executing:
+        if view is None or not view.snapshot().executing:
             self.sampler.wake()
 
     def idle_for_good(self, started: float) -> bool:

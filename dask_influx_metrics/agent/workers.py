@@ -1,4 +1,4 @@
-"""The workers a sampler serves: one :class:`WorkerView` each; the agent finds them in the run folder.
+"""The workers the agent serves, found in the run folder: one :class:`~..sampling.view.WorkerView` each.
 
 A worker registers in the session's host folder (:mod:`..runfolder`):
 ``workers/<id>.json`` (address, pid, tags, ``CUDA_VISIBLE_DEVICES``), its task
@@ -20,47 +20,16 @@ import time
 from typing import Callable
 
 from .. import runfolder
-from ..clock import SteadyOffset
 from ..outbox import OutboxReader
-from ..schema import WORKER
+from ..sampling.view import WorkerView
 from ..snapshot import BUFFER_BYTES, SnapshotBuffer, SnapshotReader
-from .sources.host import HostSource
-from .sources.tasks import TaskSource
 
 logger = logging.getLogger(__name__)
 LIVENESS_S = 1.0  # how often the workers' processes are checked
 
 
-class WorkerView:
-    """One worker: ``activity`` (``refresh()`` per sample, then ``activity()``), its tags and
-    ``worker`` fields. ``offset()``: seconds to add to this host's time (default: the worker's
-    published clock-offset estimate, steadied)."""
-
-    def __init__(
-        self, worker_id: str, info: dict, activity, fields: frozenset, offset: Callable[[], float] | None = None
-    ):
-        self.id, self.info = worker_id, info
-        self.address, self.pid, self.visible = info["address"], int(info["pid"]), info.get("visible")
-        self.tags = dict(info["tags"])
-        self.activity = activity
-        self.offset = offset or SteadyOffset(lambda: activity().scheduler_delay)
-        self.uuids: list[str] = []
-        self._process = HostSource(frozenset(f for f in fields if f[0] == WORKER), pid=self.pid)
-        self._tasks = TaskSource(fields, activity)
-
-    def read(self) -> dict:
-        """This worker's ``worker`` fields now: its process's CPU and RSS, its tasks."""
-        return {**self._process.read(WORKER), **self._tasks.read()}
-
-    def close(self) -> None:
-        self._process.close()
-        close = getattr(self.activity, "close", None)
-        if close is not None:
-            close()
-
-
 class FolderWorkers:
-    """The workers registered in ``folder``; ``make(id, info, activity) -> WorkerView``."""
+    """The workers registered in ``folder``; ``make(id, info, snapshot) -> WorkerView``."""
 
     def __init__(self, folder: str, make: Callable[..., WorkerView]):
         self.folder, self._make = folder, make

@@ -28,7 +28,7 @@ from ..names import JOBS_PLUGIN, NEW_JOB_OP
 from ..scheduler import session as scheduler_session
 from ..scheduler.plugin import JobPlugin
 from ..sinks import remove_spool
-from ..worker.sources import custom
+from ..worker import custom
 
 logger = logging.getLogger(__name__)
 CLUSTER = "cluster"  # query(source=CLUSTER): read the workers' spool through the cluster
@@ -254,7 +254,7 @@ class Monitor:
         """A :class:`~dask_influx_metrics.query.Store` over this session's samples.
 
         By default where the workers reported sending the samples (see
-        :mod:`dask_influx_metrics.client.sources`): the spool when this machine
+        :mod:`dask_influx_metrics.client.destinations`): the spool when this machine
         can see it, else the InfluxDB they wrote to (credentials from this
         reader's settings), else their spool through the cluster (copied here
         over Dask comms, see :mod:`dask_influx_metrics.client.clusterspool`;
@@ -304,7 +304,7 @@ class Monitor:
             except query.QueryError as e:
                 if source is not None or not str(e).startswith("cannot reach"):
                     raise
-                from .sources import unreachable
+                from .destinations import unreachable
 
                 raise query.QueryError(unreachable(e, state.get("destinations") or {}, reader.configured)) from None
         self._store.failed_metrics = dict(session.get("failed_metrics") or {})
@@ -321,11 +321,11 @@ class Monitor:
         return clusterspool.fetch(self.client, state["destinations"], session["id"], self._copy)
 
     def _where(self, state, session, reader, options) -> tuple:
-        """Where the workers sent the session's samples (see :mod:`.sources`); adds options."""
-        from . import sources
+        """Where the workers sent the session's samples (see :mod:`.destinations`); adds options."""
+        from . import destinations
 
         workers = state.get("destinations") or {}
-        kind, influxdb = sources.pick(workers.values())
+        kind, influxdb = destinations.pick(workers.values())
         if kind == "unknown":  # no worker reported: its sinks are those of this reader's settings
             spool = os.path.join(reader.spool_directory, session["id"])
             kind = (
@@ -336,7 +336,7 @@ class Monitor:
             if kind == "spool":
                 return (spool,)
         if kind == "spool":
-            return (sources.spool_session_folder(workers.values()),)
+            return (destinations.spool_session_folder(workers.values()),)
         if kind == "influxdb":
             influxdb = influxdb or {
                 "url": reader.influxdb_url,

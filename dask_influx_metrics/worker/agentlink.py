@@ -71,9 +71,9 @@ def write_delay(now: float, ticks, lag: float) -> float:
 class AgentLink:
     """See the module docstring. ``config``: what the agent is started with (settings, session);
     ``info``: this worker's registration (address, tags, CUDA_VISIBLE_DEVICES, ...);
-    ``activity``: its tasks now (the first snapshot); ``report(what, message, **details)``."""
+    ``snapshot``: its tasks now (the first snapshot); ``report(what, message, **details)``."""
 
-    def __init__(self, config: dict, info: dict, activity, report):
+    def __init__(self, config: dict, info: dict, snapshot, report):
         self.config, self.report = config, report
         self.interval = config["settings"]["polling_interval"] / 1000.0
         self.folder = runfolder.session_folder(config["session"])
@@ -96,7 +96,7 @@ class AgentLink:
             _in_use.add(self.id)
             self._snap = SnapshotBuffer.create(BUFFER_BYTES, path=os.path.join(self._dir, f"{self.id}.snap"))
             self.outbox = Outbox(self._dir, self.id)  # this worker's own points, for the agent to send
-            self.publisher = Publisher(self._snap, self.acked, activity.nthreads, activity.running, activity.last_job)
+            self.publisher = Publisher(self._snap, self.acked, snapshot.nthreads, snapshot.running, snapshot.last_job)
             runfolder.write_worker(self.folder, self.id, {**info, "pid": os.getpid(), "started": runfolder.started()})
             held = runfolder.try_lock(self.folder, runfolder.AGENT_LOCK)
             if held is not None:

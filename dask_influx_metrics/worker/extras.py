@@ -21,20 +21,20 @@ TASKS_ONLY_S = 1.0  # seconds between collects when only the task stream is want
 class WorkerExtras:
     """``collect(now_ns)``: custom metrics and task-stream points (see the module docstring).
 
-    ``custom``: a :class:`.sources.custom.CustomSource`, or None; ``tasks``: the
-    :class:`.sources.taskstream.TaskStream`, or None; ``tags``: the worker's own
-    (without job/dag, from ``activity()``); ``offset()``: seconds to add to this host's time.
+    ``custom``: a :class:`.custom.CustomSource`, or None; ``tasks``: the
+    :class:`.taskstream.TaskStream`, or None; ``tags``: the worker's own
+    (without job/dag, from ``snapshot()``); ``offset()``: seconds to add to this host's time.
     """
 
-    def __init__(self, custom, tasks, tags: dict, activity, offset: Callable[[], float]):
+    def __init__(self, custom, tasks, tags: dict, snapshot, offset: Callable[[], float]):
         self._custom, self.tasks = custom, tasks
-        self._tags, self._activity, self._offset = tags, activity, offset
+        self._tags, self._snapshot, self._offset = tags, snapshot, offset
 
     def collect(self, now_ns: int) -> list[Point]:
         now_ns += int(self._offset() * 1e9)
         points = []
         if self._custom is not None:
-            snap = self._activity()
+            snap = self._snapshot()
             tags = {**self._tags, "job": snap.job_tag, "dag": snap.dag_tag}
             points = [Point(CUSTOM, {**tags, **r.tags}, r.fields, now_ns) for r in self._custom.read()]
         if self.tasks is not None:

@@ -48,22 +48,20 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from .. import _dask
-from ..agent.collect import HostCollector
-from ..agent.gpus import gpm_found, open_gpus
-from ..agent.process import agent_role
-from ..agent.sources.host import HostSource, refresh_seconds
-from ..agent.workers import WorkerView
 from ..clock import SteadyOffset
 from ..config import Settings, public
-from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN
+from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN, agent_role
 from ..reports import Reporter
-from ..sampler import Sampler
+from ..sampling.collect import HostCollector
+from ..sampling.gpus import gpm_found, open_gpus
+from ..sampling.sampler import Sampler
+from ..sampling.sources.host import HostSource, refresh_seconds
+from ..sampling.view import WorkerView
 from ..schema import GPU, HOST
 from ..sinks import HealthWriter, counters, destinations, make_sink
-from . import extras
-from .registry import CachedActivity, TaskRegistry
-from .sources import taskstream
-from .sources.custom import CustomSource
+from . import extras, taskstream
+from .custom import CustomSource
+from .registry import CachedSnapshot, TaskRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +91,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         brief = settings.sampler_mode == "thread" or bool(self.custom)  # an in-process sampler takes snapshots
         self.registry = TaskRegistry(_dask.worker_nthreads(worker), managed_bytes=managed, brief=brief)
         self._reseed()
-        self.activity = CachedActivity(self.registry)
+        self.snapshot = CachedSnapshot(self.registry)
         self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
         self.report = Reporter(self._event, worker=worker.address, host=self.base_tags["host"])
         # Dask's clock-offset estimate, steadied: it jumps by tens of ms while tasks hold the GIL
@@ -154,7 +152,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self._record_destinations(agent_role(), found)
         if self.custom or self.tasks is not None:
             self._make_extras()
-            collect = _refreshing(self.activity, self.extras.collect) if self.custom else self.extras.collect
+            collect = _refreshing(self.snapshot, self.extras.collect) if self.custom else self.extras.collect
             # never started: the link's thread runs it, into the outbox the agent sends
             self.sampler = Sampler(collect, link.outbox, field_tags=() if self.settings.dag_tag else ("dag",))
             link.every(extras.interval(self.settings, self.custom), self.sampler.sample_and_send)
@@ -201,7 +199,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             "tags": self.base_tags,
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
-        self.view = WorkerView("self", info, self.activity, settings.fields, offset=self.offset)
+        self.view = WorkerView("self", info, self.snapshot, settings.fields, offset=self.offset)
         found = {"gpu": state.value, "devices": [], "why": why}
         if self.gpus is not None:
             try:
@@ -243,7 +241,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
                         "tags": {},
                         "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
                     },
-                    self.activity,
+                    self.snapshot,
                     frozenset(),
                     offset=self.offset,
                 )
@@ -259,10 +257,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
             if self.custom
             else None
         )  # per sample
-        self.extras = extras.WorkerExtras(custom, self.tasks, self.base_tags, self.activity, self.offset)
+        self.extras = extras.WorkerExtras(custom, self.tasks, self.base_tags, self.snapshot, self.offset)
 
     def _collect_all(self, now_ns: int) -> list:
-        self.activity.refresh()
+        self.snapshot.refresh()
         return self.collector.collect([self.view], now_ns, final=self.closed) + self.extras.collect(now_ns)
 
     def _devices(self) -> list:
@@ -330,7 +328,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             return
         idle = self.registry.idle()
         self.registry.started(key, job, dag)
-        if idle and self.sampler is not None and self.extras is not None and not self.activity().executing:
+        if idle and self.sampler is not None and self.extras is not None and not self.snapshot().executing:
             # a graph shorter than the interval still gets a sample; not between back-to-back short
             # tasks (the last sample saw tasks): each is shown at the next tick
             self.sampler.wake()
@@ -363,9 +361,9 @@ class MetricsWorkerPlugin(WorkerPlugin):
             pass
 
 
-def _refreshing(activity, collect):
+def _refreshing(snapshot, collect):
     def refreshed(now_ns: int) -> list:
-        activity.refresh()
+        snapshot.refresh()
         return collect(now_ns)
 
     return refreshed

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Callable
 
-from ..snapshot import Activity
+from ..snapshot import Snapshot
 
 
 class TaskRegistry:
@@ -39,7 +39,7 @@ class TaskRegistry:
         self._fresh: set = set()  # started since the last sample's snapshot
         self._brief: dict = {}  # started and finished since then: shown once, at the next sample
         self._last_job = 0
-        self._busy = 0.0  # the busy-time counter (Activity.busy): what a simulated GPU averages
+        self._busy = 0.0  # the busy-time counter (Snapshot.busy): what a simulated GPU averages
         self.nthreads = nthreads
         self._managed_bytes = managed_bytes
 
@@ -80,7 +80,7 @@ class TaskRegistry:
         with self._lock:
             return bool(self._brief)
 
-    def snapshot(self, sample: bool = False) -> Activity:
+    def snapshot(self, sample: bool = False) -> Snapshot:
         """What runs now. For a sample (``sample=True``), also the tasks that started and
         finished since the last sample, counted as executing at this one (so they leave a trace)."""
         with self._lock:
@@ -93,13 +93,13 @@ class TaskRegistry:
             managed = int(self._managed_bytes())
         except Exception:  # worker state mid-update: report nothing rather than fail
             managed = 0
-        return Activity(running, self.nthreads, managed, last, 0.0, *busy)
+        return Snapshot(running, self.nthreads, managed, last, 0.0, *busy)
 
 
-class CachedActivity:
+class CachedSnapshot:
     """One snapshot per sample, shared by the tags and every source.
 
-    >>> cache = CachedActivity(TaskRegistry()); cache.refresh(); cache().executing
+    >>> cache = CachedSnapshot(TaskRegistry()); cache.refresh(); cache().executing
     0
     """
 
@@ -110,5 +110,5 @@ class CachedActivity:
     def refresh(self) -> None:
         self._snap = self._registry.snapshot(sample=True)
 
-    def __call__(self) -> Activity:
+    def __call__(self) -> Snapshot:
         return self._snap

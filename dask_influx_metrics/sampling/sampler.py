@@ -9,7 +9,7 @@ sample saw idle, so a graph shorter than the interval still shows up); at most
 one extra sample per interval.
 
 ``collect(now_ns)`` returns the sample's points, tagged and timed (the agent's
-:class:`~.agent.collect.HostCollector`, a worker's custom metrics and task
+:class:`~.collect.HostCollector`, a worker's custom metrics and task
 stream). ``field_tags`` (``("dag",)`` with the setting ``dag-tag: false``) are
 written as fields instead.
 
@@ -29,9 +29,9 @@ import threading
 import time
 from typing import Callable
 
-from . import lineprotocol
-from .reports import Once
-from .schema import Point, tags_as_fields
+from .. import lineprotocol
+from ..reports import Once
+from ..schema import Point, tags_as_fields
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from typing import Callable
 
 from dask.utils import key_split
 
-from ...schema import ACTIVITY, TASK, Point
+from ..schema import ACTIVITY, TASK, Point
 from .finemetrics import FineMetrics
 
 MAX_PENDING = 1_000_000  # records held between two ticks at most (the oldest go first)

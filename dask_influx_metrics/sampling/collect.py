@@ -25,11 +25,11 @@ The rules (README "What a number means"):
 
 Example
 -------
->>> from dask_influx_metrics.snapshot import Activity
+>>> from dask_influx_metrics.snapshot import Snapshot
 >>> class W:
 ...     def __init__(self, i, running):
 ...         self.id, self.pid, self.tags, self.uuids = str(i), i, {"host": "h", "worker": f"w{i}"}, ["GPU-1"]
-...         self.activity = lambda: Activity(running, 1, 0, 1)
+...         self.snapshot = lambda: Snapshot(running, 1, 0, 1)
 ...         self.offset = lambda: 0.0
 ...     def read(self):
 ...         return {}
@@ -52,7 +52,7 @@ from ..schema import GPU, HOST, WORKER, Point
 
 def union_tags(workers) -> tuple[str, str]:
     """``(job, dag)``: the jobs and DAGs executing on any of ``workers`` (the first's last job if none)."""
-    snaps = [w.activity() for w in workers]
+    snaps = [w.snapshot() for w in workers]
     jobs = {j for s in snaps for _, j, _ in s.running}
     dags = {d for s in snaps for _, _, d in s.running}
     return jobtags.format(jobs, idle=snaps[0].last_job), jobtags.format(dags)
@@ -63,7 +63,7 @@ class HostCollector:
 
     ``gpus``: the host's GPUs (:class:`.gpus.NvmlDevices` or :class:`.gpus.SimulatedDevices`), or
     None. ``host``: the :class:`.sources.host.HostSource` of the ``host`` fields, or None. Each worker
-    (:class:`.workers.WorkerView`) has ``id``, ``pid``, ``tags``, ``uuids``, ``activity()``,
+    (:class:`.workers.WorkerView`) has ``id``, ``pid``, ``tags``, ``uuids``, ``snapshot()``,
     ``offset()`` and ``read()`` (its ``worker`` fields). ``collect(..., final=True)``: the last sample
     of some of the workers (they leave): the GPUs' counters are read now, whenever they were last.
     """
@@ -79,7 +79,7 @@ class HostCollector:
         self._union: tuple = ((), None)  # (the snapshots, the host point's job and dag)
 
     def _own(self, w) -> tuple:
-        snap, cached = w.activity(), self._tags.get(w.id)
+        snap, cached = w.snapshot(), self._tags.get(w.id)
         if cached is None or cached[0] is not snap:
             cached = self._tags[w.id] = (snap, {**w.tags, "job": snap.job_tag, "dag": snap.dag_tag}, {})
         return cached

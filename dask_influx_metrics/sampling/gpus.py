@@ -23,7 +23,7 @@ from .sources.simulated import NAME, SimulatedGpuSource
 
 
 class SimulatedDevices:
-    """``gpu.count`` simulated GPUs per worker, each following its worker's activity (:mod:`.sources.simulated`)."""
+    """``gpu.count`` simulated GPUs per worker, each following its worker's snapshot (:mod:`.sources.simulated`)."""
 
     def __init__(self, count: int, fields: frozenset):
         self._count, self._fields = count, fields
@@ -31,7 +31,7 @@ class SimulatedDevices:
         self._readings: dict = {}  # id(source) -> this sample's readings
 
     def resolve(self, worker) -> list[str]:
-        source = SimulatedGpuSource(self._count, self._fields, worker.activity, pid=worker.pid)
+        source = SimulatedGpuSource(self._count, self._fields, worker.snapshot, pid=worker.pid)
         for i, (_, uuid, _) in enumerate(source.devices):
             self._by_uuid[uuid] = (source, i)
         return [uuid for _, uuid, _ in source.devices]

@@ -35,9 +35,9 @@ import threading
 import time
 from typing import Callable
 
-from ... import schema
-from ...names import CUSTOM_METRIC
-from ...schema import CUSTOM, Reading
+from .. import schema
+from ..names import CUSTOM_METRIC
+from ..schema import CUSTOM, Reading
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""A simulated GPU that follows the worker's real activity.
+"""A simulated GPU that follows what the worker really runs.
 
 It lets every code path above NVML (sampling, tags, custom per-device metrics,
 encoding, sinks, queries, dashboards) run on a machine without a GPU. Readings
@@ -11,7 +11,7 @@ utilization, power, temperature, clock) is an **average over the time since the 
 memory is **as now**:
 
 * ``busy``: the share of the worker's threads executing tasks since the previous read, from the
-  worker's busy-time counter (:attr:`~dask_influx_metrics.snapshot.Activity.busy`, kept with one
+  worker's busy-time counter (:attr:`~dask_influx_metrics.snapshot.Snapshot.busy`, kept with one
   clock read per task start and end): exact however short the tasks. Where the worker does not count it (and at the first read),
   ``min(1, executing / nthreads)`` at the read (0 when the worker has no threads)
 * ``utilization_gpu = round(100 * busy * (1 - j))`` with ``j`` a seeded jitter
@@ -25,12 +25,12 @@ memory is **as now**:
   (starting at 35), like a heat sink
 * ``clocks_current_sm = 1410 MHz`` when ``u > 0``, else ``210 MHz``
 
-The same seed and the same activity give the same readings.
+The same seed and the same tasks give the same readings.
 
 Example
 -------
->>> from dask_influx_metrics.snapshot import Activity
->>> idle = lambda: Activity(running=(), nthreads=2, managed_bytes=0, last_job=0)
+>>> from dask_influx_metrics.snapshot import Snapshot
+>>> idle = lambda: Snapshot(running=(), nthreads=2, managed_bytes=0, last_job=0)
 >>> src = SimulatedGpuSource(1, frozenset({("gpu", "utilization_gpu"), ("gpu", "power_draw")}), idle)
 >>> src.read()[0].fields
 {'utilization_gpu': 0.0, 'power_draw': 60.0}
@@ -46,7 +46,7 @@ import time
 from typing import Callable, NamedTuple
 
 from ...schema import GPU, Reading
-from ...snapshot import Activity
+from ...snapshot import Snapshot
 
 NAME = "Simulated GPU"
 BASE_MIB = 400.0
@@ -78,19 +78,19 @@ def simulated_uuid(index: int, host: str | None = None, pid: int | None = None) 
 
 
 class SimulatedGpuSource:
-    """``count`` simulated devices whose readings follow ``activity()``.
+    """``count`` simulated devices whose readings follow ``snapshot()``.
 
     ``fields`` holds ``(measurement, field)`` pairs; only the requested ``gpu``
     fields are computed and returned. ``pid``: the worker process the UUIDs
     belong to (default this one; the agent passes the worker's). ``clock``: the clock of the worker's
     busy time (``time.monotonic``, one clock for every process of a Linux host).
 
-    >>> snap = Activity((), 1, 0, 0, busy=0.0)  # idle so far
+    >>> snap = Snapshot((), 1, 0, 0, busy=0.0)  # idle so far
     >>> now = [10.0]
     >>> src = SimulatedGpuSource(1, frozenset({("gpu", "utilization_gpu")}), lambda: snap, clock=lambda: now[0])
     >>> src.read()[0].fields["utilization_gpu"]
     0.0
-    >>> snap = Activity((), 1, 0, 0, busy=10.13 - 10.1)  # a 30 ms task (10.1 to 10.13 s), then idle
+    >>> snap = Snapshot((), 1, 0, 0, busy=10.13 - 10.1)  # a 30 ms task (10.1 to 10.13 s), then idle
     >>> now[0] = 10.2; src.read()[0].fields["utilization_gpu"]  # 15 % of the 200 ms since the last read, less jitter
     14.0
     """
@@ -99,7 +99,7 @@ class SimulatedGpuSource:
         self,
         count: int,
         fields: frozenset,
-        activity: Callable[[], Activity],
+        snapshot: Callable[[], Snapshot],
         memory_total_mib: float = 81920.0,
         seed: int = 0,
         pid: int | None = None,
@@ -108,7 +108,7 @@ class SimulatedGpuSource:
         if count < 0:
             raise ValueError(f"simulated GPU count must be >= 0, got {count}")
         self._want = frozenset(name for m, name in fields if m == GPU)
-        self._activity = activity
+        self._snapshot = snapshot
         self._total = float(memory_total_mib)
         self._rng = random.Random(seed)
         self._offset = [self._rng.uniform(0, JITTER / 2) for _ in range(count)]
@@ -117,7 +117,7 @@ class SimulatedGpuSource:
         self._tags = [{"index": str(i), "uuid": h.uuid, "name": NAME} for i, h in enumerate(self._handles)]
         self._clock, self._last = clock, None  # (time, busy seconds) at the previous read
 
-    def _busy(self, snap: Activity) -> float:
+    def _busy(self, snap: Snapshot) -> float:
         """The worker's busy share since the previous read; at a read where that is unknown, now."""
         now = self._clock()
         total = None if snap.busy is None else snap.busy + snap.busy_n * now  # busy thread-seconds so far
@@ -130,7 +130,7 @@ class SimulatedGpuSource:
         """One ``gpu`` reading per simulated device."""
         if not self._want or not self._handles:
             return []
-        snap = self._activity()
+        snap = self._snapshot()
         busy = self._busy(snap)
         count = len(self._handles)
         used = min(self._total, BASE_MIB + snap.managed_bytes / _MIB / count)

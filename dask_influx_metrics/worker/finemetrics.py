@@ -33,8 +33,8 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
-from ..._dask import execute_digest
-from ...schema import ACTIVITY, Point
+from .._dask import execute_digest
+from ..schema import ACTIVITY, Point
 
 NO_JOB = {0: 1.0}
 

@@ -2,8 +2,8 @@
 
 Example
 -------
->>> from dask_influx_metrics.snapshot import Activity
->>> src = TaskSource(frozenset({("worker", "tasks")}), lambda: Activity(((("x", 0), 1, 3),), 2, 0, 1))
+>>> from dask_influx_metrics.snapshot import Snapshot
+>>> src = TaskSource(frozenset({("worker", "tasks")}), lambda: Snapshot(((("x", 0), 1, 3),), 2, 0, 1))
 >>> src.read()
 {'tasks': 1}
 """
@@ -14,7 +14,7 @@ import json
 from typing import Callable
 
 from ...schema import WORKER
-from ...snapshot import Activity, plain_key
+from ...snapshot import Snapshot, plain_key
 
 
 def key_json(keys) -> str:
@@ -27,19 +27,19 @@ def key_json(keys) -> str:
 
 
 class TaskSource:
-    """The ``worker`` measurement's task fields, from an activity snapshot.
+    """The ``worker`` measurement's task fields, from its snapshot (what the worker runs).
 
     The ``running`` JSON is made again only when the executing keys change."""
 
-    def __init__(self, fields: frozenset, activity: Callable[[], Activity]):
+    def __init__(self, fields: frozenset, snapshot: Callable[[], Snapshot]):
         self._want = {name for m, name in fields if m == WORKER} & {"tasks", "running", "managed_bytes"}
-        self._activity = activity
+        self._snapshot = snapshot
         self._running: tuple = (None, "")  # (keys, their JSON) of the last read
 
     def read(self) -> dict:
         if not self._want:
             return {}
-        snap = self._activity()
+        snap = self._snapshot()
         values = {}
         if "tasks" in self._want:
             values["tasks"] = snap.executing
