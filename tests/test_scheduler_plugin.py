@@ -82,7 +82,7 @@ def test_idle_processes_spool_within_the_flush_interval_and_the_scheduler_writes
     """Issue 23 items 2 and 9, delivery health: while the session still runs, the scheduler's last DAG point
     and the worker's task points reach the disk within ~flush-interval; every folder is 0700; the
     scheduler's sink writes its ``delivery`` counters (every HEALTH_INTERVAL s, and at stop)."""
-    from dask_influx_metrics import lineprotocol, sinks
+    from dask_influx_metrics import lineparse, sinks
     from dask_influx_metrics.sinks.spool import read_lines
 
     monkeypatch.setattr(
@@ -96,7 +96,7 @@ def test_idle_processes_spool_within_the_flush_interval_and_the_scheduler_writes
             assert client.gather(client.map(slow, range(40), delay=0.0)) == list(range(40))
             ended = time.monotonic()
             while True:
-                points = [lineprotocol.parse(line) for line in read_lines(tmp_path / "spool")]
+                points = [lineparse.parse(line) for line in read_lines(tmp_path / "spool")]
                 ends = [p for p in points if p.measurement == "dag" and p.fields["event"] == "end"]
                 tasks = [p for p in points if p.measurement == "task"]
                 health = [p for p in points if p.measurement == "delivery" and p.fields["points_sent"] > 0]

@@ -56,7 +56,7 @@ from typing import Optional
 
 import requests
 
-from .. import credentials, lineprotocol
+from .. import credentials, lineparse
 from .spool import SpoolSink
 
 logger = logging.getLogger(__name__)
@@ -421,7 +421,7 @@ def refused_lines(batch: list[bytes], reason: str) -> tuple[list[bytes], int]:
 
 def _has_field(line: bytes, measurement: str, field: str) -> bool:
     try:
-        point = lineprotocol.parse(line)
+        point = lineparse.parse(line)
     except ValueError:
         return False
     return point.measurement == measurement and field in point.fields

@@ -14,7 +14,7 @@ not reach it whole are dropped and counted (memory stays bounded), the
 warning names the file, a partly written file is never appended to again,
 and a file not one byte reached is removed (a full disk leaves no empty files).
 String field values may hold raw newlines, so files are split with
-:func:`~dask_influx_metrics.lineprotocol.split_lines`, never ``bytes.split``.
+:func:`~dask_influx_metrics.lineparse.split_lines`, never ``bytes.split``.
 
 >>> import tempfile
 >>> d = tempfile.mkdtemp()
@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Iterator
 
-from ..lineprotocol import split_lines
+from ..lineparse import split_lines
 
 logger = logging.getLogger(__name__)
 

@@ -119,7 +119,7 @@ def kept_lines(folder, measurement: str, field: str) -> list[str]:
     >>> kept_lines("/nonexistent", "gpu", "utilization_gpu")
     []
     """
-    from ... import lineprotocol
+    from ... import lineparse
     from ...sinks import REFUSED_DIR, pending_folders
     from ...sinks.spool import read_lines
 
@@ -129,7 +129,7 @@ def kept_lines(folder, measurement: str, field: str) -> list[str]:
         for line in read_lines(root):
             if line.startswith(head) and field.encode() in line:
                 try:
-                    count += field in lineprotocol.parse(line).fields
+                    count += field in lineparse.parse(line).fields
                 except ValueError:
                     continue
         if not count:

@@ -23,8 +23,8 @@ from typing import Iterator, Optional
 
 import pandas as pd
 
-from ... import jobtags, lineprotocol, schema
-from ...lineprotocol import split_lines
+from ... import jobtags, lineparse, schema
+from ...lineparse import split_lines
 from ...sinks import REFUSED_DIR, UNDELIVERED_DIR
 from ...sinks.spool import spool_files
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, empty_frame, widened
@@ -87,7 +87,7 @@ def _records(path: str) -> Iterator[tuple[int, bytes]]:
 
 def _parses(line: bytes) -> bool:
     try:
-        lineprotocol.parse(line)
+        lineparse.parse(line)
     except ValueError:
         return False
     return True
@@ -105,7 +105,7 @@ def read_points(folder: str) -> tuple[list, list[str], dict[str, int]]:
             continue  # the spool sink's own files hold these lines
         for line, record in _records(path):
             try:
-                points.append(lineprotocol.parse(record))
+                points.append(lineparse.parse(record))
             except ValueError as e:
                 skipped.append(f"{path}:{line}: {e}")
                 continue
