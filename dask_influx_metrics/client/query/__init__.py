@@ -88,7 +88,7 @@ def connect(
     ``token``, or ``http://user:password@host``) travel only in the
     ``Authorization`` header; URLs shown anywhere carry none. ``undelivered``: a spool folder whose
     ``undelivered/``, ``refused/`` samples (not in InfluxDB) ``notes`` names; reading never writes them
-    (:meth:`Store.replay_undelivered` does). ``workers``: the worker addresses whose series are read
+    (``dask-influx-metrics replay`` does). ``workers``: the worker addresses whose series are read
     (``Monitor.query()`` passes its session's; default: every ``worker`` tag that is a Dask address,
     ``scheme://...``); ``notes`` names what is skipped (another tool's points). Raises :class:`QueryError`
     naming the URL or folder when it

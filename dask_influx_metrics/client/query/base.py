@@ -92,8 +92,7 @@ def pending_notes(folder) -> list[str]:
     >>> pending_notes("/nonexistent")
     []
     """
-    from ...sinks import REFUSED_DIR, pending_folders
-    from ...sinks.http import REASONS_FILE
+    from ...sinks.paths import REASONS_FILE, REFUSED_DIR, pending_folders
     from ...sinks.spool import read_lines
 
     notes = []
@@ -105,8 +104,7 @@ def pending_notes(folder) -> list[str]:
             why = "not delivered over HTTP at the time"
         notes.append(
             f"{count} sample(s) under {root} are not in InfluxDB ({why}); write them with "
-            f"db.replay_undelivered({os.fspath(folder)!r}) or `dask-influx-metrics replay "
-            f"{os.fspath(folder)} --source URL`"
+            f"`dask-influx-metrics replay {os.fspath(folder)} --source URL`"
         )
     return notes
 
@@ -120,7 +118,7 @@ def kept_lines(folder, measurement: str, field: str) -> list[str]:
     []
     """
     from ... import lineparse
-    from ...sinks import REFUSED_DIR, pending_folders
+    from ...sinks.paths import REFUSED_DIR, pending_folders
     from ...sinks.spool import read_lines
 
     out, head = [], measurement.encode() + b","
@@ -139,16 +137,15 @@ def kept_lines(folder, measurement: str, field: str) -> list[str]:
             out.append(f"InfluxDB refused {what} ({_reason(root, measurement, field)}); they are kept in {root}")
         else:
             out.append(
-                f"{what} are only in the undelivered copy at {root} (not delivered over HTTP at the time; replay "
-                f"with db.replay_undelivered({os.fspath(folder)!r}) or `dask-influx-metrics replay "
-                f"{os.fspath(folder)} --source URL`)"
+                f"{what} are only in the undelivered copy at {root} (not delivered over HTTP at the time; write "
+                f"them with `dask-influx-metrics replay {os.fspath(folder)} --source URL`)"
             )
     return out
 
 
 def _reason(root: str, measurement: str, field: str) -> str:
     """InfluxDB's latest reason in ``root``'s reasons file that names the field (else its latest one)."""
-    from ...sinks.http import REASONS_FILE
+    from ...sinks.paths import REASONS_FILE
 
     try:
         with open(os.path.join(root, REASONS_FILE), encoding="utf-8") as f:

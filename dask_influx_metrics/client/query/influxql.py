@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import re
 from typing import Optional
 
@@ -22,7 +21,7 @@ import pandas as pd
 import requests
 
 from ... import credentials, jobtags, schema
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, empty_frame, pending_notes, widened
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, empty_frame, widened
 
 logger = logging.getLogger(__name__)
 INVENTORY_TAGS = ("worker", "job")  # what the first question groups by: workers, jobs, and (with them) fields
@@ -195,20 +194,6 @@ class InfluxQLBackend:
         names = [row[0] for s in series for row in s.get("values", [])]
         if names and self.database not in names:
             raise QueryError(f"database {self.database!r} not found at {self.url}; databases: {sorted(names)}")
-
-    def replay_undelivered(self, folder) -> dict:
-        """Write the samples kept under ``folder``'s ``undelivered/`` and ``refused/`` folders into the
-        database (:func:`~dask_influx_metrics.sinks.replay_folders`); returns its counts. The notes then
-        name what is still kept there."""
-        from ...sinks import replay_folders
-
-        if not os.path.isdir(folder):
-            raise QueryError(f"spool folder {os.fspath(folder)!r} does not exist")
-        counts = replay_folders(
-            folder, self.url, self.database, retention_policy=self.rp, timeout=self.timeout, session=self._session
-        )  # its Authorization header: credentials kept nowhere else
-        self.notes = pending_notes(folder)
-        return counts
 
     def _where(self, **kw) -> str:
         return where_clause(self.tags, self.start_ns, self.stop_ns, **kw)

@@ -25,7 +25,7 @@ import pandas as pd
 
 from ... import jobtags, lineparse, schema
 from ...lineparse import split_lines
-from ...sinks import REFUSED_DIR, UNDELIVERED_DIR
+from ...sinks.paths import REFUSED_DIR, UNDELIVERED_DIR
 from ...sinks.spool import spool_files
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, empty_frame, widened
 
