@@ -15,6 +15,8 @@ from typing import Protocol
 
 
 class Sink(Protocol):
+    """Where encoded lines go, and what it did with them."""
+
     def send(self, lines: list[bytes]) -> None:
         """Hand encoded line-protocol lines (no newline) over for delivery; never raises, never blocks
         the sampler for long."""
