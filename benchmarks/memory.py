@@ -109,7 +109,7 @@ def one_variant(variant: str, samples: int, fields: dict) -> dict:
         out["spool_bytes"] = sum(os.path.getsize(p) for p in spool_files(directory))
         with common.influxd() as server:
             db = server.create_database(f"memory_{variant.replace('-', '_')}")
-            out["replayed"] = _write_all(directory, server, db)
+            out["written"] = _write_all(directory, server, db)
             stored = common.count_points(server, db, fields)
         out["stored"] = sum(stored.values())
         out["lost"] = out["lines"] - out["stored"]
@@ -152,7 +152,7 @@ def run(quick: bool = False) -> list[dict]:
                 met=r["lost"] == 0,
                 notes=(
                     f"sampled {r['lines']:,} lines (incl. warm-up), spooled {r['spool_written']:,}, "
-                    f"replayed {r['replayed']:,}, stored {r['stored']:,}; spool drops {r['spool_dropped']}"
+                    f"written to influxd {r['written']:,}, stored {r['stored']:,}; spool drops {r['spool_dropped']}"
                     + (
                         f"; HTTP failures handed to the fallback {r['http_failed']:,}"
                         if r["http_failed"] is not None
