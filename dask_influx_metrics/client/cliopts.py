@@ -212,21 +212,30 @@ def store_options(f):
     return command
 
 
+_WRITE_SOURCE = click.option(
+    "--source",
+    envvar=SOURCE_ENV,
+    metavar="URL",
+    help=f"The InfluxDB to write into (http[s]://host:8086). Default: ${SOURCE_ENV}, else influx-metrics.influxdb.url.",
+)
+
+
 def influxdb_options(f):
-    """Add the options of :func:`store_options` that name an InfluxDB and log in to it (a command that writes:
-    replay); the command gets ``source`` and ``database``, each from the config where not given, and
-    ``options``, the sink's :class:`~dask_influx_metrics.sinks.http.HttpOptions`."""
+    """Add the options that name an InfluxDB and log in to it (a command that writes: replay); the command
+    gets ``source`` and ``database``, each from the config where not given, and ``options``, the sink's
+    :class:`~dask_influx_metrics.sinks.http.HttpOptions`."""
 
     @functools.wraps(f)
     def command(**kw):
+        from ..config import Settings
         from ..sinks.http import HttpOptions
 
         given = {k: kw.pop(k) for k in _INFLUXDB_KEYS}
-        source, timeout = given.pop("source") or default_source(), given.pop("timeout")
+        source, timeout = given.pop("source") or Settings.resolve().influxdb_url, given.pop("timeout")
         login = _configured(**given)
         return f(source=source, database=login.pop("database"), options=HttpOptions(**login, timeout=timeout), **kw)
 
-    for option in reversed([_STORE_OPTIONS[k] for k in _INFLUXDB_KEYS]):
+    for option in reversed([_WRITE_SOURCE] + [_STORE_OPTIONS[k] for k in _INFLUXDB_KEYS[1:]]):
         command = option(command)
     return command
 
