@@ -311,11 +311,5 @@ class UdpSink:
         ]
 
     def delivery(self) -> list[dict]:
-        return [
-            {
-                "sink": "udp",
-                "points_sent": self.points_sent,
-                "points_dropped": self.points_dropped,
-                "errors": self.errors,
-            }
-        ]
+        sent, dropped = self.points_sent, self.points_dropped
+        return [{"sink": "udp", "points_sent": sent, "points_dropped": dropped, "errors": self.errors}]
