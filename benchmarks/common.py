@@ -305,11 +305,11 @@ def sample_lines(gpu_count: int = 8) -> list[bytes]:
 
 def first_fields(lines: list[bytes]) -> dict:
     """{measurement: first field key} of the given lines (for counting points in influxd)."""
-    from dask_influx_metrics import lineprotocol
+    from dask_influx_metrics import lineparse
 
     out = {}
     for line in lines:
-        p = lineprotocol.parse(line)
+        p = lineparse.parse(line)
         out.setdefault(p.measurement, next(iter(p.fields)))
     return out
 

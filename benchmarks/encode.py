@@ -84,13 +84,13 @@ def pytelegraf_unparsable(points) -> int:
     """How many of pytelegraf's lines for ``points`` our parser (and so influxd) cannot read."""
     from telegraf.protocol import Line
 
-    from dask_influx_metrics import lineprotocol
+    from dask_influx_metrics import lineparse
 
     bad = 0
     for p in points:
         text = Line(p.measurement, p.fields, p.tags, p.time_ns).to_line_protocol()
         try:
-            parsed = lineprotocol.parse(text.encode())
+            parsed = lineparse.parse(text.encode())
             bad += parsed.fields != p.fields
         except Exception:
             bad += 1

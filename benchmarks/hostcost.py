@@ -197,7 +197,7 @@ def gap_after_kill(address: str) -> float:
     """Seconds between a worker's last sample before the agent was SIGKILLed and its first after."""
     from distributed import Client, LocalCluster
 
-    from dask_influx_metrics import Monitor, lineprotocol
+    from dask_influx_metrics import Monitor, lineparse
     from dask_influx_metrics.sinks.spool import read_lines
 
     folder = tempfile.mkdtemp()
@@ -221,7 +221,7 @@ def gap_after_kill(address: str) -> float:
     lines = list(read_lines(folder))
     shutil.rmtree(folder, ignore_errors=True)
     for line in lines:
-        p = lineprotocol.parse(line)
+        p = lineparse.parse(line)
         if p.measurement == "worker":  # a worker's own samples (not the agent's delivery counters)
             times.setdefault(p.tags["worker"], []).append(p.time_ns)
     gaps = []

@@ -1,6 +1,5 @@
 """Line protocol -> points: :func:`parse`, the exact inverse of :func:`.lineprotocol.encode`, and
-:func:`split_lines` for a stream (the spool is read back with them). Also importable from
-:mod:`.lineprotocol`.
+:func:`split_lines` for a stream (the spool is read back with them).
 
 >>> parse(b'gpu,index=0 utilization_gpu=87 1').fields
 {'utilization_gpu': 87.0}

@@ -1,4 +1,4 @@
-r"""InfluxDB line protocol: ``encode`` a :class:`~.schema.Point`, ``parse`` it back.
+r"""InfluxDB line protocol: ``encode`` a :class:`~.schema.Point` (:mod:`.lineparse` parses it back).
 
 One point is one line, ``measurement[,tag=value...] field=value[,...] [time_ns]``,
 UTF-8, tags sorted by key. Field values: ``float`` -> shortest text that
@@ -40,7 +40,7 @@ String field values round-trip exactly (``\`` and ``"`` are escaped; LF,
 CRLF, TAB, NUL are written raw, which 1.x, Telegraf and v2 all accept inside
 quotes), except a CR not followed by LF and a form feed, which become a
 space: Telegraf's grammar has no way to accept them. So a line may span
-several physical lines; use :func:`split_lines` to read a stream back.
+several physical lines; use :func:`.lineparse.split_lines` to read a stream back.
 
 Field values that cannot be written are dropped, and the point only if no
 field is left: NaN/+-inf floats, ints outside int64 and values of other types
@@ -53,6 +53,7 @@ backslash), so a tag containing backslash-quote loses that backslash on the
 Telegraf path; InfluxDB 2.x rejects tag keys ``_field`` and ``_measurement``
 (1.x accepts them), which this module does not rewrite.
 
+>>> from dask_influx_metrics.lineparse import parse
 >>> from dask_influx_metrics.schema import Point
 >>> line = encode(Point("gpu", {"name": "A100 SXM", "index": "0"},
 ...                     {"utilization_gpu": 12.5, "tasks": 3}, 1700000000000000000))
@@ -72,7 +73,6 @@ from typing import Iterable, Optional
 
 import orjson
 
-from .lineparse import parse, split_lines  # noqa: F401  (the inverse, also importable from here)
 from .schema import Point
 
 #: Counts of what the encoder dropped, by reason: ``nonfinite`` (NaN/inf

@@ -49,7 +49,8 @@ def _segment(folder: str, worker_id: str, k: int) -> str:
 
 
 class Outbox:
-    """The worker's side: a sink whose ``send(lines)`` appends them to its current segment (one writer)."""
+    """The worker's side: a sink (:class:`~.sinks.base.Sink`) whose ``send(lines)`` appends them to its
+    current segment (one writer)."""
 
     def __init__(self, folder: str, worker_id: str, segment_bytes: int = SEGMENT_BYTES):
         self._folder, self._id, self._limit = folder, worker_id, segment_bytes
@@ -76,10 +77,19 @@ class Outbox:
         if self._size >= self._limit:
             self._next()
 
+    def flush(self, drain: float = 0.0) -> None:
+        """Nothing to do: each send is written through to the segment the agent reads."""
+
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def counters(self) -> list[dict]:
+        return [{"kind": "outbox", "points_written": self.points_written}]
+
+    def delivery(self) -> list[dict]:
+        return []  # the host's agent sends these lines, counted in its own sink's delivery points
 
 
 class OutboxReader:

@@ -160,7 +160,7 @@ def _monitored_run(influxd, tmp_path_factory, into: str, sink: str, **settings):
 
     from distributed import Client, LocalCluster
 
-    from dask_influx_metrics import Monitor, lineprotocol
+    from dask_influx_metrics import Monitor, lineparse
     from dask_influx_metrics.client.tables import natural_key
     from dask_influx_metrics.sinks.spool import read_lines
 
@@ -197,7 +197,7 @@ def _monitored_run(influxd, tmp_path_factory, into: str, sink: str, **settings):
         finally:
             stopped = monitor.stop()
         # Everything spooled must also have landed over UDP (the last samples trail the stop).
-        spooled = [lineprotocol.parse(line) for line in read_lines(spool)]
+        spooled = [lineparse.parse(line) for line in read_lines(spool)]
         for measurement in ("gpu", "host", "worker", "dag"):
             n = sum(p.measurement == measurement for p in spooled)
             influxd.wait_for(f'SELECT * FROM "{measurement}" WHERE "run" = \'{run}\'', n, timeout=30, db=database)

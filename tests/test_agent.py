@@ -16,7 +16,7 @@ import psutil
 import pytest
 from distributed import Client
 
-from dask_influx_metrics import Monitor, custom_metric, lineprotocol, runfolder
+from dask_influx_metrics import Monitor, custom_metric, lineparse, runfolder
 from dask_influx_metrics.sampling.sources.simulated import simulated_uuid
 from dask_influx_metrics.sinks.spool import read_lines
 
@@ -32,7 +32,7 @@ def wait_until(predicate, timeout=20.0, what="condition"):
 
 
 def points(directory, measurement=None):
-    out = [lineprotocol.parse(line) for line in read_lines(str(directory))]
+    out = [lineparse.parse(line) for line in read_lines(str(directory))]
     return [p for p in out if measurement is None or p.measurement == measurement]
 
 

@@ -13,7 +13,7 @@ import types
 import psutil
 import pytest
 
-from dask_influx_metrics import lineprotocol, runfolder
+from dask_influx_metrics import lineparse, runfolder
 from dask_influx_metrics.config import Settings
 from dask_influx_metrics.sinks.spool import read_lines
 from dask_influx_metrics.snapshot import Snapshot
@@ -29,7 +29,7 @@ def wait_until(predicate, timeout=20.0, what="condition"):
 
 
 def points(directory, measurement="worker"):
-    return [p for p in map(lineprotocol.parse, read_lines(str(directory))) if p.measurement == measurement]
+    return [p for p in map(lineparse.parse, read_lines(str(directory))) if p.measurement == measurement]
 
 
 @pytest.fixture

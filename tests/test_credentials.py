@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from dask_influx_metrics import credentials, query
 from dask_influx_metrics.client.cli import cli
-from dask_influx_metrics.sinks.http import HttpSink
+from dask_influx_metrics.sinks.http import HttpOptions, HttpSink
 
 PW = "s3cret-pw"
 
@@ -114,10 +114,10 @@ def test_no_password_anywhere(recorder, caplog):
     assert str(info.value).startswith("cannot reach InfluxDB at http://127.0.0.1:1: ")
     shown.append(str(info.value))
 
-    sink = HttpSink(f"http://writer:{PW}@127.0.0.1:{recorder.port}", "dask_metrics", flush_interval=0.01)
+    sink = HttpSink(f"http://writer:{PW}@127.0.0.1:{recorder.port}", "dask_metrics", HttpOptions(flush_interval=0.01))
     sink.send([b"m v=1 1"])
     sink.close()
-    dead = HttpSink(f"http://writer:{PW}@127.0.0.1:1", "dask_metrics", timeout=1, flush_interval=0.01)
+    dead = HttpSink(f"http://writer:{PW}@127.0.0.1:1", "dask_metrics", HttpOptions(timeout=1, flush_interval=0.01))
     dead.send([b"m v=1 1"])
     dead.close()
     assert sink.points_written == 1 and dead.points_failed == 1

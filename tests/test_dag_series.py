@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from dask_influx_metrics import Monitor, lineprotocol, query
+from dask_influx_metrics import Monitor, lineparse, lineprotocol, query
 from dask_influx_metrics.config import Settings
 from dask_influx_metrics.sampling.sampler import Sampler
 from dask_influx_metrics.schema import Point
@@ -124,7 +124,7 @@ def test_dag_point_times_strictly_increase_per_series():
         dag = plugin.book.submit("c", [], now=now)
         plugin._write_dag(dag, "submit")
         plugin._write_dag(dag, "end")
-    points = [lineprotocol.parse(line) for line in sent]
+    points = [lineparse.parse(line) for line in sent]
     assert [p.time_ns for p in points] == list(range(points[0].time_ns, points[0].time_ns + 6))
     assert {tuple(sorted(p.tags.items())) for p in points} == {(("host", "h"), ("job", "1"))}
     assert [(p.fields["dag"], p.fields["status"]) for p in points][:2] == [("1", "ok"), ("1", "ok")]

@@ -11,20 +11,10 @@ import requests
 from conftest import _slow
 from fake_influx2 import points
 from fake_influx3 import FakeInflux3
+from listsink import ListSink
 
 from dask_influx_metrics import custom_metric, lineprotocol, query, schema
-from dask_influx_metrics.sinks.http import HttpSink
-
-
-class Fallback:
-    def __init__(self):
-        self.lines = []
-
-    def send(self, lines):
-        self.lines += lines
-
-    def close(self):
-        pass
+from dask_influx_metrics.sinks.http import HttpOptions, HttpSink
 
 
 @pytest.fixture
@@ -34,8 +24,8 @@ def fake3(influxd):
     fake.stop()
 
 
-def write(sink_or_url, lines, **kw):
-    sink = HttpSink(sink_or_url, kw.pop("database", "dask_metrics"), flush_interval=0.01, **kw)
+def write(url, lines, fallback=None, **options):
+    sink = HttpSink(url, "dask_metrics", HttpOptions(flush_interval=0.01, **options), fallback=fallback)
     sink.send(lines)
     sink.close()
     return sink
@@ -98,19 +88,19 @@ def test_fake_refuses_tag_field_collisions_and_kind_changes_partially(fake3):
 # --- the HTTP sink against 3.x ------------------------------------------------------------------
 def test_http_sink_writes_the_contract_to_3x_with_a_token(fake3):
     lines = lineprotocol.encode_many(points())
-    sink = write(fake3.url, lines, token=fake3.token, fallback=Fallback())
+    sink = write(fake3.url, lines, token=fake3.token, fallback=ListSink())
     assert (sink.points_written, sink.points_failed) == (len(lines), 0)
     assert fake3.requests[-1]["path"] == "/write"
     assert fake3.requests[-1]["params"]["precision"] == "ns"
     assert fake3.databases == {"dask_metrics"}
 
-    refused = Fallback()
+    refused = ListSink()
     sink = write(fake3.url, lines, fallback=refused)  # no token: 401, everything kept
     assert sink.points_written == 0 and refused.lines == lines
 
 
 def test_http_sink_keeps_what_3x_refuses(fake3):
-    fallback = Fallback()
+    fallback = ListSink()
     sink = write(fake3.url, [b"worker,tasks=1 tasks=2i 1"], token=fake3.token, fallback=fallback)
     assert (sink.points_refused, sink.points_failed) == (1, 0) and fallback.lines == [b"worker,tasks=1 tasks=2i 1"]
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dask_influx_metrics import jobtags, lineprotocol
+from dask_influx_metrics import jobtags, lineparse
 from dask_influx_metrics.worker.registry import TaskRegistry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,7 +95,7 @@ def test_influxdb_selects_what_the_codec_selects(monitored):
     """InfluxDB's own regex match of job 2 finds exactly the spooled points the codec says are in job 2."""
     from dask_influx_metrics.sinks.spool import read_lines
 
-    gpu = [p for p in map(lineprotocol.parse, read_lines(monitored.spool)) if p.measurement == "gpu"]
+    gpu = [p for p in map(lineparse.parse, read_lines(monitored.spool)) if p.measurement == "gpu"]
     for job in (1, 2):
         expected = sum(jobtags.contains(p.tags["job"], job) for p in gpu)
         rows = monitored.influxd.query(

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from dask_influx_metrics import lineparse
 from dask_influx_metrics import lineprotocol as lp
 from dask_influx_metrics.schema import Point
 
@@ -109,16 +110,18 @@ def test_types_and_layout():
         Point("m", {"b": "2", "a": "1", "e": ""}, {"f": 1.5, "i": -3, "t": True, "n": False, "s": "x"}, 42)
     )
     assert line == b'm,a=1,b=2 f=1.5,i=-3i,t=true,n=false,s="x" 42'
-    assert lp.parse(line) == Point("m", {"a": "1", "b": "2"}, {"f": 1.5, "i": -3, "t": True, "n": False, "s": "x"}, 42)
+    assert lineparse.parse(line) == Point(
+        "m", {"a": "1", "b": "2"}, {"f": 1.5, "i": -3, "t": True, "n": False, "s": "x"}, 42
+    )
     assert lp.encode(Point("m", {}, {"v": 1.0}, None)) == b"m v=1.0"
-    assert lp.parse(b"m v=1.0").time_ns is None
+    assert lineparse.parse(b"m v=1.0").time_ns is None
 
 
 @pytest.mark.parametrize(
     "x", [0.1, 1e16, 1e-7, -0.0, 5e-324, 1.7976931348623157e308, 123456789.12345679, float(2**53 + 2), 1 / 3, -2.5e-300]
 )
 def test_floats_round_trip_exactly(x):
-    value = lp.parse(lp.encode(Point("m", {}, {"v": x}, 1))).fields["v"]
+    value = lineparse.parse(lp.encode(Point("m", {}, {"v": x}, 1))).fields["v"]
     assert type(value) is float and value == x and repr(value) == repr(x)
 
 
@@ -154,7 +157,7 @@ def test_numpy_scalars_are_written_by_kind():
 def test_reserved_empty_and_duplicate_keys():
     lp.stats.clear()
     p = Point("m", {"time": "x", "": "y", "a\n": "1", "a\t": "2", "k": None}, {"time": 1, "": 2, "v\\": 3, "v": 4}, 1)
-    assert lp.parse(lp.encode(p)) == Point("m", {"a ": "2"}, {"v": 3}, 1)  # "a\t" sorts first
+    assert lineparse.parse(lp.encode(p)) == Point("m", {"a ": "2"}, {"v": 3}, 1)  # "a\t" sorts first
     assert lp.stats == {"reserved_key": 2, "empty_key": 2, "duplicate_key": 2}
 
 
@@ -181,7 +184,7 @@ def test_documented_policy_examples():
 
 def _roundtrip(p):
     line = lp.encode(p)
-    return None if line is None else lp.parse(line)
+    return None if line is None else lineparse.parse(line)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -192,20 +195,20 @@ def test_property_every_hostile_string(kind):
         want = expected(kind, s)
         if kind != "string" and (want == "" or (kind in ("tag_key", "field_key") and want == "time")):
             want = None
-        got = readback(kind, s, lp.parse(line) if line is not None else None)
+        got = readback(kind, s, lineparse.parse(line) if line is not None else None)
         assert got == want, (kind, s, line)
         if line is not None:
             assert b"\n" not in line or kind == "string"
-            assert lp.encode(lp.parse(line)) == line  # encoding is idempotent
-            assert lp.split_lines(line + b"\n" + line + b"\n") == ([line, line], b"")
+            assert lp.encode(lineparse.parse(line)) == line  # encoding is idempotent
+            assert lineparse.split_lines(line + b"\n" + line + b"\n") == ([line, line], b"")
 
 
 def test_split_lines_keeps_quoted_newlines_and_returns_partial_rest():
     a = lp.encode(Point("m", {"t": "x y"}, {'k"q': 1, "s": 'multi\nline "q" \\', "z": 2}, 1))
     b = lp.encode(Point("n", {}, {"s": "\n"}, 2))
-    lines, rest = lp.split_lines(a + b"\n" + b + b"\n" + b[:6])
+    lines, rest = lineparse.split_lines(a + b"\n" + b + b"\n" + b[:6])
     assert lines == [a, b] and rest == b[:6]
-    assert lp.parse(lines[0]).fields["s"] == 'multi\nline "q" \\'
+    assert lineparse.parse(lines[0]).fields["s"] == 'multi\nline "q" \\'
 
 
 @pytest.mark.parametrize(
@@ -213,7 +216,7 @@ def test_split_lines_keeps_quoted_newlines_and_returns_partial_rest():
 )
 def test_parse_rejects_malformed_lines(bad):
     with pytest.raises(ValueError):
-        lp.parse(bad)
+        lineparse.parse(bad)
 
 
 def _ident(name: str) -> str:

@@ -10,6 +10,7 @@ import struct
 import pytest
 from test_lineprotocol import BASE_NS, HOSTILE
 
+from dask_influx_metrics import lineparse
 from dask_influx_metrics import lineprotocol as lp
 from dask_influx_metrics.schema import Point
 
@@ -194,7 +195,7 @@ def test_a_batch_of_numbers_writes_what_each_point_writes_alone(monkeypatch, see
         with monkeypatch.context() as m:
             general_only(m)
             assert lines == [lp.encode(p) for p in points]  # the general path: the same bytes
-        assert [lp.parse(line) for line in lines] == [p._replace(fields=dict(p.fields)) for p in points]
+        assert [lineparse.parse(line) for line in lines] == [p._replace(fields=dict(p.fields)) for p in points]
 
 
 @pytest.mark.parametrize("bad", [NAN, INF, -INF, 2**63, -(2**63) - 1])
@@ -205,7 +206,7 @@ def test_one_unwritable_value_in_a_batch_leaves_the_others_as_they_were(bad):
     broken = points[:2] + [points[2]._replace(fields={**points[2].fields, "util": bad})] + points[3:]
     lines = lp.encode_many(broken)
     assert lines[:2] + lines[3:] == good[:2] + good[3:]
-    assert lp.parse(lines[2]).fields == {k: v for k, v in points[2].fields.items() if k != "util"}
+    assert lineparse.parse(lines[2]).fields == {k: v for k, v in points[2].fields.items() if k != "util"}
     assert sum(lp.stats.values()) == 1
 
 
@@ -215,7 +216,7 @@ def test_ints_beyond_2_53_are_written_exactly(big):
     points = sample(random.Random(3), 5)
     points[1] = points[1]._replace(fields={**points[1].fields, "mem": big})
     lines = lp.encode_many(points)
-    assert lines == [lp.encode(p) for p in points] and lp.parse(lines[1]).fields["mem"] == big
+    assert lines == [lp.encode(p) for p in points] and lineparse.parse(lines[1]).fields["mem"] == big
 
 
 def test_float_texts_read_back_exactly():
@@ -224,7 +225,7 @@ def test_float_texts_read_back_exactly():
     values = [random_float(rng) for _ in range(20_000)] + [5e-324, -0.0, 1e-5, 1e-7, 1e16, 1e22, 2.0**63]
     point = Point("m", {}, {f"v{i}": v for i, v in enumerate(values)}, 1)
     [line] = lp.encode_many([point])
-    assert lp.parse(line).fields == point.fields
+    assert lineparse.parse(line).fields == point.fields
     assert line.count(b"e-7") and line.count(b"0.00001,")  # where orjson's spelling differs from repr's
 
 

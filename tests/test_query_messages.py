@@ -106,7 +106,7 @@ def test_lines_influxdb_refused_are_named_never_as_no_gpu(influxd, fresh_db, tmp
     under ``refused/``. A reader of the session's range finds no GPU samples and says that InfluxDB
     refused them, why and where they are, not that the workers had no GPU; likewise for samples kept
     only in ``undelivered/``."""
-    from dask_influx_metrics.sinks.http import HttpSink
+    from dask_influx_metrics.sinks.http import HttpOptions, HttpSink
     from dask_influx_metrics.sinks.spool import SpoolSink
 
     influxd.write(b'gpu,host=other utilization_gpu="foreign" %d' % (T0 - 3600 * 10**9), db=fresh_db)
@@ -115,7 +115,7 @@ def test_lines_influxdb_refused_are_named_never_as_no_gpu(influxd, fresh_db, tmp
     tags = {"host": "h", "worker": W, "job": "1", "dag": "1"}
     gpu = [Point("gpu", {**tags, "index": "0", "uuid": "GPU-1"}, {"utilization_gpu": 50.0}, T0 + k) for k in range(4)]
     host = [Point("host", tags, {"cpu_percent": 10.0}, T0 + k) for k in range(4)]
-    sink = HttpSink(influxd.url, fresh_db, flush_interval=0.01, refused=refused)
+    sink = HttpSink(influxd.url, fresh_db, HttpOptions(flush_interval=0.01), refused=refused)
     sink.send(lineprotocol.encode_many(gpu + host))
     sink.close()
     assert (sink.points_written, sink.points_refused) == (4, 4)

@@ -9,7 +9,8 @@ import pytest
 
 from dask_influx_metrics import lineprotocol, query
 from dask_influx_metrics.schema import Point
-from dask_influx_metrics.sinks.http import HttpSink
+from dask_influx_metrics.sinks.http import HttpOptions, HttpSink
+from dask_influx_metrics.sinks.replay import replay_folders
 from dask_influx_metrics.sinks.spool import SpoolSink, read_lines, spool_files
 
 W = "tcp://10.0.0.1:1"
@@ -67,14 +68,16 @@ def _outage(influxd, db: str, session) -> int:
     """Samples 0-9 delivered; 10-29 sent while the server was unreachable: they land in undelivered/."""
     influxd.write(b"\n".join(_lines(10)), db=db)
     undelivered = session / "tcp-10.0.0.1-1" / "undelivered"
-    sink = HttpSink("http://127.0.0.1:1", db, timeout=1, flush_interval=0.05, fallback=SpoolSink(undelivered))
+    sink = HttpSink(
+        "http://127.0.0.1:1", db, HttpOptions(timeout=1, flush_interval=0.05), fallback=SpoolSink(undelivered)
+    )
     sink.send(_lines(20, start=10))
     sink.close()
     assert sink.points_failed == 20
     return len(spool_files(undelivered))
 
 
-def test_reading_never_writes_undelivered_samples_it_names_them_and_replay_is_explicit(influxd, fresh_db, tmp_path):
+def test_reading_never_writes_undelivered_samples_it_names_them_and_a_replay_writes_them(influxd, fresh_db, tmp_path):
     session = tmp_path / "20240501T120000-000001"
     assert _outage(influxd, fresh_db, session) >= 1
     undelivered = session / "tcp-10.0.0.1-1" / "undelivered"
@@ -82,14 +85,21 @@ def test_reading_never_writes_undelivered_samples_it_names_them_and_replay_is_ex
         assert db.get_peaks("compute-util", per_job=False) == [[9]]  # the outage is missing, and said so
         assert db.notes == [
             f"20 sample(s) under {undelivered} are not in InfluxDB (not delivered over HTTP at "
-            f"the time); write them with db.replay_undelivered({str(session)!r}) or "
-            f"`dask-influx-metrics replay {session} --source URL`"
+            f"the time); write them with `dask-influx-metrics replay {session} --source URL`"
         ]
         assert len(spool_files(session)) >= 1  # reading deleted nothing
-        assert db.replay_undelivered(session) == {"files": 1, "lines": 20, "written": 20, "refused": 0, "kept": 0}
+        assert not hasattr(db, "replay_undelivered")  # the read side only reads
+    assert replay_folders(session, influxd.url, fresh_db) == {
+        "files": 1,
+        "lines": 20,
+        "written": 20,
+        "refused": 0,
+        "kept": 0,
+    }
+    assert spool_files(session) == []  # written: removed, never replayed twice
+    with query.connect(influxd.url, fresh_db, undelivered=session) as db:
         assert db.notes == [] and len(db.worker_tables()[W]) == 30
         assert db.get_peaks("compute-util", per_job=False) == [[29]]
-    assert spool_files(session) == []  # written: removed, never replayed twice
 
 
 def test_a_partial_write_stays_refused_on_disk_until_a_replay_writes_it(influxd, fresh_db, tmp_path):
@@ -98,7 +108,11 @@ def test_a_partial_write_stays_refused_on_disk_until_a_replay_writes_it(influxd,
     session = tmp_path / "20240501T120000-000001"
     role = session / "tcp-10.0.0.1-1"
     sink = HttpSink(
-        influxd.url, fresh_db, flush_interval=0.05, fallback=SpoolSink(role / "undelivered"), refused=role / "refused"
+        influxd.url,
+        fresh_db,
+        HttpOptions(flush_interval=0.05),
+        fallback=SpoolSink(role / "undelivered"),
+        refused=role / "refused",
     )
     lines = _lines(30) + [b"host,host=h,worker=%s cpu_percent=5.0 %d" % (W.encode(), T0)]
     sink.send(lines)
@@ -109,12 +123,14 @@ def test_a_partial_write_stays_refused_on_disk_until_a_replay_writes_it(influxd,
     with query.connect(influxd.url, fresh_db, undelivered=session) as db:
         assert "30 sample(s) under " + str(refused) in db.notes[0]
         assert "InfluxDB refused them; its reasons: " + str(refused / "reasons.txt") in db.notes[0]
-        again = db.replay_undelivered(session)  # the conflict is still there: nothing is lost
-        assert again == {"files": 1, "lines": 30, "written": 0, "refused": 30, "kept": 0}
-        assert sorted(read_lines(refused)) == sorted(lines[:30]) and len(db.notes) == 1
-    influxd.query("DROP MEASUREMENT gpu", db=fresh_db)  # the foreign point goes, and its field type with it
+    again = replay_folders(session, influxd.url, fresh_db)  # the conflict is still there: nothing is lost
+    assert again == {"files": 1, "lines": 30, "written": 0, "refused": 30, "kept": 0}
+    assert sorted(read_lines(refused)) == sorted(lines[:30])
     with query.connect(influxd.url, fresh_db, undelivered=session) as db:
-        assert db.replay_undelivered(session)["written"] == 30
+        assert len(db.notes) == 1
+    influxd.query("DROP MEASUREMENT gpu", db=fresh_db)  # the foreign point goes, and its field type with it
+    assert replay_folders(session, influxd.url, fresh_db)["written"] == 30
+    with query.connect(influxd.url, fresh_db, undelivered=session) as db:
         assert db.get_peaks("compute-util", per_job=False) == [[29]] and db.notes == []
     assert spool_files(session) == [] and not (refused / "reasons.txt").exists()
 
@@ -134,9 +150,8 @@ def test_cli_replay_writes_the_undelivered_samples(influxd, fresh_db, tmp_path):
     assert spool_files(session) == []
     _session(tmp_path / "spool", _lines(2))
     result = CliRunner().invoke(cli, ["replay", str(session), "--source", str(tmp_path / "spool")])
-    assert (
-        result.exit_code == 2
-        and "error: replay writes into InfluxDB (InfluxQL over http(s)://), not spool" in result.stderr
+    assert result.exit_code == 2 and result.stderr == (
+        f"error: replay writes into InfluxDB (an http(s):// URL as --source), not {str(tmp_path / 'spool')!r}\n"
     )
 
 

@@ -197,7 +197,7 @@ def test_timelines_start_at_0_and_equal_lines_differ():
         }
     )
     tables = {"w": table}
-    data = reportfigs.sources(tables, {"compute-util": 1.0, "total-mem": 2**30})
+    data = reportfigs.timeline_data(tables, {"compute-util": 1.0, "total-mem": 2**30})
     util = reportfigs.timeline(tables, data, 1, "compute-util", "GPU utilization (%)")
     assert (util.y_range.start, util.y_range.end) == (0, 100)
     dashes = [r.glyph.line_dash for r in util.renderers if hasattr(r.glyph, "line_dash")]

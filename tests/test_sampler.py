@@ -3,24 +3,13 @@ import threading
 import time
 
 import pytest
+from listsink import ListSink
 from polling import wait_until
 
 from dask_influx_metrics.sampling.sampler import Sampler
 from dask_influx_metrics.schema import Point
 
 TAGS = {"host": "h", "worker": "w", "job": "1", "dag": "2"}
-
-
-class ListSink:
-    def __init__(self):
-        self.lines, self.lock = [], threading.Lock()
-
-    def send(self, lines):
-        with self.lock:
-            self.lines.extend(lines)
-
-    def close(self):
-        pass
 
 
 def static(*points):

@@ -82,12 +82,11 @@ def test_idle_processes_spool_within_the_flush_interval_and_the_scheduler_writes
     """Issue 23 items 2 and 9, delivery health: while the session still runs, the scheduler's last DAG point
     and the worker's task points reach the disk within ~flush-interval; every folder is 0700; the
     scheduler's sink writes its ``delivery`` counters (every HEALTH_INTERVAL s, and at stop)."""
-    from dask_influx_metrics import lineprotocol, sinks
+    from dask_influx_metrics import lineparse
+    from dask_influx_metrics.sinks import health
     from dask_influx_metrics.sinks.spool import read_lines
 
-    monkeypatch.setattr(
-        sinks, "HEALTH_INTERVAL", 0.5, raising=False
-    )  # LocalCluster: the scheduler runs in this process
+    monkeypatch.setattr(health, "HEALTH_INTERVAL", 0.5)  # LocalCluster: the scheduler runs in this process
     with Client(small_cluster) as client:
         m = Monitor(client, spool_directory=str(tmp_path / "spool"), gpu_source="none", flush_interval=0.5)
         m.attach(polling_interval=100, tracking=["task-stream"])
@@ -96,7 +95,7 @@ def test_idle_processes_spool_within_the_flush_interval_and_the_scheduler_writes
             assert client.gather(client.map(slow, range(40), delay=0.0)) == list(range(40))
             ended = time.monotonic()
             while True:
-                points = [lineprotocol.parse(line) for line in read_lines(tmp_path / "spool")]
+                points = [lineparse.parse(line) for line in read_lines(tmp_path / "spool")]
                 ends = [p for p in points if p.measurement == "dag" and p.fields["event"] == "end"]
                 tasks = [p for p in points if p.measurement == "task"]
                 health = [p for p in points if p.measurement == "delivery" and p.fields["points_sent"] > 0]

@@ -7,25 +7,12 @@ import socket
 import time
 
 import requests
+from listsink import ListSink
 
-from dask_influx_metrics.sinks.http import HttpSink
+from dask_influx_metrics.sinks.http import HttpOptions, HttpSink
 from dask_influx_metrics.sinks.spool import read_lines
 
 BASE_NS = 1_700_000_000_000_000_000
-
-
-class Collect:
-    """A fallback sink that keeps what it is given."""
-
-    def __init__(self):
-        self.lines: list[bytes] = []
-        self.closed = False
-
-    def send(self, lines):
-        self.lines.extend(lines)
-
-    def close(self):
-        self.closed = True
 
 
 def numbered(n, measurement="m", start=0):
@@ -39,7 +26,7 @@ def dead_url() -> str:
 
 
 def test_batches_reach_influxd(influxd, fresh_db):
-    sink = HttpSink(influxd.url, fresh_db, batch_size=100, flush_interval=0.05, max_pending=2000)
+    sink = HttpSink(influxd.url, fresh_db, HttpOptions(batch_size=100, flush_interval=0.05, max_pending=2000))
     lines = numbered(1000)
     for i in range(0, 1000, 37):
         sink.send(lines[i : i + 37])
@@ -49,15 +36,15 @@ def test_batches_reach_influxd(influxd, fresh_db):
 
 
 def test_close_flushes_what_is_queued(influxd, fresh_db):
-    sink = HttpSink(influxd.url, fresh_db, batch_size=10_000, flush_interval=3600)
+    sink = HttpSink(influxd.url, fresh_db, HttpOptions(batch_size=10_000, flush_interval=3600))
     sink.send(numbered(250))
     sink.close()  # neither batch size nor interval reached: close must flush
     assert influxd.query("SELECT count(v) FROM m", db=fresh_db)[0]["count"] == 250
 
 
 def test_dead_url_sends_every_line_to_the_fallback(caplog):
-    fallback = Collect()
-    sink = HttpSink(dead_url(), "db", batch_size=40, flush_interval=0.01, timeout=2, fallback=fallback)
+    fallback = ListSink()
+    sink = HttpSink(dead_url(), "db", HttpOptions(batch_size=40, flush_interval=0.01, timeout=2), fallback=fallback)
     lines = numbered(250)
     with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
         for i in range(0, 250, 25):
@@ -71,8 +58,8 @@ def test_dead_url_sends_every_line_to_the_fallback(caplog):
 def test_a_line_influxd_cannot_parse_is_kept_alone_with_the_reason_never_counted_written(
     influxd, fresh_db, tmp_path, caplog
 ):
-    fallback, refused = Collect(), tmp_path / "refused"
-    sink = HttpSink(influxd.url, fresh_db, fallback=fallback, flush_interval=0.01, refused=refused)
+    fallback, refused = ListSink(), tmp_path / "refused"
+    sink = HttpSink(influxd.url, fresh_db, HttpOptions(flush_interval=0.01), fallback=fallback, refused=refused)
     batch = [b"m,t=x v=1i 1", b"this is not line protocol"]
     with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
         sink.send(batch)
@@ -92,7 +79,7 @@ def test_a_field_type_conflict_keeps_exactly_the_refused_lines(influxd, fresh_db
     gpu = [b"gpu,host=h,index=0 utilization_gpu=%d.5 %d" % (i, BASE_NS + i) for i in range(10)]
     host = [b"host,host=h cpu_percent=%d.0 %d" % (i, BASE_NS + i) for i in range(5)]
     refused = tmp_path / "refused"
-    sink = HttpSink(influxd.url, fresh_db, flush_interval=0.01, refused=refused, fallback=Collect())
+    sink = HttpSink(influxd.url, fresh_db, HttpOptions(flush_interval=0.01), refused=refused, fallback=ListSink())
     sink.send([line for pair in zip(gpu, host + [b""] * 5) for line in pair if line])
     sink.close()
     assert (sink.points_written, sink.points_refused, sink.points_failed) == (5, 10, 0)
@@ -151,11 +138,9 @@ def test_http_413_splits_batches_down_to_what_fits_says_so_once_and_counts_it(in
         sink = HttpSink(
             proxy.url,
             fresh_db,
-            batch_size=500,
-            flush_interval=0.05,
+            HttpOptions(batch_size=500, flush_interval=0.05, max_pending=10_000),
             refused=refused,
-            fallback=Collect(),
-            max_pending=10_000,
+            fallback=ListSink(),
         )
         lines = numbered(2000)
         huge = b'm,t=x s="%s" %d' % (b"x" * 5000, BASE_NS + 10**6)
@@ -175,13 +160,14 @@ def test_http_413_splits_batches_down_to_what_fits_says_so_once_and_counts_it(in
 
 
 def test_counters_name_the_failed_refused_and_spooled_lines(tmp_path):
-    from dask_influx_metrics.sinks import counters
     from dask_influx_metrics.sinks.spool import SpoolSink
 
-    sink = HttpSink(dead_url(), "db", timeout=1, flush_interval=0.01, fallback=SpoolSink(tmp_path / "undelivered"))
+    sink = HttpSink(
+        dead_url(), "db", HttpOptions(timeout=1, flush_interval=0.01), fallback=SpoolSink(tmp_path / "undelivered")
+    )
     sink.send(numbered(7))
     sink.close()
-    [http] = counters(sink)
+    [http] = sink.counters()
     assert http["kind"] == "http" and http["points_failed"] == 7 and http["points_spooled"] == 7
     assert http["points_refused"] == 0 and http["batches_split"] == 0 and http["errors"] == 1
 
@@ -190,14 +176,11 @@ def test_send_never_blocks_on_a_hung_server_and_close_is_bounded():
     with socket.socket() as server:  # accepts connections (backlog) but never answers
         server.bind(("127.0.0.1", 0))
         server.listen(16)
-        fallback = Collect()
+        fallback = ListSink()
         sink = HttpSink(
             "http://127.0.0.1:%d" % server.getsockname()[1],
             "db",
-            batch_size=10,
-            flush_interval=0.0,
-            timeout=30,
-            max_pending=100,
+            HttpOptions(batch_size=10, flush_interval=0.0, timeout=30, max_pending=100),
             fallback=fallback,
         )
         lines = numbered(1000)
@@ -229,7 +212,10 @@ class FakeSession:
 def test_url_params_and_auth():
     session = FakeSession()
     sink = HttpSink(
-        "http://influx:8086/", "metrics", retention_policy="week", token="t0k", flush_interval=0.0, session=session
+        "http://influx:8086/",
+        "metrics",
+        HttpOptions(retention_policy="week", token="t0k", flush_interval=0.0),
+        session=session,
     )
     sink.send([b"m v=1i 1"])
     sink.close()
@@ -240,7 +226,7 @@ def test_url_params_and_auth():
     assert kw["data"] == b"m v=1i 1"
 
     session = FakeSession()
-    sink = HttpSink("http://influx:8086", "metrics", username="u", password="p", session=session)
+    sink = HttpSink("http://influx:8086", "metrics", HttpOptions(username="u", password="p"), session=session)
     sink.send([b"m v=1i 1"])
     sink.close()
     assert session.calls[0][1]["auth"] == ("u", "p")
@@ -264,7 +250,7 @@ def test_a_dead_server_is_tried_once_per_backoff_not_per_batch(tmp_path):
         s.bind(("127.0.0.1", 0))
         dead = "http://127.0.0.1:%d" % s.getsockname()[1]
     fallback = SpoolSink(tmp_path / "fallback")
-    sink = HttpSink(dead, "db", batch_size=10, flush_interval=0.0, fallback=fallback, session=Counting())
+    sink = HttpSink(dead, "db", HttpOptions(batch_size=10, flush_interval=0.0), fallback=fallback, session=Counting())
     lines = numbered(200)
     for i in range(0, 200, 10):
         sink.send(lines[i : i + 10])
@@ -316,7 +302,7 @@ def measure_recovery(outage: float, interval: float = 0.05) -> float:
     import threading
 
     server = ToggledServer()
-    sink = HttpSink(server.url, "db", fallback=Collect())
+    sink = HttpSink(server.url, "db", fallback=ListSink())
     stop = threading.Event()
 
     def sender():
@@ -356,8 +342,10 @@ def test_writes_resume_within_5_s_of_the_servers_return():
 
 
 def test_an_outage_is_reported_once_however_long_it_lasts(caplog):
-    fallback = Collect()
-    sink = HttpSink(dead_url(), "db", batch_size=5, flush_interval=0.0, fallback=fallback, max_pending=10**6)
+    fallback = ListSink()
+    sink = HttpSink(
+        dead_url(), "db", HttpOptions(batch_size=5, flush_interval=0.0, max_pending=10**6), fallback=fallback
+    )
     sink.max_backoff = 0.2  # many retries in little time
     with caplog.at_level(logging.WARNING, logger="dask_influx_metrics.sinks.http"):
         deadline = time.monotonic() + 2.0

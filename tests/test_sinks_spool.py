@@ -1,18 +1,17 @@
-"""SpoolSink: bounded memory, whole lines on disk, and a lossless replay into influxd."""
+"""SpoolSink: bounded memory, whole lines on disk, private folders, a full disk."""
 
 from __future__ import annotations
 
 import logging
 import os
 import re
-import socket
 import threading
 import time
 
+from dask_influx_metrics import lineparse
 from dask_influx_metrics import lineprotocol as lp
 from dask_influx_metrics.schema import Point
-from dask_influx_metrics.sinks.http import HttpSink
-from dask_influx_metrics.sinks.spool import SpoolSink, read_lines, replay, spool_files
+from dask_influx_metrics.sinks.spool import SpoolSink, read_lines, spool_files
 
 BASE_NS = 1_700_000_000_000_000_000
 NASTY = ["plain", "multi\nline", 'quote " and \\', "a=b, c", "\\", "", "x\r\ny"]
@@ -67,7 +66,7 @@ def test_files_hold_every_line_in_order_across_rotations(tmp_path):
         data = open(f, "rb").read()
         assert data.endswith(b"\n") and (len(data) <= 64 * 1024)
     assert list(read_lines(tmp_path)) == lines
-    assert [lp.parse(x) for x in read_lines(tmp_path)] == [lp.parse(x) for x in lines]
+    assert [lineparse.parse(x) for x in read_lines(tmp_path)] == [lineparse.parse(x) for x in lines]
     assert sink.points_written == 5000 and sink.points_dropped == 0
 
 
@@ -117,61 +116,6 @@ def test_disk_errors_drop_and_count_without_raising(tmp_path, caplog):
         sink.close()
     assert sink.points_dropped == 6 and sink.buffered == 0
     assert len([r for r in caplog.records if "cannot write" in r.message]) == 1
-
-
-def test_replay_into_real_influxd_loses_nothing(tmp_path, influxd, fresh_db):
-    lines = nasty_lines(3000)
-    spool = SpoolSink(tmp_path / "spool", mem_limit=500, max_file_bytes=100_000)
-    spool.send(lines)
-    spool.close()
-    undelivered = tmp_path / "undelivered"
-    # a queue of 200 lines, far smaller than the replay: replay must wait for room, never overflow
-    http = HttpSink(influxd.url, fresh_db, batch_size=100, flush_interval=0.01, fallback=SpoolSink(undelivered))
-    assert replay(tmp_path / "spool", http, remove=True, batch_size=400) == 3000
-    http.close()
-    assert http.points_written == 3000 and not spool_files(tmp_path / "spool")
-    assert not spool_files(undelivered)
-    rows = influxd.query("SELECT * FROM spool", db=fresh_db)
-    assert len(rows) == 3000
-    want = {p.time_ns: p for p in map(lp.parse, lines)}
-    for row in rows:
-        p = want[row["time"]]
-        assert (row["s"], row["i"], row["host"], row["k"]) == (
-            p.fields["s"],
-            p.fields["i"],
-            p.tags["host"],
-            p.tags.get("k"),
-        )
-
-
-def test_failed_replay_is_kept_in_the_fallback_spool(tmp_path):
-    lines = nasty_lines(100)
-    sink = SpoolSink(tmp_path / "spool")
-    sink.send(lines)
-    sink.close()
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = "http://127.0.0.1:%d" % s.getsockname()[1]
-    http = HttpSink(dead, "db", flush_interval=0.0, fallback=SpoolSink(tmp_path / "again"))
-    assert replay(tmp_path / "spool", http) == 100
-    http.close()
-    assert list(read_lines(tmp_path / "again")) == lines and http.points_failed == 100
-
-
-def test_replay_with_remove_keeps_every_file_a_dead_server_did_not_take(tmp_path):
-    lines = nasty_lines(1000)
-    sink = SpoolSink(tmp_path / "spool", mem_limit=250, max_file_bytes=20_000)
-    sink.send(lines)
-    sink.close()
-    files = spool_files(tmp_path / "spool")
-    assert len(files) > 1
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        dead = "http://127.0.0.1:%d" % s.getsockname()[1]
-    http = HttpSink(dead, "db", flush_interval=0.0, fallback=SpoolSink(tmp_path / "again"))
-    assert replay(tmp_path / "spool", http, remove=True) == 1000
-    http.close()
-    assert spool_files(tmp_path / "spool") == files and list(read_lines(tmp_path / "spool")) == lines
 
 
 FULL_DISK = """

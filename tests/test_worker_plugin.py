@@ -143,14 +143,14 @@ def test_brief_tasks_leave_a_trace_and_a_last_sample_shows_those_that_ended_afte
     task, so no wake samples them."""
     from distributed import Event
 
-    from dask_influx_metrics import lineprotocol
+    from dask_influx_metrics import lineparse
     from dask_influx_metrics.sinks.spool import read_lines
 
     def running() -> set:
         """The keys in the worker measurement's ``running`` field of any sample of ``worker`` so far."""
         keys = set()
         for line in read_lines(str(tmp_path)):
-            p = lineprotocol.parse(line)
+            p = lineparse.parse(line)
             if p.measurement == "worker" and p.tags["worker"] == worker:
                 keys |= set(json.loads(p.fields["running"]))
         return keys

@@ -44,7 +44,7 @@ from ..sampling.sampler import Sampler
 from ..sampling.sources.host import HostSource, refresh_seconds
 from ..sampling.view import WorkerView
 from ..schema import GPU, HOST
-from ..sinks import HEALTH_INTERVAL, counters, health_points, make_sink
+from ..sinks import HEALTH_INTERVAL, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
 from .workers import FolderWorkers
 
@@ -57,17 +57,6 @@ COUNTERS_S = 1.0  # the sink's counters go into the beat this often
 # and a live agent's beat is at most this + 2 intervals old. Every 3rd sample at 100 ms (was each one).
 BEAT_SLACK_S = 0.125
 LEAVE_DRAIN_S = 2.0  # at most this long to post an HTTP sink's queue when a worker leaves
-
-
-def flush(sink, drain: float = 0.0) -> None:
-    """Push what ``sink`` (each sink of a fan-out) buffers to disk now; with ``drain`` (s), also post
-    what an HTTP sink queued and wait that long at most (when a worker leaves: its last samples are
-    in InfluxDB when its teardown returns)."""
-    for one in getattr(sink, "sinks", [sink]):
-        if drain and callable(getattr(one, "drain", None)):
-            one.drain(drain)
-        if callable(getattr(one, "flush", None)):
-            one.flush()
 
 
 class Agent:
@@ -170,13 +159,13 @@ class Agent:
             self._health_at = now
             lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9))
         self.sink.send(lines)
-        flush(self.sink)
+        self.sink.flush()
         self.workers.sent()
 
     def collect(self, now_ns: int) -> list:
         """One sample (the sampler's ``collect``): see the module docstring."""
-        if self._left:
-            flush(self.sink, drain=LEAVE_DRAIN_S)
+        if self._left:  # a leaving worker's last samples are in InfluxDB when its teardown returns
+            self.sink.flush(drain=LEAVE_DRAIN_S)
         for view in self._left:  # sampled one last time and flushed: the worker may go
             self.workers.forget(view.id)
             self.found.pop(view.id, None)
@@ -208,7 +197,7 @@ class Agent:
         views = self.workers.live() + self._left
         now = time.monotonic()
         if now - self._counted >= COUNTERS_S:
-            self._counted, self._counters = now, [{**c, "agent": os.getpid()} for c in counters(self.sink)]
+            self._counted, self._counters = now, [{**c, "agent": os.getpid()} for c in self.sink.counters()]
         acked = {w.id: w.snapshot.acked for w in views}
         idle = [w.id for w in views if not w.snapshot().executing]  # their next task start is worth a wake
         key = (

@@ -28,6 +28,7 @@ from .cliopts import (
     emit,
     format_option,
     found,
+    influxdb_options,
     job_option,
     metrics_option,
     per_job_option,
@@ -342,15 +343,16 @@ def report(open_store, path, title):
 @cli.command()
 @click.argument("folder", type=click.Path(exists=True, file_okay=False))
 @format_option
-@store_options
-def replay(open_store, folder, fmt):
+@influxdb_options
+def replay(folder, fmt, source, database, options):
     """Write the samples an HTTP sink kept under FOLDER into the InfluxDB of --source.
 
     FOLDER is a spool session (or root); every undelivered/ (an outage) and
     refused/ (InfluxDB refused them; reasons.txt says why) folder below it is
     replayed. A file is deleted once all its lines were written or refused
     again (those stay in refused/ with the new reason); files InfluxDB did not
-    take stay. Run it once the session has stopped.
+    take stay. Run it once the session has stopped. Reading never writes:
+    this is the one command that does.
 
     \b
     Example:
@@ -358,7 +360,11 @@ def replay(open_store, folder, fmt):
     """
     import pandas as pd
 
-    emit(pd.DataFrame([open_store().replay_undelivered(folder)]), fmt)
+    from ..sinks.replay import replay_folders
+
+    if not source.startswith(("http://", "https://")):
+        raise ValueError(f"replay writes into InfluxDB (an http(s):// URL as --source), not {source!r}")
+    emit(pd.DataFrame([replay_folders(folder, source, database, options)]), fmt)
 
 
 def main(argv=None):

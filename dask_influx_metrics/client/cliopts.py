@@ -89,8 +89,8 @@ def _from_scheduler(address: str, **options):
             monitor._close_store()
 
 
-_STORE_OPTIONS = [
-    click.option(
+_STORE_OPTIONS = {  # parameter name -> its option
+    "source": click.option(
         "--source",
         envvar=SOURCE_ENV,
         metavar="URL|DIR",
@@ -100,21 +100,21 @@ _STORE_OPTIONS = [
         "the configured spool.directory when the 'spool' sink is on, else influxdb.url "
         "(Dask config influx-metrics.*).",
     ),
-    click.option(
+    "database": click.option(
         "--database",
         metavar="NAME",
         help="InfluxDB database (a bucket for Flux, e.g. "
         "dask_metrics/autogen). Default: influx-metrics.influxdb.database, i.e. dask_metrics.",
     ),
-    click.option(
+    "language": click.option(
         "--language",
         type=click.Choice(["influxql", "flux"]),
         default="influxql",
         show_default=True,
         help="Query language for a URL source (flux needs influxdb-client).",
     ),
-    click.option("--session", metavar="NAME", help="Spool session folder to read (default: the latest)."),
-    click.option(
+    "session": click.option("--session", metavar="NAME", help="Spool session folder to read (default: the latest)."),
+    "tags": click.option(
         "--tag",
         "tags",
         multiple=True,
@@ -122,43 +122,43 @@ _STORE_OPTIONS = [
         metavar="KEY=VALUE",
         help="Read only points with this tag, e.g. --tag run=nightly (repeatable).",
     ),
-    click.option(
+    "start": click.option(
         "--start", callback=_time, metavar="TIME", help="Read samples from this time on: ISO time or epoch seconds."
     ),
-    click.option(
+    "stop": click.option(
         "--stop", callback=_time, metavar="TIME", help="Read samples before this time: ISO time or epoch seconds."
     ),
-    click.option("--retention-policy", metavar="RP", help="InfluxQL retention policy (default: the database's)."),
-    click.option("--username", help="InfluxDB user (default: influx-metrics.influxdb.username)."),
-    click.option("--password", help="InfluxDB password (default: influx-metrics.influxdb.password)."),
-    click.option("--token", help="InfluxDB 2.x/3.x token (default: influx-metrics.influxdb.token)."),
-    click.option("--org", help="InfluxDB 2.x organization (Flux only)."),
-    click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds per HTTP request."),
-]
-_STORE_KEYS = (
-    "source",
-    "database",
-    "language",
-    "session",
-    "tags",
-    "start",
-    "stop",
-    "retention_policy",
-    "username",
-    "password",
-    "token",
-    "org",
-    "timeout",
-)
+    "retention_policy": click.option(
+        "--retention-policy", metavar="RP", help="InfluxQL retention policy (default: the database's)."
+    ),
+    "username": click.option("--username", help="InfluxDB user (default: influx-metrics.influxdb.username)."),
+    "password": click.option("--password", help="InfluxDB password (default: influx-metrics.influxdb.password)."),
+    "token": click.option("--token", help="InfluxDB 2.x/3.x token (default: influx-metrics.influxdb.token)."),
+    "org": click.option("--org", help="InfluxDB 2.x organization (Flux only)."),
+    "timeout": click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds per HTTP request."),
+}
+# What a command that writes into InfluxDB takes of them (replay): where to, and how to log in.
+_INFLUXDB_KEYS = ("source", "database", "retention_policy", "username", "password", "token", "timeout")
 
 
-def _connect(source=None, database=None, username=None, password=None, token=None, retention_policy=None, **kw):
+def _configured(database=None, username=None, password=None, token=None, retention_policy=None) -> dict:
+    """These options, each from the Dask config (``influx-metrics.influxdb.*``) where not given."""
     import dask
-
-    from . import query
 
     def conf(key, given):
         return given if given is not None else dask.config.get(f"influx-metrics.influxdb.{key}", default=None)
+
+    return {
+        "database": conf("database", database) or "dask_metrics",
+        "username": conf("username", username),
+        "password": conf("password", password),
+        "token": conf("token", token),
+        "retention_policy": conf("retention-policy", retention_policy),
+    }
+
+
+def _connect(source=None, database=None, username=None, password=None, token=None, retention_policy=None, **kw):
+    from . import query
 
     if source and source.startswith(SCHEDULER_SCHEMES):
         return _from_scheduler(
@@ -170,15 +170,8 @@ def _connect(source=None, database=None, username=None, password=None, token=Non
             retention_policy=retention_policy,
             **{k: v for k, v in kw.items() if k != "session"},
         )
-    return query.connect(
-        source or default_source(),
-        conf("database", database) or "dask_metrics",
-        username=conf("username", username),
-        password=conf("password", password),
-        token=conf("token", token),
-        retention_policy=conf("retention-policy", retention_policy),
-        **kw,
-    )
+    login = _configured(database, username, password, token, retention_policy)
+    return query.connect(source or default_source(), login.pop("database"), **login, **kw)
 
 
 @contextlib.contextmanager
@@ -205,7 +198,7 @@ def store_options(f):
 
     @functools.wraps(f)
     def command(**kw):
-        given, stores = {k: kw.pop(k) for k in _STORE_KEYS}, []
+        given, stores = {k: kw.pop(k) for k in _STORE_OPTIONS}, []
         with contextlib.ExitStack() as opened:
             opened.enter_context(_notes_only())
             try:
@@ -214,7 +207,35 @@ def store_options(f):
                 for note in (n for db in stores for n in db.notes):
                     click.echo(f"note: {note}", err=True)
 
-    for option in reversed(_STORE_OPTIONS):
+    for option in reversed(_STORE_OPTIONS.values()):
+        command = option(command)
+    return command
+
+
+_WRITE_SOURCE = click.option(
+    "--source",
+    envvar=SOURCE_ENV,
+    metavar="URL",
+    help=f"The InfluxDB to write into (http[s]://host:8086). Default: ${SOURCE_ENV}, else influx-metrics.influxdb.url.",
+)
+
+
+def influxdb_options(f):
+    """Add the options that name an InfluxDB and log in to it (a command that writes: replay); the command
+    gets ``source`` and ``database``, each from the config where not given, and ``options``, the sink's
+    :class:`~dask_influx_metrics.sinks.http.HttpOptions`."""
+
+    @functools.wraps(f)
+    def command(**kw):
+        from ..config import Settings
+        from ..sinks.http import HttpOptions
+
+        given = {k: kw.pop(k) for k in _INFLUXDB_KEYS}
+        source, timeout = given.pop("source") or Settings.resolve().influxdb_url, given.pop("timeout")
+        login = _configured(**given)
+        return f(source=source, database=login.pop("database"), options=HttpOptions(**login, timeout=timeout), **kw)
+
+    for option in reversed([_WRITE_SOURCE] + [_STORE_OPTIONS[k] for k in _INFLUXDB_KEYS[1:]]):
         command = option(command)
     return command
 

@@ -264,7 +264,7 @@ class Monitor:
         :func:`~dask_influx_metrics.query.connect` instead. Samples the HTTP
         sink kept on disk (the spool's ``undelivered/`` and ``refused/``, when
         this machine sees it) are not in InfluxDB: ``query().notes`` says how
-        many; ``query().replay_undelivered(folder)`` writes them (reading never does).
+        many; ``dask-influx-metrics replay <folder> --source <url>`` writes them (reading never does).
 
         Once the session has stopped, the Store (and its HTTP connections) is
         kept for the next call with the same ``source`` and ``kwargs``

@@ -212,7 +212,7 @@ def _job(data: dict, job: int, figures: dict) -> str:
     x_range = None
     for metric, (label, _) in TIMELINES.items():
         if any(device_columns(t, metric) for t in tables.values()):
-            fig = figs.timeline(tables, data["sources"], job, metric, label, x_range)
+            fig = figs.timeline(tables, data["timelines"], job, metric, label, x_range)
             x_range = x_range or fig.x_range
             figures[f"job{job}-{metric}"] = fig
             parts.append(f"{{{{job{job}-{metric}}}}}")
@@ -257,7 +257,7 @@ def _job(data: dict, job: int, figures: dict) -> str:
 
 def render(data: dict, title: str) -> str:
     """The report's HTML text."""
-    data["sources"] = figs.sources(data["tables"], {m: d for m, (_, d) in TIMELINES.items()})
+    data["timelines"] = figs.timeline_data(data["tables"], {m: d for m, (_, d) in TIMELINES.items()})
     figures: dict = {}
     body = [_overview(data)] + [_job(data, job, figures) for job in data["jobs"]]
     script, divs = figs.embed(figures)

@@ -63,7 +63,7 @@ def busy_intervals(table: pd.DataFrame, job: int) -> list[tuple[float, float]]:
     return [(float(a) - half, float(b) + half) for a, b in spans.to_numpy()]
 
 
-def sources(tables: dict, metrics: dict) -> dict:
+def timeline_data(tables: dict, metrics: dict) -> dict:
     """One ColumnDataSource per worker: ``t`` (seconds) and each device column of ``metrics``
     ({metric: divisor}), divided for display."""
     from bokeh.models import ColumnDataSource
@@ -79,8 +79,8 @@ def sources(tables: dict, metrics: dict) -> dict:
 
 
 def timeline(tables: dict, data: dict, job: int, metric: str, label: str, x_range=None):
-    """One line per worker and GPU of ``metric`` over the session, the job's busy intervals shaded; the
-    y axis from 0 (percentages: 0-100), each line its own color and dash."""
+    """One line per worker and GPU of ``metric`` over the session (``data``: :func:`timeline_data`), the job's
+    busy intervals shaded; the y axis from 0 (percentages: 0-100), each line its own color and dash."""
     from bokeh.models import BoxAnnotation, HoverTool
     from bokeh.plotting import figure
 

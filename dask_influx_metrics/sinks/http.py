@@ -29,7 +29,7 @@ dropped=N``; it names each line it could not parse, and for a field type
 conflict the measurement and field, so only the lines it refused are kept when
 they can be told apart, else the whole batch (replaying it rewrites the
 accepted points: an idempotent overwrite in InfluxDB). Replaying is always an
-explicit call (:func:`~dask_influx_metrics.sinks.replay_folders`). A 413 (a proxy's body limit) halves the
+explicit call (:func:`~dask_influx_metrics.sinks.replay.replay_folders`). A 413 (a proxy's body limit) halves the
 batch and the batch size, down to one line, said once and counted in
 ``batches_split``. After a connection error or 5xx the sink backs off
 (1 s, then 2 s, then :data:`MAX_BACKOFF` = 3 s between tries): batches go
@@ -40,13 +40,14 @@ warning, however long it lasts; its end once, as info.
 
 Example (needs a server)::
 
-    sink = HttpSink("http://127.0.0.1:8086", "dask_metrics", fallback=SpoolSink("/tmp/x"))
+    sink = HttpSink("http://127.0.0.1:8086", "dask_metrics", HttpOptions(batch_size=1000), fallback=SpoolSink("/tmp/x"))
     sink.send([b"m v=1i 1"])
     sink.close()          # flushes (bounded wait), stops the thread, closes the fallback
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -56,14 +57,15 @@ from typing import Optional
 
 import requests
 
-from .. import credentials, lineprotocol
+from .. import credentials, lineparse
+from .base import Sink
+from .paths import REASONS_FILE
 from .spool import SpoolSink
 
 logger = logging.getLogger(__name__)
 
 MAX_BACKOFF = 3.0  # s between tries while the server is down; bounds the recovery time
 REFUSED_STATUS = (400, 413, 422)  # the server refuses the data itself: retrying the same lines cannot help
-REASONS_FILE = "reasons.txt"
 
 
 def write_url(url: str) -> str:
@@ -75,40 +77,53 @@ def write_url(url: str) -> str:
     return url.rstrip("/") + "/write"
 
 
+@dataclasses.dataclass(frozen=True)
+class HttpOptions:
+    """How an :class:`HttpSink` writes: credentials, batches, the queue's bound (see the module docstring).
+    Its ``repr`` never shows the password or token."""
+
+    retention_policy: Optional[str] = None
+    username: Optional[str] = None
+    password: Optional[str] = dataclasses.field(default=None, repr=False)
+    token: Optional[str] = dataclasses.field(default=None, repr=False)
+    batch_size: int = 5000
+    timeout: float = 5.0
+    flush_interval: float = 1.0
+    max_pending: Optional[int] = None
+
+
 class HttpSink:
-    """Batched, non-blocking writes to InfluxDB's ``/write`` (see the module docstring)."""
+    """Batched, non-blocking writes to InfluxDB's ``/write`` (see the module docstring).
+
+    ``fallback``: the sink for lines the server did not take; ``refused``: the folder for lines it refused
+    as data; ``session``: the ``requests.Session`` to post with (tests inject one).
+    """
 
     def __init__(
         self,
         url: str,
         database: str,
-        retention_policy: Optional[str] = None,
-        username: Optional[str] = None,
-        password: Optional[str] = None,
-        token: Optional[str] = None,
-        batch_size: int = 5000,
-        timeout: float = 5.0,
-        flush_interval: float = 1.0,
-        fallback=None,
-        max_pending: Optional[int] = None,
-        session: Optional[requests.Session] = None,
+        options: HttpOptions = HttpOptions(),
+        *,
+        fallback: Optional[Sink] = None,
         refused=None,
+        session: Optional[requests.Session] = None,
     ):
-        url, username, password = credentials.take(url, username, password)  # user:password@ out of the URL
+        url, username, password = credentials.take(url, options.username, options.password)  # user:password@ out
         self.url = write_url(url)
         self.params = {"db": database, "precision": "ns"}
-        if retention_policy:
-            self.params["rp"] = retention_policy
+        if options.retention_policy:
+            self.params["rp"] = options.retention_policy
         self.headers = {"Content-Type": "text/plain; charset=utf-8"}
         self.auth = None
-        if token:
-            self.headers["Authorization"] = f"Token {token}"
+        if options.token:
+            self.headers["Authorization"] = f"Token {options.token}"
         elif username:
             self.auth = (username, password or "")  # requests sends it as Authorization: Basic
-        self.batch_size = max(1, int(batch_size))
-        self.timeout = float(timeout)
-        self.flush_interval = float(flush_interval)
-        self.max_pending = int(max_pending or 2 * self.batch_size)
+        self.batch_size = max(1, int(options.batch_size))
+        self.timeout = float(options.timeout)
+        self.flush_interval = float(options.flush_interval)
+        self.max_pending = int(options.max_pending or 2 * self.batch_size)
         self.fallback = fallback
         self.refused_dir = None if refused is None else os.fspath(refused)
         self._refused = None if refused is None else SpoolSink(refused, flush_interval=3600)  # written through
@@ -208,10 +223,12 @@ class HttpSink:
             finally:
                 self._draining -= 1
 
-    def flush(self) -> None:
+    def flush(self, drain: float = 0.0) -> None:
         """Put on disk what the fallback holds (the undelivered copy); what is queued is posted on its own
-        schedule (:meth:`drain` posts it now)."""
-        if callable(getattr(self.fallback, "flush", None)):
+        schedule, or with ``drain`` (s) now (:meth:`drain`), before the fallback's flush."""
+        if drain:
+            self.drain(drain)
+        if self.fallback is not None:
             self.fallback.flush()
 
     def _post(self, batch: list[bytes]) -> None:
@@ -357,8 +374,36 @@ class HttpSink:
 
     @property
     def points_spooled(self) -> int:
-        """Lines the fallback spool wrote to disk (``undelivered/``, for replay)."""
-        return getattr(self.fallback, "points_written", 0)
+        """Lines the fallback wrote to disk (``undelivered/``, for replay)."""
+        if self.fallback is None:
+            return 0
+        return sum(c.get("points_written", 0) for c in self.fallback.counters())
+
+    def counters(self) -> list[dict]:
+        return [
+            {
+                "kind": "http",
+                "points_written": self.points_written,
+                "points_failed": self.points_failed,
+                "points_refused": self.points_refused,
+                "points_spooled": self.points_spooled,
+                "batches_split": self.batches_split,
+                "errors": self.errors,
+            }
+        ]
+
+    def delivery(self) -> list[dict]:
+        spooled = self.points_spooled
+        return [
+            {
+                "sink": "http",
+                "points_sent": self.points_written,
+                "points_refused": self.points_refused,
+                "points_spooled": spooled,
+                "points_dropped": max(0, self.points_failed - spooled),  # failed, not on disk: lost
+                "errors": self.errors,
+            }
+        ]
 
 
 def _reason(response: requests.Response) -> str:
@@ -421,7 +466,7 @@ def refused_lines(batch: list[bytes], reason: str) -> tuple[list[bytes], int]:
 
 def _has_field(line: bytes, measurement: str, field: str) -> bool:
     try:
-        point = lineprotocol.parse(line)
+        point = lineparse.parse(line)
     except ValueError:
         return False
     return point.measurement == measurement and field in point.fields

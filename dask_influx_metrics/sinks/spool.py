@@ -1,4 +1,4 @@
-"""Spool sink: line protocol on local disk, for replay into InfluxDB later.
+"""Spool sink: line protocol on local disk, for replay into InfluxDB later (:mod:`.replay`), and its readers.
 
 ``SpoolSink`` holds at most ``mem_limit`` lines in memory and appends them to
 ``<directory>/spool-<pid>-<NNNNNN>.lp`` when that many are buffered, at least
@@ -14,7 +14,7 @@ not reach it whole are dropped and counted (memory stays bounded), the
 warning names the file, a partly written file is never appended to again,
 and a file not one byte reached is removed (a full disk leaves no empty files).
 String field values may hold raw newlines, so files are split with
-:func:`~dask_influx_metrics.lineprotocol.split_lines`, never ``bytes.split``.
+:func:`~dask_influx_metrics.lineparse.split_lines`, never ``bytes.split``.
 
 >>> import tempfile
 >>> d = tempfile.mkdtemp()
@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Iterator
 
-from ..lineprotocol import split_lines
+from ..lineparse import split_lines
 
 logger = logging.getLogger(__name__)
 
@@ -143,8 +143,8 @@ class SpoolSink:
         except Exception:
             logger.exception("spool sink: unexpected error in send")
 
-    def flush(self) -> None:
-        """Write the buffered lines to disk now."""
+    def flush(self, drain: float = 0.0) -> None:
+        """Write the buffered lines to disk now (nothing is queued beyond them)."""
         with self._lock:
             self._flush()
 
@@ -154,6 +154,12 @@ class SpoolSink:
             self._closed = True
             self._flush()
         self._stop.set()
+
+    def counters(self) -> list[dict]:
+        return [{"kind": "spool", "points_written": self.points_written, "points_dropped": self.points_dropped}]
+
+    def delivery(self) -> list[dict]:
+        return [{"sink": "spool", "points_sent": self.points_written, "points_dropped": self.points_dropped}]
 
     def _start_timer(self) -> None:
         """Flush every ``flush_interval`` s from a daemon thread of this process, so lines never
@@ -255,7 +261,8 @@ def spool_files(directory) -> list[str]:
     return sorted(found)
 
 
-def _file_lines(path: str) -> Iterator[bytes]:
+def file_lines(path: str) -> Iterator[bytes]:
+    """Yield every complete line of one spool file."""
     with open(path, "rb") as f:
         rest = b""
         while True:
@@ -271,72 +278,4 @@ def _file_lines(path: str) -> Iterator[bytes]:
 def read_lines(directory) -> Iterator[bytes]:
     """Yield every complete spooled line under ``directory``, file by file, in order."""
     for path in spool_files(directory):
-        yield from _file_lines(path)
-
-
-def _wait_for_room(sink, n: int, timeout: float = 60.0) -> None:
-    """Back-pressure for queueing sinks (``pending``/``max_pending``, e.g. HttpSink): wait
-    until ``n`` more lines fit, so a replay never overflows the queue into the fallback."""
-    limit = getattr(sink, "max_pending", None)
-    if limit is None:
-        return
-    deadline = time.monotonic() + timeout
-    while sink.pending + n > limit and sink.pending and time.monotonic() < deadline:
-        time.sleep(0.01)
-
-
-def _failures(sink) -> int:
-    return getattr(sink, "points_failed", 0) + getattr(sink, "points_dropped", 0)
-
-
-def _delivered(sink, failures: int, timeout: float) -> bool:
-    """Whether everything handed to ``sink`` since it counted ``failures`` failures was delivered:
-    a queueing sink (``drain``, e.g. HttpSink) is drained first, a buffering one flushed."""
-    if hasattr(sink, "drain"):
-        if not sink.drain(timeout):
-            return False
-    elif hasattr(sink, "flush"):
-        sink.flush()
-    return _failures(sink) == failures
-
-
-def replay(directory, sink, remove: bool = False, batch_size: int = 5000, timeout: float = 60.0) -> int:
-    """Send every spooled line under ``directory`` to ``sink``; return how many.
-
-    With ``remove=True`` a file is deleted once all its lines were delivered:
-    the sink (drained, waiting at most ``timeout`` s per file) counted no
-    failure (``points_failed``/``points_dropped``) while taking it. Files it
-    did not take are kept, and named in a warning; their lines also reached
-    the sink's fallback, so replay one or the other (a second write of a point
-    is an idempotent overwrite in InfluxDB). Replay only directories no live
-    process is still writing to, into a sink nothing else uses meanwhile.
-
-    >>> class Collect:
-    ...     lines = []
-    ...     def send(self, lines): self.lines += lines
-    >>> replay("/nonexistent", Collect())
-    0
-    """
-    total = 0
-    kept = []
-    batch_size = max(1, min(batch_size, getattr(sink, "max_pending", batch_size)))
-    for path in spool_files(directory):
-        failures = _failures(sink)
-        batch: list[bytes] = []
-        for line in _file_lines(path):
-            batch.append(line)
-            if len(batch) >= batch_size:
-                _wait_for_room(sink, len(batch))
-                sink.send(batch)
-                total, batch = total + len(batch), []
-        if batch:
-            _wait_for_room(sink, len(batch))
-            sink.send(batch)
-            total += len(batch)
-        if remove and _delivered(sink, failures, timeout):
-            os.remove(path)
-        elif remove:
-            kept.append(path)
-    if kept:
-        logger.warning("spool replay: kept %d file(s) not (fully) delivered: %s", len(kept), ", ".join(kept))
-    return total
+        yield from file_lines(path)

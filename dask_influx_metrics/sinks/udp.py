@@ -289,8 +289,27 @@ class UdpSink:
             except OSError:
                 pass
 
+    def flush(self, drain: float = 0.0) -> None:
+        """Nothing to do: UDP keeps no buffer, each send went out."""
+
     def close(self) -> None:
         """Close the socket (UDP keeps no buffer to flush)."""
         with self._lock:
             self._close_socket()
             self._retry_at = float("inf")
+
+    def counters(self) -> list[dict]:
+        return [
+            {
+                "kind": "udp",
+                "points_sent": self.points_sent,
+                "datagrams_sent": self.datagrams_sent,
+                "points_dropped": self.points_dropped,
+                "refused": self.refused,
+                "errors": self.errors,
+            }
+        ]
+
+    def delivery(self) -> list[dict]:
+        sent, dropped = self.points_sent, self.points_dropped
+        return [{"sink": "udp", "points_sent": sent, "points_dropped": dropped, "errors": self.errors}]

@@ -1,5 +1,4 @@
-"""Runs in each Dask worker process: sources -> sampler -> sinks, wired by :mod:`.plugin`.
-
-The scheduler reuses :mod:`.sinks` for its own ``dag`` points; the client reads
-spool files with :mod:`.sinks.spool`'s readers.
+"""Runs in each Dask worker process, wired by :mod:`.plugin`: publishes what the worker runs to its host's
+sampling agent (or samples itself, ``sampler.mode: thread``), and makes what needs the worker object (custom
+metrics, the task stream) into its outbox.
 """

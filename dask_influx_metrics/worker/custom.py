@@ -27,7 +27,6 @@ Example
 from __future__ import annotations
 
 import inspect
-import logging
 import math
 import numbers
 import re
@@ -37,9 +36,8 @@ from typing import Callable
 
 from .. import schema
 from ..names import CUSTOM_METRIC
+from ..reports import Reporter
 from ..schema import CUSTOM, Reading
-
-logger = logging.getLogger(__name__)
 
 
 class CustomMetric:
@@ -190,19 +188,13 @@ class CustomSource:
     """
 
     def __init__(
-        self,
-        metrics,
-        worker,
-        devices: Callable[[], list],
-        report: Callable[..., None] | None = None,
-        timeout: float = 0.1,
+        self, metrics, worker, devices: Callable[[], list], report: Reporter | None = None, timeout: float = 0.1
     ):
         self._metrics = list(metrics)
         self._worker = worker
         self._devices = devices
-        self._report = report or (lambda what, msg, **details: None)
+        self._report = report or Reporter()  # the worker's: one log line and one session event per problem
         self.timeout = float(timeout)
-        self._reported: set[tuple] = set()
         self._runners: dict[str, _Runner] = {}
 
     def read(self) -> list[Reading]:
@@ -270,10 +262,8 @@ class CustomSource:
             return None
 
     def _report_once(self, name: str, kind: str, message: str) -> None:
-        if (name, kind) not in self._reported:
-            self._reported.add((name, kind))
-            logger.warning(message)
-            self._report(CUSTOM_METRIC, message, metric=name, problem=kind)  # the scheduler keeps the first
+        """Said once per metric and kind of problem (the scheduler keeps the first of each metric)."""
+        self._report.once(CUSTOM_METRIC, message, key=(CUSTOM_METRIC, name, kind), metric=name, problem=kind)
 
 
 class _Runner:

@@ -58,7 +58,7 @@ from ..sampling.sampler import Sampler
 from ..sampling.sources.host import HostSource, refresh_seconds
 from ..sampling.view import WorkerView
 from ..schema import GPU, HOST
-from ..sinks import HealthWriter, counters, destinations, make_sink
+from ..sinks import HealthWriter, destinations, make_sink
 from . import extras, taskstream
 from .custom import CustomSource
 from .registry import CachedSnapshot, TaskRegistry
@@ -381,5 +381,8 @@ def delivery_counters(dask_worker) -> list[dict]:
     latest sample; with those of agents that died), or in thread mode its own sink's; [] when no session
     samples here."""
     plugin = _dask.worker_plugin(dask_worker, WORKER_PLUGIN)
-    link, sink = getattr(plugin, "link", None), getattr(plugin, "sink", None)
-    return link.counters() if link is not None else counters(sink) if sink is not None else []
+    if plugin is None:
+        return []
+    if plugin.link is not None:
+        return plugin.link.counters()
+    return plugin.sink.counters() if plugin.sink is not None else []

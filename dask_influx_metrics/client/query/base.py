@@ -22,8 +22,10 @@ tags, and ``close()`` releases its connections. Everything else is built on thos
 from __future__ import annotations
 
 import copy
+import dataclasses
+import datetime as _dt
 import os
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import pandas as pd
 
@@ -67,6 +69,76 @@ class QueryError(RuntimeError):
     """A question the data cannot answer: unreachable server, unknown database, bad name."""
 
 
+def to_ns(when) -> Optional[int]:
+    """datetime, ISO string, pandas Timestamp or epoch seconds -> epoch ns (None stays None).
+
+    >>> to_ns(1.5)
+    1500000000
+    >>> to_ns("1970-01-01T00:00:02Z")
+    2000000000
+    """
+    if when is None:
+        return None
+    if isinstance(when, bool):
+        raise TypeError(f"not a time: {when!r}")
+    if isinstance(when, (int, float)):
+        return int(round(when * 1e9))
+    if isinstance(when, _dt.datetime) and when.tzinfo is None:
+        when = when.astimezone()  # naive = local time
+    try:
+        return int(
+            pd.Timestamp(when).tz_localize("UTC").value
+            if pd.Timestamp(when).tzinfo is None
+            else pd.Timestamp(when).value
+        )
+    except (ValueError, TypeError):
+        raise ValueError(f"not a time: {when!r} (use a datetime, an ISO string or epoch seconds)") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """How :func:`~dask_influx_metrics.query.connect` reads: its keywords besides the source and database,
+    which it passes on to the backend and the :class:`~.store.Store`.
+
+    ``language``: ``"influxql"`` (InfluxDB 1.x, 2.x through DBRP, 3.x) or ``"flux"`` (2.x, 1.8+; needs
+    ``influxdb-client``; the database is then the bucket, e.g. ``dask_metrics/autogen``). ``session``: a
+    spool's session folder (default: the latest). ``tags``: extra tags every point read carries;
+    ``start``/``stop``: datetime, ISO string or epoch seconds. Credentials (``username``/``password``,
+    ``token``, or ``http://user:password@host``) travel only in the ``Authorization`` header; URLs shown
+    anywhere carry none, nor does this object's ``repr``. ``org``: Flux's organization; ``timeout``: s per
+    HTTP request. ``undelivered``: a spool folder whose ``undelivered/``, ``refused/`` samples (not in
+    InfluxDB) ``notes`` names; reading never writes them (``dask-influx-metrics replay`` does).
+    ``workers``: the worker addresses whose series are read (``Monitor.query()`` passes its session's;
+    default: every ``worker`` tag that is a Dask address, ``scheme://...``); ``notes`` names what is
+    skipped (another tool's points).
+
+    >>> ReadOptions(start=1.5, password="secret").start_ns, "secret" in repr(ReadOptions(password="secret"))
+    (1500000000, False)
+    """
+
+    language: str = "influxql"
+    session: Optional[str] = None
+    tags: Optional[dict] = None
+    start: Any = None
+    stop: Any = None
+    retention_policy: Optional[str] = None
+    username: Optional[str] = None
+    password: Optional[str] = dataclasses.field(default=None, repr=False)
+    token: Optional[str] = dataclasses.field(default=None, repr=False)
+    org: Optional[str] = None
+    timeout: float = 30.0
+    undelivered: Any = None
+    workers: Any = None
+
+    @property
+    def start_ns(self) -> Optional[int]:
+        return to_ns(self.start)
+
+    @property
+    def stop_ns(self) -> Optional[int]:
+        return to_ns(self.stop)
+
+
 # Tags read as strings, never numbers ("1,2" or "01" must survive).
 TAG_DTYPES = {"job": str, "dag": str, "index": str, "worker": str, "host": str, "uuid": str, "name": str}
 
@@ -92,8 +164,7 @@ def pending_notes(folder) -> list[str]:
     >>> pending_notes("/nonexistent")
     []
     """
-    from ...sinks import REFUSED_DIR, pending_folders
-    from ...sinks.http import REASONS_FILE
+    from ...sinks.paths import REASONS_FILE, REFUSED_DIR, pending_folders
     from ...sinks.spool import read_lines
 
     notes = []
@@ -105,8 +176,7 @@ def pending_notes(folder) -> list[str]:
             why = "not delivered over HTTP at the time"
         notes.append(
             f"{count} sample(s) under {root} are not in InfluxDB ({why}); write them with "
-            f"db.replay_undelivered({os.fspath(folder)!r}) or `dask-influx-metrics replay "
-            f"{os.fspath(folder)} --source URL`"
+            f"`dask-influx-metrics replay {os.fspath(folder)} --source URL`"
         )
     return notes
 
@@ -119,8 +189,8 @@ def kept_lines(folder, measurement: str, field: str) -> list[str]:
     >>> kept_lines("/nonexistent", "gpu", "utilization_gpu")
     []
     """
-    from ... import lineprotocol
-    from ...sinks import REFUSED_DIR, pending_folders
+    from ... import lineparse
+    from ...sinks.paths import REFUSED_DIR, pending_folders
     from ...sinks.spool import read_lines
 
     out, head = [], measurement.encode() + b","
@@ -129,7 +199,7 @@ def kept_lines(folder, measurement: str, field: str) -> list[str]:
         for line in read_lines(root):
             if line.startswith(head) and field.encode() in line:
                 try:
-                    count += field in lineprotocol.parse(line).fields
+                    count += field in lineparse.parse(line).fields
                 except ValueError:
                     continue
         if not count:
@@ -139,16 +209,15 @@ def kept_lines(folder, measurement: str, field: str) -> list[str]:
             out.append(f"InfluxDB refused {what} ({_reason(root, measurement, field)}); they are kept in {root}")
         else:
             out.append(
-                f"{what} are only in the undelivered copy at {root} (not delivered over HTTP at the time; replay "
-                f"with db.replay_undelivered({os.fspath(folder)!r}) or `dask-influx-metrics replay "
-                f"{os.fspath(folder)} --source URL`)"
+                f"{what} are only in the undelivered copy at {root} (not delivered over HTTP at the time; write "
+                f"them with `dask-influx-metrics replay {os.fspath(folder)} --source URL`)"
             )
     return out
 
 
 def _reason(root: str, measurement: str, field: str) -> str:
     """InfluxDB's latest reason in ``root``'s reasons file that names the field (else its latest one)."""
-    from ...sinks.http import REASONS_FILE
+    from ...sinks.paths import REASONS_FILE
 
     try:
         with open(os.path.join(root, REASONS_FILE), encoding="utf-8") as f:

@@ -28,7 +28,7 @@ from typing import Optional
 import pandas as pd
 
 from ... import credentials, jobtags, schema
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, empty_frame, widened
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, ReadOptions, empty_frame, widened
 
 DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration"]
 
@@ -265,23 +265,22 @@ class FluxBackend:
 
     language = "flux"
 
-    def __init__(
-        self, url: str, bucket: str, org=None, token=None, timeout: float = 30.0, tags=None, start_ns=None, stop_ns=None
-    ):
+    def __init__(self, url: str, bucket: str, options: ReadOptions = ReadOptions()):
         try:
             import influxdb_client
             import urllib3
             from influxdb_client.rest import ApiException
         except ImportError:
             raise ImportError("the Flux backend needs influxdb-client: pip install dask-influx-metrics[flux]") from None
-        url, username, password = credentials.take(url)  # user:password@ goes into the token, never the URL
-        if token is None and username:
-            token = f"{username}:{password or ''}"
-        self.url, self.bucket, self.org = url.rstrip("/"), bucket, org
-        self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
+        url, username, password = credentials.take(url, options.username, options.password)  # into the token
+        token = options.token or (f"{username}:{password or ''}" if username else None)
+        self.url, self.bucket, self.org = url.rstrip("/"), bucket, options.org
+        self.tags, self.start_ns, self.stop_ns = dict(options.tags or {}), options.start_ns, options.stop_ns
         self.notes: list[str] = []
         self._dag_field: Optional[bool] = None  # whether samples carry dag as a field (dag-tag: false)
-        self._client = influxdb_client.InfluxDBClient(url=self.url, token=token, org=org, timeout=int(timeout * 1000))
+        self._client = influxdb_client.InfluxDBClient(
+            url=self.url, token=token, org=self.org, timeout=int(options.timeout * 1000)
+        )
         self._api = self._client.query_api()
         self._dialect = influxdb_client.Dialect(
             header=True,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
 import re
 from typing import Optional
 
@@ -22,7 +21,7 @@ import pandas as pd
 import requests
 
 from ... import credentials, jobtags, schema
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, empty_frame, pending_notes, widened
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, ReadOptions, empty_frame, widened
 
 logger = logging.getLogger(__name__)
 INVENTORY_TAGS = ("worker", "job")  # what the first question groups by: workers, jobs, and (with them) fields
@@ -115,26 +114,13 @@ class InfluxQLBackend:
 
     language = "influxql"
 
-    def __init__(
-        self,
-        url: str,
-        database: str,
-        retention_policy=None,
-        username=None,
-        password=None,
-        token=None,
-        timeout: float = 30.0,
-        tags=None,
-        start_ns=None,
-        stop_ns=None,
-        page_rows: int = 10_000,
-    ):
-        url, username, password = credentials.take(url, username, password)  # user:password@: into the header
-        self.url, self.database, self.rp = url.rstrip("/"), database, retention_policy
-        self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
-        self.timeout, self.page_rows = timeout, int(page_rows)
+    def __init__(self, url: str, database: str, options: ReadOptions = ReadOptions(), page_rows: int = 10_000):
+        url, username, password = credentials.take(url, options.username, options.password)  # into the header
+        self.url, self.database, self.rp = url.rstrip("/"), database, options.retention_policy
+        self.tags, self.start_ns, self.stop_ns = dict(options.tags or {}), options.start_ns, options.stop_ns
+        self.timeout, self.page_rows = options.timeout, int(page_rows)
         self._session = requests.Session()
-        self._session.headers.update(credentials.auth_header(username, password, token))
+        self._session.headers.update(credentials.auth_header(username, password, options.token))
         self.notes: list[str] = []
         self._inventory: Optional[list[dict]] = None
         try:
@@ -195,20 +181,6 @@ class InfluxQLBackend:
         names = [row[0] for s in series for row in s.get("values", [])]
         if names and self.database not in names:
             raise QueryError(f"database {self.database!r} not found at {self.url}; databases: {sorted(names)}")
-
-    def replay_undelivered(self, folder) -> dict:
-        """Write the samples kept under ``folder``'s ``undelivered/`` and ``refused/`` folders into the
-        database (:func:`~dask_influx_metrics.sinks.replay_folders`); returns its counts. The notes then
-        name what is still kept there."""
-        from ...sinks import replay_folders
-
-        if not os.path.isdir(folder):
-            raise QueryError(f"spool folder {os.fspath(folder)!r} does not exist")
-        counts = replay_folders(
-            folder, self.url, self.database, retention_policy=self.rp, timeout=self.timeout, session=self._session
-        )  # its Authorization header: credentials kept nowhere else
-        self.notes = pending_notes(folder)
-        return counts
 
     def _where(self, **kw) -> str:
         return where_clause(self.tags, self.start_ns, self.stop_ns, **kw)

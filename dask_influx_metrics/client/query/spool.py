@@ -23,11 +23,11 @@ from typing import Iterator, Optional
 
 import pandas as pd
 
-from ... import jobtags, lineprotocol, schema
-from ...lineprotocol import split_lines
-from ...sinks import REFUSED_DIR, UNDELIVERED_DIR
+from ... import jobtags, lineparse, schema
+from ...lineparse import split_lines
+from ...sinks.paths import REFUSED_DIR, UNDELIVERED_DIR
 from ...sinks.spool import spool_files
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, empty_frame, widened
+from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, ReadOptions, empty_frame, widened
 
 logger = logging.getLogger(__name__)
 WORKER_MEASUREMENTS = (*SAMPLE_MEASUREMENTS, schema.TASK, schema.ACTIVITY)  # what a worker's tables read
@@ -87,7 +87,7 @@ def _records(path: str) -> Iterator[tuple[int, bytes]]:
 
 def _parses(line: bytes) -> bool:
     try:
-        lineprotocol.parse(line)
+        lineparse.parse(line)
     except ValueError:
         return False
     return True
@@ -105,7 +105,7 @@ def read_points(folder: str) -> tuple[list, list[str], dict[str, int]]:
             continue  # the spool sink's own files hold these lines
         for line, record in _records(path):
             try:
-                points.append(lineprotocol.parse(record))
+                points.append(lineparse.parse(record))
             except ValueError as e:
                 skipped.append(f"{path}:{line}: {e}")
                 continue
@@ -134,8 +134,8 @@ class SpoolBackend:
     language = "spool"
     picked = None  # which session of a spool root was read, when none was named
 
-    def __init__(self, path, session: Optional[str] = None, tags=None, start_ns=None, stop_ns=None):
-        path = os.fspath(path)
+    def __init__(self, path, options: ReadOptions = ReadOptions()):
+        path, session = os.fspath(path), options.session
         if not os.path.isdir(path):
             raise QueryError(f"spool folder {path!r} does not exist")
         if session is None and _is_session(path):
@@ -154,7 +154,7 @@ class SpoolBackend:
                 )
                 logger.warning("spool: %s", self.picked)
         self.session = os.path.basename(self.path)
-        self.tags, self.start_ns, self.stop_ns = dict(tags or {}), start_ns, stop_ns
+        self.tags, self.start_ns, self.stop_ns = dict(options.tags or {}), options.start_ns, options.stop_ns
         self._cache: dict[str, dict[str, pd.DataFrame]] = {}
         self._workers: dict[str, dict[str, pd.DataFrame]] | None = None  # worker -> measurement -> its points
         self.skipped: dict[str, list[str]] = {}  # folder -> "file:line: why" of each corrupt line

@@ -87,13 +87,6 @@ class Store(TaskQuestions, HostQuestions):
     def skip_note(self, note: str) -> None:
         self._skipped += [] if note in self._skipped else [note]
 
-    def replay_undelivered(self, folder) -> dict:
-        """Write what an HTTP sink kept under ``folder`` into this InfluxDB (:func:`~dask_influx_metrics.sinks.replay_folders`)."""
-        if not hasattr(self.backend, "replay_undelivered"):
-            raise QueryError(f"replay writes into InfluxDB (InfluxQL over http(s)://), not {self.backend.describe()}")
-        self._workers = self._fields = None  # the answers may change
-        return self.backend.replay_undelivered(folder)
-
     def kept(self, measurement: str, field: str) -> str:
         """Where the samples of ``measurement``/``field`` missing from the source are, when InfluxDB refused
         them or they were not delivered (the ``undelivered`` folder of :func:`connect`); "" otherwise."""

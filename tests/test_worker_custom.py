@@ -1,22 +1,24 @@
+import logging
 import threading
 import time
 
 import pytest
 
 from dask_influx_metrics.names import CUSTOM_METRIC
+from dask_influx_metrics.reports import Reporter
 from dask_influx_metrics.sampling.sampler import Sampler
 from dask_influx_metrics.schema import Point
 from dask_influx_metrics.worker.custom import CustomSource, custom_metric, validate
 
 
 def _into(reports):
-    """A ``report`` collecting (metric name, message) of the custom-metric reports."""
+    """A worker's ``Reporter`` whose session events (metric name, message) land in ``reports``."""
 
-    def report(what, message, **details):
-        assert what == CUSTOM_METRIC and details["problem"] in ("failed", "overran")
-        reports.append((details["metric"], message))
+    def send(event):
+        assert event["what"] == CUSTOM_METRIC and event["problem"] in ("failed", "overran")
+        reports.append((event["metric"], event["message"]))
 
-    return report
+    return Reporter(send, worker="tcp://w:1")
 
 
 def test_undecorated_function_is_refused_by_name():
@@ -111,14 +113,18 @@ def test_per_device_and_per_worker_values_with_device_tags():
     }
 
 
-def test_a_failing_metric_is_reported_once_and_others_carry_on():
+def test_a_failing_metric_is_reported_once_and_others_carry_on(caplog):
+    """Once: one session event and one log line (its own once-set and the worker's Reporter said it twice)."""
     reports = []
     bad = custom_metric("broken", per_device=False)(lambda w, hs: 1 / 0)
     good = custom_metric("fine", per_device=False)(lambda w, hs: 5)
     src = CustomSource([bad, good], None, lambda: [], report=_into(reports))
-    for _ in range(3):
-        assert [r.fields for r in src.read()] == [{"fine": 5.0}]
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            assert [r.fields for r in src.read()] == [{"fine": 5.0}]
     assert len(reports) == 1 and reports[0][0] == "broken" and "ZeroDivisionError" in reports[0][1]
+    said = [r.getMessage() for r in caplog.records if "broken" in r.getMessage()]
+    assert said == [f"influx-metrics on tcp://w:1: {reports[0][1]}"]
 
 
 def test_non_numeric_result_counts_as_failure():

@@ -1,0 +1,101 @@
+"""The Sink protocol: every sink implements all of it, FanOut passes each call on, health points come from
+each sink's own delivery fields, and nothing in the package asks a sink what it can do."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import pathlib
+
+import pytest
+
+from dask_influx_metrics import schema
+from dask_influx_metrics.outbox import Outbox
+from dask_influx_metrics.sinks import FanOut, HttpOptions, HttpSink, Sink, SpoolSink, UdpSink, health_points
+from dask_influx_metrics.sinks.replay import _KeptInFile
+
+PKG = pathlib.Path(__file__).resolve().parents[1] / "dask_influx_metrics"
+SINKS = [UdpSink, HttpSink, SpoolSink, FanOut, Outbox, _KeptInFile]
+METHODS = [name for name, _ in inspect.getmembers(Sink, inspect.isfunction) if not name.startswith("_")]
+
+
+def test_the_protocol_is_send_flush_close_counters_delivery():
+    assert sorted(METHODS) == ["close", "counters", "delivery", "flush", "send"]
+
+
+@pytest.mark.parametrize("cls", SINKS, ids=lambda c: c.__name__)
+def test_every_sink_implements_every_method_of_the_protocol(cls):
+    for name in METHODS:
+        assert callable(getattr(cls, name, None)), f"{cls.__name__} has no {name}()"
+    assert list(inspect.signature(cls.flush).parameters) == ["self", "drain"]
+    assert inspect.signature(cls.flush).parameters["drain"].default == 0.0
+
+
+def _sinks(tmp_path):
+    """One of each, with something sent through (HTTP to a port nobody listens on: kept in its fallback)."""
+    udp = UdpSink(("127.0.0.1", 9))
+    spool = SpoolSink(tmp_path / "spool")
+    http = HttpSink(
+        "http://127.0.0.1:1", "db", HttpOptions(timeout=1, flush_interval=0.0), fallback=SpoolSink(tmp_path / "u")
+    )
+    os.makedirs(tmp_path / "run")
+    outbox = Outbox(str(tmp_path / "run"), "w1")
+    fan = FanOut([udp, spool, http, outbox])
+    fan.send([b"m v=1i 1", b"m v=2i 2"])
+    fan.flush(drain=5.0)  # the HTTP sink's queue handled (given up on: the fallback has it), all on disk
+    return fan
+
+
+def test_fan_out_passes_every_call_on_and_each_sink_counts_itself(tmp_path):
+    fan = _sinks(tmp_path)
+    try:
+        counters = {c["kind"]: c for c in fan.counters()}
+        assert list(counters) == ["udp", "spool", "http", "outbox"]
+        assert counters["spool"] == {"kind": "spool", "points_written": 2, "points_dropped": 0}
+        assert counters["http"]["points_failed"] == 2 and counters["http"]["points_spooled"] == 2
+        assert counters["outbox"] == {"kind": "outbox", "points_written": 2}
+        # the outbox's lines are delivered by the host's agent, in its own sink's points
+        assert [d["sink"] for d in fan.delivery()] == ["udp", "spool", "http"]
+    finally:
+        fan.close()
+
+
+def test_health_points_are_each_sinks_own_delivery_fields(tmp_path):
+    from dask_influx_metrics import lineparse
+
+    fan = _sinks(tmp_path)
+    fan.close()
+    points = [lineparse.parse(line) for line in health_points(fan, {"host": "h", "worker": "agent-h"}, 7)]
+    assert [p.tags["sink"] for p in points] == ["udp", "spool", "http"]
+    assert all(set(p.fields) == set(schema.DELIVERY_FIELDS) and p.time_ns == 7 for p in points)
+    spool, http = points[1].fields, points[2].fields
+    assert (spool["points_sent"], spool["points_dropped"]) == (2, 0)
+    # failed, and on disk for replay: spooled, not dropped
+    assert (http["points_sent"], http["points_spooled"], http["points_dropped"], http["errors"]) == (0, 2, 0, 1)
+
+
+# what callers probed sinks for (``close`` and ``send`` are left out: other objects have them too)
+PROBED = {"flush", "drain", "counters", "delivery", "sinks", "fallback", "pending", "max_pending"}
+
+
+def test_nothing_in_the_package_asks_a_sink_what_it_can_do():
+    """No ``getattr``/``hasattr`` with a sink's method or counter name: every sink implements the protocol."""
+    probes = []
+    for path in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) in ("getattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+                and (node.args[1].value in PROBED or node.args[1].value.startswith("points_"))
+            ):
+                probes.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert probes == []
+
+
+def test_no_module_dispatches_on_a_sink_class_name():
+    found = [str(p.relative_to(PKG.parent)) for p in PKG.rglob("*.py") if 'removesuffix("Sink")' in p.read_text()]
+    assert found == []
