@@ -42,6 +42,7 @@ import functools
 import logging
 import os
 import socket
+import threading
 import time
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -126,7 +127,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             "nthreads": self.registry.nthreads,
         }
         try:
-            link = await asyncio.to_thread(AgentLink, config, info, self.registry.snapshot(), self.report)
+            link = await _off_loop(AgentLink, config, info, self.registry.snapshot(), self.report)
         except PermissionError as e:  # another user's folder in /dev/shm: refused, as a foreign spool root is
             self.report("agent", f"refused to start: {e}")
             raise
@@ -136,7 +137,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             )
             return self._sample_in_process()
         if self.closed:
-            return await asyncio.to_thread(link.leave, 0)
+            return await _off_loop(link.leave, 0)
         self.link, self._relayed = link, 0
         link.publisher.sync(self.registry.snapshot().running)  # tasks that started or ended while it joined
         if not self.custom:
@@ -146,7 +147,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self._ticker = PeriodicCallback(self._tick, 1000)
         self._ticker.start()
         try:
-            found = await asyncio.to_thread(link.found, FOUND_TIMEOUT)
+            found = await _off_loop(link.found, FOUND_TIMEOUT)
         except RuntimeError as e:  # the agent cannot see this worker's process
             return await self._leave_agent(str(e))
         self._record_destinations(agent_role(), found)
@@ -167,7 +168,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self._reseed()
         self._ticker.stop()
         self.report("agent", f"{why}; sampling in-process")
-        await asyncio.to_thread(link.leave, 0)
+        await _off_loop(link.leave, 0)
         if self.extras is not None:  # the in-process sampler makes them from now on
             self.extras.stop()
             self.sampler = self.extras = None
@@ -279,7 +280,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._ticker.stop()
             link.publisher.flush()  # a deferred write now, on the loop: none runs beside leave()'s
         sampler = self.sampler if link is None else None  # beside the agent, leave() writes the last points
-        return asyncio.to_thread(self._close, link, sampler)
+        return _off_loop(self._close, link, sampler)
 
     def _close(self, link, sampler) -> None:
         if link is not None:
@@ -359,6 +360,29 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self.worker.log_event(EVENT_TOPIC, {"worker": self.worker.address, **event})
         except Exception:  # the event is a courtesy; the log line is the record
             pass
+
+
+async def _off_loop(fn, *args):
+    """``fn(*args)`` on a thread of its own that ends with it: blocking steps (joining the agent, waiting
+    for it, leaving) kept off the event loop without the loop's default executor, whose idle threads would
+    stay in the worker for good (the monitor adds one thread to a worker beside the agent: its link's)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def run():
+        try:
+            outcome = (fn(*args), None)
+        except BaseException as e:  # handed to the awaiting coroutine, as asyncio.to_thread does
+            outcome = (None, e)
+        loop.call_soon_threadsafe(_settle, done, *outcome)
+
+    threading.Thread(target=run, name="influx-metrics-step", daemon=True).start()
+    return await done
+
+
+def _settle(done, result, error) -> None:
+    if not done.done():
+        done.set_result(result) if error is None else done.set_exception(error)
 
 
 def _refreshing(snapshot, collect):
