@@ -53,6 +53,24 @@ def _probe(dask_worker) -> tuple[int, int | None, int]:
     return os.getpid(), beat and beat["pid"], beat["samples"] if beat else own.samples if own else 0
 
 
+def _monitor_threads(dask_worker) -> list[tuple[int, int]]:
+    """(pid, native thread id) of the threads the monitor runs in this worker (named ``influx-metrics-*``)."""
+    import threading
+
+    return [(os.getpid(), t.native_id) for t in threading.enumerate() if t.name.startswith("influx-metrics-")]
+
+
+def _threads_cpu_ns(threads) -> int:
+    total = 0
+    for pid, tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError):  # ended meanwhile
+            pass
+    return total
+
+
 def _rss(pid: int) -> int:
     import psutil
 
@@ -129,15 +147,19 @@ def measure(gpus: int, n: int, seconds: float, rounds: int, address: str, floor_
                     agent = next((a for _, a, _ in probed if a), None)
                     nvml_pids = [agent] if agent else pids
                     s0, (b0, e0) = max(s for _, _, s in probed), _spent_us(ledgers, nvml_pids)
+                    threads = [t for ts in client.run(_monitor_threads).values() for t in ts]
                     cpu0, a0 = [process_cpu_ns(p) for p in pids], process_cpu_ns(agent) if agent else 0
+                    t0 = _threads_cpu_ns(threads)
                     time.sleep(seconds)
                     cpu = [process_cpu_ns(p) - c for p, c in zip(pids, cpu0)]
+                    threads_ns = _threads_cpu_ns(threads) - t0
                     a_cpu = process_cpu_ns(agent) - a0 if agent else 0
                     probed = client.run(_probe).values()
                     samples = max(s for _, _, s in probed) - s0 if mode else seconds * 1000 / INTERVAL_MS
                     burned, excess = _spent_us(ledgers, nvml_pids)
                     rss = [_rss(p) for p in pids]
                     return {
+                        "threads": threads_ns,
                         "cpu": cpu,
                         "rss": rss,
                         "agent_cpu": a_cpu,
@@ -183,9 +205,10 @@ def summarize(runs: dict, n: int) -> dict:
             agent, workers = (agent - replay, workers) if mode == "agent" else (agent, workers - replay)
             grow = max(x - o for x, o in zip(r["rss"], off_rss)) / 2**20
             nvml = r["nvml_us"] / r["samples"]
-            per.append((agent, workers, agent + workers, nvml, r["agent_rss"] / 2**20, grow, replay))
+            threads = r["threads"] / 1000 / r["samples"]
+            per.append((agent, workers, agent + workers, nvml, r["agent_rss"] / 2**20, grow, replay, threads))
         if per:
-            keys = ("agent", "workers", "total", "nvml", "agent_mb", "grow_mb", "replay")
+            keys = ("agent", "workers", "total", "nvml", "agent_mb", "grow_mb", "replay", "threads")
             out[mode] = {k: common.median([p[i] for p in per]) for i, k in enumerate(keys)}
             out[mode]["runs"] = [round(p[2]) for p in per]
             calls = runs[mode][-1]["calls"]
@@ -251,7 +274,8 @@ def _rows(gpus: int, n: int, s: dict, floor: float) -> list[dict]:
             met=a["total"] <= TARGET * baseline if targeted else None,
             notes=(
                 f"agent {a['agent']:.0f} us (NVML burned {a['nvml']:.0f}; the replay's own {a['replay']:.0f} us left "
-                f"out) + workers above off {a['workers']:.0f} us; "
+                f"out) + workers above off {a['workers']:.0f} us (the monitor's own threads in them, exactly: "
+                f"{a['threads']:.0f} us; the rest is an idle worker's 2 ms per 100 ms moving between rounds); "
                 f"runs {a['runs']}; floor tick {floor:.0f} us + unavoidable NVML {unavoidable:.0f} us; "
                 f"{100 * a['total'] / INTERVAL_MS / 1000:.2f} % of one core; "
                 f"agent NVML calls (last round, cumulative): {_short(a['calls'])}"
