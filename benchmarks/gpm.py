@@ -24,7 +24,7 @@ import os
 import socket
 import time
 
-from benchmarks import common
+from benchmarks import common, nvmlprices
 from dask_influx_metrics import config, schema
 from dask_influx_metrics.sampling.collect import HostCollector
 from dask_influx_metrics.sampling.sampler import Sampler
@@ -44,7 +44,7 @@ WINDOWS_MS = (config.Settings.resolve({}).gpm_window, 200, 400, 1000)  # the def
 
 def eight_h200s():
     """The H200 recording (its busy phase), cost mode, as a node of 8."""
-    common.tests_on_path()
+    nvmlprices.tests_on_path()
     from fake_nvml import FakeNvml
 
     return FakeNvml("nvml_h200_shared.json", cost="busy").with_gpus(GPUS)
@@ -143,7 +143,7 @@ def run(quick: bool) -> list[dict]:
     med = {v: {k: common.median([r[k] for r in runs]) for k in ("tick_us", "nvml_us")} for v, runs in got.items()}
     default = str(WINDOWS_MS[0])
     per_window = common.median([r["window_us"] for r in got[default]])
-    prices = common.nvml_prices("busy")
+    prices = nvmlprices.nvml_prices("busy")
     floor = prices["nvmlGpmSampleGet"] + prices["nvmlGpmMetricsGet"]
     rows = [
         common.row(

@@ -13,7 +13,7 @@ Cost per sample = the agent's CPU (all its threads, NVML's burn included) plus
 each worker process's CPU above its monitor-off median, from
 ``/proc/<pid>/task/*/schedstat``, over the agent's samples. The part NVML's calls
 burned (the fake's ledger) is printed beside. The target compares it with what
-cannot be avoided (:func:`benchmarks.common.nvml_floor_us`: an empty thread's
+cannot be avoided (:func:`benchmarks.nvmlprices.nvml_floor_us`: an empty thread's
 tick beside the same cluster, alternated with the variants, plus the NVML reads
 issue 32 lists at their rates). ``thread`` mode (each worker samples itself) is
 measured alike, for the docs. Memory: the agent's RSS and each worker's RSS above
@@ -31,7 +31,7 @@ import socket
 import tempfile
 import time
 
-from benchmarks import common
+from benchmarks import common, nvmlprices
 from benchmarks.sampler import Floor, per_tick_us
 from benchmarks.workerside import process_cpu_ns
 
@@ -97,7 +97,7 @@ def _cluster(gpus: int, n: int, ledgers: str):
 
     from distributed import Client, Nanny, Scheduler, SpecCluster
 
-    common.tests_on_path()
+    nvmlprices.tests_on_path()
     from nvml_shim import replay_env
 
     env = replay_env(ledgers, recording="nvml_h200_shared.json", phase="idle", gpus=gpus, cost="idle", ledger=ledgers)
@@ -257,7 +257,7 @@ def gap_after_kill(address: str) -> float:
 
 def _rows(gpus: int, n: int, s: dict, floor: float) -> list[dict]:
     shared = gpus == 1 and n > 1
-    unavoidable = common.nvml_floor_us(gpus, shared_gpus=gpus if shared else 0, interval_ms=INTERVAL_MS)
+    unavoidable = nvmlprices.nvml_floor_us(gpus, shared_gpus=gpus if shared else 0, interval_ms=INTERVAL_MS)
     baseline = floor + unavoidable
     setup = f"{gpus} GPU{'s' * (gpus > 1)} + {n} idle worker{'s' * (n > 1)}"
     rows = []
