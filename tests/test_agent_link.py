@@ -144,3 +144,24 @@ def test_stale_session_folders_are_removed_and_live_ones_kept(tmp_path):
         proc.kill()
         proc.wait()
     assert sorted(os.listdir(run)) == ["busy", "live"]
+
+
+def test_a_failing_every_is_said_once_and_the_watch_goes_on(monkeypatch, caplog):
+    """The worker's own points are made on the link's thread: a bug there must not stop its watch of the agent."""
+    import logging
+
+    from dask_influx_metrics.worker import agentlink
+
+    link = agentlink.AgentLink.__new__(agentlink.AgentLink)
+    link._once = agentlink.Once()
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise RuntimeError("a bug in the task stream")
+
+    link._every, link._due = (0.0, broken), 0.0
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            link._run_every()
+    assert len(calls) == 3 and len([r for r in caplog.records if "a bug in the task stream" in r.getMessage()]) == 1

@@ -28,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import itertools
 import json
+import logging
 import math
 import os
 import select
@@ -40,8 +41,10 @@ import time
 
 from .. import runfolder
 from ..outbox import Outbox
+from ..reports import Once
 from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher, SnapshotBuffer
 
+logger = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # s for an agent to start sampling (it imports this package and NVML)
 WATCH_S = 0.15  # s: the shortest pause of the relay worker's watcher (dead or hung agent)
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 30.0  # agents dying faster than this: give up (sample in-process)
@@ -89,6 +92,7 @@ class AgentLink:
         self.failed = None  # why this worker gave up on the agent (the plugin then samples in-process)
         self.gaps = 0  # agents replaced while this worker ran
         self._every, self._due = None, math.inf  # (seconds, fn) the watcher thread also runs; when next
+        self._once = Once()
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             # taken by another worker of this process, or by a namesake in another PID namespace
             while self.id in _in_use or os.path.exists(os.path.join(self._dir, f"{self.id}.json")):
@@ -182,9 +186,16 @@ class AgentLink:
     def _run_every(self) -> None:
         now = time.monotonic()
         if self._every is not None and now >= self._due:
-            seconds, fn = self._every
-            self._due = max(self._due + seconds, now)  # drift-free; a late run is not repeated to catch up
+            self._due = max(self._due + self._every[0], now)  # drift-free; a late run is not repeated to catch up
+            self._every_once()
+
+    def _every_once(self) -> None:
+        fn = self._every[1]
+        try:
             fn()
+        except Exception as e:  # the worker's own points must never stop its watch of the agent, nor its leave
+            if self._once("every"):
+                logger.warning("influx-metrics: %r failed: %r (reported once)", fn, e, exc_info=e)
 
     def _watch(self) -> None:
         """One worker of the host (the agent's relay) looks for a dead or a hung agent when its beat would be
@@ -328,7 +339,7 @@ class AgentLink:
         self._closed.set()
         self._watcher.join(WATCH_S * 4 + (self._every[0] if self._every else 0.0))
         if self._every is not None:  # the worker's last points, before the agent's last look
-            self._every[1]()
+            self._every_once()
         self.outbox.close()
         self.publisher.publish()
         try:
