@@ -40,7 +40,9 @@ import os
 import struct
 
 SEGMENT_BYTES = 1 << 20
-_READ = 1 << 20
+TAKE_BYTES = 256 << 10  # what one take hands out at most: a backlog goes out over several samples, not in one burst
+_LF = b"\x0c"  # a raw newline inside a string field, in the files: the encoder never writes a form feed
+STALE = "stale-"  # the prefix of an outbox moved here from a session whose processes are all gone
 _SENT = struct.Struct("<QQ")  # segment, offset
 
 
@@ -69,6 +71,8 @@ class Outbox:
         if not lines:
             return
         payload = b"\n".join(lines) + b"\n"
+        if payload.count(b"\n") != len(lines):  # a string field holds a newline: one line, one newline in the file
+            payload = b"\n".join(line.replace(b"\n", _LF) for line in lines) + b"\n"
         data = memoryview(payload)
         while data:  # the agent reads whole lines only: a partial write is completed before anything else
             data = data[os.write(self._fd, data) :]
@@ -104,20 +108,35 @@ class OutboxReader:
         except (OSError, struct.error):  # nothing sent yet
             self._k, self._offset = 0, 0
         self._taken = (self._k, self._offset)  # where the lines handed out end
+        self.behind = False  # the last take left lines for the next
         self._fd = None
 
-    def take(self) -> list[bytes]:
-        """The whole lines written since the last :meth:`take` (this segment, then the next ones)."""
+    def take(self, limit: int = TAKE_BYTES) -> list[bytes]:
+        """The whole lines written since the last :meth:`take` (this segment, then the next ones), about
+        ``limit`` bytes at most (at least one line): a backlog (a replaced agent's, a dead session's) goes out
+        over the next samples instead of in one burst that a Telegraf's socket would drop in part."""
         k, offset = self._taken
         lines: list[bytes] = []
+        self.behind = False
         while True:
-            data = self._read(k, offset)
+            if limit <= 0:  # a long line used it up: the next segment waits for the next take
+                self.behind = True
+                break
+            want = limit
+            data = self._read(k, offset, want)
+            while len(data) == want and b"\n" not in data:  # one line longer than what is left: take it whole
+                want *= 2
+                data = self._read(k, offset, want)
             end = data.rfind(b"\n") + 1
             if end:
-                lines += data[: end - 1].split(b"\n")
+                chunk = data[: end - 1].split(b"\n")
+                lines += [line.replace(_LF, b"\n") for line in chunk] if _LF in data else chunk
                 offset += end
-            if end == len(data) and os.path.exists(_segment(self._folder, self._id, k + 1)):
-                if self._read(k, offset):  # the writer finished this segment after our read
+                limit -= end
+            if len(data) == want:  # there is more than this take hands out
+                self.behind = True
+            elif end == len(data) and os.path.exists(_segment(self._folder, self._id, k + 1)):
+                if self._read(k, offset, 1):  # the writer finished this segment after our read
                     continue
                 k, offset = k + 1, 0  # it is done with this one: on to the next
                 self._close()
@@ -126,20 +145,14 @@ class OutboxReader:
         self._taken = (k, offset)
         return lines
 
-    def _read(self, k: int, offset: int) -> bytes:
+    def _read(self, k: int, offset: int, size: int) -> bytes:
         if self._fd is None or self._fd[0] != k:
             self._close()
             try:
                 self._fd = (k, os.open(_segment(self._folder, self._id, k), os.O_RDONLY))
             except FileNotFoundError:  # not written yet
                 return b""
-        chunks = []
-        while True:
-            chunk = os.pread(self._fd[1], _READ, offset)
-            chunks.append(chunk)
-            offset += len(chunk)
-            if len(chunk) < _READ:
-                return b"".join(chunks)
+        return os.pread(self._fd[1], size, offset)  # a regular file: all there is up to size, in one read
 
     def sent(self) -> None:
         """The lines taken so far are in the sink: note it (a new agent resumes there), drop whole segments."""
@@ -167,6 +180,32 @@ class OutboxReader:
         if self._fd is not None:
             os.close(self._fd[1])
             self._fd = None
+
+
+def ids(folder: str) -> set[str]:
+    """The ids of the outboxes in ``folder`` (a segment's or a marker's name names one).
+
+    >>> import shutil, tempfile; d = tempfile.mkdtemp(); Outbox(d, "7.1").close(); Outbox(d, "8").close()
+    >>> sorted(ids(d))
+    ['7.1', '8']
+    >>> shutil.rmtree(d)
+    """
+    found = set()
+    for name in os.listdir(folder):
+        wid, sep, _ = name.rpartition(".out-")
+        if not sep:
+            wid, sep, _ = name.rpartition(".sent")
+        if sep:
+            found.add(wid)
+    return found
+
+
+def move(folder: str, worker_id: str, into: str, new_id: str) -> None:
+    """Move outbox ``worker_id`` of ``folder`` (its segments and marker) into ``into`` as ``new_id``: what it
+    did not send yet outlives the folder (renames: ``into`` is on the same file system)."""
+    for name in os.listdir(folder):
+        if name == f"{worker_id}.sent" or name.startswith(f"{worker_id}.out-"):
+            os.rename(os.path.join(folder, name), os.path.join(into, new_id + name[len(worker_id) :]))
 
 
 def _unlink(path: str) -> None:

@@ -39,6 +39,7 @@ import os
 import shutil
 import tempfile
 
+from . import outbox
 from .sinks.spool import private_folder
 
 START_LOCK, AGENT_LOCK, BEAT, SOCKET, WORKERS = "start.lock", "agent.lock", "agent.beat", "agent.sock", "workers"
@@ -153,9 +154,11 @@ def remove_session(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def remove_stale(run_dir: str, keep: str = "") -> list[str]:
+def remove_stale(run_dir: str, keep: str = "", rescue: str | None = None) -> list[str]:
     """Remove the session folders of ``run_dir`` that no agent holds and no live worker is in
-    (sessions whose processes were killed); returns them. ``keep``: a session name left alone."""
+    (sessions whose processes were killed); returns them. ``keep``: a session name left alone.
+    ``rescue``: a folder their workers' outboxes move into first (as ``stale-<session>-<id>``), for the agent
+    there to send what they hold: the only copy of those points is never removed."""
     removed = []
     for name in os.listdir(run_dir):
         folder = os.path.join(run_dir, name)
@@ -166,10 +169,25 @@ def remove_stale(run_dir: str, keep: str = "") -> list[str]:
         except OSError:  # not ours to lock (another layout): leave it
             continue
         if None not in held:  # no worker arriving, no agent
-            if not any(alive(pid) for pid in _worker_pids(folder)):
+            if not any(alive(pid) for pid in _worker_pids(folder)) and _rescued(folder, name, rescue):
                 remove_session(folder)
                 removed.append(folder)
         for fd in held:
             if fd is not None:
                 os.close(fd)
     return removed
+
+
+def _rescued(folder: str, name: str, into: str | None) -> bool:
+    """Whether the outboxes of session folder ``folder`` are in ``into`` now (or there is none to move)."""
+    workers = os.path.join(folder, WORKERS)
+    try:
+        for wid in outbox.ids(workers):
+            if into is None:
+                return False
+            outbox.move(workers, wid, into, f"{outbox.STALE}{name}-{wid}")
+    except FileNotFoundError:  # no workers folder
+        return True
+    except OSError:  # left for a later agent to move
+        return False
+    return True

@@ -17,6 +17,7 @@ import pytest
 from distributed import Client
 
 from dask_influx_metrics import Monitor, custom_metric, lineparse, runfolder
+from dask_influx_metrics.outbox import Outbox
 from dask_influx_metrics.sampling.sources.simulated import simulated_uuid
 from dask_influx_metrics.sinks.spool import read_lines
 
@@ -375,6 +376,31 @@ def test_an_agent_replaced_mid_session_loses_and_doubles_no_point(client, monito
     monitor.stop()
     sent = [p.fields["key"] for p in points(tmp_path, "task")]
     assert sorted(sent) == sorted(keys), f"{len(sent)} task points for {len(keys)} tasks, {len(set(sent))} distinct"
+
+
+def test_a_dead_sessions_unsent_points_are_sent_by_the_next_agent(client, monitor, tmp_path):
+    """Never delete the only copy: a session whose processes all died left points in an outbox. The next agent
+    on the host moves them into its own session before it removes the dead one's folder, and sends them (a
+    backlog: over several samples), each once."""
+    dead = os.path.join(runfolder.run_directory(), "a-dead-session")
+    with runfolder.locked(dead, runfolder.START_LOCK):
+        runfolder.write_worker(dead, "999999999", {"pid": 999999999})
+    box = Outbox(os.path.join(dead, runfolder.WORKERS), "999999999")
+    keys = [f"left-{i:05d}-" + "k" * 80 for i in range(4000)]  # ~0.5 MB: more than one sample sends
+    box.send(
+        [b'task,worker=gone key="%s" %d' % (k.encode(), 1_700_000_000_000_000_000 + i) for i, k in enumerate(keys)]
+    )
+    box.close()
+    monitor.attach(polling_interval=POLL_MS)
+    monitor.start()
+
+    def sent():
+        return [p.fields["key"] for p in points(tmp_path, "task") if p.fields["key"].startswith("left-")]
+
+    wait_until(lambda: len(sent()) >= len(keys), what="the dead session's points sent")
+    assert not os.path.exists(dead)
+    monitor.stop()
+    assert sorted(sent()) == keys, "each once"
 
 
 def test_the_monitor_adds_one_thread_to_a_worker_beside_the_agent(client, monitor):

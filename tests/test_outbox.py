@@ -2,6 +2,7 @@
 
 import os
 
+from dask_influx_metrics import outbox
 from dask_influx_metrics.outbox import Outbox, OutboxReader
 
 
@@ -60,3 +61,48 @@ def test_remove_takes_every_file_of_the_outbox(tmp_path):
     reader.sent()
     reader.remove()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_backlog_goes_out_in_parts_of_whole_lines(tmp_path):
+    out = Outbox(str(tmp_path), "w", segment_bytes=4000)
+    out.send(lines(0, 500))  # ~13 kB over several segments
+    reader = OutboxReader(str(tmp_path), "w")
+    parts = []
+    while part := reader.take(limit=2000):
+        assert sum(len(line) + 1 for line in part) <= 2000 + 100, "about the limit"
+        parts.append(part)
+        reader.sent()
+    assert len(parts) > 5 and [line for part in parts for line in part] == lines(0, 500)
+    assert not reader.behind
+
+
+def test_a_line_longer_than_the_limit_is_taken_whole(tmp_path):
+    out = Outbox(str(tmp_path), "w")
+    long = b'm s="%s" 1' % (b"x" * 5000)
+    out.send([long, b"m v=1i 2"])
+    reader = OutboxReader(str(tmp_path), "w")
+    taken = reader.take(limit=100)
+    assert taken[0] == long, "whole, though over the limit"
+    assert taken + reader.take(limit=100) == [long, b"m v=1i 2"]
+
+
+def test_a_newline_inside_a_string_field_stays_inside_its_line(tmp_path):
+    out = Outbox(str(tmp_path), "w")
+    multi = b'custom,worker=w text="two\nlines" 1'
+    out.send([b"m v=1i 0", multi, b"m v=2i 2"])
+    assert OutboxReader(str(tmp_path), "w").take() == [b"m v=1i 0", multi, b"m v=2i 2"]
+
+
+def test_ids_and_move_take_every_file_of_an_outbox_elsewhere(tmp_path):
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    out = Outbox(str(old), "7.1", segment_bytes=50)
+    out.send(lines(0, 10))
+    out.close()
+    first = OutboxReader(str(old), "7.1")
+    first.take(limit=60)
+    first.sent()
+    assert outbox.ids(str(old)) == {"7.1"}
+    outbox.move(str(old), "7.1", str(new), "stale-s-7.1")
+    assert os.listdir(old) == [] and outbox.ids(str(new)) == {"stale-s-7.1"}
+    assert OutboxReader(str(new), "stale-s-7.1").take() == lines(0, 10)[2:], "from where the marker says"

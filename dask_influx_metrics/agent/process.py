@@ -298,7 +298,8 @@ def main(stdin: int = 0) -> int:
     agent.sampler.start()
     ready.write(b"ready\n")
     ready.close()
-    for stale in runfolder.remove_stale(os.path.dirname(folder), keep=config["session"]):
+    rescue = os.path.join(folder, runfolder.WORKERS)  # their outboxes: sent by this agent (FolderWorkers)
+    for stale in runfolder.remove_stale(os.path.dirname(folder), keep=config["session"], rescue=rescue):
         logger.info("removed the run folder of a session whose processes are gone: %s", stale)
     started, remove = time.monotonic(), False
     while not stop.wait(EXIT_CHECK_S):

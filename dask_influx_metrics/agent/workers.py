@@ -19,7 +19,7 @@ import os
 import time
 from typing import Callable
 
-from .. import runfolder
+from .. import outbox, runfolder
 from ..outbox import OutboxReader
 from ..sampling.view import WorkerView
 from ..snapshot import BUFFER_BYTES, SnapshotBuffer, SnapshotReader
@@ -37,7 +37,8 @@ class FolderWorkers:
         self._dir = os.path.join(folder, runfolder.WORKERS)
         self.views: dict[str, WorkerView] = {}
         self.outboxes: dict[str, OutboxReader] = {}  # worker id -> its outbox: the live, the leaving, the dead
-        self._gone: list[str] = []  # dead workers whose outbox goes out with the next send, then is removed
+        self._gone: list[str] = []  # dead workers whose outbox goes out with the next sends, then is removed
+        self._behind: set[str] = set()  # outboxes said to hold a backlog
         self._stamp = None
         self._checked = 0.0
         self.ever = False  # whether any worker has registered yet
@@ -64,6 +65,7 @@ class FolderWorkers:
                     self._remove(wid)
                     logger.info("worker %s (pid %d) is gone", view.address, view.pid)
         files = runfolder.worker_files(self.folder)
+        self._adopt()
         for wid in set(self.views) - set(files):
             left.append(self.views.pop(wid))
         for wid in sorted(set(files) - set(self.views) - set(self.foreign)):
@@ -106,23 +108,41 @@ class FolderWorkers:
         self._unlink(wid)
         self._gone.append(wid)
 
+    def _adopt(self) -> None:
+        """The outboxes a dead session's workers left (moved here by :func:`..runfolder.remove_stale`): sent
+        like a dead worker's, then removed."""
+        for wid in outbox.ids(self._dir) if os.path.isdir(self._dir) else ():
+            if wid.startswith(outbox.STALE) and wid not in self.outboxes:
+                self.outboxes[wid] = OutboxReader(self._dir, wid)
+                self._gone.append(wid)
+                logger.info("sending what a worker of a session whose processes are gone left unsent (%s)", wid)
+
     def outgoing(self) -> list[bytes]:
-        """What every outbox holds that was not sent yet (live, leaving and dead workers')."""
-        return [line for outbox in self.outboxes.values() for line in outbox.take()]
+        """What every outbox holds that was not sent yet (live, leaving and dead workers'), a bounded part of
+        each (:data:`..outbox.TAKE_BYTES`): a backlog goes out over the next samples."""
+        lines = []
+        for wid, box in self.outboxes.items():
+            lines += box.take()
+            if box.behind and wid not in self._behind:
+                self._behind.add(wid)
+                logger.info("worker %s's outbox holds a backlog: sent over the next samples", wid)
+        return lines
 
     def sent(self) -> None:
-        """The lines :meth:`outgoing` gave are in the sink: noted; the outboxes of dead workers removed."""
-        for outbox in self.outboxes.values():
-            outbox.sent()
-        for wid in self._gone:
+        """The lines :meth:`outgoing` gave are in the sink: noted; the drained outboxes of dead workers removed."""
+        for box in self.outboxes.values():
+            box.sent()
+        for wid in [w for w in self._gone if not self.outboxes[w].behind]:
+            self._gone.remove(wid)
             self.outboxes.pop(wid).remove()
-        self._gone = []
 
     def forget(self, wid: str) -> None:
-        """Remove worker ``wid``'s files, its outbox sent (its snapshot last: the worker waits for that)."""
-        outbox = self.outboxes.pop(wid, None)
-        if outbox is not None:
-            outbox.remove()
+        """Remove worker ``wid``'s files, its outbox once sent (its snapshot last: the worker waits for that)."""
+        box = self.outboxes.get(wid)
+        if box is not None and box.behind:
+            self._gone.append(wid)  # the rest of its backlog first
+        elif box is not None:
+            self.outboxes.pop(wid).remove()
         self._unlink(wid)
 
     def _unlink(self, wid: str) -> None:
