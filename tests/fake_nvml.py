@@ -98,11 +98,12 @@ def read_ledger(path) -> dict:
     return {}
 
 
-def burn(us: float) -> None:
-    """Spend ``us`` microseconds of this thread's CPU (nothing when ``us`` <= 0)."""
-    end = time.thread_time_ns() + int(us * 1000)
-    while time.thread_time_ns() < end:
-        pass
+def burn_until(end_ns: int) -> int:
+    """Spend this thread's CPU until its clock reads ``end_ns``; returns the clock then (>= ``end_ns``)."""
+    now = time.thread_time_ns()
+    while now < end_ns:
+        now = time.thread_time_ns()
+    return now
 
 
 class Handle(NamedTuple):
@@ -169,10 +170,9 @@ class FakeNvml:
                 price = NOT_SUPPORTED_US
                 raise
             finally:  # the replay's own Python counts towards the price: a call costs what NVML's did
-                spent = (time.thread_time_ns() - start) / 1000
-                burn(price - spent)
+                # what the call took beyond its price (the replay's Python, the last clock read's overshoot)
+                self.excess_us += (burn_until(start + int(price * 1000)) - start) / 1000 - price
                 self.burned_us += price
-                self.excess_us += max(0.0, spent - price)
                 self.charged[name] += 1
                 if self._ledger and time.monotonic() - self._ledger_at >= LEDGER_S:
                     self.write_ledger()

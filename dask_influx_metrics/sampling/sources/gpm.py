@@ -51,6 +51,7 @@ import ctypes
 import functools
 import logging
 import math
+import operator
 import struct
 import time
 from typing import NamedTuple
@@ -168,9 +169,9 @@ class GpmReader:
         return GpmState.ON, None
 
     def _asking(self, metrics) -> tuple:
-        """``(request, metrics, results)``: the nvmlGpmMetricsGet argument for ``metrics``, built once (only
-        its two samples change per call), and ``results()``: each metric's ``nvmlReturn, value``, flat; or
-        None for no metric. The results are unpacked in one go from the structure's bytes where its layout is
+        """``(request, metrics, results, names, scales)``: the nvmlGpmMetricsGet argument for ``metrics``, built
+        once (only its two samples change per call), ``results()``: each metric's ``nvmlReturn, value``, flat,
+        and each metric's field name and scale; or None for no metric. The results are unpacked in one go from the structure's bytes where its layout is
         the usual one (pynvml's attribute access costs ~1 us per field)."""
         if not metrics:
             return None
@@ -184,7 +185,7 @@ class GpmReader:
         else:
             start, step = self._results
             results = functools.partial(_unpacker(step, n).unpack_from, memoryview(request).cast("B"), start)
-        return request, metrics, results
+        return request, metrics, results, tuple(m.field for m, _ in metrics), tuple(m.scale for m, _ in metrics)
 
     def due(self) -> bool:
         """Whether the next :meth:`read` takes a GPM sample (every k-th call, where GPM works)."""
@@ -229,12 +230,15 @@ class GpmReader:
     def _metrics_between(self, which: str, first, second) -> dict:
         """The metrics of request ``which`` between two samples; one NVML does not offer on this device
         (NVLink on a PCIe card) is said once and never asked for again."""
-        nvml, (request, metrics, results) = self._nvml, self._requests[which]
+        nvml, (request, metrics, results, names, scales) = self._nvml, self._requests[which]
         _set(request, "sample1", first)  # ctypes' own setter: pynvml's Python one only encodes str
         _set(request, "sample2", second)
         nvml.nvmlGpmMetricsGet(request)
-        fields, ok, unsupported = {}, nvml.NVML_SUCCESS, []
-        values = iter(results())
+        flat, ok = results(), nvml.NVML_SUCCESS
+        if flat[::2].count(ok) == len(names):  # every metric answered (the usual case): the dict built in C
+            return dict(zip(names, map(operator.mul, flat[1::2], scales)))
+        fields, unsupported = {}, []
+        values = iter(flat)
         for (metric, metric_id), status, value in zip(metrics, values, values):
             if status == ok:
                 fields[metric.field] = value * metric.scale
