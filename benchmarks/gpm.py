@@ -6,8 +6,8 @@ process by pid; the host counters every 4th tick, the default
 ``sampler.host-refresh`` at 50 ms; lines encoded and sent over UDP to a bound
 loopback socket), paced every 50 ms as the agent is (caches as cold as its), every metric, 8 GPUs replayed from the H200 recording in the
 fake's cost mode (``tests/fake_nvml.py``: each NVML call spends the thread CPU it
-cost on the H200; ``nvmlGpmSampleGet`` 32 us, ``nvmlGpmMetricsGet`` 2 us without
-``GRAPHICS_UTIL``). The replay's own Python beyond each call's price is left out.
+cost on the busy H200; ``nvmlGpmSampleGet`` 57.8 us, ``nvmlGpmMetricsGet`` 1.8 us
+without ``GRAPHICS_UTIL``). The replay's own Python beyond each call's price is left out.
 
 Rows: GPM per GPU and window (``GpmReader.read`` on the calls that take a GPM
 sample: ``nvmlGpmSampleGet`` + ``nvmlGpmMetricsGet`` + our Python; target

@@ -193,10 +193,10 @@ def ids(folder: str) -> set[str]:
     found = set()
     for name in os.listdir(folder):
         wid, sep, _ = name.rpartition(".out-")
-        if not sep:
-            wid, sep, _ = name.rpartition(".sent")
         if sep:
             found.add(wid)
+        elif name.endswith(".sent"):
+            found.add(name[: -len(".sent")])
     return found
 
 

@@ -403,6 +403,28 @@ def test_a_dead_sessions_unsent_points_are_sent_by_the_next_agent(client, monito
     assert sorted(sent()) == keys, "each once"
 
 
+def test_a_backlog_left_at_stop_is_sent_whole_before_the_agent_exits(client, monitor, tmp_path):
+    """The agent sends a backlog in parts (256 KiB per worker and sample); stopping the session must not cut it."""
+    monitor.attach(polling_interval=POLL_MS, tracking=["tasks"])
+    monitor.start()
+    (agent,) = {a for _, a in agents(client).values()}
+    keys = [f"backlog-{i:05d}-" + "k" * 80 for i in range(12000)]  # ~1.5 MB: six parts or more
+
+    def write(dask_worker, keys=keys):
+        lines = [b'task,worker=w key="%s" %d' % (k.encode(), 1_700_000_000_000_000_000 + i) for i, k in enumerate(keys)]
+        dask_worker.plugins["influx-metrics"].link.outbox.send(lines)
+
+    os.kill(agent, signal.SIGSTOP)  # the lines pile up
+    try:
+        client.run(write, workers=[next(iter(client.scheduler_info()["workers"]))])
+    finally:
+        os.kill(agent, signal.SIGCONT)
+    monitor.stop()
+    wait_until(lambda: not alive(agent), what="the agent gone")
+    sent = [p.fields["key"] for p in points(tmp_path, "task") if p.fields["key"].startswith("backlog-")]
+    assert sorted(sent) == keys, f"{len(sent)} of {len(keys)} sent, {len(set(sent))} distinct"
+
+
 def test_the_monitor_adds_one_thread_to_a_worker_beside_the_agent(client, monitor):
     """Issue 35: the link's thread watches the agent and writes the worker's own points; nothing else."""
 

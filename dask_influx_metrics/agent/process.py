@@ -53,6 +53,7 @@ FIRST_WORKER_S = 30.0  # an agent nobody registers with exits after this
 EXIT_CHECK_S = 0.5  # how often the agent looks whether its session is over here
 KEEP_REPORTS = 32
 COUNTERS_S = 1.0  # the sink's counters go into the beat this often
+DRAIN_PAUSE_S = 0.05  # between the parts of a backlog the agent sends before it exits
 # A beat at least every interval + this: workers take one older than 3 intervals + 0.25 s for a hung agent,
 # and a live agent's beat is at most this + 2 intervals old. Every 3rd sample at 100 ms (was each one).
 BEAT_SLACK_S = 0.125
@@ -250,8 +251,12 @@ class Agent:
         """Last sample's lines out, sink closed; the run folder removed when ``remove``."""
         self.sampler.stop()
         self._health_at = 0.0
-        self._outgoing = self.workers.outgoing()
-        self.send([])  # what the outboxes still hold, and the last delivery counts
+        while True:  # what the outboxes still hold (a backlog in parts, paced), and the last delivery counts
+            self._outgoing = self.workers.outgoing()
+            self.send([])
+            if not self.workers.behind:
+                break
+            time.sleep(DRAIN_PAUSE_S)
         self.sink.close()
         if self.gpus is not None:
             self.gpus.close()

@@ -128,6 +128,11 @@ class FolderWorkers:
                 logger.info("worker %s's outbox holds a backlog: sent over the next samples", wid)
         return lines
 
+    @property
+    def behind(self) -> bool:
+        """Whether an outbox held more than :meth:`outgoing` gave."""
+        return any(box.behind for box in self.outboxes.values())
+
     def sent(self) -> None:
         """The lines :meth:`outgoing` gave are in the sink: noted; the drained outboxes of dead workers removed."""
         for box in self.outboxes.values():
