@@ -10,6 +10,7 @@ there is no ``/dev/shm``)::
     agent.sock          the agent's wake socket (datagram: the id of a worker whose task started while idle)
     workers/<id>.json   what the agent needs of worker ``<id>``: address, pid, tags, GPUs (written once)
     workers/<id>.snap   its task snapshot (:class:`.snapshot.Publisher`)
+    workers/<id>.lock   held (flock) by worker ``<id>`` for its whole life: dead or alive, whatever its pid says
     workers/<id>.out-<k>, .sent   its outbox: points only it makes, for the agent to send (:mod:`.outbox`)
 
 Workers that cannot see one another's folder (separate containers without a
@@ -76,6 +77,24 @@ def started(pid: int | str = "self") -> int | None:
             return int(f.read().rsplit(b")", 1)[1].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def life_lock(worker_id: str) -> str:
+    """The name of the lock worker ``worker_id`` holds while it lives (in ``workers/``)."""
+    return f"{worker_id}.lock"
+
+
+def dead(folder: str, worker_id: str) -> bool:
+    """Whether worker ``worker_id`` of ``folder/workers`` is dead: its life lock exists and nobody holds it (an
+    answer in every PID namespace that shares the folder). False for a worker of a version without the lock."""
+    path = os.path.join(folder, WORKERS, life_lock(worker_id))
+    if not os.path.exists(path):
+        return False
+    fd = try_lock(os.path.join(folder, WORKERS), life_lock(worker_id))
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
 
 
 def try_lock(folder: str, name: str) -> int | None:

@@ -330,9 +330,12 @@ def outbox_lines(folder, worker_id):
     return [line for line in data.split(b"\n") if line]
 
 
-def test_a_killed_workers_points_written_but_not_sent_arrive_once(client, monitor, tmp_path):
+@pytest.mark.parametrize("agent_too", [False, True], ids=["agent-continued", "agent-killed-too"])
+def test_a_killed_workers_points_written_but_not_sent_arrive_once(client, monitor, tmp_path, agent_too):
     """Issue 35: the agent is the host's only sender. A worker's task points wait in its outbox; the worker is
-    SIGKILLed before the agent (stopped meanwhile) sent them: the agent sends them when it sees it dead."""
+    SIGKILLed before the agent (stopped meanwhile) sent them: the agent sends them when it sees it dead. With the
+    agent killed too, the next agent cannot tell a dead pid from one in another PID namespace; the worker's life
+    lock, free once it died, tells it."""
     monitor.attach(polling_interval=2000, tracking=["task-stream", "tasks"])  # hung only after 6.25 s stopped
     session = monitor.start()
     folder = runfolder.session_folder(session["id"])
@@ -347,7 +350,7 @@ def test_a_killed_workers_points_written_but_not_sent_arrive_once(client, monito
         wait_until(lambda: len(outbox_lines(folder, victim_id)) >= 5, timeout=5, what="the points written")
         os.kill(victim_pid, signal.SIGKILL)
     finally:
-        os.kill(agent, signal.SIGCONT)
+        os.kill(agent, signal.SIGKILL if agent_too else signal.SIGCONT)
     wait_until(lambda: {p.fields["key"] for p in points(tmp_path, "task")} >= set(keys), what="the points sent")
 
     def victims_files():

@@ -85,6 +85,14 @@ class FolderWorkers:
         if not info:
             return None
         if info.get("started") is not None and runfolder.started(info["pid"]) != info["started"]:
+            if runfolder.dead(self.folder, wid):  # killed while no agent ran (its life lock is free)
+                self.outboxes[wid] = OutboxReader(self._dir, wid)
+                self._unlink(wid)
+                self._gone.append(wid)
+                logger.info(
+                    "worker %s (pid %d) died while no agent ran: its outbox is sent", info["address"], info["pid"]
+                )
+                return None
             # its pid names another process (or none) here: never read that one's numbers as the worker's
             self.foreign[wid] = (
                 f"the host's sampling agent (pid {os.getpid()}) cannot see worker {info['address']} "
@@ -151,7 +159,7 @@ class FolderWorkers:
         self._unlink(wid)
 
     def _unlink(self, wid: str) -> None:
-        for suffix in (".json", ".snap"):
+        for suffix in (".json", ".snap", ".lock"):
             try:
                 os.unlink(os.path.join(self._dir, wid + suffix))
             except FileNotFoundError:

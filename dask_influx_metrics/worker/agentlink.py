@@ -100,6 +100,8 @@ class AgentLink:
             _in_use.add(self.id)
             self._snap = SnapshotBuffer.create(BUFFER_BYTES, path=os.path.join(self._dir, f"{self.id}.snap"))
             self.outbox = Outbox(self._dir, self.id)  # this worker's own points, for the agent to send
+            # held for life: an agent that cannot see this pid (another PID namespace) tells dead from alive by it
+            self._life = runfolder.try_lock(self._dir, runfolder.life_lock(self.id))
             self.publisher = Publisher(self._snap, self.acked, snapshot.nthreads, snapshot.running, snapshot.last_job)
             runfolder.write_worker(self.folder, self.id, {**info, "pid": os.getpid(), "started": runfolder.started()})
             held = runfolder.try_lock(self.folder, runfolder.AGENT_LOCK)
@@ -354,10 +356,13 @@ class AgentLink:
         for fd_owner in (self._snap, self._beat and self._beat.buffer):
             if fd_owner is not None:
                 fd_owner.close()
-        try:
-            os.unlink(snap)
-        except FileNotFoundError:
-            pass
+        for path in (snap, os.path.join(self._dir, runfolder.life_lock(self.id))):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        if self._life is not None:
+            os.close(self._life)
         os.close(self._probe)
         self._sock.close()
         _in_use.discard(self.id)
