@@ -159,9 +159,9 @@ class FolderWorkers:
         self._unlink(wid)
 
     def _unlink(self, wid: str) -> None:
-        for suffix in (".json", ".snap", ".lock"):
+        for name in (f"{wid}.json", f"{wid}.snap", runfolder.life_lock(wid)):
             try:
-                os.unlink(os.path.join(self._dir, wid + suffix))
+                os.unlink(os.path.join(self._dir, name))
             except FileNotFoundError:
                 pass
 

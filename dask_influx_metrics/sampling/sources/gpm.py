@@ -171,8 +171,9 @@ class GpmReader:
     def _asking(self, metrics) -> tuple:
         """``(request, metrics, results, names, scales)``: the nvmlGpmMetricsGet argument for ``metrics``, built
         once (only its two samples change per call), ``results()``: each metric's ``nvmlReturn, value``, flat,
-        and each metric's field name and scale; or None for no metric. The results are unpacked in one go from the structure's bytes where its layout is
-        the usual one (pynvml's attribute access costs ~1 us per field)."""
+        and each metric's field name and scale; or None for no metric. The results are unpacked in one go from
+        the structure's bytes where its layout is the usual one (pynvml's attribute access costs ~1 us per
+        field)."""
         if not metrics:
             return None
         request, n = self._nvml.c_nvmlGpmMetricsGet_t(), len(metrics)
