@@ -24,6 +24,7 @@ Example
 from __future__ import annotations
 
 import contextvars
+from typing import Callable
 
 from distributed.protocol import pickle as _pickle
 
@@ -197,26 +198,31 @@ def worker_task_end(worker, key):
     return None if ts is None else (ts.state, ts.prefix, tuple(ts.startstops), ts.nbytes)
 
 
-# Server.digests_total: Dask's cumulative fine performance metrics, keys
-# ("execute", span_id, prefix, activity, unit) for task execution (other contexts too),
-# mutated on the event loop. Without it there are no activity points. Checked: distributed 2026.8.0, 2026.7.1.
-def worker_digests(worker) -> dict:
-    """A snapshot copy of ``worker.digests_total``, safe from another thread.
+# Worker.digest_metric(name, amount): where a worker adds each of Dask's fine performance metrics;
+# its state machine calls self.digest_metric(("execute", span_id, prefix, activity, unit), amount)
+# when a task's execution ends, so an instance attribute over the method sees every one. Without it
+# there are no activity points. Checked: distributed 2026.8.0, 2026.7.1.
+def tap_execute_digests(worker, append) -> Callable[[], None]:
+    """Also ``append((prefix, activity, unit, amount))``, on the event loop, for each execute digest the
+    worker adds from now on; returns the undo (which puts back what it covered, or, with a tap set over
+    ours since, only stops ours)."""
+    covered = vars(worker).get("digest_metric")  # another tap's, else None: the class's method
+    original = worker.digest_metric
+    live = [True]
 
-    ``dict(d)`` of a dict with str/tuple keys is one C call holding the GIL, so the event loop
-    cannot change it mid-copy on CPython with a GIL; the retry on ``RuntimeError`` ("dictionary
-    changed size during iteration") covers interpreters where that does not hold.
-    """
-    for _ in range(10):
-        try:
-            return dict(worker.digests_total)
-        except RuntimeError:
-            continue
-    return {}
+    def digest_metric(name, value):
+        original(name, value)
+        if live[0] and type(name) is tuple and len(name) == 5 and name[0] == "execute":
+            append((name[2], name[3], name[4], value))
 
+    worker.digest_metric = digest_metric
 
-def execute_digest(key):
-    """``(prefix, activity, unit)`` of a ``digests_total`` key about task execution, else None."""
-    if isinstance(key, tuple) and len(key) == 5 and key[0] == "execute":
-        return key[2:]
-    return None
+    def undo() -> None:
+        live[0] = False
+        if vars(worker).get("digest_metric") is digest_metric:
+            if covered is None:
+                del worker.digest_metric
+            else:
+                worker.digest_metric = covered
+
+    return undo

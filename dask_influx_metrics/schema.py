@@ -272,7 +272,7 @@ _FIELDS = (
         float,
         "unit tag",
         "amount of the activity since the previous activity point of "
-        "this worker, job and prefix (delta of Dask's worker digests_total 'execute' entries)",
+        "this worker, job and prefix (the sum of what Dask added to the worker's 'execute' digests)",
     ),
     Field(
         ACTIVITY,

@@ -24,7 +24,7 @@ from dask_influx_metrics import _dask
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dask_influx_metrics")
 PRIVATE = re.compile(
     r"_send_to_scheduler|stream_handlers|protocol(\.|import)pickle|register_worker_plugin|submitting_task"
-    r"|worker_plugins|worker\.(state|scheduler_delay|plugins)\b|digests_total"
+    r"|worker_plugins|worker\.(state|scheduler_delay|plugins)\b|digests_total|digest_metric"
 )
 RECORDER = "test-dask-private-recorder"
 OP = "test-dask-private-op"
@@ -235,19 +235,34 @@ def test_worker_state_reads(client, recorder):
         assert client.submit(_seceded_view, key="seceded").result(), "a seceded task is not among the running keys"
 
 
+TAPPED: dict = {}  # worker address -> (what the tap got, its undo); in the worker processes
+
+
+def _tap(dask_worker) -> None:
+    got: list = []
+    TAPPED[dask_worker.address] = (got, _dask.tap_execute_digests(dask_worker, got.append))
+
+
 def _ended(dask_worker, key) -> dict:
     end = _dask.worker_task_end(dask_worker, key)
-    digests = {_dask.execute_digest(k): v for k, v in _dask.worker_digests(dask_worker).items()}
-    return {"end": end, "digests": digests, "offset": _dask.worker_clock_offset(dask_worker)}
+    got, undo = TAPPED.pop(dask_worker.address, ([], lambda: None))
+    undo()
+    return {
+        "end": end,
+        "tapped": {(p, a, u) for p, a, u, _ in got},
+        "totals": {k[2:] for k in dask_worker.digests_total if isinstance(k, tuple) and k[0] == "execute"},
+        "untapped": "digest_metric" not in vars(dask_worker),
+    }
 
 
 def test_task_end_and_fine_performance_metrics(client):
     with dask_contract(
-        "WorkerState.tasks[key] (state, prefix, startstops, nbytes) or Worker.digests_total "
-        "('execute', span, prefix, activity, unit)",
+        "WorkerState.tasks[key] (state, prefix, startstops, nbytes) or Worker.digest_metric "
+        "(('execute', span, prefix, activity, unit), amount) called through the instance",
         "the task stream loses its timings, sizes and states; activity points stop",
     ):
         worker = sorted(client.scheduler_info()["workers"])[0]
+        client.run(_tap, workers=[worker])
         before = time.time()
         done = client.submit(lambda: b"y" * 1000, key="ended-task-1", workers=[worker])
         done.result()
@@ -256,8 +271,48 @@ def test_task_end_and_fine_performance_metrics(client):
         assert (state, prefix) == ("memory", "ended-task") and nbytes >= 1000, got
         [compute] = [s for s in startstops if s["action"] == "compute"]
         assert before - 5 < compute["start"] <= compute["stop"] < time.time() + 5, got  # scheduler clock, seconds
-        assert ("ended-task", "thread-cpu", "seconds") in got["digests"], got["digests"]
+        assert ("ended-task", "thread-cpu", "seconds") in got["tapped"], got
+        assert got["tapped"] <= got["totals"] and got["untapped"], got  # Dask still adds them; the undo undoes
         assert client.run(_ended, key="no-such-key", workers=[worker])[worker]["end"] is None
+
+
+class _Digests:
+    """Stands in for a worker: Dask's method adds up the digests."""
+
+    def __init__(self):
+        self.total: dict = {}
+
+    def digest_metric(self, name, value):
+        self.total[name] = self.total.get(name, 0) + value
+
+
+EXECUTE = ("execute", "span-1", "inc", "thread-cpu", "seconds")
+
+
+def test_taps_on_dask_digests_stack_and_come_off_in_either_order():
+    w, a, b = _Digests(), [], []
+    undo_a = _dask.tap_execute_digests(w, a.append)
+    undo_b = _dask.tap_execute_digests(w, b.append)
+    w.digest_metric(EXECUTE, 1.0)
+    w.digest_metric("latency", 0.1)  # not an execute digest
+    w.digest_metric(("gather-dep", "busy", "seconds"), 0.1)
+    assert a == b == [("inc", "thread-cpu", "seconds", 1.0)]
+    undo_b()  # the newer first: the older still taps
+    w.digest_metric(EXECUTE, 2.0)
+    assert len(a) == 2 and len(b) == 1
+    undo_a()
+    assert "digest_metric" not in vars(w)  # Dask's own method again
+    w.digest_metric(EXECUTE, 4.0)
+    assert len(a) == 2 and w.total[EXECUTE] == 7.0  # Dask added every amount all along
+
+    undo_a = _dask.tap_execute_digests(w, a.append)
+    undo_b = _dask.tap_execute_digests(w, b.append)
+    undo_a()  # the older first: it stops, the newer goes on
+    w.digest_metric(EXECUTE, 1.0)
+    assert len(a) == 2 and len(b) == 2
+    undo_b()
+    w.digest_metric(EXECUTE, 1.0)
+    assert len(a) == 2 and len(b) == 2 and w.total[EXECUTE] == 9.0
 
 
 def code_lines(path) -> dict:

@@ -68,9 +68,12 @@ def test_tasks_ending_on_the_same_nanosecond_in_one_series_get_distinct_times():
 def test_tracking_picks_the_fields_and_turns_the_stream_on():
     assert wanted(fields_for(["task-stream"])) and wanted(fields_for(["fine-metrics"]))
     assert not wanted(fields_for(["tasks", "compute-util"]))
-    stream = TaskStream(fields_for(["fine-metrics"]), BASE, digests=lambda: {})
+    stream = TaskStream(fields_for(["fine-metrics"]), BASE)
     stream.ended.append(record("inc-1"))
-    assert stream.points(now_ns=1) == []  # activity only, and nothing ran since the baseline
+    assert stream.points(now_ns=1) == []  # activity only, and Dask added nothing yet
+    stream.fine.added.append(("inc", "thread-cpu", "seconds", 0.5))
+    [p] = stream.points(now_ns=2)  # the end recorded last tick gets what Dask added after it
+    assert (p.tags["job"], p.tags["prefix"], p.fields["value"]) == ("1", "inc", 0.5)
     assert set(TRACKING["task-stream"]) == {("task", n) for n in stream_fields()}
 
 

@@ -81,7 +81,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.worker_payload = worker_payload
         self.session = dict(session)
         self.link = None  # sampler.mode agent: the link to the host's agent
-        self.sampler = self.sink = self.gpus = self.extras = None
+        self.sampler = self.sink = self.gpus = self.extras = self.tasks = None
+        self._untap = None  # takes the tap off Dask's digests (fine metrics)
         self.closed = False
 
     def setup(self, worker):
@@ -97,13 +98,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.report = Reporter(self._event, worker=worker.address, host=self.base_tags["host"])
         # Dask's clock-offset estimate, steadied: it jumps by tens of ms while tasks hold the GIL
         self.offset = SteadyOffset(functools.partial(_dask.worker_clock_offset, worker))
-        self.tasks = (
-            taskstream.TaskStream(
-                settings.fields, self.base_tags, self.offset, digests=functools.partial(_dask.worker_digests, worker)
-            )
-            if taskstream.wanted(settings.fields)
-            else None
-        )
+        if taskstream.wanted(settings.fields):
+            self.tasks = taskstream.TaskStream(settings.fields, self.base_tags, self.offset)
+            if self.tasks.fine is not None:  # Dask's execute digests, as it adds them
+                self._untap = _dask.tap_execute_digests(worker, self.tasks.fine.added.append)
         if settings.sampler_mode == "agent":
             return self._join_agent()  # awaited by Dask: sampling has begun when start() returns
         self._sample_in_process()
@@ -130,6 +128,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
             link = await _off_loop(AgentLink, config, info, self.registry.snapshot(), self.report)
         except PermissionError as e:  # another user's folder in /dev/shm: refused, as a foreign spool root is
             self.report("agent", f"refused to start: {e}")
+            if self._untap is not None:  # no activity points from a worker that refused to sample
+                self._untap()
             raise
         except Exception as e:
             self.report(
@@ -275,6 +275,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
         """Leave the agent (it samples this worker once more) and stop the in-process sampler; the
         awaitable returned (Dask awaits it) does the waiting in a thread, each wait bounded."""
         self.closed = True
+        if self._untap is not None:
+            self._untap()
         link, self.link = self.link, None
         if link is not None:
             self._ticker.stop()

@@ -50,20 +50,20 @@ def wanted(fields) -> bool:
 
 
 class TaskStream:
-    """Finished task executions -> ``task`` points and (with ``digests``) ``activity`` points."""
+    """Finished task executions -> ``task`` points and (with the ``activity`` fields) ``activity`` points."""
 
     def __init__(
         self,
         fields,
         base_tags: dict,
         clock_offset: Callable[[], float] = lambda: 0.0,
-        digests: Callable[[], dict] | None = None,
     ):
         self.ended: collections.deque = collections.deque(maxlen=MAX_PENDING)
         self._want = frozenset(n for m, n in fields if m == TASK)
         self._every = self._want >= FIELDS  # every field a record has: its dict is the point's, unfiltered
         self._tags, self._offset = dict(base_tags), clock_offset
-        self.fine = FineMetrics(digests, fields, base_tags) if digests and (ACTIVITY, "value") in fields else None
+        # with Dask's execute digests fed to fine.added (the worker plugin taps them)
+        self.fine = FineMetrics(fields, base_tags) if (ACTIVITY, "value") in fields else None
         self._last: dict = {}  # series -> the latest ns written this tick (records come sorted)
         self._times: dict = {}  # series -> ns written this tick; _before: the previous tick's
         self._before: dict = {}
@@ -75,11 +75,11 @@ class TaskStream:
 
     def points(self, now_ns: int) -> list[Point]:
         """Drain the finished executions: their task points, then the activity points of this tick."""
-        if not self.ended and (self.fine is None or not self.fine.waiting()):
-            return []  # nothing ended: no digest moved either (an idle worker costs one check)
-        # digests first: a task's digests are added after its record, so every digest read here
+        if not self.ended and (self.fine is None or not self.fine.pending()):
+            return []  # nothing ended, nothing added (an idle worker costs one check)
+        # digests first: a task's digests are added after its record, so every digest taken here
         # has its record drained below (a record whose digests come later waits for them)
-        snapshot = self.fine.snapshot() if self.fine else None
+        taken = self.fine.take() if self.fine else None
         records = []
         while self.ended:
             records.append(self._record(self.ended.popleft()))
@@ -88,7 +88,7 @@ class TaskStream:
         self._before, self._times, self._last, self._series_tags = self._times, {}, {}, {}
         if self.fine:
             out += self.fine.points(
-                snapshot, [(prefix, job, duration) for _, job, _, _, prefix, _, duration, _ in records], now_ns
+                taken, [(prefix, job, duration) for _, job, _, _, prefix, _, duration, _ in records], now_ns
             )
         return out
 
