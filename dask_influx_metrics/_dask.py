@@ -208,17 +208,18 @@ def tap_execute_digests(worker, append) -> Callable[[], None]:
     ours since, only stops ours)."""
     covered = vars(worker).get("digest_metric")  # another tap's, else None: the class's method
     original = worker.digest_metric
-    live = [True]
+    live = True
 
     def digest_metric(name, value):
         original(name, value)
-        if live[0] and type(name) is tuple and len(name) == 5 and name[0] == "execute":
+        if live and type(name) is tuple and len(name) == 5 and name[0] == "execute":
             append((name[2], name[3], name[4], value))
 
     worker.digest_metric = digest_metric
 
     def undo() -> None:
-        live[0] = False
+        nonlocal live
+        live = False
         if vars(worker).get("digest_metric") is digest_metric:
             if covered is None:
                 del worker.digest_metric
