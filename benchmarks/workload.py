@@ -159,7 +159,9 @@ def _row(
 ) -> dict:
     wall, base = [r["seconds"] for r in on], [r["seconds"] for r in off]
     med, ratio = common.median(wall), common.median(wall) / common.median(base)
-    paired = common.median([a / b for a, b in zip(wall, base)])
+    ratios = [a / b for a, b in zip(wall, base)]
+    paired, interval = common.median(ratios), common.median_interval(ratios)
+    spread = f" (95 % interval {interval[0]:.3f}-{interval[1]:.3f})" if interval else ""
     cpu_ratio = common.median([r["cpu"] for r in on]) / common.median([r["cpu"] for r in off])
     rate = common.median([r["samples"] / r["seconds"] / workers for r in on])
     costs = [r["cost_us"] for r in on if r["cost_us"] is not None]
@@ -180,11 +182,11 @@ def _row(
         target=f"<= {target:.2f}x" if target else None,
         met=(ratio <= target) if target else None,
         notes=(
-            f"{note}median of {rounds} alternated runs; per-round ratio median {paired:.3f}; worker CPU "
+            f"{note}median of {rounds} alternated runs; per-round ratio median {paired:.3f}{spread}; worker CPU "
             f"seconds ratio {cpu_ratio:.3f}; {rate:.1f} samples/s per worker arrived{cost}; "
             f"runs {', '.join(f'{x:.2f}' for x in wall)} s"
         ),
-        details={"runs": on, "paired_ratio_median": paired, "worker_cpu_ratio": cpu_ratio},
+        details={"runs": on, "paired_ratio_median": paired, "paired_interval": interval, "worker_cpu_ratio": cpu_ratio},
     )
 
 

@@ -26,6 +26,17 @@ def test_quick_benchmarks_run(tmp_path):
     assert all(r["measured"] is not None for r in result["rows"])
 
 
+def test_median_interval_is_the_sign_tests():
+    """The order statistics whose binomial coverage reaches 95 %: [2nd, 8th] of 9, [min, max] of 6, none of 5."""
+    from benchmarks.common import median_interval
+
+    assert median_interval([9, 1, 8, 2, 7, 3, 6, 4, 5]) == (2, 8)
+    assert median_interval(range(6)) == (0, 5)
+    assert median_interval(range(24)) == (6, 17)  # P(X <= 6) = 0.011 per tail; P(X <= 7) = 0.032 is too wide
+    assert median_interval(range(5)) is None
+    assert median_interval(range(9), level=0.8) == (2, 6)  # 82 %
+
+
 def test_gpu_source_nvml_runs_or_skips_cleanly(tmp_path):
     from dask_influx_metrics.sampling.sources.nvml_devices import nvml_available
 
