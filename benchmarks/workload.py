@@ -190,6 +190,19 @@ def _row(
     )
 
 
+def array_modes() -> dict:
+    """The modes of the array workload's rounds, in their running order: ``monitored`` keyword arguments."""
+    modes = {
+        "off": {},
+        "on @200 ms": {"interval_ms": 200},
+        "on @50 ms": {"interval_ms": 50},
+        "attached only (no sampling)": {"interval_ms": 200, "start": False},
+    }
+    if common.has_sampler_mode():
+        modes["on @200 ms, sampler_mode=thread"] = {"interval_ms": 200, "sampler_mode": "thread"}
+    return modes
+
+
 def run(quick: bool = False) -> list[dict]:
     from distributed import Client, LocalCluster
 
@@ -197,15 +210,9 @@ def run(quick: bool = False) -> list[dict]:
     if skipped:
         return skipped
     rounds, sizes = (2, (500, 2000, 500)) if quick else (7, (2000, 3000, 750))
-    modes = {
-        "off": {},
-        "on @200 ms": {"interval_ms": 200},
-        "on @50 ms": {"interval_ms": 50},
-        "attached only (no sampling)": {"interval_ms": 200, "start": False},
-    }
+    modes = array_modes()
     short_modes = {"off": {}, "on @50 ms": {"interval_ms": 50}}
     if common.has_sampler_mode():
-        modes["on @200 ms, sampler_mode=thread"] = {"interval_ms": 200, "sampler_mode": "thread"}
         short_modes["on @50 ms, sampler_mode=thread"] = {"interval_ms": 50, "sampler_mode": "thread"}
     with (
         LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,

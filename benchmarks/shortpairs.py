@@ -1,0 +1,75 @@
+"""What the 4,000 short tasks row can resolve: many alternated pairs, the ratio with its 95 % interval.
+
+A standalone script, not in ``MODULES`` (about 15 s a pair). The ``workload`` benchmark's short-task
+row takes 9 alternated rounds; on a 2-core VM one pair's ratio scatters by ~5 %, so the median of 9
+has an interval of about +-4 %: wider than the 2 % target. This runs the same round (``workload.
+short_tasks``, 2 workers x 1 thread, 8 simulated GPUs, every metric, UDP to a drained socket) off and
+on @50 ms (the default configuration), ``--pairs`` times alternated, on a fresh cluster or, with
+``--after-array N``, after N rounds of the benchmark's five array modes (its cluster's state when
+its short rounds start: N = 7). Reported: the ratio of the medians, the per-pair ratio median with
+its distribution-free 95 % interval (:func:`benchmarks.common.median_interval`) and the mean.
+
+Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+from benchmarks import common, workload
+
+
+def pairs(n: int, after_array: int = 0) -> dict:
+    """``{"off": [s, ...], "on": [s, ...]}``: the short-task rounds' wall times, alternated."""
+    from distributed import Client, LocalCluster
+
+    sizes = (2000, 3000, 750)
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        workload.monitored(client, (1000,), 50, work=workload.short_tasks)  # warm-up
+        for _ in range(after_array):
+            for kw in workload.array_modes().values():
+                workload.monitored(client, sizes, **kw)
+        runs = common.alternate(
+            {
+                "off": lambda: workload.monitored(client, (4000,), work=workload.short_tasks),
+                "on": lambda: workload.monitored(client, (4000,), 50, work=workload.short_tasks),
+            },
+            n,
+        )
+    return {mode: [r["seconds"] for r in rs] for mode, rs in runs.items()}
+
+
+def summary(off: list, on: list) -> str:
+    ratios = [a / b for a, b in zip(on, off)]
+    interval = common.median_interval(ratios)
+    shown = f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "(too few pairs for one)"
+    return (
+        f"{len(ratios)} pairs: ratio of medians {statistics.median(on) / statistics.median(off):.3f}; "
+        f"per-pair ratio median {statistics.median(ratios):.3f}, 95 % interval {shown}; "
+        f"mean {statistics.mean(ratios):.3f}"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.shortpairs", description=__doc__.split("\n")[0])
+    p.add_argument("--pairs", type=int, default=24, help="alternated off/on pairs (default 24)")
+    p.add_argument("--after-array", type=int, default=0, metavar="N", help="N rounds of the array modes first")
+    args = p.parse_args()
+    runs = pairs(args.pairs, args.after_array)
+    print(summary(runs["off"], runs["on"]))
+    for mode, seconds in runs.items():
+        print(f"{mode:3s} {', '.join(f'{s:.2f}' for s in seconds)} s")
+    path = common.write_json(
+        os.path.join(common.RESULTS_DIR, "shortpairs.json"),
+        {"env": common.environment(), "after_array": args.after_array, **runs},
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
