@@ -9,7 +9,8 @@ on @50 ms (the default configuration), ``--pairs`` times alternated, on a fresh 
 its short rounds start: N = 7). Reported: the ratio of the medians, the per-pair ratio median with
 its distribution-free 95 % interval (:func:`benchmarks.common.median_interval`) and the mean.
 
-Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7]``.
+Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S]``; with
+``BENCH_GPU_SOURCE=nvml`` the agent reads the node's own GPUs instead of 8 simulated ones per worker.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import time
 
 from benchmarks import common, workload
 
 
-def pairs(n: int, after_array: int = 0) -> dict:
-    """``{"off": [s, ...], "on": [s, ...]}``: the short-task rounds' wall times, alternated."""
+def pairs(n: int, after_array: int = 0, seconds: float | None = None) -> dict:
+    """``{"off": [s, ...], "on": [s, ...]}``: the short-task rounds' wall times, alternated; no new pair
+    starts once ``seconds`` have passed (a lent GPU machine's command has a time limit). Each pair is
+    printed as it ends, so that a run stopped from outside still leaves its pairs in the log."""
     from distributed import Client, LocalCluster
 
     sizes = (2000, 3000, 750)
@@ -34,14 +38,13 @@ def pairs(n: int, after_array: int = 0) -> dict:
         for _ in range(after_array):
             for kw in workload.array_modes().values():
                 workload.monitored(client, sizes, **kw)
-        runs = common.alternate(
-            {
-                "off": lambda: workload.monitored(client, (4000,), work=workload.short_tasks),
-                "on": lambda: workload.monitored(client, (4000,), 50, work=workload.short_tasks),
-            },
-            n,
-        )
-    return {mode: [r["seconds"] for r in rs] for mode, rs in runs.items()}
+        deadline = None if seconds is None else time.monotonic() + seconds
+        runs: dict = {"off": [], "on": []}
+        while len(runs["on"]) < n and (deadline is None or time.monotonic() < deadline):
+            runs["off"].append(workload.monitored(client, (4000,), work=workload.short_tasks)["seconds"])
+            runs["on"].append(workload.monitored(client, (4000,), 50, work=workload.short_tasks)["seconds"])
+            print(f"pair {len(runs['on'])}: off {runs['off'][-1]:.3f} s, on {runs['on'][-1]:.3f} s", flush=True)
+    return runs
 
 
 def summary(off: list, on: list) -> str:
@@ -58,15 +61,16 @@ def summary(off: list, on: list) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.shortpairs", description=__doc__.split("\n")[0])
     p.add_argument("--pairs", type=int, default=24, help="alternated off/on pairs (default 24)")
+    p.add_argument("--seconds", type=float, help="start no new pair after this many seconds")
     p.add_argument("--after-array", type=int, default=0, metavar="N", help="N rounds of the array modes first")
     args = p.parse_args()
-    runs = pairs(args.pairs, args.after_array)
+    runs = pairs(args.pairs, args.after_array, args.seconds)
     print(summary(runs["off"], runs["on"]))
     for mode, seconds in runs.items():
         print(f"{mode:3s} {', '.join(f'{s:.2f}' for s in seconds)} s")
     path = common.write_json(
         os.path.join(common.RESULTS_DIR, "shortpairs.json"),
-        {"env": common.environment(), "after_array": args.after_array, **runs},
+        {"env": common.environment(), "after_array": args.after_array, "gpus": common.gpus_label(8), **runs},
     )
     print(f"wrote {path}")
 
