@@ -156,12 +156,15 @@ def _key_ok(key: str, seen) -> bool:
 
 
 # Samples repeat the same series every interval: escaping each distinct
-# ``measurement,tags `` prefix and field key once makes encoding several times
-# cheaper. Bounded: :func:`encode_many` clears them between batches once one
-# holds ``_CACHE_LIMIT`` entries (within a batch they may grow past it). Drops of
-# tags are counted in ``stats`` once per distinct prefix.
+# ``measurement,tags `` prefix, tag and field key once makes encoding several times
+# cheaper. When a job or DAG starts, every series of the sample gets a new prefix:
+# the tags that did not change are found escaped already. Bounded: :func:`encode_many`
+# clears them between batches once one holds ``_CACHE_LIMIT`` entries (within a
+# batch they may grow past it). Drops of tags are counted in ``stats`` once per
+# distinct prefix.
 _CACHE_LIMIT = 4096
 _prefixes: dict = {}
+_tags: dict = {}
 _field_keys: dict = {}
 
 
@@ -182,15 +185,26 @@ def _build_prefix(measurement, tags) -> Optional[str]:
     name = _measurement(measurement)
     if not name:
         return None
-    clean: dict[str, str] = {}
-    for key, value in sorted(((str(k), v) for k, v in tags.items()), key=lambda kv: kv[0]):
-        value = "" if value is None else _clean(value, _TRAILING_BS)
-        if not value:
-            continue  # line protocol cannot hold an empty tag value
-        key = _clean(key, _TRAILING_BS)
-        if _key_ok(key, clean):
-            clean[key] = value
-    return "".join([name] + [f",{k.translate(_KEY_ESC)}={clean[k].translate(_KEY_ESC)}" for k in sorted(clean)]) + " "
+    clean: dict[str, str] = {}  # cleaned key -> ",key=value", escaped
+    for key in sorted(tags, key=str):
+        tag = _tag(str(key), tags[key])
+        if tag is not None and _key_ok(tag[0], clean):
+            clean[tag[0]] = tag[1]
+    return "".join([name] + [clean[k] for k in sorted(clean)]) + " "
+
+
+def _tag(key: str, value) -> Optional[tuple[str, str]]:
+    """(cleaned key, ``,key=value`` escaped), cached; None for an empty value (line protocol has none)."""
+    try:
+        return _tags[key, value]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable value
+        value = str(value)
+    text = "" if value is None else _clean(value, _TRAILING_BS)
+    clean = _clean(key, _TRAILING_BS)
+    _tags[key, value] = result = (clean, f",{clean.translate(_KEY_ESC)}={text.translate(_KEY_ESC)}") if text else None
+    return result
 
 
 def _field_key(key) -> tuple[str, str]:
@@ -220,6 +234,7 @@ def _field_key(key) -> tuple[str, str]:
 # a string with a newline) is written point by point, each point failing that
 # test by the general path, so output and ``stats`` do not depend on the path.
 _lines: dict = {}
+_fields: dict = {}  # (field keys, value types, untimed) -> the template's part after the prefix
 _SPEC = {float: "%b", int: "%bi", bool: "%b", str: '"%b"'}
 _NEW = object()  # a series not seen yet
 
@@ -235,16 +250,27 @@ def _line_template(point: Point) -> Optional[tuple]:
     prefix = _prefix(measurement, tags)
     if prefix is None or not fields or (time_ns is not None and type(time_ns) is not int):
         return None
+    kinds = tuple(map(type, fields.values()))
+    key = (*fields, *kinds, time_ns is None)
+    try:
+        rest = _fields[key]
+    except KeyError:
+        rest = _fields[key] = _fields_template(fields, kinds, time_ns is None)
+    if rest is None:
+        return None
+    return prefix.replace("%", "%%").encode("utf-8", "replace") + rest, str in kinds
+
+
+def _fields_template(fields: dict, kinds: tuple, untimed: bool) -> Optional[bytes]:
+    """The part of a line template after the prefix, or None when the fast path does not apply."""
     parts, seen = [], set()
-    for key, value in fields.items():
-        kind = type(value)
+    for key, kind in zip(fields, kinds):
         clean, escaped = _field_key(key)
         if kind not in _SPEC or not clean or clean in _RESERVED or clean in seen:
             return None
         seen.add(clean)
         parts.append(escaped.replace("%", "%%") + "=" + _SPEC[kind])
-    template = prefix.replace("%", "%%") + ",".join(parts) + ("" if time_ns is None else " %b")
-    return template.encode("utf-8", "replace"), str in map(type, fields.values())
+    return (",".join(parts) + ("" if untimed else " %b")).encode("utf-8", "replace")
 
 
 def _series(point: Point) -> Optional[tuple]:
@@ -307,10 +333,9 @@ def encode_many(points: Iterable[Point]) -> list[bytes]:
     >>> encode_many([Point("a", {}, {"v": 1}, 1), Point("b", {}, {}, 2)])
     [b'a v=1i 1']
     """
-    if max(len(_lines), len(_prefixes), len(_field_keys)) >= _CACHE_LIMIT:
-        _lines.clear()  # between batches only, so that a batch written again point by point finds
-        _prefixes.clear()  # what it built (and counts no drop twice)
-        _field_keys.clear()
+    if max(len(_lines), len(_prefixes), len(_tags), len(_fields), len(_field_keys)) >= _CACHE_LIMIT:
+        for cache in (_lines, _prefixes, _tags, _fields, _field_keys):  # between batches only, so that a batch
+            cache.clear()  # written again point by point finds what it built (and counts no drop twice)
     return _batch(points)
 
 

@@ -149,7 +149,21 @@ def test_the_cache_is_bounded(monkeypatch):
     lp._lines.clear()
     for i in range(25):
         assert lp.encode(Point("m", {"i": str(i)}, {"v": 1.0}, 1)) == b"m,i=%d v=1.0 1" % i
-        assert len(lp._lines) <= 10
+        assert max(map(len, (lp._lines, lp._prefixes, lp._tags, lp._fields, lp._field_keys))) <= 10
+
+
+def test_a_new_dag_escapes_only_its_own_tags(monkeypatch):
+    """When a DAG starts, each series of the sample gets a new prefix: the other tags and the fields are
+    found escaped (the agent writes ~20 series a sample, every one of them new at each DAG)."""
+    for cache in ("_lines", "_prefixes", "_tags", "_fields"):
+        monkeypatch.setattr(lp, cache, {})
+    gpu = Point("gpu", {"host": "h", "uuid": "GPU-1", "job": "1", "dag": "1"}, {"u": 1.5, "mem": 3}, 1)
+    lines = lp.encode_many([gpu, gpu._replace(tags={**gpu.tags, "dag": "2"})])
+    assert lines == [
+        b"gpu,dag=1,host=h,job=1,uuid=GPU-1 u=1.5,mem=3i 1",
+        b"gpu,dag=2,host=h,job=1,uuid=GPU-1 u=1.5,mem=3i 1",
+    ]
+    assert len(lp._lines) == 2 and len(lp._fields) == 1 and len(lp._tags) == 5
 
 
 def random_float(rng: random.Random) -> float:
