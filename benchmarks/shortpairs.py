@@ -9,7 +9,11 @@ on @50 ms (the default configuration), ``--pairs`` times alternated, on a fresh 
 its short rounds start: N = 7). Reported: the ratio of the medians, the per-pair ratio median with
 its distribution-free 95 % interval (:func:`benchmarks.common.median_interval`) and the mean.
 
-Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S]``; with
+``--control`` adds a third round to each pair, the benchmark's "attached only" mode (the scheduler plugin
+installed, no session: nothing sampled, no task tagged), and rotates the three rounds' order from one set
+to the next: its ratio to off is what the instrument reads for a monitor that costs next to nothing.
+
+Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S] [--control]``; with
 ``BENCH_GPU_SOURCE=nvml`` the agent reads the node's own GPUs instead of 8 simulated ones per worker.
 """
 
@@ -22,11 +26,14 @@ import time
 
 from benchmarks import common, workload
 
+MODES = {"off": {}, "on": {"interval_ms": 50}, "attached": {"interval_ms": 50, "start": False}}
 
-def pairs(n: int, after_array: int = 0, seconds: float | None = None) -> dict:
-    """``{"off": [s, ...], "on": [s, ...]}``: the short-task rounds' wall times, alternated; no new pair
-    starts once ``seconds`` have passed (a lent GPU machine's command has a time limit). Each pair is
-    printed as it ends, so that a run stopped from outside still leaves its pairs in the log."""
+
+def pairs(n: int, after_array: int = 0, seconds: float | None = None, control: bool = False) -> dict:
+    """``{"off": [s, ...], "on": [s, ...]}`` (and ``"attached"`` with ``control``): the short-task rounds'
+    wall times, alternated (with ``control``, the order rotates by one each set); no new set starts once
+    ``seconds`` have passed (a lent GPU machine's command has a time limit). Each set is printed as it
+    ends, so that a run stopped from outside still leaves its rounds in the log."""
     from distributed import Client, LocalCluster
 
     sizes = (2000, 3000, 750)
@@ -39,15 +46,22 @@ def pairs(n: int, after_array: int = 0, seconds: float | None = None) -> dict:
             for kw in workload.array_modes().values():
                 workload.monitored(client, sizes, **kw)
         deadline = None if seconds is None else time.monotonic() + seconds
-        runs: dict = {"off": [], "on": []}
+        modes = list(MODES) if control else ["off", "on"]
+        runs: dict = {mode: [] for mode in modes}
         while len(runs["on"]) < n and (deadline is None or time.monotonic() < deadline):
-            runs["off"].append(workload.monitored(client, (4000,), work=workload.short_tasks)["seconds"])
-            runs["on"].append(workload.monitored(client, (4000,), 50, work=workload.short_tasks)["seconds"])
-            print(f"pair {len(runs['on'])}: off {runs['off'][-1]:.3f} s, on {runs['on'][-1]:.3f} s", flush=True)
+            k = len(runs["on"]) % len(modes) if control else 0
+            for mode in modes[k:] + modes[:k]:
+                runs[mode].append(
+                    workload.monitored(client, (4000,), work=workload.short_tasks, **MODES[mode])["seconds"]
+                )
+            shown = ", ".join(f"{mode} {runs[mode][-1]:.3f} s" for mode in modes)
+            print(f"pair {len(runs['on'])}: {shown}", flush=True)
     return runs
 
 
 def summary(off: list, on: list) -> str:
+    """The ratios of ``on`` to ``off``, pair by pair: their medians' ratio, the per-pair median with its
+    95 % interval, the mean."""
     ratios = [a / b for a, b in zip(on, off)]
     interval = common.median_interval(ratios)
     shown = f"[{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "(too few pairs for one)"
@@ -63,9 +77,12 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=24, help="alternated off/on pairs (default 24)")
     p.add_argument("--seconds", type=float, help="start no new pair after this many seconds")
     p.add_argument("--after-array", type=int, default=0, metavar="N", help="N rounds of the array modes first")
+    p.add_argument("--control", action="store_true", help="an attached-only round in each pair too")
     args = p.parse_args()
-    runs = pairs(args.pairs, args.after_array, args.seconds)
-    print(summary(runs["off"], runs["on"]))
+    runs = pairs(args.pairs, args.after_array, args.seconds, args.control)
+    print("on vs off:", summary(runs["off"], runs["on"]))
+    if args.control:
+        print("attached only vs off:", summary(runs["off"], runs["attached"]))
     for mode, seconds in runs.items():
         print(f"{mode:3s} {', '.join(f'{s:.2f}' for s in seconds)} s")
     path = common.write_json(
