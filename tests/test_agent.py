@@ -4,6 +4,7 @@ The run folder and the agent process on their own: ``test_agent_link.py``; who g
 ``test_gpu_attribution.py``.
 """
 
+import functools
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from collections import Counter
 import psutil
 import pytest
 from distributed import Client
+from polling import wait_until as poll_until
 
 from dask_influx_metrics import Monitor, custom_metric, lineparse, runfolder
 from dask_influx_metrics.outbox import Outbox
@@ -24,12 +26,7 @@ from dask_influx_metrics.sinks.spool import read_lines
 POLL_MS = 50
 
 
-def wait_until(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s")
-        time.sleep(0.02)
+wait_until = functools.partial(poll_until, timeout=20.0, step=0.02)  # agents start slowly on 2 cores
 
 
 def points(directory, measurement=None):

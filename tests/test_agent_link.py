@@ -5,6 +5,7 @@ several workers of one ``processes=False`` cluster are.
 """
 
 import dataclasses
+import functools
 import os
 import threading
 import time
@@ -12,6 +13,7 @@ import types
 
 import psutil
 import pytest
+from polling import wait_until as poll_until
 
 from dask_influx_metrics import lineparse, runfolder
 from dask_influx_metrics.config import Settings
@@ -19,13 +21,7 @@ from dask_influx_metrics.sinks.spool import read_lines
 from dask_influx_metrics.snapshot import Snapshot
 from dask_influx_metrics.worker.agentlink import AgentLink
 
-
-def wait_until(predicate, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached in {timeout} s")
-        time.sleep(0.01)
+wait_until = functools.partial(poll_until, timeout=20.0, step=0.01)  # agents start slowly on 2 cores
 
 
 def points(directory, measurement="worker"):
