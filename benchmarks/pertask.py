@@ -26,16 +26,17 @@ KEY = ("bench-0123456789abcdef", 0)
 
 
 def publisher(n: int = 20_000, rounds: int = 7) -> dict:
+    from dask_influx_metrics.seqlock import SnapshotBuffer
     from dask_influx_metrics.snapshot import (
         BEAT_BYTES,
+        BUFFER_BYTES,
         BeatReader,
         Publisher,
-        SnapshotBuffer,
         SnapshotReader,
         write_beat,
     )
 
-    buf, beat = SnapshotBuffer.create(), SnapshotBuffer.create(BEAT_BYTES)
+    buf, beat = SnapshotBuffer.create(BUFFER_BYTES), SnapshotBuffer.create(BEAT_BYTES)
     try:
         beat_reader = BeatReader(beat, "w")
         pub = Publisher(buf, beat_reader.acked, nthreads=1)

@@ -1,8 +1,7 @@
 """What a worker and its host's sampling agent share: the task snapshot one way, the agent's beat the other.
 
-Both are :class:`SnapshotBuffer` s over files in the session's host run folder (:mod:`.runfolder`): one
-writer, any readers, under a seqlock (the sequence number is odd while writing; a reader retries on an odd
-or changed number or a CRC mismatch).
+Both are :class:`~.seqlock.SnapshotBuffer` s over files in the session's host run folder (:mod:`.runfolder`):
+one writer, any readers, under a seqlock.
 
 **The snapshot** (worker -> agent, ``workers/<id>.snap``, :data:`BUFFER_BYTES`), written by
 :class:`Publisher` on the worker's event loop just before the agent's next sample when tasks started or
@@ -48,25 +47,19 @@ from __future__ import annotations
 import json
 import logging
 import math
-import mmap
-import os
 import struct
-import tempfile
 import time
-import zlib
 from typing import Callable, NamedTuple
 
 from . import jobtags
+from .seqlock import HEADER, SnapshotBuffer
 
 logger = logging.getLogger(__name__)
 
-BUFFER_BYTES = 1 << 20  # tmpfs allocates only what is written
+BUFFER_BYTES = 128 << 10  # reserved whole (:mod:`.seqlock`); beyond, keys go first
 BEAT_BYTES = 1 << 16
 RECENT = 64  # ended tasks carried with their keys until the agent has sampled them (then folded)
 ASK_EVERY = 16  # carried tasks between two looks at what the agent acknowledged (pruning those it sampled)
-_SEQ = struct.Struct("<Q")  # at offset 0: even = stable, odd = being written
-_BODY = struct.Struct("<II")  # at offset 8: payload length, crc32
-_HEADER = _SEQ.size + _BODY.size
 
 
 class Snapshot(NamedTuple):
@@ -104,78 +97,6 @@ def plain_key(k):
     ['x', 1, "b'y'"]
     """
     return [plain_key(p) for p in k] if isinstance(k, tuple) else (k if isinstance(k, (int, float)) else str(k))
-
-
-class SnapshotBuffer:
-    """One writer, any readers, over a shared mapping of file descriptor ``fd`` (seqlock + CRC)."""
-
-    def __init__(self, fd: int, size: int, writable: bool):
-        self.fd, self.size, self.capacity = fd, size, size - _HEADER
-        self._mm = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
-        self._seq = _SEQ.unpack_from(self._mm, 0)[0]
-
-    @classmethod
-    def create(cls, size: int = BUFFER_BYTES, path: str | None = None) -> "SnapshotBuffer":
-        """A new zeroed buffer: the file ``path`` (created 0600, replaced if there), else anonymous memory."""
-        if path is not None:
-            tmp = f"{path}.{os.getpid()}.new"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-            os.ftruncate(fd, size)
-            os.replace(tmp, path)  # readers never see a file shorter than ``size``
-        else:
-            with tempfile.TemporaryFile() as f:
-                fd = os.dup(f.fileno())
-            os.ftruncate(fd, size)
-        return cls(fd, size, writable=True)
-
-    @classmethod
-    def open(cls, path: str, size: int) -> "SnapshotBuffer":
-        """Another process's buffer, read-only."""
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            return cls(fd, size, writable=False)
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def write(self, data: bytes) -> None:
-        if len(data) > self.capacity:
-            raise ValueError(f"{len(data)} bytes do not fit in {self.capacity}")
-        mm, seq = self._mm, self._seq + 1
-        _SEQ.pack_into(mm, 0, seq)  # odd: readers retry
-        mm[_HEADER : _HEADER + len(data)] = data
-        _BODY.pack_into(mm, _SEQ.size, len(data), zlib.crc32(data))
-        _SEQ.pack_into(mm, 0, seq + 1)
-        self._seq = seq + 1
-
-    def raw(self) -> mmap.mmap:
-        """The mapping itself, for a reader that needs one fixed-size field at a glance."""
-        return self._mm
-
-    def version(self) -> int:
-        """The sequence number now (even: stable; it changes with every write): a few tens of
-        nanoseconds, to tell whether :meth:`read` could return anything new."""
-        return _SEQ.unpack_from(self._mm, 0)[0]
-
-    def read(self, tries: int = 30) -> bytes | None:
-        """The latest whole payload; None if nothing was written yet or no stable copy in ``tries``
-        (a few ms at most: a sampler keeps its previous snapshot rather than wait on the worker)."""
-        mm = self._mm
-        for i in range(tries):
-            seq = _SEQ.unpack_from(mm, 0)[0]
-            length, crc = _BODY.unpack_from(mm, _SEQ.size)
-            if seq % 2 == 0 and length <= self.capacity:
-                data = mm[_HEADER : _HEADER + length]
-                if _SEQ.unpack_from(mm, 0)[0] == seq and zlib.crc32(data) == crc:
-                    return data if seq else None
-            time.sleep(0 if i < 10 else 1e-4)
-        return None
-
-    def close(self) -> None:
-        """Unmap and close the descriptor; safe to call twice."""
-        if not self._mm.closed:
-            self._mm.close()
-            os.close(self.fd)
 
 
 def entry(key, job: int, dag: int, start: int) -> bytes:
@@ -308,7 +229,7 @@ class BeatReader:
     def when(self) -> float:
         """The ``time`` of the latest beat at a glance (no seqlock: a torn read is possible, so only a
         hint; :meth:`__call__` for a value to act on)."""
-        return _BEAT.unpack_from(self.buffer.raw(), _HEADER)[3]
+        return _BEAT.unpack_from(self.buffer.raw(), HEADER)[3]
 
     def acked(self) -> int:
         """The ``seq`` of this worker's snapshot that the agent's latest sample used (0: none yet)."""

@@ -11,11 +11,11 @@ import pytest
 from polling import wait_until
 
 from dask_influx_metrics.sampling.sources.tasks import key_json
+from dask_influx_metrics.seqlock import SnapshotBuffer
 from dask_influx_metrics.snapshot import (
     BEAT_BYTES,
     BeatReader,
     Publisher,
-    SnapshotBuffer,
     SnapshotReader,
     decode_snapshot,
     encode_snapshot,
@@ -307,7 +307,8 @@ def _writer_snapshot(n: int) -> bytes:
 
 WRITER = """
 import sys, time
-from dask_influx_metrics.snapshot import SnapshotBuffer, encode_snapshot, entry
+from dask_influx_metrics.seqlock import SnapshotBuffer
+from dask_influx_metrics.snapshot import encode_snapshot, entry
 buf = SnapshotBuffer(int(sys.argv[1]), int(sys.argv[2]), writable=True)
 for it in range(int(sys.argv[3])):
     n = (it * 37) % 200
