@@ -16,6 +16,10 @@ class ListSink:
         with self._lock:
             self.lines.extend(lines)
 
+    def take(self, lines):
+        self.send(lines)
+        return len(lines)
+
     def flush(self, drain=0.0):
         pass
 

@@ -13,15 +13,16 @@ import pytest
 from dask_influx_metrics import schema
 from dask_influx_metrics.outbox import Outbox
 from dask_influx_metrics.sinks import FanOut, HttpOptions, HttpSink, Sink, SpoolSink, UdpSink, health_points
+from dask_influx_metrics.sinks.journal import JournaledHttpSink
 from dask_influx_metrics.sinks.replay import _KeptInFile
 
 PKG = pathlib.Path(__file__).resolve().parents[1] / "dask_influx_metrics"
-SINKS = [UdpSink, HttpSink, SpoolSink, FanOut, Outbox, _KeptInFile]
+SINKS = [UdpSink, HttpSink, JournaledHttpSink, SpoolSink, FanOut, Outbox, _KeptInFile]
 METHODS = [name for name, _ in inspect.getmembers(Sink, inspect.isfunction) if not name.startswith("_")]
 
 
-def test_the_protocol_is_send_flush_close_counters_delivery():
-    assert sorted(METHODS) == ["close", "counters", "delivery", "flush", "send"]
+def test_the_protocol_is_send_take_flush_close_counters_delivery():
+    assert sorted(METHODS) == ["close", "counters", "delivery", "flush", "send", "take"]
 
 
 @pytest.mark.parametrize("cls", SINKS, ids=lambda c: c.__name__)
@@ -54,11 +55,35 @@ def test_fan_out_passes_every_call_on_and_each_sink_counts_itself(tmp_path):
         assert list(counters) == ["udp", "spool", "http", "outbox"]
         assert counters["spool"] == {"kind": "spool", "points_written": 2, "points_dropped": 0}
         assert counters["http"]["points_failed"] == 2 and counters["http"]["points_spooled"] == 2
-        assert counters["outbox"] == {"kind": "outbox", "points_written": 2}
+        assert counters["outbox"] == {"kind": "outbox", "points_written": 2, "points_spilled": 0, "points_dropped": 0}
         # the outbox's lines are delivered by the host's agent, in its own sink's points
         assert [d["sink"] for d in fan.delivery()] == ["udp", "spool", "http"]
     finally:
         fan.close()
+
+
+class Taking:
+    """Takes at most ``most`` lines of each call; what it is sent, it keeps (and counts as dropped where it
+    could not take)."""
+
+    def __init__(self, most):
+        self.most, self.taken, self.sent = most, [], []
+
+    def take(self, lines):
+        self.taken += lines[: self.most]
+        return min(self.most, len(lines))
+
+    def send(self, lines):
+        self.sent += lines
+
+
+def test_fan_out_takes_what_its_best_sink_takes_and_sends_the_difference_to_the_others():
+    """Issue 43: a FanOut (udp beside a spool on a full disk) has a line when one of its sinks has it; a sink
+    that took fewer is sent the rest, counting it where it fails; no sink gets a line twice."""
+    lines = [b"m v=%di %d" % (i, i) for i in range(5)]
+    few, many = Taking(1), Taking(3)
+    assert FanOut([few, many]).take(lines) == 3
+    assert (few.taken, few.sent) == (lines[:1], lines[1:3]) and (many.taken, many.sent) == (lines[:3], [])
 
 
 def test_health_points_are_each_sinks_own_delivery_fields(tmp_path):

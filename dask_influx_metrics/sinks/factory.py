@@ -13,10 +13,12 @@ from .udp import UdpSink
 def make_sink(settings, role: str, session: str, report=None) -> Sink:
     """Build the sinks named by ``settings.sinks`` for one process (``role``: see :mod:`.paths`).
 
-    With ``http`` and no ``spool`` sink, lines that cannot be written are spooled to
-    ``<spool dir>/undelivered`` so nothing is lost; with ``http``, lines InfluxDB refuses go to
-    ``<spool dir>/refused`` with its reason (both written later by the explicit replay, :mod:`.replay`).
-    ``report(what, message)`` hears of a Telegraf address where nothing listens (udp on loopback).
+    With ``http`` and no ``spool`` sink, every line is written to ``<spool dir>/undelivered`` before it is
+    posted, and leaves it once InfluxDB has it (:mod:`.journal`): what an outage (or a killed sender) leaves
+    there goes by itself when the server answers again, or with the explicit replay (:mod:`.replay`) from
+    another process; with ``http``, lines InfluxDB refuses go to ``<spool dir>/refused`` with its reason.
+    ``report(what, message)`` hears of a Telegraf address where nothing listens (udp on loopback) and of
+    the sending of what an HTTP outage left.
     """
     directory = spool_dir(settings, session, role)
     if {"spool", "http"} & set(settings.sinks) and "spool.directory" not in settings.configured:
@@ -30,6 +32,7 @@ def make_sink(settings, role: str, session: str, report=None) -> Sink:
         sinks.append(UdpSink(settings.telegraf_address, max_datagram=settings.max_datagram, report=report))
     if "http" in settings.sinks:
         from .http import HttpOptions, HttpSink  # requests: imported only by a process that posts
+        from .journal import JournaledHttpSink
 
         options = HttpOptions(
             retention_policy=settings.retention_policy,
@@ -40,22 +43,19 @@ def make_sink(settings, role: str, session: str, report=None) -> Sink:
             timeout=settings.http_timeout,
             flush_interval=settings.flush_interval,
         )
-        fallback = (  # beside a spool sink, the lines are on disk already
-            None
-            if spool
-            else SpoolSink(
-                os.path.join(directory, UNDELIVERED_DIR),
-                mem_limit=settings.mem_limit,
-                flush_interval=settings.flush_interval,
+        refused = os.path.join(directory, REFUSED_DIR)
+        if spool:  # beside a spool sink, the lines are on disk already
+            sinks.append(HttpSink(settings.influxdb_url, settings.database, options, refused=refused))
+        else:  # every line in the undelivered copy first, posted from there
+            undelivered = os.path.join(directory, UNDELIVERED_DIR)
+            sinks.append(
+                JournaledHttpSink(
+                    settings.influxdb_url,
+                    settings.database,
+                    options,
+                    journal=undelivered,
+                    refused=refused,
+                    report=report,
+                )
             )
-        )
-        sinks.append(
-            HttpSink(
-                settings.influxdb_url,
-                settings.database,
-                options,
-                fallback=fallback,
-                refused=os.path.join(directory, REFUSED_DIR),
-            )
-        )
     return sinks[0] if len(sinks) == 1 else FanOut(sinks)

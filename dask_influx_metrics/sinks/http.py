@@ -50,17 +50,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import threading
 import time
 from typing import Optional
 
 import requests
 
-from .. import credentials, lineparse
+from .. import credentials
 from .base import Sink
-from .paths import REASONS_FILE
-from .spool import SpoolSink
+from .refused import RefusedFolder, refused_lines
 
 logger = logging.getLogger(__name__)
 
@@ -95,8 +93,9 @@ class HttpOptions:
 class HttpSink:
     """Batched, non-blocking writes to InfluxDB's ``/write`` (see the module docstring).
 
-    ``fallback``: the sink for lines the server did not take; ``refused``: the folder for lines it refused
-    as data; ``session``: the ``requests.Session`` to post with (tests inject one).
+    ``fallback``: the sink for lines the server did not take (:class:`~.journal.JournaledHttpSink` has none:
+    its lines are on disk before they are posted); ``refused``: the folder for lines it refused as data;
+    ``session``: the ``requests.Session`` to post with (tests inject one).
     """
 
     def __init__(
@@ -126,12 +125,13 @@ class HttpSink:
         self.max_pending = int(options.max_pending or 2 * self.batch_size)
         self.fallback = fallback
         self.refused_dir = None if refused is None else os.fspath(refused)
-        self._refused = None if refused is None else SpoolSink(refused, flush_interval=3600)  # written through
+        self._refused = None if refused is None else RefusedFolder(refused)
         self.points_written = 0
         self.points_failed = 0  # not written: handed to the fallback (or lost without one)
         self.points_refused = 0  # refused by the server as data: kept under ``refused`` (or the fallback)
         self.batches_split = 0  # halved after an HTTP 413
         self.errors = 0  # failed requests: unreachable, 5xx, 4xx not about the data
+        self.points_lost = 0  # neither posted nor kept anywhere (a journal's disk and the queue full)
         self._splitting = False
         self._session = session or requests.Session()
         self._buffer: list[bytes] = []
@@ -146,6 +146,7 @@ class HttpSink:
         self._down_until = 0.0
         self._cond = threading.Condition()
         self._stats_lock = threading.Lock()
+        self._why, self._kind = "", None  # what the last failed post met, and its kind
         self._thread = threading.Thread(target=self._run, name="influx-http-sink", daemon=True)
         self._thread.start()
 
@@ -153,6 +154,11 @@ class HttpSink:
     def pending(self) -> int:
         """Lines queued and not yet posted."""
         return len(self._buffer)
+
+    def take(self, lines: list[bytes]) -> int:
+        """:meth:`send`: every line is queued (posted, or handed to the fallback)."""
+        self.send(lines)
+        return len(lines)
 
     def send(self, lines: list[bytes]) -> None:
         """Queue ``lines`` for the writer thread; never blocks, never raises."""
@@ -197,9 +203,11 @@ class HttpSink:
                 )
             elif batch:
                 try:
-                    self._post(batch)
+                    failed = self._post(batch)
                 except Exception as e:  # never let the thread die with lines in hand
-                    self._give_up(batch, f"unexpected error: {e!r}", "unexpected")
+                    failed, self._why, self._kind = batch, f"unexpected error: {e!r}", "unexpected"
+                if failed:
+                    self._give_up(failed, self._why, self._kind)
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
@@ -214,14 +222,18 @@ class HttpSink:
             self._draining += 1
             self._cond.notify_all()
             try:
-                while (self._buffer or self._busy) and self._thread.is_alive():
+                while (self.pending or self._busy) and self._thread.is_alive():
                     left = deadline - time.monotonic()
-                    if left <= 0:
+                    if left <= 0 or self._waiting():
                         return False
                     self._cond.wait(left)
-                return not self._buffer
+                return not self.pending
             finally:
                 self._draining -= 1
+
+    def _waiting(self) -> bool:
+        """Whether the lines wait for the server on disk (a drain then ends): never, with a fallback."""
+        return False
 
     def flush(self, drain: float = 0.0) -> None:
         """Put on disk what the fallback holds (the undelivered copy); what is queued is posted on its own
@@ -231,7 +243,9 @@ class HttpSink:
         if self.fallback is not None:
             self.fallback.flush()
 
-    def _post(self, batch: list[bytes]) -> None:
+    def _post(self, batch: list[bytes]) -> list[bytes]:
+        """Post ``batch``; the lines the server did not take (unreachable, 5xx, a 4xx not about the data: then
+        ``_why``/``_kind`` say what happened); what it refused as data is kept under ``refused``."""
         try:
             r = self._session.post(
                 self.url,
@@ -244,8 +258,8 @@ class HttpSink:
         except requests.RequestException as e:
             self.errors += 1
             self._back_off()
-            self._give_up(batch, f"cannot reach {self.url}: {e}", "unreachable")
-            return
+            self._why, self._kind = f"cannot reach {self.url}: {e}", "unreachable"
+            return batch
         if r.status_code < 300:
             self._backoff = 0.0
             with self._stats_lock:
@@ -253,20 +267,21 @@ class HttpSink:
             if self._failure:
                 logger.info("HTTP sink: writing to %s again", self.url)
                 self._failure = None
-            return
+            return []
         if r.status_code == 413 and len(batch) > 1:
             return self._split(batch)
         if r.status_code in REFUSED_STATUS:
-            return self._refuse(batch, r.status_code, _reason(r))
+            self._refuse(batch, r.status_code, _reason(r))
+            return []
         self.errors += 1
         if r.status_code >= 500:
             self._back_off()
         kind = "rejected (auth or database)" if r.status_code < 500 else "server error"
-        self._give_up(
-            batch, f"HTTP {r.status_code} {kind} from {self.url}: {_reason(r)[:500]}", f"HTTP {r.status_code}"
-        )
+        self._why = f"HTTP {r.status_code} {kind} from {self.url}: {_reason(r)[:500]}"
+        self._kind = f"HTTP {r.status_code}"
+        return batch
 
-    def _split(self, batch: list[bytes]) -> None:
+    def _split(self, batch: list[bytes]) -> list[bytes]:
         """HTTP 413 (a body limit, e.g. a proxy's): post each half, and send smaller batches from now on."""
         half = len(batch) // 2
         with self._stats_lock:
@@ -281,8 +296,7 @@ class HttpSink:
                 len(batch),
                 self.batch_size,
             )
-        self._post(batch[:half])
-        self._post(batch[half:])
+        return self._post(batch[:half]) + self._post(batch[half:])
 
     def _refuse(self, batch: list[bytes], status: int, reason: str) -> None:
         """Count what the server refused (never as written) and keep it with the server's reason."""
@@ -311,22 +325,14 @@ class HttpSink:
         )
 
     def _keep_refused(self, lines: list[bytes], reason: str) -> str:
-        """Write ``lines`` (flushed now: they are the only copy) and the reason into the refused folder,
-        or hand them to the fallback without one; returns where they went, in words."""
+        """Keep ``lines`` and the reason in the refused folder, or hand them to the fallback without one; returns
+        where they went, in words."""
         if self._refused is None:
             if self.fallback is not None:
                 self.fallback.send(lines)
                 return "the fallback"
             return "nowhere (LOST: no refused folder, no fallback)"
-        self._refused.send(lines)
-        self._refused.flush()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        text = " | ".join(reason.splitlines())[:4000]
-        try:
-            with open(os.path.join(self.refused_dir, REASONS_FILE), "a", encoding="utf-8") as f:
-                f.write(f"{stamp} {text}\n")
-        except OSError as e:
-            logger.warning("HTTP sink: cannot write the refusal reason into %s: %s", self.refused_dir, e)
+        self._refused.keep(lines, reason)
         return self.refused_dir + "/"
 
     def _back_off(self) -> None:
@@ -354,8 +360,18 @@ class HttpSink:
 
         Lines still queued when the wait runs out go to the fallback.
         """
+        left = self._stop(wait)
+        if left:
+            self._give_up(left, "close() timed out", "close() timed out")
+        if self.fallback is not None:
+            self.fallback.close()
+        if self._refused is not None:
+            self._refused.close()
+
+    def _stop(self, wait: Optional[float]) -> list[bytes]:
+        """Stop the thread once it has posted what it can (at most ``wait`` s); what is still queued."""
         if self._closed:
-            return
+            return []
         self._closed = True
         with self._cond:
             self._stopping = True
@@ -363,14 +379,9 @@ class HttpSink:
         self._thread.join(self.timeout + 1.0 if wait is None else wait)
         with self._cond:
             left, self._buffer = self._buffer, []
-        if left:
-            self._give_up(left, "close() timed out", "close() timed out")
         if not self._thread.is_alive():
             self._session.close()
-        if self.fallback is not None:
-            self.fallback.close()
-        if self._refused is not None:
-            self._refused.close()
+        return left
 
     @property
     def points_spooled(self) -> int:
@@ -400,7 +411,7 @@ class HttpSink:
                 "points_sent": self.points_written,
                 "points_refused": self.points_refused,
                 "points_spooled": spooled,
-                "points_dropped": max(0, self.points_failed - spooled),  # failed, not on disk: lost
+                "points_dropped": self.points_lost + max(0, self.points_failed - spooled),  # failed, not on disk
                 "errors": self.errors,
             }
         ]
@@ -414,59 +425,3 @@ def _reason(response: requests.Response) -> str:
     except ValueError:
         text = None
     return (text or response.text or f"HTTP {response.status_code}").strip()
-
-
-_PARTIAL = re.compile(r"partial write")
-_DROPPED = re.compile(r"dropped=(\d+)\s*$")
-_WRITTEN = re.compile(r"\((\d+) written\)")  # 2.x: "partial write error (5 written): ..."
-_CONFLICT = re.compile(r'field type conflict: input field "((?:[^"\\]|\\.)*)" on measurement "((?:[^"\\]|\\.)*)"')
-_UNPARSABLE = "unable to parse '"
-
-
-def refused_lines(batch: list[bytes], reason: str) -> tuple[list[bytes], int]:
-    """Which lines of ``batch`` to keep as refused, and how many the server dropped, from its error text.
-
-    Not a partial write: all of them. A partial write (InfluxDB 1.x: ``partial write: <why> dropped=N``,
-    lines that did not parse named as ``unable to parse '<line>': <why>``; a field type conflict names its
-    measurement and field): the named lines plus the conflicting ones when those are exactly the N
-    dropped, else the whole batch (the accepted lines in it are rewritten, idempotently, on replay).
-
-    >>> batch = [b"gpu,h=a u=1 1", b"host,h=a m=2 1", b"gpu,h=a u=3 2"]
-    >>> reason = 'partial write: field type conflict: input field "u" on measurement "gpu" is type float, ' \\
-    ...     'already exists as type string dropped=2'
-    >>> refused_lines(batch, reason)
-    ([b'gpu,h=a u=1 1', b'gpu,h=a u=3 2'], 2)
-    >>> refused_lines(batch, "partial write: unable to parse 'host,h=a m=2 1': bad dropped=0")
-    ([b'host,h=a m=2 1'], 1)
-    >>> refused_lines(batch, "points beyond retention policy")[1]
-    3
-    """
-    if not _PARTIAL.search(reason):
-        return list(batch), len(batch)
-    text = {line.decode("utf-8", "replace"): line for line in batch}
-    named = []
-    for part in reason.split("\n"):
-        at = part.find(_UNPARSABLE)
-        if at >= 0:
-            line = part[at + len(_UNPARSABLE) :].rpartition("': ")[0]
-            if line in text:
-                named.append(text[line])
-    m, w = _DROPPED.search(reason), _WRITTEN.search(reason)
-    dropped = int(m.group(1)) if m else (len(batch) - len(named) - int(w.group(1)) if w else len(batch) - len(named))
-    dropped = max(0, min(dropped, len(batch) - len(named)))
-    conflict = _CONFLICT.search(reason)
-    others = [line for line in batch if line not in named]
-    if conflict and dropped:
-        field, measurement = (re.sub(r"\\(.)", r"\1", g) for g in conflict.groups())
-        suspects = [line for line in others if _has_field(line, measurement, field)]
-        if len(suspects) == dropped:
-            return named + suspects, len(named) + dropped
-    return (named + others if dropped else named), len(named) + dropped
-
-
-def _has_field(line: bytes, measurement: str, field: str) -> bool:
-    try:
-        point = lineparse.parse(line)
-    except ValueError:
-        return False
-    return point.measurement == measurement and field in point.fields

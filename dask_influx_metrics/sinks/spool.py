@@ -143,6 +143,17 @@ class SpoolSink:
         except Exception:
             logger.exception("spool sink: unexpected error in send")
 
+    def take(self, lines: list[bytes]) -> int:
+        """Write ``lines`` through to disk now (after what is buffered); how many of them reached it whole. The
+        rest stays the caller's, not counted here (an agent's outboxes keep it for the next sample)."""
+        try:
+            with self._lock:
+                self._flush()
+                return self._write(lines, count_rest=False) if lines else 0
+        except Exception:
+            logger.exception("spool sink: unexpected error in take")
+            return 0
+
     def flush(self, drain: float = 0.0) -> None:
         """Write the buffered lines to disk now (nothing is queued beyond them)."""
         with self._lock:
@@ -185,21 +196,28 @@ class SpoolSink:
         if not self._buffer:
             return
         batch, self._buffer = self._buffer, []
+        self._write(batch)
+
+    def _write(self, batch: list[bytes], count_rest: bool = True) -> int:
+        """Append ``batch``; how many of its lines reached the disk whole (the rest counted as dropped when
+        ``count_rest``)."""
         try:
             self._append(b"".join(line + b"\n" for line in batch))
         except OSError as e:
             path, written = self._attempt
-            whole = _whole_lines(batch, written)
+            whole = whole_lines(batch, written)
             self.points_written += whole
-            self.points_dropped += len(batch) - whole
+            if count_rest:
+                self.points_dropped += len(batch) - whole
             if written:
                 self._seq += 1  # never append after a partial write
             if not self._failing:
                 logger.warning("spool sink: cannot write %s (%s); dropping lines until it works", path, e)
                 self._failing = True
-            return
+            return whole
         self.points_written += len(batch)
         self._failing = False
+        return len(batch)
 
     def _append(self, data: bytes) -> None:
         """Append ``data``; ``self._attempt`` says (file, bytes written) if it raises. A file this
@@ -232,7 +250,7 @@ class SpoolSink:
             self._seq += 1  # full, or ends in a torn line: next file
 
 
-def _whole_lines(batch: list[bytes], written: int) -> int:
+def whole_lines(batch: list[bytes], written: int) -> int:
     """How many of ``batch``'s lines (each written with a newline) lie wholly in the first ``written`` bytes."""
     count = end = 0
     for line in batch:

@@ -6,10 +6,13 @@ maximum, when Telegraf is on this machine (loopback, or one of its own addresses
 the kernel delivers those over the loopback interface, MTU 64 KiB: nothing is fragmented, and
 Telegraf's ``socket_listener`` and InfluxDB 1.x's ``[[udp]]`` read up to 64 KiB
 a datagram), else 1472 (a 1500-byte Ethernet MTU minus IP and UDP headers). A
-line longer than that goes alone, up to 65507 bytes; a longer one is dropped and
-counted. Sends are non-blocking: a
+line longer than that goes alone, up to 65507 bytes; a longer one goes without its
+longest string field(s) (a worker sample's list of task keys, a custom text), said
+once; one with none to leave out is dropped and counted, the sample's other lines
+sent. Sends are non-blocking: a
 full socket buffer drops that datagram (counted) rather than stalling the
-sampler. A socket error is
+sampler; :meth:`UdpSink.take` (the agent, for its workers' outboxes) stops there
+instead and leaves the rest to the caller, uncounted. A socket error is
 logged once per run of failures and resets the socket, which is also re-opened
 every ``reopen_every`` seconds, because a stale conntrack entry left by a
 restarted Telegraf pod can black-hole UDP.
@@ -41,6 +44,9 @@ import socket
 import threading
 import time
 from typing import Optional
+
+from .. import lineparse, lineprotocol
+from ..reports import Once
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +106,9 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+_AGAIN, _BROKEN = "again", "broken"  # a datagram that did not go: the socket is fine / unusable
+
+
 def pack(lines: list[bytes], max_datagram: int) -> tuple[list[tuple[bytes, int]], int]:
     """Group lines into ``(payload, n_lines)`` datagrams; also return how many were too long.
 
@@ -157,6 +166,7 @@ class UdpSink:
         self.errors = 0
         self.refused = 0  # datagrams refused: nothing listened at the address (loopback only)
         self._report = report
+        self._once = Once()
         self._last_count = 0  # lines in the last datagram sent, lost if the next send is refused
         self._refusing = False
         self._refused_before = 0  # refused count when the current outage began
@@ -172,25 +182,90 @@ class UdpSink:
 
     def send(self, lines: list[bytes]) -> None:
         """Pack and send ``lines``; never raises, never blocks on the network."""
+        self._send(lines, stop=False)
+
+    def take(self, lines: list[bytes]) -> int:
+        """Send ``lines`` in order until a datagram cannot go (socket buffer full, nothing listening, no
+        route); how many went (or could never go: too long, counted). The rest stays the caller's, not
+        counted here (an agent's outboxes keep it for the next sample)."""
+        return self._send(lines, stop=True)
+
+    def _send(self, lines: list[bytes], stop: bool) -> int:
         try:
             with self._lock:
-                datagrams, too_long = pack(lines, self.max_datagram)
-                if too_long:
-                    self.points_dropped += too_long
-                    logger.warning("dropped %d line(s) longer than %d bytes", too_long, MAX_UDP_PAYLOAD)
+                fitted, index = self._fit(lines)
+                datagrams, _ = pack(fitted, self.max_datagram)
+                done = 0  # lines of ``fitted`` sent
                 for i, (payload, count) in enumerate(datagrams):
-                    if not self._send_one(payload, count):
+                    status = self._send_one(payload, count)
+                    if status is None:
+                        done += count
+                        continue
+                    if stop:
+                        return index[done]
+                    self.points_dropped += count
+                    if status == _BROKEN:  # the socket is unusable: the rest is dropped too
                         self.points_dropped += sum(c for _, c in datagrams[i + 1 :])
                         break
+                    done += count
+                return len(lines)
         except Exception:  # a sink must never take the sampler down
             logger.exception("UDP sink: unexpected error; %d line(s) dropped", len(lines))
+            return 0 if stop else len(lines)
 
-    def _send_one(self, payload: bytes, count: int) -> bool:
-        """Send one datagram; False when the socket is unusable (the rest is dropped)."""
+    def _fit(self, lines: list[bytes]) -> tuple[list[bytes], list[int]]:
+        """``lines`` as they can go in a datagram: one longer than :data:`MAX_UDP_PAYLOAD` without its longest
+        string fields (said once per measurement and fields), or, with nothing left to leave out, dropped and
+        counted; and where each line kept came from (``index[k]``: the position in ``lines`` of the k-th kept,
+        ``index[len(kept)]``: ``len(lines)``)."""
+        if all(len(line) <= MAX_UDP_PAYLOAD for line in lines):
+            return lines, range(len(lines) + 1)
+        fitted, index = [], []
+        for i, line in enumerate(lines):
+            if len(line) > MAX_UDP_PAYLOAD:
+                line = self._shortened(line)
+                if line is None:
+                    self.points_dropped += 1
+                    continue
+            fitted.append(line)
+            index.append(i)
+        return fitted, index + [len(lines)]
+
+    def _shortened(self, line: bytes) -> bytes | None:
+        try:
+            point = lineparse.parse(line)
+        except ValueError:
+            point = None
+        cut, fields = [], dict(point.fields) if point is not None else {}
+        strings = sorted((f for f, v in fields.items() if isinstance(v, str)), key=lambda f: -len(fields[f]))
+        shorter = None
+        for name in strings:  # the longest first: usually one (a task list, a custom text)
+            del fields[name]
+            cut.append(name)
+            shorter = lineprotocol.encode(point._replace(fields=fields)) if fields else None
+            if shorter is None or len(shorter) <= MAX_UDP_PAYLOAD:
+                break
+        measurement = point.measurement if point is not None else line[:40].decode("utf-8", "replace")
+        if shorter is not None and len(shorter) <= MAX_UDP_PAYLOAD:
+            what = f"sent without its field(s) {cut}"
+        else:
+            shorter, what = None, "dropped (no field to leave out)"
+        message = (
+            f"a {measurement} line of {len(line)} bytes does not fit a UDP datagram ({MAX_UDP_PAYLOAD} bytes): "
+            f"{what}; the sample's other lines are sent (said once)"
+        )
+        if self._once((measurement, tuple(cut))):
+            logger.warning("UDP sink: %s", message)
+            if self._report is not None:
+                self._report("udp-long-line", message)
+        return shorter
+
+    def _send_one(self, payload: bytes, count: int) -> str | None:
+        """Send one datagram; None when it went, :data:`_AGAIN` when it did not (the socket is fine: buffer
+        full, refused), :data:`_BROKEN` when the socket is unusable."""
         sock = self._socket()
         if sock is None:
-            self.points_dropped += count
-            return False
+            return _BROKEN
         try:
             try:
                 sock.sendto(payload, self._target)
@@ -200,23 +275,18 @@ class UdpSink:
             else:
                 if self._refusing:  # the previous datagram was not refused: a listener is back
                     self._listening()
-        except BlockingIOError:  # send buffer full: drop this datagram, keep going
-            self.points_dropped += count
-            return True
-        except ConnectionRefusedError:
-            self.points_dropped += count
-            return True
+        except (BlockingIOError, ConnectionRefusedError):  # send buffer full, or refused again
+            return _AGAIN
         except OSError as e:
-            self.points_dropped += count
             self._fail(e)
-            return False
+            return _BROKEN
         self.datagrams_sent += 1
         self.points_sent += count
         self._last_count = count
         if self._failing:
             logger.info("UDP sink: sending to %s:%d again", *self.address)
             self._failing = False
-        return True
+        return None
 
     def _refused(self) -> None:
         self.refused += 1
