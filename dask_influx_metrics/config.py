@@ -238,6 +238,24 @@ SETTINGS: tuple[Setting, ...] = (
         "host counters are read on the samples nearest to every this many ms; samples in between "
         "repeat the last host reading (at most the polling interval: every sample)",
     ),
+    Setting(
+        "run.directory",
+        "run_directory",
+        None,
+        parsers.optional_text,
+        "",
+        "where each host's workers and agent keep their session files (dask-influx-metrics-<uid>/ inside); "
+        "null = /dev/shm (the temporary directory where there is none)",
+    ),
+    Setting(
+        "run.outbox-budget",
+        "outbox_budget",
+        1 << 20,
+        parsers.number("a number of bytes from 65536", minimum=1 << 16, integer=True),
+        "bytes",
+        "what each worker's outbox (its task stream and custom metrics, waiting for the agent) may hold in the "
+        "run directory; beyond it, or when that is full, in the spool directory on disk",
+    ),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}

@@ -5,8 +5,8 @@ worker object, so the worker makes those points; it does not send them. As in
 prometheus_client's ``multiprocess`` mode (one file per process, one reader that
 merges), each worker appends their line protocol to files of its own in the
 session's run folder (:mod:`.runfolder`), ``workers/<id>.out-<k>``, segments of
-about :data:`SEGMENT_BYTES`; the agent reads what is new at each sample, sends it
-with its own points through its one sink, and then records how far it got in
+a quarter of its budget; the agent reads what is new at each sample, hands it to
+its one sink, and records how far the sink took it (sent, or on disk) in
 ``workers/<id>.sent``. A segment the agent has sent whole, once the next one
 exists, is removed.
 
@@ -16,12 +16,24 @@ agent resumes from ``.sent`` where a replaced one stopped. A point is sent twice
 only if an agent dies between its send and its note of it (InfluxDB keeps one
 point per series and time: the same point twice is one).
 
+The run folder is memory (``/dev/shm``), shared with the work the monitor watches.
+An outbox holds at most ``budget`` bytes there (segments the agent has not removed);
+a segment that cannot grow (the file system is full) is cut back to its last whole
+line and closed, and the next one is made in ``spill``, a folder on disk (the
+spool's), as is every segment while the budget is used (an agent far behind, or
+gone); once a second the writer looks whether the run folder has room again and
+goes back. Each move is said once (``report``); points that neither folder takes
+are counted (``points_dropped``) and reported with their number. The agent reads
+a segment from whichever folder holds it.
+
 Example
 -------
 >>> import tempfile
 >>> folder = tempfile.mkdtemp()
 >>> out = Outbox(folder, "w1", segment_bytes=16)
 >>> out.send([b"m v=1i 1", b"m v=2i 2"]); out.send([b"m v=3i 3"])
+2
+1
 >>> reader = OutboxReader(folder, "w1")
 >>> reader.take()
 [b'm v=1i 1', b'm v=2i 2', b'm v=3i 3']
@@ -36,11 +48,20 @@ Example
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
+import time
+from typing import Callable
 
-SEGMENT_BYTES = 1 << 20
+from .sinks.spool import make_private_dirs
+
+logger = logging.getLogger(__name__)
+
+SEGMENT_BYTES = 1 << 20  # without a budget
+BUDGET_BYTES = 1 << 20  # the setting run.outbox-budget's default
 TAKE_BYTES = 256 << 10  # what one take hands out at most: a backlog goes out over several samples, not in one burst
+LOOK_S = 1.0  # how often a writer whose segment is on disk looks whether the run folder has room again
 _LF = b"\x0c"  # a raw newline inside a string field, in the files: the encoder never writes a form feed
 STALE = "stale-"  # the prefix of an outbox moved here from a session whose processes are all gone
 _SENT = struct.Struct("<QQ")  # segment, offset
@@ -50,36 +71,195 @@ def _segment(folder: str, worker_id: str, k: int) -> str:
     return os.path.join(folder, f"{worker_id}.out-{k}")
 
 
+def _free(folder: str) -> int:
+    """Bytes the file system of ``folder`` has free for this user (a lot, when it cannot say)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return 1 << 62
+    return st.f_bavail * st.f_frsize
+
+
 class Outbox:
     """The worker's side: a sink (:class:`~.sinks.base.Sink`) whose ``send(lines)`` appends them to its
-    current segment (one writer)."""
+    current segment (one writer) and returns how many it wrote. ``budget``: the bytes it may hold in
+    ``folder``; ``spill``: the folder on disk for the rest (None: there is none); ``report(what, message,
+    **details)``: how a move or a loss is said."""
 
-    def __init__(self, folder: str, worker_id: str, segment_bytes: int = SEGMENT_BYTES):
-        self._folder, self._id, self._limit = folder, worker_id, segment_bytes
-        self._k, self._fd, self._size = -1, None, 0
-        self.points_written = 0
-        self._next()
+    def __init__(
+        self,
+        folder: str,
+        worker_id: str,
+        segment_bytes: int | None = None,
+        budget: int | None = None,
+        spill: str | None = None,
+        report: Callable | None = None,
+        clock=time.monotonic,
+    ):
+        self._folder, self._id, self._spill = folder, worker_id, spill
+        self._budget = budget or 1 << 62
+        self._limit = segment_bytes or (max(4096, budget // 4) if budget else SEGMENT_BYTES)
+        self._report, self._clock = report, clock
+        self._k, self._fd, self._size, self._where = -1, None, 0, folder
+        self._held: dict[int, int] = {}  # k -> bytes of this outbox's segments in the run folder
+        self._look_at = 0.0
+        self.points_written = self.points_dropped = self.points_spilled = 0
+        self._losing = -1  # points lost since the last report of a loss; -1: none lost (or said and over)
+        # The agent notes its progress in this file with one pwrite: made now, so that never needs room.
+        self._marker = os.path.join(folder, f"{worker_id}.sent")
+        fd = os.open(self._marker, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_size < _SENT.size:
+                os.pwrite(fd, bytes(_SENT.size), 0)
+        finally:
+            os.close(fd)
+        self._next(folder)
 
-    def _next(self) -> None:
+    def _next(self, where: str) -> None:
         if self._fd is not None:
             os.close(self._fd)
+            self._fd = None
         self._k += 1
-        self._fd = os.open(_segment(self._folder, self._id, self._k), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._size = 0
+        self._size, self._where = 0, where
+        if where == self._folder:
+            self._held[self._k] = 0
+        self._fd = os.open(_segment(where, self._id, self._k), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
-    def send(self, lines: list[bytes]) -> None:
+    def send(self, lines: list[bytes]) -> int:
         if not lines:
-            return
+            return 0
         payload = b"\n".join(lines) + b"\n"
         if payload.count(b"\n") != len(lines):  # a string field holds a newline: one line, one newline in the file
             payload = b"\n".join(line.replace(b"\n", _LF) for line in lines) + b"\n"
-        data = memoryview(payload)
-        while data:  # the agent reads whole lines only: a partial write is completed before anything else
-            data = data[os.write(self._fd, data) :]
-        self.points_written += len(lines)
-        self._size += len(payload)
+        if self._where != self._folder and self._clock() >= self._look_at:
+            self._look_at = self._clock() + LOOK_S
+            if self._room():
+                self._rotate(self._folder)
+        done, error = self._write(payload)
+        if error is not None:  # this segment cannot grow: closed; the rest goes to the next one, where there is room
+            target = self._folder if self._room() else self._spill
+            if target is not None and (target != self._where or self._size):
+                self._rotate(target, error)
+                more, error = self._write(payload[done:])
+                done += more
+        written = payload.count(b"\n", 0, done)
+        self.points_written += written
+        if self._where != self._folder:
+            self.points_spilled += written
+        if written < len(lines):
+            self._lost(len(lines) - written, error)
+        elif self._losing >= 0:
+            self._found_room()
         if self._size >= self._limit:
-            self._next()
+            self._rotate(self._folder if self._room() else (self._spill or self._folder))
+        return written
+
+    def _write(self, data: bytes) -> tuple[int, OSError | None]:
+        """Append ``data`` (whole lines); returns the bytes written up to the last whole line and the error that
+        stopped it, if any. A line cut short is cut off the file: the agent reads whole lines only, and the next
+        write starts on a line boundary."""
+        view, done = memoryview(data), 0
+        try:
+            while done < len(data):
+                done += os.write(self._fd, view[done:])
+        except OSError as e:
+            whole = data.rfind(b"\n", 0, done) + 1
+            if whole < done:
+                try:
+                    os.ftruncate(self._fd, self._size + whole)
+                except OSError:  # cannot even shrink it: the reader waits for a newline that never comes here
+                    pass
+            self._grew(whole)
+            return whole, e
+        self._grew(done)
+        return done, None
+
+    def _grew(self, n: int) -> None:
+        self._size += n
+        if self._where == self._folder:
+            self._held[self._k] = self._size
+
+    def _room(self) -> bool:
+        """Whether a new segment fits in the run folder: within this outbox's budget (what the agent has not
+        removed yet) and the file system's free space."""
+        try:
+            with open(self._marker, "rb") as f:
+                sent = _SENT.unpack(f.read(_SENT.size))[0]
+        except (OSError, struct.error):
+            sent = 0
+        for k in [k for k in self._held if k < sent]:  # removed by the agent
+            del self._held[k]
+        held = sum(self._held.values())
+        return held + self._limit <= self._budget and _free(self._folder) >= self._limit
+
+    def _rotate(self, where: str | None, error: OSError | None = None) -> None:
+        """Close the current segment; the next one in ``where`` (the run folder, or the spill folder on disk)."""
+        where = where or self._folder
+        was = self._where
+        if where != self._folder:
+            try:
+                make_private_dirs(where)
+            except OSError as e:
+                self._say_once_failed(e)
+                where = self._folder
+        try:
+            self._next(where)
+        except OSError as e:  # not even an empty file: the next write says so
+            self._say_once_failed(e)
+            return
+        if where != was:
+            self._say_moved(was, where, error)
+
+    def _say_moved(self, was: str, now: str, error: OSError | None) -> None:
+        if now == self._folder:
+            message = (
+                f"the run folder {self._folder} has room again: this worker's outbox is back there "
+                f"({self.points_spilled} point(s) went through {was} meanwhile)"
+            )
+        else:
+            why = (
+                f"it is full ({error.strerror})"
+                if error is not None
+                else f"this worker's outbox holds its budget of {self._budget} bytes there (its agent is behind or gone)"
+            )
+            message = f"no room for this worker's outbox in the run folder {self._folder}: {why}; its points go to {now} until there is"
+        self._say("outbox", message, folder=now)
+
+    def _lost(self, n: int, error: OSError | None) -> None:
+        self.points_dropped += n
+        where = self._folder if self._spill is None else f"{self._folder} nor {self._spill}"
+        why = error.strerror if error is not None else "no room"
+        if self._losing < 0:
+            self._losing = 0
+            self._say(
+                "outbox-lost",
+                f"{n} point(s) of this worker (task stream, custom metrics) lost: neither {where} had room ({why}); "
+                "more are lost and counted until one has",
+                points=n,
+            )
+        else:
+            self._losing += n
+
+    def _found_room(self) -> None:
+        """The points lost since the last report, said now that a write went through again."""
+        n, self._losing = self._losing, -1
+        self._say(
+            "outbox-lost",
+            f"{n} more point(s) of this worker lost while its outbox had no room; "
+            f"{self.points_dropped} in all this session; writing again",
+            points=n,
+        )
+
+    def _say_once_failed(self, error: OSError) -> None:
+        logger.debug("influx-metrics outbox %s: %s", self._id, error)
+
+    def _say(self, what: str, message: str, **details) -> None:
+        if self._report is not None:
+            self._report(what, message, **details)
+        else:
+            logger.warning("influx-metrics: %s", message)
+
+    take = send  # the sink protocol's: what it wrote is what it has
 
     def flush(self, drain: float = 0.0) -> None:
         """Nothing to do: each send is written through to the segment the agent reads."""
@@ -88,19 +268,29 @@ class Outbox:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._losing > 0:  # the count since the last report: the record stays whole
+            self._found_room()
 
     def counters(self) -> list[dict]:
-        return [{"kind": "outbox", "points_written": self.points_written}]
+        return [
+            {
+                "kind": "outbox",
+                "points_written": self.points_written,
+                "points_spilled": self.points_spilled,
+                "points_dropped": self.points_dropped,
+            }
+        ]
 
     def delivery(self) -> list[dict]:
         return []  # the host's agent sends these lines, counted in its own sink's delivery points
 
 
 class OutboxReader:
-    """The agent's side for one worker: :meth:`take` what is new, :meth:`sent` once the sink has it."""
+    """The agent's side for one worker: :meth:`take` what is new, :meth:`sent` once the sink has it. ``spill``:
+    the worker's folder on disk for segments the run folder had no room for."""
 
-    def __init__(self, folder: str, worker_id: str):
-        self._folder, self._id = folder, worker_id
+    def __init__(self, folder: str, worker_id: str, spill: str | None = None):
+        self._folder, self._id, self._spill = folder, worker_id, spill
         self._marker = os.path.join(folder, f"{worker_id}.sent")
         try:
             with open(self._marker, "rb") as f:
@@ -108,8 +298,17 @@ class OutboxReader:
         except (OSError, struct.error):  # nothing sent yet
             self._k, self._offset = 0, 0
         self._taken = (self._k, self._offset)  # where the lines handed out end
+        self._parts: list = []  # (segment, offset, lines) of the last take, for a sink that took only some
         self.behind = False  # the last take left lines for the next
         self._fd = None
+        self._failed = False
+
+    def _paths(self, k: int) -> tuple[str, ...]:
+        run = _segment(self._folder, self._id, k)
+        return (run,) if self._spill is None else (run, _segment(self._spill, self._id, k))
+
+    def _exists(self, k: int) -> bool:
+        return any(os.path.exists(p) for p in self._paths(k))
 
     def take(self, limit: int = TAKE_BYTES) -> list[bytes]:
         """The whole lines written since the last :meth:`take` (this segment, then the next ones), about
@@ -117,6 +316,7 @@ class OutboxReader:
         over the next samples instead of in one burst that a Telegraf's socket would drop in part."""
         k, offset = self._taken
         lines: list[bytes] = []
+        self._parts = []
         self.behind = False
         while True:
             if limit <= 0:  # a long line used it up: the next segment waits for the next take
@@ -130,12 +330,13 @@ class OutboxReader:
             end = data.rfind(b"\n") + 1
             if end:
                 chunk = data[: end - 1].split(b"\n")
+                self._parts.append((k, offset, chunk))
                 lines += [line.replace(_LF, b"\n") for line in chunk] if _LF in data else chunk
                 offset += end
                 limit -= end
             if len(data) == want:  # there is more than this take hands out
                 self.behind = True
-            elif end == len(data) and os.path.exists(_segment(self._folder, self._id, k + 1)):
+            elif end == len(data) and self._exists(k + 1):
                 if self._read(k, offset, 1):  # the writer finished this segment after our read
                     continue
                 k, offset = k + 1, 0  # it is done with this one: on to the next
@@ -148,31 +349,56 @@ class OutboxReader:
     def _read(self, k: int, offset: int, size: int) -> bytes:
         if self._fd is None or self._fd[0] != k:
             self._close()
-            try:
-                self._fd = (k, os.open(_segment(self._folder, self._id, k), os.O_RDONLY))
-            except FileNotFoundError:  # not written yet
+            for path in self._paths(k):
+                try:
+                    self._fd = (k, os.open(path, os.O_RDONLY))
+                    break
+                except FileNotFoundError:
+                    continue
+            else:  # not written yet
                 return b""
         return os.pread(self._fd[1], size, offset)  # a regular file: all there is up to size, in one read
 
-    def sent(self) -> None:
-        """The lines taken so far are in the sink: note it (a new agent resumes there), drop whole segments."""
+    def sent(self, count: int | None = None) -> None:
+        """The lines taken so far are in the sink (only the first ``count`` of the last take: the rest is taken
+        again next time): note it (a new agent resumes there), drop whole segments."""
+        if count is not None and count < sum(len(chunk) for _, _, chunk in self._parts):
+            self._taken = self._position(count)
+            self.behind = True
+        self._parts = []
         if self._taken == (self._k, self._offset):
             return
-        fd = os.open(self._marker, os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            os.pwrite(fd, _SENT.pack(*self._taken), 0)
-        finally:
-            os.close(fd)
+            fd = os.open(self._marker, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.pwrite(fd, _SENT.pack(*self._taken), 0)
+            finally:
+                os.close(fd)
+        except OSError as e:  # (a marker the worker did not make, on a full run folder) noted next time
+            if not self._failed:
+                self._failed = True
+                logger.warning("cannot note what was sent of outbox %s (%s); noted when it can be", self._id, e)
+            return
         for old in range(self._k, self._taken[0]):
-            _unlink(_segment(self._folder, self._id, old))
+            for path in self._paths(old):
+                _unlink(path)
         self._k, self._offset = self._taken
+
+    def _position(self, count: int) -> tuple[int, int]:
+        """Where the first ``count`` lines of the last take end (``count`` is fewer than it took)."""
+        for k, offset, chunk in self._parts:
+            if count < len(chunk):
+                return k, offset + sum(len(line) + 1 for line in chunk[:count])
+            count -= len(chunk)
+        raise ValueError("count is more than the last take")
 
     def remove(self) -> None:
         """Every file of this outbox (the worker is gone and what it wrote was sent)."""
         self._close()
         k = self._k
-        while os.path.exists(_segment(self._folder, self._id, k)):
-            _unlink(_segment(self._folder, self._id, k))
+        while self._exists(k):
+            for path in self._paths(k):
+                _unlink(path)
             k += 1
         _unlink(self._marker)
 

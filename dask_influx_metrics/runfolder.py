@@ -38,27 +38,37 @@ import fcntl
 import json
 import os
 import shutil
+import socket
 import tempfile
 
 from . import outbox
-from .sinks.spool import private_folder
+from .sinks.paths import safe_name
+from .sinks.spool import make_private_dirs, private_folder
 
 START_LOCK, AGENT_LOCK, BEAT, SOCKET, WORKERS = "start.lock", "agent.lock", "agent.beat", "agent.sock", "workers"
 
 
-def run_directory() -> str:
-    """This OS user's private folder for host-local coordination (``/dev/shm`` when present).
+def run_directory(base: str | None = None) -> str:
+    """This OS user's private folder for host-local coordination: in ``base`` (the setting ``run.directory``),
+    else ``/dev/shm`` when present, else the temporary directory.
 
     Created 0700; a folder of that name owned by another user, or open to
     others, is refused with ``PermissionError`` naming it.
     """
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    if base is None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     return private_folder(os.path.join(base, f"dask-influx-metrics-{os.getuid()}"))
 
 
-def session_folder(session_id: str) -> str:
+def session_folder(session_id: str, base: str | None = None) -> str:
     """``<run dir>/<session>`` (not created here: see :func:`locked`)."""
-    return os.path.join(run_directory(), session_id)
+    return os.path.join(run_directory(base), session_id)
+
+
+def spill_folder(spool_root: str, session_id: str) -> str:
+    """Where this host's outboxes of session ``session_id`` go when the run folder has no room
+    (:mod:`.outbox`): ``<spool root>/<session>/outbox-<host>``, on disk (not created here)."""
+    return os.path.join(spool_root, session_id, "outbox-" + safe_name(socket.gethostname()))
 
 
 def alive(pid: int) -> bool:
@@ -116,7 +126,7 @@ def locked(folder: str, name: str):
     waited meanwhile holds the lock of a removed file, sees that and starts over.
     """
     while True:
-        os.makedirs(os.path.join(folder, WORKERS), mode=0o700, exist_ok=True)
+        make_private_dirs(os.path.join(folder, WORKERS))  # the session folder too: 0700 (makedirs: the last only)
         path = os.path.join(folder, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -173,11 +183,12 @@ def remove_session(folder: str) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def remove_stale(run_dir: str, keep: str = "", rescue: str | None = None) -> list[str]:
+def remove_stale(run_dir: str, keep: str = "", rescue: str | None = None, spill: str | None = None) -> list[str]:
     """Remove the session folders of ``run_dir`` that no agent holds and no live worker is in
     (sessions whose processes were killed); returns them. ``keep``: a session name left alone.
     ``rescue``: a folder their workers' outboxes move into first (as ``stale-<session>-<id>``), for the agent
-    there to send what they hold: the only copy of those points is never removed."""
+    there to send what they hold: the only copy of those points is never removed. ``spill``: the rescuing
+    agent's spill folder (:func:`spill_folder`): the segments their outboxes had on disk move there."""
     removed = []
     for name in os.listdir(run_dir):
         folder = os.path.join(run_dir, name)
@@ -188,7 +199,7 @@ def remove_stale(run_dir: str, keep: str = "", rescue: str | None = None) -> lis
         except OSError:  # not ours to lock (another layout): leave it
             continue
         if None not in held:  # no worker arriving, no agent
-            if not any(alive(pid) for pid in _worker_pids(folder)) and _rescued(folder, name, rescue):
+            if not any(alive(pid) for pid in _worker_pids(folder)) and _rescued(folder, name, rescue, spill):
                 remove_session(folder)
                 removed.append(folder)
         for fd in held:
@@ -197,16 +208,30 @@ def remove_stale(run_dir: str, keep: str = "", rescue: str | None = None) -> lis
     return removed
 
 
-def _rescued(folder: str, name: str, into: str | None) -> bool:
+def _rescued(folder: str, name: str, into: str | None, spill: str | None) -> bool:
     """Whether the outboxes of session folder ``folder`` are in ``into`` now (or there is none to move)."""
     workers = os.path.join(folder, WORKERS)
+    # that session's spill folder: beside this one's, under the same spool root
+    old_spill = (
+        None if spill is None else os.path.join(os.path.dirname(os.path.dirname(spill)), name, os.path.basename(spill))
+    )
     try:
         for wid in outbox.ids(workers):
             if into is None:
                 return False
-            outbox.move(workers, wid, into, f"{outbox.STALE}{name}-{wid}")
+            new_id = f"{outbox.STALE}{name}-{wid}"
+            outbox.move(workers, wid, into, new_id)
+            if old_spill is not None and os.path.isdir(old_spill):
+                make_private_dirs(spill)
+                outbox.move(old_spill, wid, spill, new_id)
     except FileNotFoundError:  # no workers folder
         return True
     except OSError:  # left for a later agent to move
         return False
+    if old_spill is not None:
+        try:
+            os.rmdir(old_spill)
+            os.rmdir(os.path.dirname(old_spill))  # its spool session folder, if nothing else is there
+        except OSError:
+            pass
     return True

@@ -305,7 +305,7 @@ def test_a_run_folder_open_to_others_is_refused_at_start(client, monitor, tmp_pa
 
         if folder:
             runfolder.real_run_directory = runfolder.run_directory
-            runfolder.run_directory = lambda: runfolder.private_folder(folder)
+            runfolder.run_directory = lambda base=None: runfolder.private_folder(folder)
         else:
             runfolder.run_directory = runfolder.real_run_directory
 

@@ -25,6 +25,7 @@ which keeps its predecessor's counters (``Monitor.delivery()``).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -44,8 +45,9 @@ from ..sampling.sampler import Sampler
 from ..sampling.sources.host import HostSource, refresh_seconds
 from ..sampling.view import WorkerView
 from ..schema import GPU, HOST
+from ..seqlock import SnapshotBuffer
 from ..sinks import HEALTH_INTERVAL, health_points, make_sink
-from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
+from ..snapshot import BEAT_BYTES, BeatReader, write_beat
 from .workers import FolderWorkers
 
 logger = logging.getLogger(__name__)
@@ -75,10 +77,11 @@ class Agent:
         refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
         self.host = HostSource(host_fields, refresh=refresh) if host_fields else None
         self.collector = HostCollector(settings.fields, self.gpus, self.host)
-        self.workers = FolderWorkers(folder, self._view)
+        self.spill = runfolder.spill_folder(settings.spool_directory, session)
+        self.workers = FolderWorkers(folder, self._view, self.spill)
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
         self.sink = make_sink(settings, role=agent_role(), session=session, report=self.report.once)
-        self.beat = SnapshotBuffer.create(BEAT_BYTES, path=os.path.join(folder, runfolder.BEAT))
+        self.beat = self._new_beat(os.path.join(folder, runfolder.BEAT))
         self.sampler = Sampler(
             self.collect,
             self,
@@ -116,6 +119,24 @@ class Agent:
             {**c, "agent": beat.get("pid"), "dead": True} for c in beat.get("counters", []) if not c.get("dead")
         ] + [c for c in beat.get("counters", []) if c.get("dead")]
 
+    def _new_beat(self, path: str) -> SnapshotBuffer:
+        """The beat file, reserved whole; on a file system with no room for it, the dead predecessor's,
+        written in place (its pages are reserved): an agent never maps a page that could fault."""
+        try:
+            return SnapshotBuffer.create(BEAT_BYTES, path=path)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT) or not os.path.exists(path):
+                raise
+            self.report.once(
+                "run-folder",
+                f"no room for a new beat in {self.folder} ({e.strerror}): this agent writes its predecessor's in place",
+            )
+            fd = os.open(path, os.O_RDWR)
+            if os.fstat(fd).st_blocks * 512 < BEAT_BYTES:  # not reserved whole: never mapped for writing
+                os.close(fd)
+                raise
+            return SnapshotBuffer(fd, BEAT_BYTES, writable=True)
+
     def _view(self, wid: str, info: dict, snapshot) -> WorkerView:
         view = WorkerView(wid, info, snapshot, self.settings.fields)
         differ = sorted(k for k, v in (info.get("settings") or {}).items() if self._public.get(k, v) != v)
@@ -151,17 +172,22 @@ class Agent:
         return view
 
     def send(self, lines: list) -> None:
-        """The sampler's sink: each sample, with what the workers' outboxes held, written through (a killed
-        agent loses nothing it sampled to the spool; HTTP batches as its sink does), the sink's ``delivery``
-        counters every 10 s; then the outboxes note what went."""
-        lines, self._outgoing = self._outgoing + lines, []
+        """The sampler's sink: each sample, after what the workers' outboxes held, handed over for good (sent,
+        or written through to the spool or an HTTP sink's undelivered copy: a killed agent loses nothing it
+        sampled), the sink's ``delivery`` counters every 10 s; then the outboxes note how far the sink took
+        their lines (what it could not take stays there for the next sample)."""
+        outgoing, self._outgoing = self._outgoing, []
         now = time.time()
         if now - self._health_at >= HEALTH_INTERVAL:
             self._health_at = now
             lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9))
-        self.sink.send(lines)
+        everything = outgoing + lines
+        taken = self.sink.take(everything)
+        if taken < len(everything):  # the sample's own lines the sink could not keep: counted where they fail
+            self.sink.send(lines[max(0, taken - len(outgoing)) :])
         self.sink.flush()
-        self.workers.sent()
+        self.workers.sent(min(taken, len(outgoing)))
+        return taken
 
     def collect(self, now_ns: int) -> list:
         """One sample (the sampler's ``collect``): see the module docstring."""
@@ -253,18 +279,27 @@ class Agent:
         self._health_at = 0.0
         while True:  # what the outboxes still hold (a backlog in parts, paced), and the last delivery counts
             self._outgoing = self.workers.outgoing()
-            self.send([])
-            if not self.workers.behind:
+            given = len(self._outgoing)
+            taken = self.send([])
+            if not self.workers.behind or taken < given:  # done, or the sink takes no more: left where it is
                 break
             time.sleep(DRAIN_PAUSE_S)
         self.sink.close()
         if self.gpus is not None:
             self.gpus.close()
+        left = self.workers.behind
         self.workers.close()
         self.write_beat()
         self.beat.close()
-        if remove:
+        if remove and left:  # the only copy of those points: the next agent of this host sends them
+            logger.warning("the workers' outboxes in %s hold points the sink did not take: left there", self.folder)
+        elif remove:
             runfolder.remove_session(self.folder)
+            for folder in (self.spill, os.path.dirname(self.spill)):  # emptied by then (or others' files: kept)
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    pass
 
 
 def _listen(sock: socket.socket, agent: Agent) -> None:
@@ -298,13 +333,15 @@ def main(stdin: int = 0) -> int:
         os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(path)
+    os.chmod(path, 0o600)  # bind() made it with the umask's mode: only this user's workers write to it
     threading.Thread(target=_listen, args=(sock, agent), name="wake", daemon=True).start()
     agent.write_beat()
     agent.sampler.start()
     ready.write(b"ready\n")
     ready.close()
     rescue = os.path.join(folder, runfolder.WORKERS)  # their outboxes: sent by this agent (FolderWorkers)
-    for stale in runfolder.remove_stale(os.path.dirname(folder), keep=config["session"], rescue=rescue):
+    stale_sessions = runfolder.remove_stale(os.path.dirname(folder), config["session"], rescue, agent.spill)
+    for stale in stale_sessions:
         logger.info("removed the run folder of a session whose processes are gone: %s", stale)
     started, remove = time.monotonic(), False
     while not stop.wait(EXIT_CHECK_S):

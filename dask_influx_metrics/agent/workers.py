@@ -22,23 +22,26 @@ from typing import Callable
 from .. import outbox, runfolder
 from ..outbox import OutboxReader
 from ..sampling.view import WorkerView
-from ..snapshot import BUFFER_BYTES, SnapshotBuffer, SnapshotReader
+from ..seqlock import SnapshotBuffer
+from ..snapshot import BUFFER_BYTES, SnapshotReader
 
 logger = logging.getLogger(__name__)
 LIVENESS_S = 1.0  # how often the workers' processes are checked
 
 
 class FolderWorkers:
-    """The workers registered in ``folder``; ``make(id, info, snapshot) -> WorkerView``."""
+    """The workers registered in ``folder``; ``make(id, info, snapshot) -> WorkerView``; ``spill``: this session's
+    folder on disk for the outboxes the run folder has no room for (where a dead session's go too)."""
 
-    def __init__(self, folder: str, make: Callable[..., WorkerView]):
-        self.folder, self._make = folder, make
+    def __init__(self, folder: str, make: Callable[..., WorkerView], spill: str | None = None):
+        self.folder, self._make, self.spill = folder, make, spill
         self.foreign: dict[str, str] = {}  # worker id -> why this agent cannot sample it (another PID namespace)
         self._dir = os.path.join(folder, runfolder.WORKERS)
         self.views: dict[str, WorkerView] = {}
         self.outboxes: dict[str, OutboxReader] = {}  # worker id -> its outbox: the live, the leaving, the dead
         self._gone: list[str] = []  # dead workers whose outbox goes out with the next sends, then is removed
         self._behind: set[str] = set()  # outboxes said to hold a backlog
+        self._given: list[tuple[OutboxReader, int]] = []  # each outbox's lines in the last outgoing(), in order
         self._stamp = None
         self._checked = 0.0
         self.ever = False  # whether any worker has registered yet
@@ -86,7 +89,7 @@ class FolderWorkers:
             return None
         if info.get("started") is not None and runfolder.started(info["pid"]) != info["started"]:
             if runfolder.dead(self.folder, wid):  # killed while no agent ran (its life lock is free)
-                self.outboxes[wid] = OutboxReader(self._dir, wid)
+                self.outboxes[wid] = OutboxReader(self._dir, wid, info.get("spill"))
                 self._unlink(wid)
                 self._gone.append(wid)
                 logger.info(
@@ -105,7 +108,7 @@ class FolderWorkers:
         except (OSError, ValueError):  # not there yet: next time
             self._stamp = None
             return None
-        self.outboxes[wid] = OutboxReader(self._dir, wid)
+        self.outboxes[wid] = OutboxReader(self._dir, wid, info.get("spill"))
         return self._make(wid, info, SnapshotReader(buffer))
 
     def _remove(self, wid: str) -> None:
@@ -121,16 +124,18 @@ class FolderWorkers:
         like a dead worker's, then removed."""
         for wid in outbox.ids(self._dir) if os.path.isdir(self._dir) else ():
             if wid.startswith(outbox.STALE) and wid not in self.outboxes:
-                self.outboxes[wid] = OutboxReader(self._dir, wid)
+                self.outboxes[wid] = OutboxReader(self._dir, wid, self.spill)
                 self._gone.append(wid)
                 logger.info("sending what a worker of a session whose processes are gone left unsent (%s)", wid)
 
     def outgoing(self) -> list[bytes]:
         """What every outbox holds that was not sent yet (live, leaving and dead workers'), a bounded part of
         each (:data:`..outbox.TAKE_BYTES`): a backlog goes out over the next samples."""
-        lines = []
+        lines, self._given = [], []
         for wid, box in self.outboxes.items():
-            lines += box.take()
+            taken = box.take()
+            lines += taken
+            self._given.append((box, len(taken)))
             if box.behind and wid not in self._behind:
                 self._behind.add(wid)
                 logger.info("worker %s's outbox holds a backlog: sent over the next samples", wid)
@@ -138,13 +143,16 @@ class FolderWorkers:
 
     @property
     def behind(self) -> bool:
-        """Whether an outbox held more than :meth:`outgoing` gave."""
+        """Whether an outbox held more than :meth:`outgoing` gave (or its sink took)."""
         return any(box.behind for box in self.outboxes.values())
 
-    def sent(self) -> None:
-        """The lines :meth:`outgoing` gave are in the sink: noted; the drained outboxes of dead workers removed."""
-        for box in self.outboxes.values():
-            box.sent()
+    def sent(self, count: int | None = None) -> None:
+        """The first ``count`` lines :meth:`outgoing` gave (default: all) are in the sink: noted (the rest is
+        given again next time); the drained outboxes of dead workers removed."""
+        for box, n in self._given:
+            box.sent(None if count is None else min(n, count))
+            count = None if count is None else max(0, count - n)
+        self._given = []
         for wid in [w for w in self._gone if not self.outboxes[w].behind]:
             self._gone.remove(wid)
             self.outboxes.pop(wid).remove()

@@ -40,9 +40,11 @@ import threading
 import time
 
 from .. import runfolder
+from ..outbox import BUDGET_BYTES as OUTBOX_BUDGET
 from ..outbox import Outbox
 from ..reports import Once
-from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher, SnapshotBuffer
+from ..seqlock import SnapshotBuffer
+from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher
 
 logger = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # s for an agent to start sampling (it imports this package and NVML)
@@ -51,6 +53,7 @@ MAX_RESTARTS, RESTART_WINDOW_S = 3, 30.0  # agents dying faster than this: give 
 WATCH_IDLE_S = 1.0  # how often the others look (dead only: the relay replaces it sooner)
 STALL_MARGIN = 0.25  # s: a beat 3 intervals + this old means a hung agent
 PUBLISH_LAG_S = 0.005  # s before the agent's sample that a worker writes its changes (at most interval / 10)
+SMALL_SAID = "small.said"  # in the session folder: a worker said the run folder is smaller than needed
 _ids = itertools.count(1)
 _in_use: set[str] = set()  # ids taken in this process (several workers in one process)
 
@@ -78,12 +81,13 @@ class AgentLink:
 
     def __init__(self, config: dict, info: dict, snapshot, report):
         self.config, self.report = config, report
-        self.interval = config["settings"]["polling_interval"] / 1000.0
-        self.folder = runfolder.session_folder(config["session"])
+        settings = config["settings"]
+        self.interval = settings["polling_interval"] / 1000.0
+        self.folder = runfolder.session_folder(config["session"], settings.get("run_directory"))
         self.id = str(os.getpid())
         self._dir = os.path.join(self.folder, runfolder.WORKERS)
         self._agents: list[subprocess.Popen] = []
-        self._beat, self._beat_inode = None, None
+        self._beat, self._beat_inode, self._beat_pid = None, None, None
         self._closed = threading.Event()
         self._held = False  # this worker holds agent.lock (the agent is gone)
         self._checked = None  # the beat's version when a task start last looked at it (see wake())
@@ -99,11 +103,16 @@ class AgentLink:
                 self.id = f"{os.getpid()}.{next(_ids)}"
             _in_use.add(self.id)
             self._snap = SnapshotBuffer.create(BUFFER_BYTES, path=os.path.join(self._dir, f"{self.id}.snap"))
-            self.outbox = Outbox(self._dir, self.id)  # this worker's own points, for the agent to send
+            spill = runfolder.spill_folder(settings["spool_directory"], config["session"])
+            budget = settings.get("outbox_budget", OUTBOX_BUDGET)
+            # this worker's own points, for the agent to send
+            self.outbox = Outbox(self._dir, self.id, budget=budget, spill=spill, report=report)
             # held for life: an agent that cannot see this pid (another PID namespace) tells dead from alive by it
             self._life = runfolder.try_lock(self._dir, runfolder.life_lock(self.id))
             self.publisher = Publisher(self._snap, self.acked, snapshot.nthreads, snapshot.running, snapshot.last_job)
-            runfolder.write_worker(self.folder, self.id, {**info, "pid": os.getpid(), "started": runfolder.started()})
+            info = {**info, "pid": os.getpid(), "started": runfolder.started(), "spill": spill}
+            runfolder.write_worker(self.folder, self.id, info)
+            self._check_room(budget, spill)
             held = runfolder.try_lock(self.folder, runfolder.AGENT_LOCK)
             if held is not None:
                 self._start(held)
@@ -112,6 +121,33 @@ class AgentLink:
         self._sock.setblocking(False)
         self._watcher = threading.Thread(target=self._watch, name="influx-metrics-worker", daemon=True)
         self._watcher.start()
+
+    def _check_room(self, budget: int, spill: str) -> None:
+        """Say once per host and session when the run folder's file system is smaller than its workers need
+        (each its snapshot and outbox budget, and the agent's beat): the outboxes then go to disk sooner."""
+        try:
+            st = os.statvfs(self.folder)
+        except OSError:
+            return
+        workers = len(runfolder.worker_files(self.folder))
+        need, size = workers * (BUFFER_BYTES + budget) + BEAT_BYTES, st.f_blocks * st.f_frsize
+        said = os.path.join(self.folder, SMALL_SAID)
+        if size >= need or os.path.exists(said):
+            return
+        try:
+            os.close(os.open(said, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except OSError:  # said by another worker just now
+            return
+        self.report(
+            "run-folder",
+            f"the run folder's file system ({os.path.dirname(os.path.dirname(self.folder))}) holds {size >> 10} KiB; "
+            f"this host's {workers} worker(s) need {need >> 10} KiB there (task snapshot and run.outbox-budget "
+            f"each, and the agent's beat), shared with whatever else uses it: when it is full their outboxes go to "
+            f"{spill} (give it more room, e.g. docker --shm-size, "
+            "or lower run.outbox-budget)",
+            size=size,
+            needed=need,
+        )
 
     # --- the agent's beat ---------------------------------------------------------------
     def beat(self) -> dict | None:
@@ -134,6 +170,9 @@ class AgentLink:
             old, self._beat = self._beat, None
             self.beat()
             old.buffer.close()
+        beat = self.beat()
+        if beat and beat["pid"] != self._beat_pid:  # a new agent (one with no room writes its beat in place)
+            self._ticks, self._beat_pid = (None, None), beat["pid"]
 
     def acked(self) -> int:
         return self._beat.acked() if self._beat is not None or self.beat() is not None else 0
@@ -368,6 +407,7 @@ class AgentLink:
         _in_use.discard(self.id)
 
     def counters(self) -> list[dict]:
-        """The agent's sink counters (and those of agents that died) as of its latest sample."""
+        """The agent's sink counters (and those of agents that died) as of its latest sample, and this worker's
+        outbox's (points written, spilled to disk, lost for want of room)."""
         beat = self.beat()
-        return list(beat.get("counters", [])) if beat else []
+        return (list(beat.get("counters", [])) if beat else []) + self.outbox.counters()

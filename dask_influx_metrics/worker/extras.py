@@ -3,19 +3,23 @@
 :class:`WorkerExtras` is a sampler's ``collect``: custom metrics tagged with the
 worker's own jobs (per device with the device tags), then the task and activity
 points of the executions that ended since the last call. Beside the agent it
-runs on a thread of its own with one sink, every polling interval when there
-are custom metrics, else once a second (a task point carries its own time, an
-activity point covers the time since the last); with ``sampler.mode: thread``
-it joins the in-process sample.
+runs on a thread of its own into the worker's outbox (:func:`schedule`): the
+task stream at least every :data:`TASKS_EVERY_S` (or the polling interval if
+shorter), in one write for all the tasks that ended meanwhile, so a killed
+worker loses at most the points of its last quarter second (a task point
+carries its own time, an activity point covers the time since the last);
+custom metrics once per polling interval. With ``sampler.mode: thread`` it
+joins the in-process sample.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from ..schema import CUSTOM, Point
 
-TASKS_ONLY_S = 1.0  # seconds between collects when only the task stream is wanted
+TASKS_EVERY_S = 0.25  # the longest a finished task's points wait in the worker (beside the agent)
 
 
 class WorkerExtras:
@@ -26,14 +30,16 @@ class WorkerExtras:
     (without job/dag, from ``snapshot()``); ``offset()``: seconds to add to this host's time.
     """
 
-    def __init__(self, custom, tasks, tags: dict, snapshot, offset: Callable[[], float]):
+    def __init__(self, custom, tasks, tags: dict, snapshot, offset: Callable[[], float], custom_every: int = 1):
         self._custom, self.tasks = custom, tasks
         self._tags, self._snapshot, self._offset = tags, snapshot, offset
+        self.custom_every, self._calls = custom_every, 0  # custom metrics on every custom_every-th collect
 
     def collect(self, now_ns: int) -> list[Point]:
         now_ns += int(self._offset() * 1e9)
         points = []
-        if self._custom is not None:
+        self._calls += 1
+        if self._custom is not None and (self._calls - 1) % self.custom_every == 0:
             snap = self._snapshot()
             tags = {**self._tags, "job": snap.job_tag, "dag": snap.dag_tag}
             points = [Point(CUSTOM, {**tags, **r.tags}, r.fields, now_ns) for r in self._custom.read()]
@@ -50,7 +56,16 @@ class WorkerExtras:
             self._custom.stop()
 
 
-def interval(settings, custom: list) -> float:
-    """Seconds between two collects beside the agent."""
+def schedule(settings, tasks: bool) -> tuple[float, int]:
+    """Seconds between two collects beside the agent, and on every how many of them custom metrics are read:
+    with the task stream, the polling interval cut into equal parts of at most :data:`TASKS_EVERY_S`.
+
+    >>> from dask_influx_metrics.config import Settings
+    >>> schedule(Settings.resolve({"polling-interval": 2000}), tasks=True), schedule(Settings.resolve(), True)
+    ((0.25, 8), (0.2, 1))
+    >>> schedule(Settings.resolve({"polling-interval": 300}), tasks=True), schedule(Settings.resolve(), False)
+    ((0.15, 2), (0.2, 1))
+    """
     every = settings.polling_interval / 1000.0
-    return every if custom else max(every, TASKS_ONLY_S)
+    parts = max(1, math.ceil(every / TASKS_EVERY_S - 1e-9)) if tasks else 1
+    return every / parts, parts

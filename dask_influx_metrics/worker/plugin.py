@@ -156,7 +156,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
             collect = _refreshing(self.snapshot, self.extras.collect) if self.custom else self.extras.collect
             # never started: the link's thread runs it, into the outbox the agent sends
             self.sampler = Sampler(collect, link.outbox, field_tags=() if self.settings.dag_tag else ("dag",))
-            link.every(extras.interval(self.settings, self.custom), self.sampler.sample_and_send)
+            seconds, self.extras.custom_every = extras.schedule(self.settings, self.tasks is not None)
+            link.every(seconds, self.sampler.sample_and_send)
 
     def _publish(self) -> None:
         """Bytes held and the clock offset, which change between the publishes of task starts and ends."""
