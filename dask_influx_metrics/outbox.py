@@ -135,17 +135,19 @@ class Outbox:
             self._look_at = self._clock() + LOOK_S
             if self._room():
                 self._rotate(self._folder)
+        where = self._where
         done, error = self._write(payload)
+        spilled = payload.count(b"\n", 0, done) if where != self._folder else 0
         if error is not None:  # this segment cannot grow: closed; the rest goes to the next one, where there is room
             target = self._folder if self._room() else self._spill
             if target is not None and (target != self._where or self._size):
                 self._rotate(target, error)
                 more, error = self._write(payload[done:])
+                spilled += payload.count(b"\n", done, done + more) if self._where != self._folder else 0
                 done += more
         written = payload.count(b"\n", 0, done)
         self.points_written += written
-        if self._where != self._folder:
-            self.points_spilled += written
+        self.points_spilled += spilled
         if written < len(lines):
             self._lost(len(lines) - written, error)
         elif self._losing >= 0:

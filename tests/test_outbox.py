@@ -1,5 +1,6 @@
 """A worker's outbox: written by the worker, read and sent by its host's agent, nothing lost or sent twice."""
 
+import itertools
 import os
 
 from dask_influx_metrics import outbox
@@ -106,3 +107,147 @@ def test_ids_and_move_take_every_file_of_an_outbox_elsewhere(tmp_path):
     outbox.move(str(old), "7.1", str(new), "stale-s-7.1")
     assert os.listdir(old) == [] and outbox.ids(str(new)) == {"stale-s-7.1"}
     assert OutboxReader(str(new), "stale-s-7.1").take() == lines(0, 10)[2:], "from where the marker says"
+
+
+# --- issue 43: a run folder with no room ------------------------------------------------------------------------
+class Room:
+    """A run folder of ``bytes`` free bytes (``os.write`` there writes what fits, then fails with ENOSPC, as on a
+    full tmpfs); elsewhere (the spill folder on disk) writes go through."""
+
+    def __init__(self, monkeypatch, folder, free):
+        import errno
+        import types
+
+        self.folder, self.free = str(folder), free
+
+        def write(fd, data):
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith(self.folder + os.sep):
+                return os.write(fd, data)
+            if self.free <= 0:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            n = min(len(data), self.free)
+            self.free -= n
+            return os.write(fd, bytes(data[:n]))
+
+        monkeypatch.setattr(outbox, "os", types.SimpleNamespace(**{**vars(os), "write": write}))
+        monkeypatch.setattr(outbox, "_free", lambda folder: self.free if folder == self.folder else 1 << 40)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def events_of(events, what):
+    return [e for e in events if e[0] == what]
+
+
+def test_a_full_run_folder_cuts_the_segment_to_whole_lines_and_moves_the_outbox_to_disk_and_back(tmp_path, monkeypatch):
+    """Issue 43 items 1 and 2: a write cut short by ENOSPC leaves no half line (the next write starts on a line
+    boundary), the rest goes to the spill folder on disk, said once; once there is room again, back, said once."""
+    run, spill = tmp_path / "run", tmp_path / "spill"
+    run.mkdir()
+    room, clock, events = Room(monkeypatch, run, free=1 << 20), Clock(), []
+    out = Outbox(str(run), "w", budget=1 << 20, spill=str(spill), clock=clock, report=lambda *a, **k: events.append(a))
+    reader = OutboxReader(str(run), "w", spill=str(spill))
+    got, sent = [], []
+    for k in range(30):
+        if k == 5:
+            room.free = 1000  # full in the middle of the next write
+        if k == 20:
+            room.free, clock.now = 1 << 20, 10.0  # room again (looked at once a second)
+        batch = lines(20 * k, 20 * k + 20)
+        assert out.send(batch) == 20, "every line written whole, in one folder or the other"
+        sent += batch
+        got += reader.take()
+        reader.sent()
+    assert got == sent, "each line once, in order, whole"
+    for name in os.listdir(run):
+        if ".out-" in name:
+            data = (run / name).read_bytes()
+            assert not data or data.endswith(b"\n"), f"{name} ends in a half line"
+    assert [e[1].split(":")[0] for e in events_of(events, "outbox")] == [
+        f"no room for this worker's outbox in the run folder {run}",
+        f"the run folder {run} has room again",
+    ]
+    assert "is full (No space left on device)" in events[0][1]
+    left = 1000 - sum(len(x) + 1 for x in lines(100, 120))  # after the write at k = 5
+    fit = sum(1 for n in itertools.accumulate(len(x) + 1 for x in lines(120, 140)) if n <= left)
+    spilled = 20 - fit + 13 * 20  # what did not fit of the write at k = 6, then k = 7 to 19
+    assert out.points_dropped == 0 and not events_of(events, "outbox-lost")
+    assert out.counters() == [{"kind": "outbox", "points_written": 600, "points_spilled": spilled, "points_dropped": 0}]
+
+
+def test_points_neither_folder_takes_are_counted_and_reported_exactly(tmp_path, monkeypatch):
+    """Issue 43: with no folder on disk to go to, what does not fit is lost: counted (delivery()) and reported with
+    its number (the events' points add up to the count); the lines kept are read whole, once."""
+    run = tmp_path / "run"
+    run.mkdir()
+    room, events = Room(monkeypatch, run, free=1 << 20), []
+    out = Outbox(str(run), "w", budget=1 << 20, spill=None, report=lambda what, msg, **d: events.append((what, d)))
+    reader = OutboxReader(str(run), "w")
+    kept, got = [], []
+    for k in range(20):
+        room.free = 700 if k == 4 else (0 if 4 < k < 12 else 1 << 20)
+        batch = lines(10 * k, 10 * k + 10)
+        n = out.send(batch)
+        kept += batch[:n]
+        got += reader.take()
+        reader.sent()
+    out.close()
+    lost = 200 - len(kept)
+    assert got == kept and 0 < lost < 200
+    assert out.points_dropped == lost == sum(d["points"] for what, d in events if what == "outbox-lost")
+    assert len(events_of(events, "outbox-lost")) == 2, "when it starts, and the count when it ends"
+
+
+def test_the_budget_bounds_what_an_outbox_holds_in_the_run_folder(tmp_path):
+    """Issue 43 item 2: with its agent gone, a worker's outbox holds at most its budget (plus one write) in the run
+    folder; the rest waits on disk; the next agent sends all of it, in order, and the outbox comes back."""
+    run, spill = tmp_path / "run", tmp_path / "spill"
+    run.mkdir()
+    clock, events = Clock(), []
+    budget = 64 << 10
+    out = Outbox(str(run), "w", budget=budget, spill=str(spill), clock=clock, report=lambda *a, **k: events.append(a))
+    written = []
+    for k in range(100):  # ~200 kB, nobody reading
+        batch = lines(50 * k, 50 * k + 50)
+        out.send(batch)
+        written += batch
+        held = sum(os.path.getsize(run / n) for n in os.listdir(run) if ".out-" in n)
+        assert held <= budget + 2000
+    assert out.points_spilled > 0 and len(events) == 1 and "budget of 65536 bytes" in events[0][1]
+    reader = OutboxReader(str(run), "w", spill=str(spill))
+    got = []
+    while part := reader.take(limit=16 << 10):
+        got += part
+        reader.sent()
+    assert got == written
+    clock.now = 5.0
+    out.send(lines(0, 1))
+    assert len(events) == 2 and "room again" in events[1][1]
+    assert not [n for n in os.listdir(spill) if n != f"w.out-{out._k - 1}"], "what was sent is gone from the disk"
+
+
+def test_lines_a_sink_did_not_take_are_taken_again(tmp_path):
+    """Issue 43 item 3: the agent notes only what its sink took; the rest is given again at the next sample, from
+    the same place, across segments."""
+    out = Outbox(str(tmp_path), "w", segment_bytes=200)
+    out.send(lines(0, 20))
+    reader = OutboxReader(str(tmp_path), "w")
+    assert reader.take() == lines(0, 20)
+    reader.sent(7)
+    assert reader.behind and reader.take() == lines(7, 20)
+    reader.sent(0)
+    assert reader.take() == lines(7, 20)
+    reader.sent()
+    assert reader.take() == [] and OutboxReader(str(tmp_path), "w").take() == []
+
+
+def test_the_agents_note_of_what_was_sent_never_needs_room(tmp_path):
+    """The worker makes the ``.sent`` file whole when it starts: the agent's one pwrite never allocates a page."""
+    Outbox(str(tmp_path), "w").close()
+    assert os.path.getsize(tmp_path / "w.sent") == 16

@@ -193,3 +193,11 @@ def test_every_folder_it_creates_is_private(tmp_path):
     sink.close()
     for folder in (root, root / "20261121T100000-000001", root / "20261121T100000-000001" / "tcp-127.0.0.1-1"):
         assert oct(folder.stat().st_mode & 0o777) == "0o700", folder
+
+
+def test_take_writes_through_and_says_how_many_lines_reached_the_disk(tmp_path):
+    """Issue 43 item 3: the agent marks its workers' outboxes sent only as far as the spool took them."""
+    sink = SpoolSink(tmp_path / "spool", mem_limit=1000, flush_interval=3600)
+    lines = [b"m v=%di %d" % (i, i) for i in range(5)]
+    assert sink.take(lines) == 5 and list(read_lines(tmp_path / "spool")) == lines, "on disk at once"
+    sink.close()

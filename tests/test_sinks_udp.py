@@ -103,6 +103,41 @@ def test_datagrams_are_bounded_and_carry_every_line_in_order(max_datagram):
     assert sink.points_dropped == 2  # 70000 and 65508 bytes: larger than any UDP payload
 
 
+def test_a_line_too_long_for_a_datagram_goes_without_its_longest_string_field_said_once():
+    """Issue 43 item 6: a task key longer than a datagram in a worker sample's ``running`` list: the sample goes
+    without that field (never cut: its JSON would not parse), the sample's other lines as they are."""
+    from dask_influx_metrics import lineparse
+
+    key = "k" * 70_000
+    worker = Point("worker", {"host": "h", "worker": "w"}, {"tasks": 1, "running": f'["{key}"]', "rss": 7.0}, BASE_NS)
+    gpu = Point("gpu", {"host": "h", "uuid": "GPU-1"}, {"utilization_gpu": 50.0}, BASE_NS)
+    sock, said = FakeSocket(), []
+    sink = UdpSink(("127.0.0.1", 9), sock=sock, report=lambda what, message: said.append((what, message)))
+    for _ in range(3):
+        sink.send(lp.encode_many([gpu, worker, gpu]))
+    sent = [lineparse.parse(line) for datagram in sock.sent for line in datagram.split(b"\n")]
+    assert [p.measurement for p in sent] == ["gpu", "worker", "gpu"] * 3
+    assert sent[1].fields == {"tasks": 1, "rss": 7.0} and sent[1].tags == worker.tags
+    assert sink.points_sent == 9 and sink.points_dropped == 0
+    [(what, message)] = said
+    assert what == "udp-long-line" and "without its field(s) ['running']" in message and len(message) < 300
+
+
+def test_take_stops_at_the_first_datagram_that_cannot_go_and_leaves_the_rest_uncounted():
+    """Issue 43 item 3: the agent's outbox lines are marked sent only as far as datagrams went."""
+
+    class FullAfter(FakeSocket):
+        def sendto(self, data, address):
+            if len(self.sent) >= 2:
+                raise BlockingIOError(11, "Resource temporarily unavailable")
+            return super().sendto(data, address)
+
+    sink = UdpSink(("127.0.0.1", 9), max_datagram=20, sock=FullAfter())
+    lines = [b"m v=%di %d" % (i, i) for i in range(10)]  # two a datagram
+    assert sink.take(lines) == 4
+    assert (sink.points_sent, sink.points_dropped) == (4, 0)
+
+
 def test_pack_fills_datagrams_exactly():
     datagrams, too_long = pack([b"a" * 10] * 4, 21)  # two 10-byte lines + newline = 21
     assert [count for _, count in datagrams] == [2, 2] and too_long == 0

@@ -57,7 +57,7 @@ class Journal:
         the order they were written."""
         try:
             names = [n for n in os.listdir(self.directory) if n.endswith(SUFFIX)]
-        except FileNotFoundError:
+        except OSError:  # none yet (or no folder can be made there: nothing is kept on disk then)
             return 0
         paths = [os.path.join(self.directory, n) for n in names]
         for path in sorted(paths, key=lambda p: (os.stat(p).st_mtime_ns, p)):
@@ -74,6 +74,9 @@ class Journal:
         data = b"".join(line + b"\n" for line in lines)
         with self._lock:
             try:
+                if self._fd is not None and os.fstat(self._fd).st_nlink == 0:  # removed (clear_metrics): a new one
+                    os.close(self._fd)
+                    self._fd, self._lines = None, 0
                 if self._fd is None:
                     self._open()
             except OSError:
@@ -268,6 +271,7 @@ class JournaledHttpSink(HttpSink):
     def _post_oldest(self) -> None:
         journal = self.journal
         path, lines = journal.oldest()
+        again = path in self._counted  # its post failed before: the server answers again?
         failed = []
         for i in range(0, len(lines), self.batch_size):
             failed = self._post(lines[i : i + self.batch_size])
@@ -279,10 +283,10 @@ class JournaledHttpSink(HttpSink):
             self._kept(path, failed)
             return
         self._counted.discard(path)
+        if again and not self._replaying:
+            self._replay_starts(len(lines) + journal.backlog, "kept while it did not answer")
         if self._replaying and not journal.backlog:
             self._replay_ends()
-        elif not self._replaying and journal.backlog and self._counted:  # answering again after an outage
-            self._replay_starts(journal.backlog, "kept while it did not answer")
 
     def _post_memory(self, lines: list[bytes]) -> None:
         failed = self._post(lines)
