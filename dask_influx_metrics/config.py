@@ -33,6 +33,7 @@ import dask.config
 import yaml
 
 from . import credentials, parsers, schema
+from .reports import clip
 
 
 # --- the table -------------------------------------------------------------------------------------
@@ -242,10 +243,11 @@ SETTINGS: tuple[Setting, ...] = (
         "run.directory",
         "run_directory",
         None,
-        parsers.optional_text,
+        parsers.run_directory,
         "",
-        "where each host's workers and agent keep their session files (dask-influx-metrics-<uid>/ inside); "
-        "null = /dev/shm (the temporary directory where there is none)",
+        "where each host's workers and agent keep their session files (dask-influx-metrics-<uid>/ inside; a path "
+        "of at most 40 bytes: the agent's socket is made there); null = /dev/shm (the temporary directory where "
+        "there is none)",
     ),
     Setting(
         "run.outbox-budget",
@@ -294,9 +296,7 @@ dask.config.update_defaults(DEFAULTS)
 
 
 def _invalid(key: str, problem, value) -> ValueError:
-    shown = repr(value)
-    shown = shown if len(shown) <= 200 else shown[:200] + f"... ({len(shown)} characters)"
-    return ValueError(f"influx-metrics.{key} {problem}, got {shown}")
+    return ValueError(f"influx-metrics.{key} {problem}, got {clip(repr(value))}")
 
 
 def _parse(setting: Setting, value):

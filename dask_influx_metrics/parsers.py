@@ -219,6 +219,25 @@ def optional_text(value) -> str | None:
     return None if value is None else str(value)
 
 
+MAX_RUN_DIRECTORY = (
+    40  # the agent's socket is <run.directory>/dask-influx-metrics-<uid>/<session>/agent.sock: 107 at most
+)
+
+
+def run_directory(value) -> str | None:
+    """A folder path short enough for the Unix socket made inside it, or null (the default).
+
+    >>> run_directory("/mnt/shm"), run_directory(None)
+    ('/mnt/shm', None)
+    """
+    if value is None:
+        return None
+    text = str(value)
+    if not text or len(text.encode()) > MAX_RUN_DIRECTORY:
+        raise ValueError(f"must be a folder path of 1 to {MAX_RUN_DIRECTORY} bytes (a Unix socket is made inside it)")
+    return text
+
+
 def default_spool_directory() -> str:
     """This OS user's own spool root, ``<tmp>/dask-influx-metrics-<uid>`` (created 0700 when used)."""
     return os.path.join(tempfile.gettempdir(), f"dask-influx-metrics-{os.getuid()}")

@@ -20,6 +20,19 @@ from typing import Callable
 logger = logging.getLogger("dask_influx_metrics")
 
 
+QUOTE_CHARS = 200  # the most of a value (a custom metric's return, an error text) a message repeats
+
+
+def clip(text, limit: int = QUOTE_CHARS) -> str:
+    """``text`` as a message quotes it: at most ``limit`` characters, the rest counted, never repeated.
+
+    >>> clip("x" * 100_000)[-30:]
+    'xxxxx... (100000 characters)'
+    """
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class Once:
     """Things said already: ``once(key)`` is True the first time for each ``key`` (thread-safe).
 

@@ -57,6 +57,8 @@ def run_directory(base: str | None = None) -> str:
     """
     if base is None:
         base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    else:
+        make_private_dirs(base)  # a configured folder that is not there yet
     return private_folder(os.path.join(base, f"dask-influx-metrics-{os.getuid()}"))
 
 

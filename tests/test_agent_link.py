@@ -7,6 +7,7 @@ several workers of one ``processes=False`` cluster are.
 import dataclasses
 import functools
 import os
+import shutil
 import threading
 import time
 import types
@@ -161,3 +162,33 @@ def test_a_failing_every_is_said_once_and_the_watch_goes_on(monkeypatch, caplog)
         for _ in range(3):
             link._run_every()
     assert len(calls) == 3 and len([r for r in caplog.records if "a bug in the task stream" in r.getMessage()]) == 1
+
+
+def test_the_run_folder_and_everything_in_it_is_private_by_design(config, tmp_path):
+    """Issue 43 item 6: folders 0700, files and the wake socket 0600 whatever the umask (0 here: nothing is left
+    to it), the spill folder on disk too."""
+    import tempfile
+
+    run = tempfile.mkdtemp(prefix="run")  # short: a Unix socket's path is 107 bytes at most
+    old = os.umask(0)
+    try:
+        cfg = config(**{"run.directory": run})
+        w = link(cfg, 1)
+        wait_until(lambda: os.path.exists(os.path.join(w.folder, runfolder.SOCKET)), what="the agent's socket")
+        w.outbox._rotate(runfolder.spill_folder(cfg["settings"]["spool_directory"], cfg["session"]))
+    finally:
+        os.umask(old)
+    try:
+        modes = {}
+        for root in (os.path.join(run, f"dask-influx-metrics-{os.getuid()}"), str(tmp_path / cfg["session"])):
+            for here, dirs, files in os.walk(root):
+                for name in [here, *(os.path.join(here, f) for f in files)]:
+                    modes[name] = oct(os.lstat(name).st_mode & 0o777)
+        folders = {n: m for n, m in modes.items() if os.path.isdir(n)}
+        files = {n: m for n, m in modes.items() if n not in folders}
+        assert set(folders.values()) == {"0o700"}, folders
+        assert set(files.values()) == {"0o600"}, files
+        assert any(n.endswith("agent.sock") for n in files) and any("outbox-" in n for n in folders)
+    finally:
+        w.leave()
+        shutil.rmtree(run, ignore_errors=True)

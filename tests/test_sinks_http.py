@@ -358,3 +358,22 @@ def test_an_outage_is_reported_once_however_long_it_lasts(caplog):
     warnings = [r.message for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "cannot reach" in warnings[0], warnings
     assert sink.points_failed == i == len(fallback.lines)
+
+
+def test_the_reasons_file_is_private_by_design(tmp_path):
+    """Issue 43 item 6: ``refused/reasons.txt`` 0600 whatever the umask, as the refused lines beside it."""
+    import os
+
+    from dask_influx_metrics.sinks.refused import RefusedFolder
+
+    old = os.umask(0)
+    try:
+        folder = RefusedFolder(tmp_path / "refused")
+        folder.keep([b"bad line"], "HTTP 400: unable to parse 'bad line'")
+        folder.close()
+    finally:
+        os.umask(old)
+    assert {f: oct(os.stat(tmp_path / "refused" / f).st_mode & 0o777) for f in os.listdir(tmp_path / "refused")} == {
+        "reasons.txt": "0o600",
+        next(f for f in os.listdir(tmp_path / "refused") if f.endswith(".lp")): "0o600",
+    }

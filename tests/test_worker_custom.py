@@ -134,6 +134,25 @@ def test_non_numeric_result_counts_as_failure():
     assert [n for n, _ in reports] == ["text"]
 
 
+def test_a_huge_value_or_error_is_quoted_in_at_most_about_200_characters():
+    """Issue 43 item 6: a custom metric returning a 100 kB string (or raising with one) was repeated whole."""
+    reports = []
+    huge = custom_metric("huge", per_device=False)(lambda w, hs: "x" * 100_000)
+
+    def raising(w, hs):
+        raise ValueError("y" * 100_000)
+
+    loud = custom_metric("loud", per_device=False)(raising)
+    src = CustomSource([huge, loud], None, lambda: [], report=_into(reports))
+    try:
+        assert src.read() == []
+    finally:
+        src.stop()
+    said = dict(reports)
+    assert len(said["huge"]) < 400 and "100002 characters" in said["huge"] and "not a number" in said["huge"]
+    assert len(said["loud"]) < 400 and "100000 characters" in said["loud"]
+
+
 def test_bools_and_numeric_text_are_rejected_and_reported_once():
     reports = []
     flag = custom_metric("flag", per_device=False)(lambda w, hs: True)

@@ -36,7 +36,7 @@ from typing import Callable
 
 from .. import schema
 from ..names import CUSTOM_METRIC
-from ..reports import Reporter
+from ..reports import Reporter, clip
 from ..schema import CUSTOM, Reading
 
 
@@ -252,13 +252,15 @@ class CustomSource:
             if isinstance(value, Exception):
                 raise value
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                raise TypeError(f"returned {type(value).__name__} {value!r}, not a number")
+                raise TypeError(f"returned {type(value).__name__} {clip(repr(value), 100)}, not a number")
             value = float(value)
             if not math.isfinite(value):
                 raise ValueError(f"returned {value}")
             return value
         except Exception as e:  # user code: report once, never kill the sampler
-            self._report_once(metric.name, "failed", f"custom metric {metric.name!r} failed: {type(e).__name__}: {e}")
+            self._report_once(
+                metric.name, "failed", f"custom metric {metric.name!r} failed: {type(e).__name__}: {clip(e)}"
+            )
             return None
 
     def _report_once(self, name: str, kind: str, message: str) -> None:
