@@ -133,15 +133,15 @@ class Outbox:
             payload = b"\n".join(line.replace(b"\n", _LF) for line in lines) + b"\n"
         if self._where != self._folder and self._clock() >= self._look_at:
             self._look_at = self._clock() + LOOK_S
-            if self._room():
+            if self._no_room() is None:
                 self._rotate(self._folder)
         where = self._where
         done, error = self._write(payload)
         spilled = payload.count(b"\n", 0, done) if where != self._folder else 0
         if error is not None:  # this segment cannot grow: closed; the rest goes to the next one, where there is room
-            target = self._folder if self._room() else self._spill
+            target = self._folder if self._no_room() is None else self._spill
             if target is not None and (target != self._where or self._size):
-                self._rotate(target, error)
+                self._rotate(target, f"it is full ({error.strerror})")
                 more, error = self._write(payload[done:])
                 spilled += payload.count(b"\n", done, done + more) if self._where != self._folder else 0
                 done += more
@@ -153,7 +153,8 @@ class Outbox:
         elif self._losing >= 0:
             self._found_room()
         if self._size >= self._limit:
-            self._rotate(self._folder if self._room() else (self._spill or self._folder))
+            why = self._no_room()
+            self._rotate(self._folder if why is None else (self._spill or self._folder), why)
         return written
 
     def _write(self, data: bytes) -> tuple[int, OSError | None]:
@@ -181,9 +182,9 @@ class Outbox:
         if self._where == self._folder:
             self._held[self._k] = self._size
 
-    def _room(self) -> bool:
-        """Whether a new segment fits in the run folder: within this outbox's budget (what the agent has not
-        removed yet) and the file system's free space."""
+    def _no_room(self) -> str | None:
+        """Why a new segment does not fit in the run folder (None: it does): this outbox's budget (what the
+        agent has not removed yet), or the file system's free space."""
         try:
             with open(self._marker, "rb") as f:
                 sent = _SENT.unpack(f.read(_SENT.size))[0]
@@ -191,51 +192,51 @@ class Outbox:
             sent = 0
         for k in [k for k in self._held if k < sent]:  # removed by the agent
             del self._held[k]
-        held = sum(self._held.values())
-        return held + self._limit <= self._budget and _free(self._folder) >= self._limit
+        if sum(self._held.values()) + self._limit > self._budget:
+            return f"this worker's outbox holds its budget of {self._budget} bytes there (its agent is behind or gone)"
+        if (free := _free(self._folder)) < self._limit:
+            return f"it is full ({free} bytes free)"
+        return None
 
-    def _rotate(self, where: str | None, error: OSError | None = None) -> None:
-        """Close the current segment; the next one in ``where`` (the run folder, or the spill folder on disk)."""
+    def _rotate(self, where: str | None, why: str | None = None) -> None:
+        """Close the current segment; the next one in ``where`` (the run folder, or the spill folder on disk:
+        ``why``)."""
         where = where or self._folder
         was = self._where
         if where != self._folder:
             try:
                 make_private_dirs(where)
             except OSError as e:
-                self._say_once_failed(e)
+                logger.debug("influx-metrics outbox %s: %s", self._id, e)
                 where = self._folder
         try:
             self._next(where)
         except OSError as e:  # not even an empty file: the next write says so
-            self._say_once_failed(e)
+            logger.debug("influx-metrics outbox %s: %s", self._id, e)
             return
-        if where != was:
-            self._say_moved(was, where, error)
-
-    def _say_moved(self, was: str, now: str, error: OSError | None) -> None:
-        if now == self._folder:
+        if where == was:
+            return
+        if where == self._folder:
             message = (
                 f"the run folder {self._folder} has room again: this worker's outbox is back there "
                 f"({self.points_spilled} point(s) went through {was} meanwhile)"
             )
         else:
-            why = (
-                f"it is full ({error.strerror})"
-                if error is not None
-                else f"this worker's outbox holds its budget of {self._budget} bytes there (its agent is behind or gone)"
+            message = (
+                f"no room for this worker's outbox in the run folder {self._folder}: {why}; its points go to "
+                f"{where} until there is"
             )
-            message = f"no room for this worker's outbox in the run folder {self._folder}: {why}; its points go to {now} until there is"
-        self._say("outbox", message, folder=now)
+        self._say("outbox", message, folder=where)
 
     def _lost(self, n: int, error: OSError | None) -> None:
         self.points_dropped += n
-        where = self._folder if self._spill is None else f"{self._folder} nor {self._spill}"
+        where = f"neither {self._folder} nor {self._spill}" if self._spill else f"not {self._folder}"
         why = error.strerror if error is not None else "no room"
         if self._losing < 0:
             self._losing = 0
             self._say(
                 "outbox-lost",
-                f"{n} point(s) of this worker (task stream, custom metrics) lost: neither {where} had room ({why}); "
+                f"{n} point(s) of this worker (task stream, custom metrics) lost: {where} had room ({why}); "
                 "more are lost and counted until one has",
                 points=n,
             )
@@ -251,9 +252,6 @@ class Outbox:
             f"{self.points_dropped} in all this session; writing again",
             points=n,
         )
-
-    def _say_once_failed(self, error: OSError) -> None:
-        logger.debug("influx-metrics outbox %s: %s", self._id, error)
 
     def _say(self, what: str, message: str, **details) -> None:
         if self._report is not None:

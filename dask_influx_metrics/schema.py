@@ -311,8 +311,9 @@ _FIELDS = (
         "points_spooled",
         int,
         "count",
-        "points the HTTP sink could not deliver (an outage) and "
-        "kept under <spool>/<session>/<role>/undelivered/ for replay",
+        "points the HTTP sink could not deliver at first (an outage) and "
+        "kept under <spool>/<session>/<role>/undelivered/, posted from there when InfluxDB answers again "
+        "(then in points_sent too)",
     ),
     Field(
         DELIVERY,

@@ -12,6 +12,10 @@ that header; ``url`` and every log line show the address without them.
 InfluxDB 3 answers 400 to lines that put a tag and a field of the same name in
 one table; those go to the fallback like any refused batch.
 
+A monitor's HTTP sink is a :class:`~.journal.JournaledHttpSink`: every line on disk (``undelivered/``)
+before it is posted, posted from there, what an outage leaves sent by itself when the server answers again.
+This class, with its queue in memory, serves ``replay`` and an HTTP sink beside a spool sink.
+
 ``send`` only appends to a bounded in-memory queue (``max_pending`` lines,
 default ``2 * batch_size``: about 3 MB at 5000 lines of ~300 bytes) and returns; a thread posts batches of up to
 ``batch_size`` lines when a batch is full or ``flush_interval`` seconds after
@@ -28,7 +32,7 @@ writes the rest of such a batch and answers 400 ``partial write: ...
 dropped=N``; it names each line it could not parse, and for a field type
 conflict the measurement and field, so only the lines it refused are kept when
 they can be told apart, else the whole batch (replaying it rewrites the
-accepted points: an idempotent overwrite in InfluxDB). Replaying is always an
+accepted points: an idempotent overwrite in InfluxDB). Replaying another session's copy is an
 explicit call (:func:`~dask_influx_metrics.sinks.replay.replay_folders`). A 413 (a proxy's body limit) halves the
 batch and the batch size, down to one line, said once and counted in
 ``batches_split``. After a connection error or 5xx the sink backs off
