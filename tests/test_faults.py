@@ -55,7 +55,7 @@ def test_an_agent_killed_three_times_under_a_backlog_loses_and_doubles_no_task_p
     got = faults.agent_kill(client, influxd, fresh_db, tasks=2000, kills=3)
     print(got)
     assert got["kills"] == 3 and got["in_influxdb"] == got["tasks"] and got["posted_twice_or_more"] == 0
-    assert got["left_undelivered"] == 0
+    assert got["left_undelivered"] == 0 and "http-replay" in got["replay_events"], "a successor sent what was left"
 
 
 def test_an_influxdb_outage_heals_by_itself_in_order_and_once(client, influxd, fresh_db):

@@ -138,7 +138,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             return self._sample_in_process()
         if self.closed:
             return await _off_loop(link.leave, 0)
-        self.link, self._relayed = link, 0
+        self.link, self._relayed = link, (None, 0)  # (agent pid, number of its latest report passed on)
         link.publisher.sync(self.registry.snapshot().running)  # tasks that started or ended while it joined
         if not self.custom:
             self.registry.clear()  # the publisher is the record from now on
@@ -185,9 +185,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self._publish()
         beat = self.link.beat()
         if beat and beat.get("relay") == self.link.id:  # one worker per host passes the agent's reports on
+            pid, relayed = self._relayed
             for n, event in beat.get("reports", []):
-                if n > self._relayed:
-                    self._relayed = n
+                if n > relayed or beat["pid"] != pid:  # a new agent numbers its reports from 1 again
+                    self._relayed = (beat["pid"], n)
                     logger.warning("influx-metrics agent of %s: %s", self.base_tags["host"], event.get("message"))
                     self._event(event)
 
