@@ -162,7 +162,8 @@ def shm(client, run: str, spool: str | None = None, alone: float = 2.0, hold: fl
     """Tasks at ``rate``/s on a run folder (``run``: a 2 MiB tmpfs): ``alone`` s with nothing else in it (does the
     monitor fill it?), then filled for ``hold`` s (the agent SIGKILLed meanwhile: its successor starts on a full
     folder; the outboxes have the disk), freed; with ``spool`` (a second small tmpfs, the spool's, so also the
-    outboxes' way out) both filled for ``hold`` s and freed; 3 s more. Losses by when their tasks ended."""
+    outboxes' way out) that one filled for ``hold`` s (the task points wait in the outboxes), then both; 2 s
+    more. Losses by when their tasks ended."""
     from dask_influx_metrics import Monitor
 
     spool_dir = spool or tempfile.mkdtemp(prefix="faults-spool-")
@@ -172,12 +173,12 @@ def shm(client, run: str, spool: str | None = None, alone: float = 2.0, hold: fl
     session = monitor.start()
     watch = Watch(client, run)
     watch.start()
-    feeder = Feeder(client, total=int(rate * (alone + hold * (2 if spool else 1) + 3.0)), rate=rate)
+    feeder = Feeder(client, total=int(rate * (alone + (hold + 1.0) * (3 if spool else 1) + 2.0)), rate=rate)
     feeder.start()
     time.sleep(alone)
     alone_max, alone_full = watch.max_used, watch.full_samples
     windows = {}
-    for name, folders in [("run", [run])] + ([("both", [run, spool])] if spool else []):
+    for name, folders in [("run", [run])] + ([("spool", [spool]), ("both", [run, spool])] if spool else []):
         agent = agent_pid(client)
         start = time.time()
         fills = [fill(f) for f in folders]
@@ -212,6 +213,7 @@ def shm(client, run: str, spool: str | None = None, alone: float = 2.0, hold: fl
         "doubled": sum(len(v) - 1 for v in got.values() if len(v) > 1),
         "lost": len(lost),
         "lost_while_run_full": sum(within(k, "run") for k in lost),
+        "lost_while_spool_full": sum(within(k, "spool") for k in lost),
         "lost_while_both_full": sum(within(k, "both") for k in lost),
         "after_freeing": {
             "tasks": sum(1 for e in ends.values() if e > freed + 1.0),

@@ -157,7 +157,7 @@ def test_a_failing_every_is_said_once_and_the_watch_goes_on(monkeypatch, caplog)
         calls.append(1)
         raise RuntimeError("a bug in the task stream")
 
-    link._every, link._due = (0.0, broken), 0.0
+    link._every, link._due, link._idle = (0.0, broken), 0.0, None
     with caplog.at_level(logging.WARNING):
         for _ in range(3):
             link._run_every()
@@ -192,3 +192,26 @@ def test_the_run_folder_and_everything_in_it_is_private_by_design(config, tmp_pa
     finally:
         w.leave()
         shutil.rmtree(run, ignore_errors=True)
+
+
+def test_the_worker_thread_wakes_for_its_points_only_when_there_are_some(config):
+    """Issue 43 item 4 at no cost: the task stream is written at least every 200 ms while tasks end, and an idle
+    worker's thread does not wake for it (nudge() when a task ends)."""
+    w = link(config(**{"polling-interval": 1000}), 1)
+    runs, pending = [], []
+    try:
+        w.every(0.2, lambda: runs.append(time.monotonic()) or pending.clear(), idle=lambda: not pending)
+        time.sleep(1.0)
+        assert runs == [], "idle: not one wake for it"
+        pending.append(1)
+        started = time.monotonic()
+        w.nudge()
+        wait_until(lambda: runs, timeout=1, what="a run after the nudge")
+        assert runs[0] - started < 0.1, "the first task after an idle while: written at once"
+        for _ in range(5):  # tasks keep ending: one write per 200 ms, not one per task
+            pending.append(1)
+            w.nudge()
+            time.sleep(0.1)
+        assert 2 <= len(runs) <= 5 and all(b - a >= 0.19 for a, b in zip(runs, runs[1:])), runs
+    finally:
+        w.leave()

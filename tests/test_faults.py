@@ -28,8 +28,9 @@ def in_tmpfs(*args, mounts) -> dict:
 def test_a_full_run_folder_kills_nothing_garbles_nothing_and_loses_only_what_no_folder_takes_counted_exactly():
     """One LocalCluster, 400 tasks/s, its run folder a 2 MiB tmpfs: 2 s alone (the monitor never fills it), then
     filled for 2 s (10 s full size), the agent SIGKILLed meanwhile (its successor starts on the full folder): the
-    outboxes go to disk, nothing is lost; then the spool's 8 MiB tmpfs filled too: what is lost is lost while
-    both are full, and delivery() and the events count it exactly; after freeing, every task point, no restart."""
+    outboxes go to disk, nothing is lost; then the spool's 8 MiB tmpfs (the agent's sink) filled: nothing is
+    lost, the task points wait in the outboxes; then both: what is lost is lost while both are full, and
+    delivery() and the events count it exactly; after freeing, every task point, no restart."""
     run, spool = tempfile.mkdtemp(prefix="shm"), tempfile.mkdtemp(prefix="spool")  # short: the agent's socket path
     try:
         got = in_tmpfs("shm", "--run", run, "--spool", spool, mounts={run: "2m", spool: "8m"})
@@ -41,6 +42,7 @@ def test_a_full_run_folder_kills_nothing_garbles_nothing_and_loses_only_what_no_
     assert got["garbled_lines"] == 0 and got["doubled"] == 0
     assert got["alone"]["samples_full"] == 0 and got["alone"]["max_used"] < got["run_size"] // 2
     assert got["spilled"] > 0 and got["lost_while_run_full"] == 0, "the disk took the outboxes"
+    assert got["lost_while_spool_full"] == 0, "the task points waited in the outboxes, not marked sent"
     assert got["lost"] == got["lost_while_both_full"] == got["counted_lost"] == got["reported_lost"], "counted exactly"
     assert got["after_freeing"]["lost"] == 0 < got["after_freeing"]["tasks"]
     assert got["task_points"] == got["tasks"] - got["lost"]

@@ -96,6 +96,8 @@ class AgentLink:
         self.failed = None  # why this worker gave up on the agent (the plugin then samples in-process)
         self.gaps = 0  # agents replaced while this worker ran
         self._every, self._due = None, math.inf  # (seconds, fn) the watcher thread also runs; when next
+        self._idle = None  # () -> whether fn has nothing to do (the watcher then does not wake for it)
+        self._wake = threading.Event()  # set on leave, and by nudge()
         self._once = Once()
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             # taken by another worker of this process, or by a namesake in another PID namespace
@@ -219,15 +221,29 @@ class AgentLink:
             )
         self._follow_beat()
 
-    def every(self, seconds: float, fn) -> None:
+    def every(self, seconds: float, fn, idle=None) -> None:
         """Run ``fn()`` every ``seconds`` on the watcher thread, and once more in :meth:`leave` (it writes the
-        worker's own points into :attr:`outbox`: the agent sends them)."""
-        self._every, self._due = (seconds, fn), time.monotonic() + seconds
+        worker's own points into :attr:`outbox`: the agent sends them). While ``idle()`` says there is nothing
+        to write, the thread does not wake for it; :meth:`nudge` says there is again."""
+        self._every, self._due, self._idle = (seconds, fn), time.monotonic() + seconds, idle
+
+    def nudge(self) -> None:
+        """Something for :meth:`every`'s ``fn`` (a task ended): the watcher runs it when due (event loop; a check
+        per call, a set when the watcher sleeps)."""
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _next_due(self) -> float:
+        if self._every is None or (self._idle is not None and self._idle()):
+            return math.inf
+        return self._due
 
     def _run_every(self) -> None:
         now = time.monotonic()
-        if self._every is not None and now >= self._due:
-            self._due = max(self._due + self._every[0], now)  # drift-free; a late run is not repeated to catch up
+        if self._every is not None and now >= self._next_due():
+            period = self._every[0]
+            # drift-free; after a late run (or an idle while) the next is a period away, not due at once
+            self._due = self._due + period if self._due + period > now else now + period
             self._every_once()
 
     def _every_once(self) -> None:
@@ -244,7 +260,11 @@ class AgentLink:
         Between looks, what :meth:`every` asked for."""
         relay, n, looked = False, 0, 0.0
         look = time.monotonic() + self._pause(relay, n)
-        while not self._closed.wait(max(0.0, min(look, self._due) - time.monotonic())):
+        while True:
+            self._wake.wait(max(0.0, min(look, self._next_due()) - time.monotonic()))
+            self._wake.clear()  # before fn runs: what comes while it runs wakes the next round
+            if self._closed.is_set():
+                return
             self._run_every()
             if time.monotonic() < look:
                 continue
@@ -378,6 +398,7 @@ class AgentLink:
         if self._closed.is_set():
             return
         self._closed.set()
+        self._wake.set()
         self._watcher.join(WATCH_S * 4 + (self._every[0] if self._every else 0.0))
         if self._every is not None:  # the worker's last points, before the agent's last look
             self._every_once()

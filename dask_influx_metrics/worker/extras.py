@@ -48,7 +48,7 @@ class WorkerExtras:
         return points
 
     def pending(self) -> bool:
-        """Whether finished tasks wait for their points (then a last collect is due at stop)."""
+        """Whether finished tasks wait for their points (beside the agent, its link's thread wakes only then)."""
         return self.tasks is not None and self.tasks.pending()
 
     def stop(self) -> None:

@@ -157,7 +157,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
             # never started: the link's thread runs it, into the outbox the agent sends
             self.sampler = Sampler(collect, link.outbox, field_tags=() if self.settings.dag_tag else ("dag",))
             seconds, self.extras.custom_every = extras.schedule(self.settings, self.tasks is not None)
-            link.every(seconds, self.sampler.sample_and_send)
+            idle = None if self.custom else (lambda: not self.extras.pending())  # no wake while no task ends
+            link.every(seconds, self.sampler.sample_and_send, idle=idle)
 
     def _publish(self) -> None:
         """Bytes held and the clock offset, which change between the publishes of task starts and ends."""
@@ -316,6 +317,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 self.registry.finished(key)
         if where is not None and self.tasks is not None:
             self.tasks.ended.append((key, *where, end, time.time()))  # the sampler thread does the rest
+            if self.link is not None:
+                self.link.nudge()  # its thread writes them within 200 ms (it does not wake while none end)
 
     def _started(self, key) -> None:
         mark = _dask.worker_task_annotation(self.worker, key, ANNOTATION)

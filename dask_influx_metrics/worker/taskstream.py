@@ -70,8 +70,8 @@ class TaskStream:
         self._series_tags: dict = {}  # series -> its tags, this tick
 
     def pending(self) -> bool:
-        """Whether records wait for the next sample."""
-        return bool(self.ended)
+        """Whether records (or Dask's digests, for activity points) wait for the next collect."""
+        return bool(self.ended) or (self.fine is not None and self.fine.pending())
 
     def points(self, now_ns: int) -> list[Point]:
         """Drain the finished executions: their task points, then the activity points of this tick."""
