@@ -50,9 +50,10 @@ def key(i: int) -> str:
 class Feeder(threading.Thread):
     """Submits ``rate`` tasks a second (in batches every 50 ms) until ``total`` are in; ``futures`` keeps them."""
 
-    def __init__(self, client, total: int, rate: float, workers=None, log=None):
+    def __init__(self, client, total: int, rate: float, workers=None, log=None, seconds: float = 0.001):
         super().__init__(daemon=True)
         self.client, self.total, self.rate, self.workers, self.log = client, total, rate, workers, log
+        self.seconds = seconds
         self.futures, self.done = [], threading.Event()
 
     def run(self):
@@ -61,7 +62,9 @@ class Feeder(threading.Thread):
             due = min(self.total, int((time.monotonic() - start) * self.rate) + 1)
             if due > i:
                 keys = [key(n) for n in range(i, due)]
-                self.futures += self.client.map(work, range(i, due), key=keys, workers=self.workers, log=self.log)
+                self.futures += self.client.map(
+                    work, range(i, due), key=keys, workers=self.workers, log=self.log, seconds=self.seconds
+                )
                 i = due
             time.sleep(0.05)
         self.done.set()
@@ -406,7 +409,8 @@ def worker_kill(client, polling: int = 2000, seconds: float = 3.0, rate: float =
     monitor.attach(polling_interval=polling, tracking=TRACKING)
     session = monitor.start()
     (victim, (victim_pid, _)) = next(iter(client.run(_pids).items()))
-    feeder = Feeder(client, total=int(rate * (seconds + 2)), rate=rate, workers=[victim], log=log)
+    # tasks of 10 ms, more than its 2 threads run: never idle, so it writes every 200 ms, not when work comes
+    feeder = Feeder(client, total=int(rate * (seconds + 2)), rate=rate, workers=[victim], log=log, seconds=0.01)
     feeder.start()
     time.sleep(seconds)
     # the worst moment: just before the worker's next write of its task points (one clock for every process)
@@ -423,7 +427,8 @@ def worker_kill(client, polling: int = 2000, seconds: float = 3.0, rate: float =
             if int(pid) == victim_pid:
                 ended[key(int(i))] = float(end)
     got, garbled = spool_task_points(os.path.join(spool_dir, session["id"]))
-    sent = {k for k, ps in got.items() if any(p.tags["worker"] == victim for p in ps)}
+    # the victim's points from before the kill (its restart may get the same address and run those keys again)
+    sent = {k for k, ps in got.items() if any(p.tags["worker"] == victim and p.time_ns <= killed_at * 1e9 for p in ps)}
     lost = [k for k in ended if k not in sent]
     return {
         "scenario": "worker-kill",

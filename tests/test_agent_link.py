@@ -195,8 +195,8 @@ def test_the_run_folder_and_everything_in_it_is_private_by_design(config, tmp_pa
 
 
 def test_the_worker_thread_wakes_for_its_points_only_when_there_are_some(config):
-    """Issue 43 item 4 at no cost: the task stream is written at least every 200 ms while tasks end, and an idle
-    worker's thread does not wake for it (nudge() when a task ends)."""
+    """Issue 43 item 4 at no cost: the task stream is written at least every 200 ms while tasks run or wait for
+    their points, and an idle worker's thread does not wake for it (nudge() when a task starts on it)."""
     w = link(config(**{"polling-interval": 1000}), 1)
     runs, pending = [], []
     try:

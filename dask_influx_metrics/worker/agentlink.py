@@ -228,8 +228,7 @@ class AgentLink:
         self._every, self._due, self._idle = (seconds, fn), time.monotonic() + seconds, idle
 
     def nudge(self) -> None:
-        """Something for :meth:`every`'s ``fn`` (a task ended): the watcher runs it when due (event loop; a check
-        per call, a set when the watcher sleeps)."""
+        """:meth:`every`'s ``fn`` has work again (a task started on an idle worker): the watcher runs it when due."""
         if not self._wake.is_set():
             self._wake.set()
 

@@ -157,7 +157,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
             # never started: the link's thread runs it, into the outbox the agent sends
             self.sampler = Sampler(collect, link.outbox, field_tags=() if self.settings.dag_tag else ("dag",))
             seconds, self.extras.custom_every = extras.schedule(self.settings, self.tasks is not None)
-            idle = None if self.custom else (lambda: not self.extras.pending())  # no wake while no task ends
+            # no wake for it while the worker runs nothing and has no task points to write (nudged when it starts)
+            idle = None if self.custom else (lambda: link.publisher.idle() and not self.extras.pending())
             link.every(seconds, self.sampler.sample_and_send, idle=idle)
 
     def _publish(self) -> None:
@@ -317,8 +318,6 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 self.registry.finished(key)
         if where is not None and self.tasks is not None:
             self.tasks.ended.append((key, *where, end, time.time()))  # the sampler thread does the rest
-            if self.link is not None:
-                self.link.nudge()  # its thread writes them within 200 ms (it does not wake while none end)
 
     def _started(self, key) -> None:
         mark = _dask.worker_task_annotation(self.worker, key, ANNOTATION)
@@ -333,6 +332,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 self.registry.started(key, job, dag)
             if idle:
                 link.wake()  # the agent samples at once if its last sample saw this worker idle
+                link.nudge()  # and the link's thread writes its task points from now on, every 200 ms
             return
         idle = self.registry.idle()
         self.registry.started(key, job, dag)
