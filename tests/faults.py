@@ -240,31 +240,19 @@ def shm(client, run: str, spool: str | None = None, alone: float = 2.0, hold: fl
 _KEY = re.compile(rb'key="((?:[^"\\]|\\.)*)"')
 
 
-class Proxy:
-    """In front of influxd on a fixed port: forwards every write, counts the task lines posted per key, and can go
-    down (connections refused, as a stopped server) and come back."""
+class Switchable:
+    """An HTTP server on 127.0.0.1 whose ``post(path, body) -> (status, content)`` answers each POST; it can go
+    down (connections refused, as a stopped server) and come back on the same port."""
 
-    def __init__(self, target: str):
-        outer, self.target = self, target
-        self.posted, self._lock, self.port = Counter(), threading.Lock(), None
+    def __init__(self):
+        outer, self.port = self, None
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                r = requests.post(outer.target + self.path, data=body, timeout=30)
-                if r.status_code < 300:
-                    keys = [
-                        m.group(1)
-                        for line in body.split(b"\n")
-                        if line.startswith(b"task,")
-                        for m in [_KEY.search(line)]
-                        if m
-                    ]
-                    with outer._lock:
-                        outer.posted.update(keys)
-                self.send_response(r.status_code)
+                status, content = outer.post(self.path, self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                self.send_response(status)
                 self.end_headers()
-                self.wfile.write(r.content)
+                self.wfile.write(content)
 
             def log_message(self, *args):
                 pass
@@ -284,6 +272,22 @@ class Proxy:
     @property
     def url(self):
         return f"http://127.0.0.1:{self.port}"
+
+
+class Proxy(Switchable):
+    """In front of influxd: forwards every write and counts the task lines posted per key (``posted``)."""
+
+    def __init__(self, target: str):
+        self.target, self.posted, self._lock = target, Counter(), threading.Lock()
+        super().__init__()
+
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        r = requests.post(self.target + path, data=body, timeout=30)
+        if r.status_code < 300:
+            tasks = [line for line in body.split(b"\n") if line.startswith(b"task,")]
+            with self._lock:
+                self.posted.update(m.group(1) for m in map(_KEY.search, tasks) if m)
+        return r.status_code, r.content
 
 
 def _influx_count(influxd, db: str) -> int:
