@@ -12,6 +12,8 @@ SHARED_GPU = "shared-gpu"  # a report's "what" when workers of a host use one GP
 CUSTOM_METRIC = "custom-metric"  # a report's "what": a custom metric failed or overran ("metric", "problem")
 DESTINATIONS = "destinations"  # a report's "what": where a worker's samples go (sinks.destinations)
 NEW_JOB_OP = "influx-metrics-new-job"  # the client's stream op behind Monitor.new_job()
+LIVE_METRIC = "influx_metrics"  # a worker's heartbeat entry (Worker.metrics): its live figures
+DASHBOARD_PAGE = "/individual-gpu-jobs"  # the scheduler dashboard's page ("GPU Jobs" in its "More" menu)
 
 
 class GpuState(str, enum.Enum):

@@ -7,7 +7,8 @@ credentials) and ``agent.lock`` already locked on an inherited descriptor, so
 no moment passes without a holder. Each tick it lists the workers registered in
 the run folder (:mod:`.workers`), takes their task snapshots, writes its beat
 (:mod:`..snapshot`: the snapshots it used, its sink's counters, what it
-reports), samples every GPU the workers use once, the host once and each worker
+reports, and every half second each worker's latest figures for the dashboard,
+:mod:`..sampling.live`), samples every GPU the workers use once, the host once and each worker
 process (:mod:`.collect`), and sends to its one sink (UDP to the node's
 Telegraf, HTTP, spool: ``sink: auto`` decided from its settings), with the points
 the workers left in their outboxes (:mod:`..outbox`: custom metrics, task stream):
@@ -40,6 +41,7 @@ from ..names import GpuState, agent_role
 from ..reports import Reporter
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
+from ..sampling.live import LIVE_S, LiveFigures
 from ..sampling.sampler import Sampler
 from ..sampling.sources.host import HostSource, refresh_seconds
 from ..sampling.view import WorkerView
@@ -77,6 +79,7 @@ class Agent:
         self.collector = HostCollector(settings.fields, self.gpus, self.host)
         self.workers = FolderWorkers(folder, self._view)
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
+        self.figures, self._figured = LiveFigures(), -LIVE_S  # the beat's ``live``: each worker's latest figures
         self.sink = make_sink(settings, role=agent_role(), session=session, report=self.report.once)
         self.beat = SnapshotBuffer.create(BEAT_BYTES, path=os.path.join(folder, runfolder.BEAT))
         self.sampler = Sampler(
@@ -178,6 +181,9 @@ class Agent:
             w.snapshot.refresh()
         self.write_beat()
         points = self.collector.collect(live + self._left, now_ns, final=bool(self._left))
+        if (now := time.monotonic()) - self._figured >= LIVE_S:
+            self._figured = now
+            self.figures.update(live, points, now, self.collector.shared)
         for uuid, users in self.collector.shared.items():
             addresses = [w.address for w in users]
             self.report.once(
@@ -207,6 +213,7 @@ class Agent:
             len(self.found),
             len(self.workers.foreign),
             self.sampler.origin,
+            self.figures.version,
             next(iter(self.workers.views), None),
         )
         fast = (acked, idle)  # changes every sample while tasks run: a line of its own, cheap to decode
@@ -222,6 +229,7 @@ class Agent:
                     "foreign": self.workers.foreign,
                     "counters": self._counters + self.previous,
                     "reports": self.reports,
+                    "live": self.figures.entries,
                 },
                 separators=(",", ":"),
             ).encode()

@@ -27,12 +27,24 @@ import socket
 import time
 
 from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
 
 from .. import _dask, lineprotocol, schema
 from ..config import Settings
-from ..names import ANNOTATION, CUSTOM_METRIC, DESTINATIONS, EVENT_TOPIC, JOBS_PLUGIN, NEW_JOB_OP, SHARED_GPU
+from ..names import (
+    ANNOTATION,
+    CUSTOM_METRIC,
+    DESTINATIONS,
+    EVENT_TOPIC,
+    JOBS_PLUGIN,
+    LIVE_METRIC,
+    NEW_JOB_OP,
+    SHARED_GPU,
+)
 from ..sinks import HealthWriter, destinations, make_sink
+from . import dashboard
 from .jobs import JobBook
+from .livestate import POLL_S, LiveState
 
 logger = logging.getLogger(__name__)
 
@@ -53,14 +65,23 @@ class JobPlugin(SchedulerPlugin):
         self.shared_gpus: dict[tuple, set] = {}  # (host, uuid) -> worker addresses
         self.destinations: dict[str, dict] = {}  # worker address (or "scheduler") -> where its samples go
         self.spooled: dict[str, bool] = {}  # spool folders written since attach (or the last clear) -> temporary
+        self.live: LiveState | None = None  # the dashboard page's state: the workers' heartbeat figures
 
     # --- plugin life cycle -------------------------------------------------
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         self._wrapper = _dask.wrap_update_graph(scheduler)
         _dask.add_stream_handler(scheduler, NEW_JOB_OP, self._handle_new_job)
+        self.live = LiveState()
+        dashboard.install(scheduler)
+        self._poll = PeriodicCallback(self._take_heartbeats, POLL_S * 1000)
+        self._poll.start()
+
+    def _take_heartbeats(self) -> None:
+        self.live.update(_dask.heartbeats(self.scheduler, LIVE_METRIC), time.time())
 
     async def close(self) -> None:
+        self._poll.stop()
         _dask.unwrap_update_graph(self.scheduler, self._wrapper)
         _dask.remove_stream_handler(self.scheduler, NEW_JOB_OP, self._handle_new_job)
         self.stop_session()
@@ -76,6 +97,7 @@ class JobPlugin(SchedulerPlugin):
         sid = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started)) + f"-{int(started * 1e6) % 1000000:06d}"
         self.book = JobBook(settings.job_type)
         self.session = {"id": sid, "start": started, "job_type": settings.job_type}
+        self.live = LiveState()
         self.sink = make_sink(settings, role="scheduler", session=sid)
         self.destinations = {}
         self._record("scheduler", {"host": socket.gethostname(), **destinations(settings, sid, "scheduler")})

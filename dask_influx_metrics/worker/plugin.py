@@ -55,12 +55,13 @@ from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN, agent_
 from ..reports import Reporter
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
+from ..sampling.live import LIVE_S, LiveFigures
 from ..sampling.sampler import Sampler
 from ..sampling.sources.host import HostSource, refresh_seconds
 from ..sampling.view import WorkerView
 from ..schema import GPU, HOST
 from ..sinks import HealthWriter, destinations, make_sink
-from . import extras, taskstream
+from . import extras, heartbeat, taskstream
 from .custom import CustomSource
 from .registry import CachedSnapshot, TaskRegistry
 
@@ -83,6 +84,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.link = None  # sampler.mode agent: the link to the host's agent
         self.sampler = self.sink = self.gpus = self.extras = self.tasks = None
         self._untap = None  # takes the tap off Dask's digests (fine metrics)
+        self._heartbeat = self.figures = None  # the live figures on the worker's heartbeat; thread mode: its own
         self.closed = False
 
     def setup(self, worker):
@@ -102,9 +104,26 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self.tasks = taskstream.TaskStream(settings.fields, self.base_tags, self.offset)
             if self.tasks.fine is not None:  # Dask's execute digests, as it adds them
                 self._untap = _dask.tap_execute_digests(worker, self.tasks.fine.added.append)
+        self._heartbeat = heartbeat.Heartbeat(worker, self._live)
         if settings.sampler_mode == "agent":
             return self._join_agent()  # awaited by Dask: sampling has begun when start() returns
         self._sample_in_process()
+
+    def _live(self) -> dict | None:
+        """This worker's heartbeat entry (:mod:`.heartbeat`): from its agent's beat, or its own sampler's."""
+        host = self.base_tags["host"]
+        if self.link is not None:
+            return heartbeat.from_beat(self.link.beat(), self.link.id, host, time.monotonic())
+        figures, sampler = self.figures, self.sampler
+        entry = figures.entries.get("self") if figures is not None else None
+        if entry is None or sampler is None or self.sink is None:
+            return None
+        age = round(time.monotonic() - self._figured, 2)
+        return {
+            **entry,
+            "agent": [host, os.getpid(), sampler.samples, age],
+            "sinks": heartbeat.sinks(self.sink.counters()),
+        }
 
     def _reseed(self) -> None:
         """The registry from the worker's own state: at setup, and when the agent's record is given up."""
@@ -213,6 +232,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
         host = HostSource(host_fields, refresh=refresh) if host_fields else None
         self.collector = HostCollector(settings.fields, self.gpus, host)
+        self.figures, self._figured = LiveFigures(), -LIVE_S
         self._record_destinations(self.worker.address, found)
         self._make_extras()
         self.sink = make_sink(
@@ -262,7 +282,11 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     def _collect_all(self, now_ns: int) -> list:
         self.snapshot.refresh()
-        return self.collector.collect([self.view], now_ns, final=self.closed) + self.extras.collect(now_ns)
+        points = self.collector.collect([self.view], now_ns, final=self.closed)
+        if (now := time.monotonic()) - self._figured >= LIVE_S:
+            self._figured = now
+            self.figures.update([self.view], points, now)
+        return points + self.extras.collect(now_ns)
 
     def _devices(self) -> list:
         """``(device tags, handle)`` per GPU this worker uses, for per-device custom metrics."""
@@ -277,6 +301,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.closed = True
         if self._untap is not None:
             self._untap()
+        if self._heartbeat is not None:
+            self._heartbeat.close()
         link, self.link = self.link, None
         if link is not None:
             self._ticker.stop()

@@ -1,0 +1,280 @@
+"""The scheduler dashboard's "GPU Jobs" page (:data:`~..names.DASHBOARD_PAGE`), live, with no other server.
+
+Added by the job plugin to the scheduler's own dashboard when it starts (:func:`install`; with
+``Monitor.attach`` on a running scheduler and with ``--preload``), listed in its "More" menu and in
+``/individual-plots.json`` (JupyterLab's Dask panel), whether or not the scheduler has a GPU. Each open
+page redraws from the plugin's :class:`.livestate.LiveState` every :data:`~.livestate.POLL_S` when new
+heartbeats arrived: a table per job, a 5-minute strip of each worker's GPUs (utilization and memory,
+coloured by the job running there, the task prefixes on hover; new bars are streamed), and the health of
+each sampling process. Bokeh is imported only when a page is opened (the dashboard needs it anyway).
+"""
+
+from __future__ import annotations
+
+import time
+
+from .. import _dask
+from ..names import DASHBOARD_PAGE, JOBS_PLUGIN
+from .livestate import POLL_S, formatted
+
+WIDTH = 1000
+MIN_SPAN_S = 30.0  # the strips' shortest time axis (they span the data up to 5 minutes)
+MAX_ROWS = 32  # GPU strips drawn (the first, by worker address and GPU position)
+IDLE, SEVERAL = "#d9d9d9", "#525252"
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+JOB_COLUMNS = (
+    ("job", "Job", 40),
+    ("label", "Label", 220),
+    ("util", "GPU util now", 90),
+    ("sm", "SM active now", 95),
+    ("mem", "GPU memory held", 110),
+    ("gpus", "GPUs now", 70),
+    ("busy", "Busy GPU-s", 90),
+    ("energy", "Energy", 80),
+    ("dags", "DAGs running", 110),
+)
+HEALTH_COLUMNS = (
+    ("host", "Host", 160),
+    ("pid", "Sampler pid", 90),
+    ("samples", "Samples", 80),
+    ("delivered", "Points delivered", 200),
+    ("lost", "Points lost", 90),
+    ("age", "Last sample", 90),
+)
+NOTE = (
+    "<p style='color:#555;font-size:12px'>Per job, <b>its own</b> figures: on a GPU several workers share, "
+    "the device's utilization and SM active x the share of the GPU's kernel time of the worker running the "
+    "job (NVML per-process utilization), so the jobs of a GPU add up to at most the device; summed over the "
+    "job's GPUs (250 % = two and a half GPUs busy); split among the jobs of one worker by their tasks; "
+    "'-': cannot be known now (not tracked, no GPM, a shared GPU's share not read yet). Memory held: the "
+    "job's workers' own processes (NVML compute processes). The strips show each GPU's device-wide reading "
+    "(every process on it), coloured by the job running on that worker; hover for the task prefixes.</p>"
+)
+
+
+def install(scheduler) -> bool:
+    """Serve the page on ``scheduler``'s dashboard; False when it has none."""
+    return _dask.add_dashboard_page(scheduler, DASHBOARD_PAGE, gpu_jobs_doc)
+
+
+def color(jobs: str) -> str:
+    """A job's colour ('' = idle; several jobs at once share one)."""
+    if not jobs:
+        return IDLE
+    return SEVERAL if "," in jobs else PALETTE[int(jobs) % len(PALETTE)]
+
+
+def gpu_jobs_doc(scheduler, extra, doc) -> None:
+    page = GpuJobsPage(scheduler)
+    page.update()
+    doc.add_periodic_callback(page.update, int(POLL_S * 1000))
+    doc.add_root(page.layout)
+    doc.title = "Dask: GPU per job"
+
+
+class GpuJobsPage:
+    """One open page: its Bokeh models and what it has drawn."""
+
+    def __init__(self, scheduler):
+        from bokeh.layouts import column
+        from bokeh.models import ColumnDataSource, DataTable, Div, TableColumn
+
+        self.scheduler = scheduler
+        self.status = Div(text="", sizing_mode="stretch_width")
+        self.jobs = ColumnDataSource({name: [] for name, _, _ in JOB_COLUMNS}, name="jobs")
+        self.health = ColumnDataSource({name: [] for name, _, _ in HEALTH_COLUMNS}, name="health")
+        tables = []
+        for source, columns in ((self.jobs, JOB_COLUMNS), (self.health, HEALTH_COLUMNS)):
+            columns = [TableColumn(field=n, title=t, width=w) for n, t, w in columns]
+            tables.append(DataTable(source=source, columns=columns, height=60, index_position=None, width=WIDTH))
+        self.job_table, self.health_table = tables
+        self.strips = ColumnDataSource({k: [] for k in _STRIP_COLUMNS}, name="strips")
+        self.util = self._strip_figure("GPU utilization", "top_util")
+        self.memory = self._strip_figure("GPU memory used", "top_mem")
+        self.memory.x_range, self.memory.y_range = self.util.x_range, self.util.y_range
+        self.layout = column(
+            self.status,
+            Div(text="<b>Jobs</b>"),
+            self.job_table,
+            self.util,
+            self.memory,
+            Div(text="<b>Sampling health per host</b>"),
+            self.health_table,
+            Div(text=NOTE, width=WIDTH),
+        )
+        self._state, self._taken, self._rows, self._sent = None, -1, {}, {}
+
+    def _strip_figure(self, title: str, top: str):
+        from bokeh.models import HoverTool, Range1d
+        from bokeh.plotting import figure
+
+        fig = figure(
+            title=f"{title} of each worker's GPUs (device-wide), last 5 minutes, coloured by the job running there",
+            x_axis_type="datetime",
+            y_range=Range1d(0, 1),
+            x_range=Range1d(0, 1),
+            width=WIDTH,
+            height=120,
+            tools="",
+            toolbar_location=None,
+        )
+        fig.quad(
+            left="left",
+            right="right",
+            bottom="bottom",
+            top=top,
+            fill_color="color",
+            line_color=None,
+            source=self.strips,
+            legend_field="job",
+        )
+        fig.add_layout(fig.legend[0], "right")
+        fig.legend.label_text_font_size = fig.yaxis.major_label_text_font_size = "8pt"
+        fig.ygrid.grid_line_color = None
+        fig.add_tools(
+            HoverTool(
+                tooltips=[
+                    ("GPU", "@gpu"),
+                    ("job", "@job"),
+                    ("utilization", "@util %"),
+                    ("memory", "@mem MiB of @total MiB"),
+                    ("tasks", "@prefixes"),
+                ]
+            )
+        )
+        return fig
+
+    def update(self) -> None:
+        plugin = self.scheduler.plugins.get(JOBS_PLUGIN)
+        state = getattr(plugin, "live", None)
+        if state is None or (state is self._state and state.taken == self._taken):
+            self._say(plugin, state)
+            return
+        now = time.time()
+        if state is not self._state:  # a new session: start the strips afresh
+            self._state, self._rows, self._sent = state, {}, {}
+            self.strips.data = {k: [] for k in _STRIP_COLUMNS}
+        self._taken = state.taken
+        self._say(plugin, state)
+        rows = [formatted(r) for r in state.jobs(now, plugin.book)]
+        self.jobs.data = {name: [r[name] for r in rows] for name, _, _ in JOB_COLUMNS}
+        health = state.health(now)
+        self.job_table.height, self.health_table.height = 30 + 26 * max(len(rows), 1), 30 + 26 * max(len(health), 1)
+        self.health.data = {
+            "host": [h["host"] for h in health],
+            "pid": [str(h["pid"]) for h in health],
+            "samples": [str(h["samples"]) for h in health],
+            "delivered": [", ".join(f"{s}: {d}" for s, d, _ in h["sinks"]) for h in health],
+            "lost": [str(sum(lost for _, _, lost in h["sinks"])) for h in health],
+            "age": [f"{h['age']:.1f} s ago" for h in health],
+        }
+        self._stream(state, now)
+
+    def _say(self, plugin, state) -> None:
+        self.status.text = status(plugin, state, time.time())
+
+    def _stream(self, state, now: float) -> None:
+        """New bars of each strip (at most :data:`MAX_ROWS` strips), the x range the last 5 minutes."""
+        new = {k: [] for k in _STRIP_COLUMNS}
+        for key, strip in sorted(state.strips.items()):
+            if key not in self._rows:
+                if len(self._rows) >= MAX_ROWS:
+                    continue
+                self._rows[key] = len(self._rows)
+            y, sent = self._rows[key], self._sent.get(key, 0.0)
+            previous = None
+            for t, util, mem, total, jobs, prefixes in strip:
+                if t > sent:
+                    _bar(
+                        new,
+                        key,
+                        y,
+                        previous if previous is not None else t - POLL_S,
+                        t,
+                        util,
+                        mem,
+                        total,
+                        jobs,
+                        prefixes,
+                    )
+                previous = t
+            self._sent[key] = strip[-1][0]
+        if new["left"]:
+            self.strips.stream(new, rollover=MAX_ROWS * int(state.window / POLL_S + 10))
+        first = min((s[0][0] for s in state.strips.values()), default=now)
+        start = max(now - state.window, min(first, now - MIN_SPAN_S))  # the last 5 minutes, or since the first bar
+        self.util.x_range.start, self.util.x_range.end = start * 1000, now * 1000
+        rows = max(len(self._rows), 1)
+        self.util.y_range.end = rows
+        for fig in (self.util, self.memory):
+            fig.height = 90 + 22 * rows
+            fig.yaxis.ticker = [y + 0.5 for y in range(len(self._rows))]
+            fig.yaxis.major_label_overrides = {y + 0.5: _label(key) for key, y in self._rows.items()}
+
+
+_STRIP_COLUMNS = (
+    "left",
+    "right",
+    "bottom",
+    "top_util",
+    "top_mem",
+    "color",
+    "job",
+    "gpu",
+    "util",
+    "mem",
+    "total",
+    "prefixes",
+)
+
+
+def _bar(new: dict, key: tuple, y: int, left: float, right: float, util, mem, total, jobs: str, prefixes: str) -> None:
+    for name, value in (
+        ("left", left * 1000),
+        ("right", right * 1000),
+        ("bottom", y + 0.05),
+        ("top_util", y + 0.05 + 0.9 * (util or 0) / 100),
+        ("top_mem", y + 0.05 + 0.9 * (mem / total if mem is not None and total else 0)),
+        ("color", color(jobs)),
+        ("job", f"job {jobs}" if jobs else "idle"),
+        ("gpu", f"{key[0]} {key[1]}"),
+        ("util", "-" if util is None else str(util)),
+        ("mem", "-" if mem is None else str(mem)),
+        ("total", "-" if total is None else str(total)),
+        ("prefixes", prefixes or "-"),
+    ):
+        new[name].append(value)
+
+
+def _label(key: tuple) -> str:
+    address, uuid = key
+    return f"{address.rpartition('://')[2]} {uuid[:12]}"
+
+
+def status(plugin, state, now: float) -> str:
+    """The page's first line: what it shows, or plainly why it shows nothing."""
+    if plugin is None:
+        return (
+            "<b>No monitor is attached to this scheduler.</b> Start one with "
+            "<code>Monitor(client).attach(); monitor.start()</code> or <code>dask scheduler --preload "
+            "dask_influx_metrics.preload</code>."
+        )
+    session = plugin.session or plugin.last_session
+    if session is None:
+        return "<b>No monitoring session has run yet</b> (<code>monitor.start()</code> begins one)."
+    running = plugin.session is not None
+    head = f"<b>Monitoring session {session['id']}</b> {'running' if running else 'stopped'}"
+    fresh = state.fresh(now) if state is not None else {}
+    if not fresh and not (state and state.workers):
+        found = {w: d.get("gpu", {}) for w, d in plugin.destinations.items() if w != "scheduler"}
+        none = sorted(
+            {f"{g.get('gpu')} ({g.get('why')})" for g in found.values() if g.get("gpu") not in ("nvml", "simulated")}
+        )
+        if found and len(none) and all(g.get("gpu") not in ("nvml", "simulated") for g in found.values()):
+            return f"{head}. <b>Nothing sampled: the workers found no GPU</b>: {'; '.join(none)}."
+        return (
+            f"{head}. <b>Nothing sampled yet</b>: no worker has sent figures; they come with each "
+            "worker's next heartbeat (every 0.5-2 s) once its sampler has taken a sample."
+        )
+    gpus = sum(len(e.get("gpus", ())) for e in fresh.values())
+    return f"{head}: {len(fresh)} worker(s) reporting now, {gpus} GPU(s); figures as of the workers' latest heartbeats."

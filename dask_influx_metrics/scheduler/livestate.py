@@ -1,0 +1,165 @@
+"""The dashboard page's state on the scheduler: each worker's latest figures, 5 minutes of each GPU's, per job.
+
+Pure: fed every :data:`POLL_S` with what the workers' heartbeats carried (:func:`.._dask.heartbeats`;
+each entry as :mod:`..worker.heartbeat` makes it), it takes each heartbeat once, and keeps
+
+* per worker its latest entry, stamped with the scheduler's time of that heartbeat (one clock for all
+  hosts; the sampler's health says how old its sample was then);
+* per (worker, GPU uuid) a strip of :data:`WINDOW_S` of ``(time, util, mem, total, jobs, prefixes)``;
+* per sampling process (host, pid) its health: samples, points delivered and lost, its last sample.
+
+:meth:`LiveState.jobs` adds up the latest entries per job: a worker's GPU figures go to the jobs executing
+there, in proportion to their tasks; on a shared GPU its own share of the device's utilization and SM
+active (the device's x the worker's ``share``), so the jobs of a GPU add up to at most the device's
+figure; memory is what the worker's own processes hold. A figure one of its workers cannot give (not
+tracked, no GPM, a shared GPU's share not known now) is left out of the job's row (None), never
+guessed. An entry older than :data:`STALE_S` is not "now" (a worker gone, a session stopped).
+
+Example
+-------
+>>> state = LiveState()
+>>> entry = {"jobs": [[1, 2]], "prefixes": ["mm"], "gpus": [["GPU-a", 80, 900, 1000, None, 50, 300]],
+...     "agent": ["node1", 42, 100, 0.1], "sinks": [["spool", 500, 0]]}
+>>> state.update([("tcp://w:1", 100.0, entry)], now=100.0)
+1
+>>> [(r["job"], r["util"], r["sm"], r["mem"], r["gpus"]) for r in state.jobs(now=101.0)]
+[(1, 40.0, None, 300.0, 1)]
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+from ..sampling.live import UNKNOWN
+
+POLL_S = 0.5  # how often the scheduler looks at the heartbeats (Dask's shortest interval)
+WINDOW_S = 300.0  # the strips' length
+STALE_S = 10.0  # an entry older than this is not "now" (heartbeats come every 0.5-2 s up to 200 workers)
+FIGURES = ("util", "sm", "mem")
+
+
+class LiveState:
+    """See the module docstring."""
+
+    def __init__(self, window: float = WINDOW_S):
+        self.window = window
+        self.workers: dict[str, tuple[float, dict]] = {}  # address -> (heartbeat time, entry)
+        self.strips: dict[tuple, collections.deque] = {}  # (address, uuid) -> (t, util, mem, total, jobs, prefixes)
+        self.hosts: dict[tuple, tuple] = {}  # (host, pid) -> (heartbeat time, sample age, samples, sinks)
+        self.accounting: dict[tuple, list] = {}  # (host, pid) -> [[job, busy_s, energy_j], ...]: its counters
+        self.taken = 0  # entries taken so far: a page redraws when it changed
+        self._seen: dict[str, float] = {}  # address -> the heartbeat time of the entry taken
+
+    def update(self, heartbeats, now: float) -> int:
+        """Take the entries of heartbeats not seen yet (``(address, heartbeat time, entry or None)``);
+        returns how many."""
+        taken = 0
+        for address, seen, entry in heartbeats:
+            if entry is None or self._seen.get(address) == seen:
+                continue
+            self._seen[address] = seen
+            taken += 1
+            self._take(address, seen, entry)
+        if taken:
+            self.taken += taken
+            self._forget(now)
+        return taken
+
+    def _take(self, address: str, t: float, entry: dict) -> None:
+        self.workers[address] = (t, entry)
+        jobs = ",".join(str(j) for j, _ in entry.get("jobs", ()))
+        prefixes = ", ".join(entry.get("prefixes", ()))
+        for uuid, util, mem, total, *_ in entry.get("gpus", ()):
+            strip = self.strips.get((address, uuid))
+            if strip is None:
+                strip = self.strips[address, uuid] = collections.deque()
+            strip.append((t, util, mem, total, jobs, prefixes))
+            while strip[0][0] < t - self.window:
+                strip.popleft()
+        host, pid, samples, age = entry["agent"]
+        self.hosts[host, pid] = (t, age, samples, entry.get("sinks", []))
+        if "acct" in entry:
+            self.accounting[host, pid] = entry["acct"]
+
+    def _forget(self, now: float) -> None:
+        """Strips and workers with nothing in the window (workers gone)."""
+        old = now - self.window
+        for key in [k for k, s in self.strips.items() if s[-1][0] < old]:
+            del self.strips[key]
+        for address in [a for a, (t, _) in self.workers.items() if t < old]:
+            del self.workers[address], self._seen[address]
+
+    def fresh(self, now: float) -> dict[str, dict]:
+        """The entries that are "now": address -> entry."""
+        return {a: e for a, (t, e) in self.workers.items() if now - t <= STALE_S}
+
+    def jobs(self, now: float, book=None) -> list[dict]:
+        """One row per job (those of ``book``, a :class:`.jobs.JobBook`, and those running now): ``job``,
+        ``label``, ``util`` and ``sm`` (% of one GPU, summed over its GPUs: 250 = two and a half GPUs busy),
+        ``mem`` (MiB its workers' processes hold), ``gpus`` (where it runs now), ``busy_s`` and ``energy_j``
+        (the agents' accounting counters so far), ``dags`` (running DAG numbers); None: cannot be known."""
+        rows: dict[int, dict] = {}
+
+        def row(job: int) -> dict:
+            if job not in rows:
+                rows[job] = {"job": job, "label": "", "util": 0.0, "sm": 0.0, "mem": 0.0, "gpus": 0, "dags": []}
+                rows[job].update(busy_s=None, energy_j=None)
+            return rows[job]
+
+        for entry in self.fresh(now).values():
+            tasks = sum(n for _, n in entry.get("jobs", ()))
+            for job, n in entry.get("jobs", ()) if tasks else ():
+                r, weight = row(job), n / tasks
+                for _, util, _, _, sm, share, own in entry.get("gpus", ()):
+                    scale = None if share == UNKNOWN else 1.0 if share is None else share / 100.0
+                    _add(r, "util", util, scale, weight)
+                    _add(r, "sm", sm, scale, weight)
+                    _add(r, "mem", own, 1.0, weight)
+                    r["gpus"] += 1
+        for acct in self.accounting.values():
+            for job, busy_s, energy_j, *_ in acct:
+                r = row(job)
+                r["busy_s"] = (r["busy_s"] or 0.0) + busy_s
+                r["energy_j"] = (r["energy_j"] or 0.0) + energy_j
+        if book is not None:
+            for number, job in book.jobs.items():
+                row(number)["label"] = job.label
+            for number in book.running_dags():
+                row(book.dags[number].job)["dags"].append(number)
+        return [rows[j] for j in sorted(rows)]
+
+    def health(self, now: float) -> list[dict]:
+        """One row per sampling process: ``host``, ``pid``, ``samples``, ``sinks`` (``[[kind, delivered,
+        lost], ...]``), ``age`` (seconds since its latest sample, now)."""
+        return [
+            {"host": host, "pid": pid, "samples": samples, "sinks": sinks, "age": max(0.0, now - t + age)}
+            for (host, pid), (t, age, samples, sinks) in sorted(self.hosts.items())
+            if now - t <= self.window
+        ]
+
+
+def _add(row: dict, figure: str, value, scale, weight: float) -> None:
+    """Add ``value x scale x weight`` to ``row[figure]``; an unknown part makes the whole unknown."""
+    if row[figure] is None:
+        return
+    row[figure] = None if value is None or scale is None else row[figure] + value * scale * weight
+
+
+def formatted(row: dict) -> dict:
+    """A job row's figures as text (the page's table, ``Monitor._repr_html_``); "-" where unknown."""
+
+    def text(value, unit: str, digits: int = 0) -> str:
+        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}{unit}"
+
+    return {
+        "job": str(row["job"]),
+        "label": row["label"],
+        "util": text(row["util"], " %"),
+        "sm": text(row["sm"], " %"),
+        "mem": text(None if row["mem"] is None else row["mem"] / 1024, " GiB", 2),
+        "gpus": str(row["gpus"]),
+        "busy": text(row["busy_s"], " s", 1),
+        "energy": text(None if row["energy_j"] is None else row["energy_j"] / 1000, " kJ", 2),
+        "dags": ", ".join(map(str, row["dags"])) or "-",
+    }
