@@ -65,7 +65,9 @@ class Chromium:
             self.loop = asyncio.new_event_loop()
             self.ws = self.loop.run_until_complete(_connect(page["webSocketDebuggerUrl"]))
             self.call("Runtime.enable")
-            self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+            self.call(
+                "Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False
+            )
         except BaseException:
             self.close()
             raise
@@ -94,7 +96,9 @@ class Chromium:
             details = params.get("exceptionDetails", {})
             self.errors.append(f"uncaught: {details.get('exception', {}).get('description') or details.get('text')}")
         elif event.get("method") == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            self.errors.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in params["args"]))
+            self.errors.append(
+                "console: " + " ".join(str(a.get("value", a.get("description"))) for a in params["args"])
+            )
 
     def open(self, url: str) -> None:
         self.call("Page.navigate", url=url)
