@@ -65,6 +65,8 @@ class Chromium:
             self.loop = asyncio.new_event_loop()
             self.ws = self.loop.run_until_complete(_connect(page["webSocketDebuggerUrl"]))
             self.call("Runtime.enable")
+            self.call("Page.bringToFront")
+            self.call("Emulation.setFocusEmulationEnabled", enabled=True)
             self.call(
                 "Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False
             )

@@ -11,18 +11,8 @@ from __future__ import annotations
 import html
 
 from ..names import DASHBOARD_PAGE
+from ..scheduler.dashboard import JOB_COLUMNS, html_table
 from ..scheduler.livestate import formatted
-
-COLUMNS = (
-    ("job", "Job"),
-    ("label", "Label"),
-    ("util", "GPU util now"),
-    ("sm", "SM active now"),
-    ("mem", "GPU memory held"),
-    ("busy", "Busy GPU-s"),
-    ("energy", "Energy"),
-    ("dags", "DAGs running"),
-)
 
 
 def page_link(dashboard_link: str | None) -> str | None:
@@ -50,13 +40,5 @@ def to_html(client, on_scheduler) -> str:
         if state["session"]
         else "no session yet"
     )
-    header = "".join(f"<th>{title}</th>" for _, title in COLUMNS)
-    rows = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(r[k])}</td>" for k, _ in COLUMNS) + "</tr>"
-        for r in map(formatted, state["jobs"])
-    )
-    empty = "" if state["jobs"] else f'<tr><td colspan="{len(COLUMNS)}">no job yet</td></tr>'
-    return (
-        f"<div><p><b>Monitor</b>: {head}{page}</p>"
-        f"<table><thead><tr>{header}</tr></thead><tbody>{rows}{empty}</tbody></table></div>"
-    )
+    table = html_table(JOB_COLUMNS, [formatted(r) for r in state["jobs"]], "no job yet")
+    return f"<div><p><b>Monitor</b>: {head}{page}</p>{table}</div>"

@@ -70,14 +70,14 @@ class LiveFigures:
                 readings[key] = p.fields
                 if (share := p.fields.get("worker_gpu_share")) is not None:
                     self._shares[key] = (share, now)
-        entries = {v.id: self._entry(v, readings, now, shared) for v in views}
         self._shares = {k: v for k, v in self._shares.items() if now - v[1] <= SHARE_KEEP_S}
+        entries = {v.id: self._entry(v, readings, shared) for v in views}
         if entries == self.entries:
             return False
         self.entries, self.version = entries, self.version + 1
         return True
 
-    def _entry(self, view, readings: dict, now: float, shared) -> dict:
+    def _entry(self, view, readings: dict, shared) -> dict:
         running = view.snapshot().running
         jobs = collections.Counter(job for _, job, _ in running if job)
         prefixes = collections.Counter(key_split(k) for k, _, _ in running if k is not None)

@@ -11,6 +11,7 @@ each sampling process. Bokeh is imported only when a page is opened (the dashboa
 
 from __future__ import annotations
 
+import html
 import time
 
 from .. import _dask
@@ -23,24 +24,27 @@ MAX_ROWS = 32  # GPU strips drawn (the first, by worker address and GPU position
 IDLE, SEVERAL = "#d9d9d9", "#525252"
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 JOB_COLUMNS = (
-    ("job", "Job", 40),
-    ("label", "Label", 220),
-    ("util", "GPU util now", 90),
-    ("sm", "SM active now", 95),
-    ("mem", "GPU memory held", 110),
-    ("gpus", "GPUs now", 70),
-    ("busy", "Busy GPU-s", 90),
-    ("energy", "Energy", 80),
-    ("dags", "DAGs running", 110),
+    ("job", "Job"),
+    ("label", "Label"),
+    ("util", "GPU util now"),
+    ("sm", "SM active now"),
+    ("mem", "GPU memory held"),
+    ("gpus", "GPUs now"),
+    ("busy", "Busy GPU-s"),
+    ("energy", "Energy"),
+    ("dags", "DAGs running"),
 )
 HEALTH_COLUMNS = (
-    ("host", "Host", 160),
-    ("pid", "Sampler pid", 90),
-    ("samples", "Samples", 80),
-    ("delivered", "Points delivered", 200),
-    ("lost", "Points lost", 90),
-    ("age", "Last sample", 90),
+    ("host", "Host"),
+    ("pid", "Sampler pid"),
+    ("samples", "Samples"),
+    ("delivered", "Points delivered"),
+    ("kept", "Kept on disk"),
+    ("lost", "Points lost"),
+    ("age", "Last sample"),
 )
+_TABLE = "border-collapse:collapse;font-size:13px;min-width:600px"
+_CELL = "padding:3px 10px;border-bottom:1px solid #ddd;text-align:left"
 NOTE = (
     "<p style='color:#555;font-size:12px'>Per job, <b>its own</b> figures: on a GPU several workers share, "
     "the device's utilization and SM active x the share of the GPU's kernel time of the worker running the "
@@ -77,17 +81,12 @@ class GpuJobsPage:
 
     def __init__(self, scheduler):
         from bokeh.layouts import column
-        from bokeh.models import ColumnDataSource, DataTable, Div, TableColumn
+        from bokeh.models import ColumnDataSource, Div
 
         self.scheduler = scheduler
         self.status = Div(text="", sizing_mode="stretch_width")
-        self.jobs = ColumnDataSource({name: [] for name, _, _ in JOB_COLUMNS}, name="jobs")
-        self.health = ColumnDataSource({name: [] for name, _, _ in HEALTH_COLUMNS}, name="health")
-        tables = []
-        for source, columns in ((self.jobs, JOB_COLUMNS), (self.health, HEALTH_COLUMNS)):
-            columns = [TableColumn(field=n, title=t, width=w) for n, t, w in columns]
-            tables.append(DataTable(source=source, columns=columns, height=60, index_position=None, width=WIDTH))
-        self.job_table, self.health_table = tables
+        # tables as HTML: Bokeh 3.9's DataTable does not redraw when its data changes (bokeh#15328)
+        self.jobs, self.health = Div(text="", name="jobs"), Div(text="", name="health")
         self.strips = ColumnDataSource({k: [] for k in _STRIP_COLUMNS}, name="strips")
         self.util = self._strip_figure("GPU utilization", "top_util")
         self.memory = self._strip_figure("GPU memory used", "top_mem")
@@ -95,11 +94,11 @@ class GpuJobsPage:
         self.layout = column(
             self.status,
             Div(text="<b>Jobs</b>"),
-            self.job_table,
+            self.jobs,
             self.util,
             self.memory,
             Div(text="<b>Sampling health per host</b>"),
-            self.health_table,
+            self.health,
             Div(text=NOTE, width=WIDTH),
         )
         self._state, self._taken, self._rows, self._sent = None, -1, {}, {}
@@ -156,18 +155,20 @@ class GpuJobsPage:
             self.strips.data = {k: [] for k in _STRIP_COLUMNS}
         self._taken = state.taken
         self._say(plugin, state)
-        rows = [formatted(r) for r in state.jobs(now, plugin.book)]
-        self.jobs.data = {name: [r[name] for r in rows] for name, _, _ in JOB_COLUMNS}
-        health = state.health(now)
-        self.job_table.height, self.health_table.height = 30 + 26 * max(len(rows), 1), 30 + 26 * max(len(health), 1)
-        self.health.data = {
-            "host": [h["host"] for h in health],
-            "pid": [str(h["pid"]) for h in health],
-            "samples": [str(h["samples"]) for h in health],
-            "delivered": [", ".join(f"{s}: {d}" for s, d, _ in h["sinks"]) for h in health],
-            "lost": [str(sum(lost for _, _, lost in h["sinks"])) for h in health],
-            "age": [f"{h['age']:.1f} s ago" for h in health],
-        }
+        self.jobs.text = html_table(JOB_COLUMNS, [formatted(r) for r in state.jobs(now, plugin.book)], "no job yet")
+        health = [
+            {
+                "host": h["host"],
+                "pid": str(h["pid"]),
+                "samples": str(h["samples"]),
+                "delivered": ", ".join(f"{s}: {d}" for s, d, _, _ in h["sinks"]),
+                "kept": str(sum(kept for _, _, kept, _ in h["sinks"])),
+                "lost": str(sum(lost for *_, lost in h["sinks"])),
+                "age": f"{h['age']:.1f} s ago",
+            }
+            for h in state.health(now)
+        ]
+        self.health.text = html_table(HEALTH_COLUMNS, health, "no sampler has reported yet")
         self._stream(state, now)
 
     def _say(self, plugin, state) -> None:
@@ -244,6 +245,17 @@ def _bar(new: dict, key: tuple, y: int, left: float, right: float, util, mem, to
         ("prefixes", prefixes or "-"),
     ):
         new[name].append(value)
+
+
+def html_table(columns, rows: list[dict], empty: str) -> str:
+    """``rows`` (text by column name) as an HTML table with ``columns`` (``(name, title)``), escaped."""
+    head = "".join(f"<th style='{_CELL}'>{html.escape(title)}</th>" for _, title in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td style='{_CELL}'>{html.escape(r[name])}</td>" for name, _ in columns) + "</tr>"
+        for r in rows
+    )
+    body = body or f"<tr><td style='{_CELL}' colspan='{len(columns)}'>{html.escape(empty)}</td></tr>"
+    return f"<table style='{_TABLE}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _label(key: tuple) -> str:

@@ -19,7 +19,7 @@ Example
 -------
 >>> state = LiveState()
 >>> entry = {"jobs": [[1, 2]], "prefixes": ["mm"], "gpus": [["GPU-a", 80, 900, 1000, None, 50, 300]],
-...     "agent": ["node1", 42, 100, 0.1], "sinks": [["spool", 500, 0]]}
+...     "agent": ["node1", 42, 100, 0.1], "sinks": [["spool", 500, 0, 0]]}
 >>> state.update([("tcp://w:1", 100.0, entry)], now=100.0)
 1
 >>> [(r["job"], r["util"], r["sm"], r["mem"], r["gpus"]) for r in state.jobs(now=101.0)]
@@ -131,7 +131,7 @@ class LiveState:
 
     def health(self, now: float) -> list[dict]:
         """One row per sampling process: ``host``, ``pid``, ``samples``, ``sinks`` (``[[kind, delivered,
-        lost], ...]``), ``age`` (seconds since its latest sample, now)."""
+        kept, lost], ...]``), ``age`` (seconds since its latest sample, now)."""
         return [
             {"host": host, "pid": pid, "samples": samples, "sinks": sinks, "age": max(0.0, now - t + age)}
             for (host, pid), (t, age, samples, sinks) in sorted(self.hosts.items())

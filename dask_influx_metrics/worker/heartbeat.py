@@ -8,7 +8,7 @@ worker's entry of :mod:`..sampling.live` (the host agent's latest, from its beat
 worker's own sampler's) plus its sampler's health::
 
     "agent": [host, pid, samples, age]     # the sampling process; seconds since its latest beat
-    "sinks": [[kind, delivered, lost], ...]  # its sinks' points, those of agents it replaced included
+    "sinks": [[kind, delivered, kept, lost], ...]  # its sinks' points (agents it replaced included)
 
 ``gpu_utilization``, ``gpu_memory_used`` and ``gpu-memory-total`` are the figures Dask's own GPU charts
 read (its first visible GPU, device-wide, bytes and an int %): ours are taken only where Dask's NVML gives
@@ -21,7 +21,7 @@ Example
 ...     "points_dropped": 0}], "live": {"7": {"jobs": [], "prefixes": [], "gpus": [["GPU-a", 50, 2, 4, None, None, None]]}}}
 >>> entry = from_beat(beat, "7", "node1", now=1.5)
 >>> entry["agent"], entry["sinks"]
-(['node1', 9, 40, 1.5], [['spool', 5, 0]])
+(['node1', 9, 40, 1.5], [['spool', 5, 0, 0]])
 >>> dask_gpu(entry)
 {'gpu_utilization': 50, 'gpu_memory_used': 2097152, 'gpu-memory-total': 4194304}
 """
@@ -38,13 +38,21 @@ DASK_GPU = ("gpu_utilization", "gpu_memory_used", "gpu-memory-total")
 
 
 def sinks(counters: list[dict]) -> list[list]:
-    """``[[kind, delivered, lost], ...]`` from sink counters (an agent's, and those of agents it replaced)."""
+    """``[[kind, delivered, kept, lost], ...]`` from sink counters (an agent's, and those of agents it
+    replaced): ``kept`` on disk for replay or with the server's reason (HTTP's ``undelivered/`` and
+    ``refused/``), ``lost`` neither delivered nor kept.
+
+    >>> sinks([{"kind": "http", "points_written": 9, "points_failed": 3, "points_spooled": 2, "points_refused": 1}])
+    [['http', 9, 3, 1]]
+    """
     totals: dict[str, list] = {}
     for c in counters:
-        row = totals.setdefault(c.get("kind", "?"), [0, 0])
+        row = totals.setdefault(c.get("kind", "?"), [0, 0, 0])
+        kept = c.get("points_spooled", 0) + c.get("points_refused", 0)
         row[0] += c.get("points_sent", c.get("points_written", 0))
-        row[1] += c.get("points_dropped", 0)
-    return [[kind, sent, lost] for kind, (sent, lost) in sorted(totals.items())]
+        row[1] += kept
+        row[2] += c.get("points_dropped", max(0, c.get("points_failed", 0) - c.get("points_spooled", 0)))
+    return [[kind, *row] for kind, row in sorted(totals.items())]
 
 
 def from_beat(beat: dict | None, worker_id: str, host: str, now: float) -> dict | None:
