@@ -30,7 +30,7 @@ DATA = "Bokeh.documents[0].get_model_by_name('{}').data"
 
 def jobs_table(browser) -> list[list[str]]:
     """The jobs table as drawn: its header row, then one row per job."""
-    return next((t for t in browser.evaluate(TABLES) if t and t[0][:2] == ["Job", "Label"]), [])
+    return next((t for t in browser.evaluate(TABLES) or () if t and t[0][:2] == ["Job", "Label"]), [])
 
 
 def busy(browser, job: int) -> bool:
@@ -124,14 +124,15 @@ def test_a_shared_gpu_gives_each_job_its_own_share_live(tmp_path, monkeypatch):
     """The replayed H200 shared by two worker processes (tests/data/nvml_h200_shared.json: a bf16 matmul,
     pid 666, and a process only holding memory, pid 668): the page's "now" figures give the matmul's job
     nearly all of the device's utilization and SM active, the holder's job ~0, and together at most the
-    device's; memory held is each job's own process's."""
+    device's; memory held is each job's own process's. The page as a browser draws it then is the screenshot
+    in docs/dashboard.md (path printed; a copy at /tmp/gpu-jobs-shared-h200.png)."""
     from nvml_shim import replay_env
 
     for key, value in replay_env(tmp_path, recording="nvml_h200_shared.json").items():
         monkeypatch.setenv(key, value)  # the workers' agent imports the replay (the workers inherit this)
     monkeypatch.setenv("DASK_DISTRIBUTED__DIAGNOSTICS__NVML", "False")
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0") as cluster,
         Client(cluster) as client,
     ):
         pids = client.run(os.getpid)
@@ -142,9 +143,9 @@ def test_a_shared_gpu_gives_each_job_its_own_share_live(tmp_path, monkeypatch):
         monitor.start()
         try:
             monitor.new_job(label="holder")
-            hold = client.submit(_hold, 4, key="hold-1", workers=[holder])
+            hold = client.submit(_hold, 8, key="hold-1", workers=[holder])
             monitor.new_job(label="matmul")
-            work = client.submit(_hold, 4, key="matmul-1", workers=[matmul])
+            work = client.submit(_hold, 8, key="matmul-1", workers=[matmul])
 
             def both_known():
                 rows = {r["label"]: r for r in monitor.live()}
@@ -155,6 +156,8 @@ def test_a_shared_gpu_gives_each_job_its_own_share_live(tmp_path, monkeypatch):
             while not (rows := both_known()) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert rows, monitor.live()
+            if CHROMIUM is not None:
+                _screenshot(f"http://127.0.0.1:{cluster.scheduler.http_server.port}", tmp_path)
             client.gather([hold, work])
         finally:
             monitor.stop()
@@ -163,3 +166,15 @@ def test_a_shared_gpu_gives_each_job_its_own_share_live(tmp_path, monkeypatch):
         assert busy["util"] + idle["util"] <= 100.0 + 1e-9, rows
         assert idle["mem"] > 10_000 and busy["mem"] > 1_000, rows  # MiB each job's own process holds
         monitor.shutdown()
+
+
+def _screenshot(base: str, tmp_path) -> None:
+    with Chromium(height=700) as browser:
+        browser.open(base + DASHBOARD_PAGE)
+        wait_until(lambda: busy(browser, 2), 20, "the matmul's job busy in the jobs table")
+        time.sleep(2.5)  # a few more bars
+        shot = tmp_path / "gpu-jobs-shared-h200.png"
+        shot.write_bytes(browser.screenshot())
+        assert browser.errors == []
+    shutil.copyfile(shot, "/tmp/gpu-jobs-shared-h200.png")
+    print(f"\nscreenshot of the GPU Jobs page, replayed shared H200: {shot} (copy: /tmp/gpu-jobs-shared-h200.png)")

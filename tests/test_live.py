@@ -63,3 +63,13 @@ def test_a_share_stands_between_its_reads_then_is_unknown_on_a_shared_gpu():
     assert live.entries["1"]["gpus"][0][5] == UNKNOWN
     live.update([a], device_only[:1], now=SHARE_KEEP_S + 1.2, shared=set())  # b left: not shared any more
     assert live.entries["1"]["gpus"][0][5] is None  # its own figures are the device's
+
+
+def test_shares_read_between_rebuilds_are_kept():
+    a = View("1", ["GPU-s"])
+    live = LiveFigures()
+    live.update([a], [gpu(a, "GPU-s", utilization_gpu=90.0)], now=0.0, shared={"GPU-s"})
+    assert live.entries["1"]["gpus"][0][5] == UNKNOWN
+    live.observe([gpu(a, "GPU-s", utilization_gpu=90.0, worker_gpu_share=60.0)], now=0.2)  # a sample between
+    live.update([a], [gpu(a, "GPU-s", utilization_gpu=90.0)], now=0.5, shared={"GPU-s"})
+    assert live.entries["1"]["gpus"][0][5] == 60

@@ -184,6 +184,8 @@ class Agent:
         if (now := time.monotonic()) - self._figured >= LIVE_S:
             self._figured = now
             self.figures.update(live, points, now, self.collector.shared)
+        else:
+            self.figures.observe(points, now)
         for uuid, users in self.collector.shared.items():
             addresses = [w.address for w in users]
             self.report.once(

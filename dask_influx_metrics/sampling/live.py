@@ -60,9 +60,9 @@ class LiveFigures:
         self.version = 0  # changes when an entry does
         self._shares: dict[tuple, tuple] = {}  # (worker address, uuid) -> (share %, when)
 
-    def update(self, views, points, now: float, shared=()) -> bool:
-        """Rebuild the entries of ``views`` from one sample's ``points``; ``shared``: the uuids several
-        workers use now. Whether anything changed."""
+    def observe(self, points, now: float) -> dict:
+        """Note the shares a sample's ``points`` carry (every sample: a share is read once a second, an
+        entry rebuilt every :data:`LIVE_S`); returns the sample's GPU readings by (worker address, uuid)."""
         readings: dict[tuple, dict] = {}
         for p in points:
             if p.measurement == GPU:
@@ -70,6 +70,12 @@ class LiveFigures:
                 readings[key] = p.fields
                 if (share := p.fields.get("worker_gpu_share")) is not None:
                     self._shares[key] = (share, now)
+        return readings
+
+    def update(self, views, points, now: float, shared=()) -> bool:
+        """Rebuild the entries of ``views`` from one sample's ``points`` (observed too); ``shared``: the uuids
+        several workers use now. Whether anything changed."""
+        readings = self.observe(points, now)
         self._shares = {k: v for k, v in self._shares.items() if now - v[1] <= SHARE_KEEP_S}
         entries = {v.id: self._entry(v, readings, shared) for v in views}
         if entries == self.entries:

@@ -177,32 +177,27 @@ class GpuJobsPage:
     def _stream(self, state, now: float) -> None:
         """New bars of each strip (at most :data:`MAX_ROWS` strips), the x range the last 5 minutes."""
         new = {k: [] for k in _STRIP_COLUMNS}
-        for key, strip in sorted(state.strips.items()):
-            if key not in self._rows:
-                if len(self._rows) >= MAX_ROWS:
-                    continue
+        if len(self._rows) < MAX_ROWS and len(state.strips) > len(self._rows):  # new strips: drawn while room
+            for key in sorted(k for k in state.strips if k not in self._rows)[: MAX_ROWS - len(self._rows)]:
                 self._rows[key] = len(self._rows)
-            y, sent = self._rows[key], self._sent.get(key, 0.0)
-            previous = None
-            for t, util, mem, total, jobs, prefixes in strip:
-                if t > sent:
-                    _bar(
-                        new,
-                        key,
-                        y,
-                        previous if previous is not None else t - POLL_S,
-                        t,
-                        util,
-                        mem,
-                        total,
-                        jobs,
-                        prefixes,
-                    )
+        for key, y in self._rows.items():
+            strip = state.strips.get(key)
+            if not strip or strip[-1][0] <= self._sent.get(key, 0.0):
+                continue
+            sent, bars = self._sent.get(key, 0.0), []
+            for bar in reversed(strip):  # the new ones are at the end
+                bars.append(bar)
+                if bar[0] <= sent:
+                    break
+            bars.reverse()
+            previous = bars[0][0] - POLL_S if bars[0][0] > sent else bars.pop(0)[0]
+            for t, util, mem, total, jobs, prefixes in bars:
+                _bar(new, key, y, previous, t, util, mem, total, jobs, prefixes)
                 previous = t
             self._sent[key] = strip[-1][0]
         if new["left"]:
             self.strips.stream(new, rollover=MAX_ROWS * int(state.window / POLL_S + 10))
-        first = min((s[0][0] for s in state.strips.values()), default=now)
+        first = min((state.strips[k][0][0] for k in self._rows if k in state.strips), default=now)
         start = max(now - state.window, min(first, now - MIN_SPAN_S))  # the last 5 minutes, or since the first bar
         self.util.x_range.start, self.util.x_range.end = start * 1000, now * 1000
         rows = max(len(self._rows), 1)

@@ -286,6 +286,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if (now := time.monotonic()) - self._figured >= LIVE_S:
             self._figured = now
             self.figures.update([self.view], points, now)
+        else:
+            self.figures.observe(points, now)
         return points + self.extras.collect(now_ns)
 
     def _devices(self) -> list:
