@@ -61,7 +61,8 @@ def test_the_jobs_of_one_worker_split_it_by_their_tasks():
     state.update([("tcp://w:1", 100.0, e)], now=100.0)
     rows = {r["job"]: r for r in state.jobs(now=100.0)}
     assert rows[1]["util"] == pytest.approx(120.0) and rows[2]["util"] == pytest.approx(40.0)  # 160 % in all
-    assert rows[1]["mem"] == pytest.approx(450.0) and rows[1]["gpus"] == rows[2]["gpus"] == 2
+    assert rows[1]["mem"] == rows[2]["mem"] == 600.0  # the worker's processes hold it for each of its jobs
+    assert rows[1]["gpus"] == rows[2]["gpus"] == 2
 
 
 def test_a_figure_that_cannot_be_known_is_left_out_never_guessed():

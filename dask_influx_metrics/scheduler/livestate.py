@@ -11,7 +11,8 @@ each entry as :mod:`..worker.heartbeat` makes it), it takes each heartbeat once,
 :meth:`LiveState.jobs` adds up the latest entries per job: a worker's GPU figures go to the jobs executing
 there, in proportion to their tasks; on a shared GPU its own share of the device's utilization and SM
 active (the device's x the worker's ``share``), so the jobs of a GPU add up to at most the device's
-figure; memory is what the worker's own processes hold. A figure one of its workers cannot give (not
+figure; memory is what the worker's own processes hold (a worker running two jobs counts for both, as the
+accounting counts it). A figure one of its workers cannot give (not
 tracked, no GPM, a shared GPU's share not known now) is left out of the job's row (None), never
 guessed. An entry older than :data:`STALE_S` is not "now" (a worker gone, a session stopped).
 
@@ -115,7 +116,7 @@ class LiveState:
                     scale = None if share == UNKNOWN else 1.0 if share is None else share / 100.0
                     _add(r, "util", util, scale, weight)
                     _add(r, "sm", sm, scale, weight)
-                    _add(r, "mem", own, 1.0, weight)
+                    _add(r, "mem", own, 1.0, 1.0)  # what its workers' processes hold: theirs whole
                     r["gpus"] += 1
         for acct in self.accounting.values():
             for job, busy_s, energy_j, *_ in acct:
