@@ -33,9 +33,9 @@ def test_an_entry_per_worker_in_its_gpu_order_with_jobs_and_prefixes():
     assert live.entries["1"] == {
         "jobs": [[2, 2], [3, 2]],  # a folded entry (no key) still counts for its job
         "prefixes": ["mm", "sum"],
-        "gpus": [["GPU-b", 100, None, 1000, None, None, 50], ["GPU-a", 10, 101, 1000, 8, None, None]],
+        "gpus": [[100, None, 1000, None, None, 50], [10, 101, 1000, 8, None, None]],  # GPU-b, then GPU-a
     }
-    assert live.entries["2"] == {"jobs": [], "prefixes": [], "gpus": [["GPU-c", None, None, None, None, None, None]]}
+    assert live.entries["2"] == {"jobs": [], "prefixes": [], "gpus": [[None, None, None, None, None, None]]}
 
 
 def test_the_version_moves_only_when_an_entry_changes():
@@ -54,22 +54,22 @@ def test_a_share_stands_between_its_reads_then_is_unknown_on_a_shared_gpu():
     live = LiveFigures()
     both = [gpu(a, "GPU-s", utilization_gpu=90.0, worker_gpu_share=97.0), gpu(b, "GPU-s", utilization_gpu=90.0)]
     live.update([a, b], both, now=0.0, shared={"GPU-s"})
-    assert live.entries["1"]["gpus"][0][5] == 97
-    assert live.entries["2"]["gpus"][0][5] == UNKNOWN  # shared, never read: its own figures are not known
+    assert live.entries["1"]["gpus"][0][4] == 97
+    assert live.entries["2"]["gpus"][0][4] == UNKNOWN  # shared, never read: its own figures are not known
     device_only = [gpu(a, "GPU-s", utilization_gpu=90.0), gpu(b, "GPU-s", utilization_gpu=90.0)]
     live.update([a, b], device_only, now=SHARE_KEEP_S, shared={"GPU-s"})
-    assert live.entries["1"]["gpus"][0][5] == 97  # between the once-a-second reads
+    assert live.entries["1"]["gpus"][0][4] == 97  # between the once-a-second reads
     live.update([a, b], device_only, now=SHARE_KEEP_S + 0.6, shared={"GPU-s"})
-    assert live.entries["1"]["gpus"][0][5] == UNKNOWN
+    assert live.entries["1"]["gpus"][0][4] == UNKNOWN
     live.update([a], device_only[:1], now=SHARE_KEEP_S + 1.2, shared=set())  # b left: not shared any more
-    assert live.entries["1"]["gpus"][0][5] is None  # its own figures are the device's
+    assert live.entries["1"]["gpus"][0][4] is None  # its own figures are the device's
 
 
 def test_shares_read_between_rebuilds_are_kept():
     a = View("1", ["GPU-s"])
     live = LiveFigures()
     live.update([a], [gpu(a, "GPU-s", utilization_gpu=90.0)], now=0.0, shared={"GPU-s"})
-    assert live.entries["1"]["gpus"][0][5] == UNKNOWN
+    assert live.entries["1"]["gpus"][0][4] == UNKNOWN
     live.observe([gpu(a, "GPU-s", utilization_gpu=90.0, worker_gpu_share=60.0)], now=0.2)  # a sample between
     live.update([a], [gpu(a, "GPU-s", utilization_gpu=90.0)], now=0.5, shared={"GPU-s"})
-    assert live.entries["1"]["gpus"][0][5] == 60
+    assert live.entries["1"]["gpus"][0][4] == 60

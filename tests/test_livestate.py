@@ -21,7 +21,8 @@ def entry(jobs, gpus, host="node1", pid=7, samples=10, age=0.1, sinks=(("spool",
 
 
 def gpu(uuid, util=None, mem=None, total=1000, sm=None, share=None, own=None):
-    return [uuid, util, mem, total, sm, share, own]
+    """A GPU row; ``uuid`` only names it here (rows are known by their position in the worker's list)."""
+    return [util, mem, total, sm, share, own]
 
 
 def test_each_heartbeat_is_taken_once():
@@ -31,17 +32,17 @@ def test_each_heartbeat_is_taken_once():
     assert state.update([("tcp://w:1", 10.0, e)], now=10.5) == 0  # the same heartbeat
     assert state.update([("tcp://w:1", 11.0, e)], now=11.0) == 1
     assert state.taken == 2
-    assert [t for t, *_ in state.strips["tcp://w:1", "GPU-a"]] == [10.0, 11.0]
+    assert [t for t, *_ in state.strips["tcp://w:1", 0]] == [10.0, 11.0]
 
 
 def test_strips_keep_five_minutes_and_forget_workers_gone():
     state = LiveState()
     for t in range(0, 400, 2):
         state.update([("tcp://w:1", float(t), entry([[1, 1]], [gpu("GPU-a", t % 100)]))], now=float(t))
-    strip = state.strips["tcp://w:1", "GPU-a"]
+    strip = state.strips["tcp://w:1", 0]
     assert strip[0][0] >= 398 - WINDOW_S and strip[-1][0] == 398
     state.update([("tcp://w:2", 800.0, entry([], [gpu("GPU-b", 0)]))], now=800.0)
-    assert set(state.strips) == {("tcp://w:2", "GPU-b")} and set(state.workers) == {"tcp://w:2"}
+    assert set(state.strips) == {("tcp://w:2", 0)} and set(state.workers) == {"tcp://w:2"}
 
 
 def test_a_job_gets_its_own_share_of_a_shared_gpu_and_the_jobs_add_up_to_the_device():

@@ -7,8 +7,10 @@ scheduler's page state reads them (:mod:`..scheduler.livestate`). One entry (pla
 
     {"jobs": [[job, tasks], ...],        # the jobs executing at the sample, with their tasks; [] = idle
      "prefixes": ["matmul", ...],        # the task prefixes executing (at most PREFIXES)
-     "gpus": [[uuid, util, mem, total, sm, share, own], ...]}   # each GPU the worker uses, in its order
+     "gpus": [[util, mem, total, sm, share, own], ...]}   # each GPU the worker uses, in its order
 
+A GPU is known by its position in the worker's list: the scheduler has the worker's UUIDs in that order
+already (the ``devices`` of the destinations each worker records), so no heartbeat carries them.
 ``util``, ``sm`` (GPM sm_active) and ``share`` are %, ``mem``, ``total`` and ``own`` (the worker's
 own process tree) MiB, rounded; None where the sample has no such field (not tracked, not read on this
 GPU). ``share`` is the worker's share of the GPU's kernel time on a shared GPU (``worker_gpu_share``,
@@ -29,7 +31,7 @@ Example
 >>> live.update([View()], [gpu], now=0.0)
 True
 >>> live.entries["7"]
-{'jobs': [[2, 1]], 'prefixes': ['inc'], 'gpus': [['GPU-a', 87, 1024, 81559, None, None, None]]}
+{'jobs': [[2, 1]], 'prefixes': ['inc'], 'gpus': [[87, 1024, 81559, None, None, None]]}
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ LIVE_S = 0.5  # the entries are rebuilt at most this often (Dask's shortest hear
 SHARE_KEEP_S = 2.5  # a share read once a second stands for this long (as the readers take it)
 PREFIXES = 3
 UNKNOWN = -1  # share: a shared GPU whose worker share is not known now
-GPU_COLUMNS = ("uuid", "util", "mem", "total", "sm", "share", "own")
+GPU_COLUMNS = ("util", "mem", "total", "sm", "share", "own")
 _FIELDS = ("utilization_gpu", "memory_used", "memory_total", "sm_active", "worker_gpu_share", "worker_memory_used")
 
 
@@ -93,7 +95,7 @@ class LiveFigures:
             util, mem, total, sm, _, own = (fields.get(f) for f in _FIELDS)
             kept = self._shares.get((view.address, uuid))
             share = kept[0] if kept is not None else (UNKNOWN if uuid in shared else None)
-            gpus.append([uuid, _round(util), _round(mem), _round(total), _round(sm), _round(share), _round(own)])
+            gpus.append([_round(util), _round(mem), _round(total), _round(sm), _round(share), _round(own)])
         return {
             "jobs": sorted([job, n] for job, n in jobs.items()),
             "prefixes": [p for p, _ in prefixes.most_common(PREFIXES)],

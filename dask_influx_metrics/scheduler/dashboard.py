@@ -169,12 +169,12 @@ class GpuJobsPage:
             for h in state.health(now)
         ]
         self.health.text = html_table(HEALTH_COLUMNS, health, "no sampler has reported yet")
-        self._stream(state, now)
+        self._stream(plugin, state, now)
 
     def _say(self, plugin, state) -> None:
         self.status.text = status(plugin, state, time.time())
 
-    def _stream(self, state, now: float) -> None:
+    def _stream(self, plugin, state, now: float) -> None:
         """New bars of each strip (at most :data:`MAX_ROWS` strips), the x range the last 5 minutes."""
         new = {k: [] for k in _STRIP_COLUMNS}
         if len(self._rows) < MAX_ROWS and len(state.strips) > len(self._rows):  # new strips: drawn while room
@@ -191,8 +191,9 @@ class GpuJobsPage:
                     break
             bars.reverse()
             previous = bars[0][0] - POLL_S if bars[0][0] > sent else bars.pop(0)[0]
+            gpu = f"{key[0]} {_uuid(plugin, key)}"
             for t, util, mem, total, jobs, prefixes in bars:
-                _bar(new, key, y, previous, t, util, mem, total, jobs, prefixes)
+                _bar(new, gpu, y, previous, t, util, mem, total, jobs, prefixes)
                 previous = t
             self._sent[key] = strip[-1][0]
         if new["left"]:
@@ -205,7 +206,7 @@ class GpuJobsPage:
         for fig in (self.util, self.memory):
             fig.height = 90 + 22 * rows
             fig.yaxis.ticker = [y + 0.5 for y in range(len(self._rows))]
-            fig.yaxis.major_label_overrides = {y + 0.5: _label(key) for key, y in self._rows.items()}
+            fig.yaxis.major_label_overrides = {y + 0.5: _label(plugin, key) for key, y in self._rows.items()}
 
 
 _STRIP_COLUMNS = (
@@ -224,7 +225,7 @@ _STRIP_COLUMNS = (
 )
 
 
-def _bar(new: dict, key: tuple, y: int, left: float, right: float, util, mem, total, jobs: str, prefixes: str) -> None:
+def _bar(new: dict, gpu: str, y: int, left: float, right: float, util, mem, total, jobs: str, prefixes: str) -> None:
     for name, value in (
         ("left", left * 1000),
         ("right", right * 1000),
@@ -233,7 +234,7 @@ def _bar(new: dict, key: tuple, y: int, left: float, right: float, util, mem, to
         ("top_mem", y + 0.05 + 0.9 * (mem / total if mem is not None and total else 0)),
         ("color", color(jobs)),
         ("job", f"job {jobs}" if jobs else "idle"),
-        ("gpu", f"{key[0]} {key[1]}"),
+        ("gpu", gpu),
         ("util", "-" if util is None else str(util)),
         ("mem", "-" if mem is None else str(mem)),
         ("total", "-" if total is None else str(total)),
@@ -253,9 +254,15 @@ def html_table(columns, rows: list[dict], empty: str) -> str:
     return f"<table style='{_TABLE}'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _label(key: tuple) -> str:
-    address, uuid = key
-    return f"{address.rpartition('://')[2]} {uuid[:12]}"
+def _uuid(plugin, key: tuple) -> str:
+    """A strip's GPU: its UUID from what the worker recorded (its ``devices``, in its order), else its position."""
+    address, i = key
+    devices = ((plugin.destinations.get(address) or {}).get("gpu") or {}).get("devices") or ()
+    return devices[i] if i < len(devices) else f"GPU {i}"
+
+
+def _label(plugin, key: tuple) -> str:
+    return f"{key[0].rpartition('://')[2]} {_uuid(plugin, key)[:12]}"
 
 
 def status(plugin, state, now: float) -> str:

@@ -5,7 +5,8 @@ each entry as :mod:`..worker.heartbeat` makes it), it takes each heartbeat once,
 
 * per worker its latest entry, stamped with the scheduler's time of that heartbeat (one clock for all
   hosts; the sampler's health says how old its sample was then);
-* per (worker, GPU uuid) a strip of :data:`WINDOW_S` of ``(time, util, mem, total, jobs, prefixes)``;
+* per (worker, GPU position in its list) a strip of :data:`WINDOW_S` of ``(time, util, mem, total, jobs,
+  prefixes)``;
 * per sampling process (host, pid) its health: samples, points delivered and lost, its last sample.
 
 :meth:`LiveState.jobs` adds up the latest entries per job: a worker's GPU figures go to the jobs executing
@@ -19,7 +20,7 @@ guessed. An entry older than :data:`STALE_S` is not "now" (a worker gone, a sess
 Example
 -------
 >>> state = LiveState()
->>> entry = {"jobs": [[1, 2]], "prefixes": ["mm"], "gpus": [["GPU-a", 80, 900, 1000, None, 50, 300]],
+>>> entry = {"jobs": [[1, 2]], "prefixes": ["mm"], "gpus": [[80, 900, 1000, None, 50, 300]],
 ...     "agent": ["node1", 42, 100, 0.1], "sinks": [["spool", 500, 0, 0]]}
 >>> state.update([("tcp://w:1", 100.0, entry)], now=100.0)
 1
@@ -46,7 +47,7 @@ class LiveState:
     def __init__(self, window: float = WINDOW_S):
         self.window = window
         self.workers: dict[str, tuple[float, dict]] = {}  # address -> (heartbeat time, entry)
-        self.strips: dict[tuple, collections.deque] = {}  # (address, uuid) -> (t, util, mem, total, jobs, prefixes)
+        self.strips: dict[tuple, collections.deque] = {}  # (address, GPU position) -> (t, util, mem, total, jobs, ...)
         self.hosts: dict[tuple, tuple] = {}  # (host, pid) -> (heartbeat time, sample age, samples, sinks)
         self.accounting: dict[tuple, list] = {}  # (host, pid) -> [[job, busy_s, energy_j], ...]: its counters
         self.taken = 0  # entries taken so far: a page redraws when it changed
@@ -71,10 +72,10 @@ class LiveState:
         self.workers[address] = (t, entry)
         jobs = ",".join(str(j) for j, _ in entry.get("jobs", ()))
         prefixes = ", ".join(entry.get("prefixes", ()))
-        for uuid, util, mem, total, *_ in entry.get("gpus", ()):
-            strip = self.strips.get((address, uuid))
+        for i, (util, mem, total, *_) in enumerate(entry.get("gpus", ())):
+            strip = self.strips.get((address, i))
             if strip is None:
-                strip = self.strips[address, uuid] = collections.deque()
+                strip = self.strips[address, i] = collections.deque()
             strip.append((t, util, mem, total, jobs, prefixes))
             while strip[0][0] < t - self.window:
                 strip.popleft()
@@ -112,7 +113,7 @@ class LiveState:
             tasks = sum(n for _, n in entry.get("jobs", ()))
             for job, n in entry.get("jobs", ()) if tasks else ():
                 r, weight = row(job), n / tasks
-                for _, util, _, _, sm, share, own in entry.get("gpus", ()):
+                for util, _, _, sm, share, own in entry.get("gpus", ()):
                     scale = None if share == UNKNOWN else 1.0 if share is None else share / 100.0
                     _add(r, "util", util, scale, weight)
                     _add(r, "sm", sm, scale, weight)

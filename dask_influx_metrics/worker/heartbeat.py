@@ -18,7 +18,7 @@ nothing to say raises, and Dask leaves it out of that heartbeat.
 Example
 -------
 >>> beat = {"pid": 9, "samples": 40, "time": 0.0, "counters": [{"kind": "spool", "points_written": 5,
-...     "points_dropped": 0}], "live": {"7": {"jobs": [], "prefixes": [], "gpus": [["GPU-a", 50, 2, 4, None, None, None]]}}}
+...     "points_dropped": 0}], "live": {"7": {"jobs": [], "prefixes": [], "gpus": [[50, 2, 4, None, None, None]]}}}
 >>> entry = from_beat(beat, "7", "node1", now=1.5)
 >>> entry["agent"], entry["sinks"]
 (['node1', 9, 40, 1.5], [['spool', 5, 0, 0]])
@@ -69,7 +69,7 @@ def dask_gpu(entry: dict | None) -> dict:
     gpus = (entry or {}).get("gpus")
     if not gpus:
         return {}
-    _, util, mem, total = gpus[0][:4]
+    util, mem, total = gpus[0][:3]
     figures = {"gpu_utilization": util, "gpu_memory_used": mem, "gpu-memory-total": total}
     return {k: v * MIB if k != "gpu_utilization" else v for k, v in figures.items() if v is not None}
 
