@@ -17,7 +17,11 @@ Example
 
 from __future__ import annotations
 
-from typing import NamedTuple, Union
+import calendar
+import re
+import secrets
+import time
+from typing import NamedTuple, Optional, Union
 
 FieldValue = Union[float, int, str]
 
@@ -61,8 +65,9 @@ TASK = "task"
 ACTIVITY = "activity"
 DELIVERY = "delivery"
 
+SESSION = "session"  # the tag (or, with session-tag: false, the field) naming the monitoring session
 # Tags on every worker point, in this order.
-COMMON_TAGS = ("host", "worker", "job", "dag")
+COMMON_TAGS = ("host", "worker", "job", "dag", SESSION)
 # Extra tags on per-device points (gpu, and per-device custom metrics).
 DEVICE_TAGS = ("index", "nvml_index", "uuid", "name")
 
@@ -76,6 +81,9 @@ TAGS = {
     "dag": "DAG number(s) of the tasks executing at sample time, ascending and "
     "comma-joined; '0' when the worker is idle (a string field instead with the setting dag-tag: false). "
     "Host points: as job, '0' only when no worker of the host runs a task",
+    SESSION: "the monitoring session's id (made at start(): its UTC start time to the microsecond and 6 random "
+    "hex digits, e.g. 20261121T100000-000001-3fa9c2), on every point of every measurement, so sessions "
+    "sharing one database stay apart (a string field instead with the setting session-tag: false)",
     "index": "device index as the worker sees it (0 = first of CUDA_VISIBLE_DEVICES)",
     "nvml_index": "physical device index as NVML numbers it (the same on every worker of the host)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
@@ -95,12 +103,12 @@ MEASUREMENT_TAGS = {
     HOST: COMMON_TAGS,
     WORKER: COMMON_TAGS,
     CUSTOM: COMMON_TAGS + DEVICE_TAGS,  # device tags on per-device custom metrics only
-    DAG: ("host", "job"),  # dag and status are fields: one series per job, however many DAGs
+    DAG: ("host", "job", SESSION),  # dag and status are fields: one series per job, however many DAGs
     TASK: COMMON_TAGS + ("prefix", "state"),
     # Dask's digests are per prefix, not per task, so activity points have no dag (see docs/data-contract.md).
-    ACTIVITY: ("host", "worker", "job", "prefix", "activity", "unit"),
+    ACTIVITY: ("host", "worker", "job", SESSION, "prefix", "activity", "unit"),
     # worker = the sending role: a worker address, "scheduler", or the host's sampling agent
-    DELIVERY: ("host", "worker", "sink"),
+    DELIVERY: ("host", "worker", SESSION, "sink"),
 }
 
 _FIELDS = (
@@ -360,6 +368,36 @@ def tags_as_fields(point: Point, names) -> Point:
         return point
     tags = {k: v for k, v in point.tags.items() if k not in moved}
     return point._replace(tags=tags, fields={**point.fields, **moved})
+
+
+_SESSION_ID = re.compile(r"^(\d{8}T\d{6})-(\d{6})(?:-[0-9a-f]+)?$")
+
+
+def new_session_id(started: float) -> str:
+    """A session id: the start (UTC, to the microsecond, so ids sort by start) and 24 random bits, so two
+    schedulers starting in the same microsecond still differ. 29 characters: the tag ``,session=<id>``
+    adds 38 bytes to a line (the field ``,session="<id>"`` 40).
+
+    >>> len(new_session_id(1795255200.25)), new_session_id(1795255200.25)[:22]
+    (29, '20261121T100000-250000')
+    """
+    micro = int(round(started * 1e6)) % 1_000_000
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(int(started))) + f"-{micro:06d}-{secrets.token_hex(3)}"
+
+
+def session_start_ns(session_id: str) -> Optional[int]:
+    """The start time (epoch ns) a session id names; None for another name (a spool folder renamed by hand).
+
+    >>> session_start_ns("20261121T100000-250000-3fa9c2"), session_start_ns("20261121T100000-000001")
+    (1795255200250000000, 1795255200000001000)
+    >>> session_start_ns("nightly") is None
+    True
+    """
+    m = _SESSION_ID.match(str(session_id))
+    if m is None:
+        return None
+    seconds = calendar.timegm(time.strptime(m.group(1), "%Y%m%dT%H%M%S"))
+    return seconds * 10**9 + int(m.group(2)) * 1000
 
 
 # Custom metrics land in the ``custom`` measurement, one float field per metric

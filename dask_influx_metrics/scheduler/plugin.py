@@ -49,6 +49,7 @@ class JobPlugin(SchedulerPlugin):
         self.last_session: dict | None = None
         self.book = JobBook(self.overrides.get("job-type", "client"))
         self.sink = None
+        self._field_tags: tuple = ()  # tags the dag points write as fields (Settings.field_tags)
         self.health = None  # writes the scheduler sink's delivery counters every ~10 s
         self.shared_gpus: dict[tuple, set] = {}  # (host, uuid) -> worker addresses
         self.destinations: dict[str, dict] = {}  # worker address (or "scheduler") -> where its samples go
@@ -73,15 +74,16 @@ class JobPlugin(SchedulerPlugin):
             raise RuntimeError(f"monitoring session {self.session['id']} is already running; stop() it first")
         settings = Settings.resolve(self.overrides if overrides is None else overrides)
         started = time.time()
-        sid = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started)) + f"-{int(started * 1e6) % 1000000:06d}"
+        sid = schema.new_session_id(started)
         self.book = JobBook(settings.job_type)
         self.session = {"id": sid, "start": started, "job_type": settings.job_type}
         self.sink = make_sink(settings, role="scheduler", session=sid)
         self.destinations = {}
         self._record("scheduler", {"host": socket.gethostname(), **destinations(settings, sid, "scheduler")})
-        self._tags = {**settings.tags, "host": socket.gethostname()}
+        self._tags = {**settings.tags, "host": socket.gethostname(), schema.SESSION: sid}
+        self._field_tags = settings.field_tags
         self._last_ns = 0
-        self.health = HealthWriter(self.sink, {**self._tags, "worker": "scheduler"})
+        self.health = HealthWriter(self.sink, {**self._tags, "worker": "scheduler"}, field_tags=self._field_tags)
         return dict(self.session)
 
     def stop_session(self) -> dict | None:
@@ -183,7 +185,7 @@ class JobPlugin(SchedulerPlugin):
         # nanosecond would overwrite each other. Times strictly increase (+1 ns on a collision).
         self._last_ns = max(int(t * 1e9), self._last_ns + 1)
         point = schema.Point(schema.DAG, {**self._tags, "job": str(dag.job)}, fields, self._last_ns)
-        self.sink.send(lineprotocol.encode_many([point]))
+        self.sink.send(lineprotocol.encode_many([schema.tags_as_fields(point, self._field_tags)]))
 
     def log_event(self, topic, msg) -> None:
         """Collect the workers' shared-GPU reports (``Monitor.jobs()["shared_gpus"]``), destinations and the
