@@ -57,11 +57,14 @@ def spool_store(tmp_path):
         ("tcp___10.0.0.1_1234", lambda p: p.measurement != "dag"),
         ("scheduler", lambda p: p.measurement == "dag"),
     ):
-        path = tmp_path / "20240501T120000-000001" / folder
+        path = tmp_path / SID / folder
         path.mkdir(parents=True)
         lines = lineprotocol.encode_many(p for p in points() if keep(p))
         (path / "spool-1-000000.lp").write_bytes(b"\n".join(lines) + b"\n")
     return query.connect(tmp_path)
+
+
+SID = "20240501T120000-000001"  # a session of a version before the ids had random digits
 
 
 # --- the Flux text -------------------------------------------------------------------
@@ -98,6 +101,11 @@ def _all_queries() -> dict[str, str]:
         out[f"max-busy-dagfield-{name}"] = F.flux_max_query(
             "b", "gpu", 'my "metric"', ["worker", "job"], [W], 2, busy=True, dag_field=True, **kw
         )
+        for last in (False, True):
+            for field in (False, True):
+                keys = ["session", "host", "worker", "job"]
+                out[f"session-{last}-{field}-{name}"] = F.flux_session_query("b", keys, last=last, field=field, **kw)
+        out[f"unnamed-{name}"] = F.flux_frame_query("b", "gpu", ["utilization_gpu"], W, tags={"session": ""})
     out["buckets"] = F.BUCKETS_QUERY
     return out
 
@@ -169,10 +177,16 @@ def test_requests_the_client_sends(fake):
     assert request["headers"]["Authorization"] == "Token my-token"
     assert request["body"]["dialect"]["annotations"] == ["datatype", "group", "default"]
     assert request["body"]["dialect"]["dateTimeFormat"] == "RFC3339Nano"
+    # the session: its tag, then (the canned points have none) a session field; then the frame (only points
+    # without a session id: all of them, as before sessions were tagged)
+    window = {"tags": {"run": "r1"}, "start_ns": T0, "stop_ns": None}
     assert fake.queries() == [
         F.BUCKETS_QUERY,
+        F.flux_session_query("dask_metrics", ["session"], **window),
+        F.flux_session_query("dask_metrics", ["session"], field=True, **window),
         F.flux_frame_query("dask_metrics", "gpu", ["utilization_gpu", "memory_used"], W, 2, {"run": "r1"}, start_ns=T0),
     ]
+    assert any("carry no session id" in n for n in db.notes)
     assert len(frame) == 6
 
 
@@ -207,7 +221,11 @@ def test_store_on_flux_equals_spool(fake, spool_store):
     a, b = flux.worker_tables(metrics=metrics), spool_store.worker_tables(metrics=metrics)
     assert list(a) == list(b) == [W] and len(a[W]) == 3
     pd.testing.assert_frame_equal(a[W], b[W], check_dtype=False)
-    pd.testing.assert_frame_equal(flux.dags(), spool_store.dags(), check_dtype=False)
+    # points without a session id: the spool's is its folder's name, InfluxDB's "unnamed"
+    assert list(flux.dags()["session"]) == ["unnamed"] * 2 and list(spool_store.dags()["session"]) == [SID] * 2
+    pd.testing.assert_frame_equal(
+        flux.dags().drop(columns="session"), spool_store.dags().drop(columns="session"), check_dtype=False
+    )
     assert list(flux.dags()["status"]) == ["ok", "erred"] and flux.dags()["label"].iloc[1] == 'client "2" x'
     server = flux.peaks("compute-util", per_job=True, server=True)
     pd.testing.assert_frame_equal(

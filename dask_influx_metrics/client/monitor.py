@@ -287,6 +287,7 @@ class Monitor:
             "start": session.get("cleared") or session["start"],
             "stop": stop + CLOCK_SLACK if stop is not None else None,
             "tags": reader.tags or None,
+            "session": session["id"],  # its own points only, in a database that holds others too
         }
         args = (source,) if source is not None else self._where(state, session, reader, options)
         own = sorted(w for w in state.get("destinations") or {} if w != "scheduler")

@@ -38,9 +38,7 @@ class HealthWriter:
     :data:`HEALTH_INTERVAL`) from a daemon thread, and once more at :meth:`stop` (call it before
     closing the sink), so the last counts of a sender are on record."""
 
-    def __init__(
-        self, sink: Sink, tags: dict, interval: float | None = None, clock=time.time, field_tags: tuple = ()
-    ):
+    def __init__(self, sink: Sink, tags: dict, interval: float | None = None, clock=time.time, field_tags: tuple = ()):
         self.sink, self.tags, self._clock, self.field_tags = sink, dict(tags), clock, tuple(field_tags)
         self.interval = HEALTH_INTERVAL if interval is None else float(interval)
         self._stop = threading.Event()
