@@ -93,5 +93,5 @@ def connect(source, database: str = "dask_metrics", **options) -> "Store":
         origin_ns=read.start_ns,
         workers=read.workers,
         undelivered=read.undelivered,
-        notes=[note] if note else [],
+        session_note=note,
     )

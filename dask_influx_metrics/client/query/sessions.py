@@ -57,11 +57,13 @@ def _start(rows: pd.DataFrame) -> pd.Series:
 
 
 def order(rows: pd.DataFrame) -> list[str]:
-    """The sessions in ``rows`` (``session``, ``first``: a backend's :meth:`session_rows`), oldest first."""
+    """The sessions in ``rows`` (``session``, ``first``: a backend's :meth:`session_rows`), oldest first;
+    the points without an id first of all (written before sessions were tagged, or by another tool: never
+    the latest while a session has an id)."""
     if rows.empty:
         return []
     start = _start(rows)
-    return sorted(start.index, key=lambda s: (int(start[s]), s))
+    return sorted(start.index, key=lambda s: (s != "", int(start[s]), s))
 
 
 def _index(wanted) -> Optional[int]:

@@ -57,9 +57,12 @@ class Store(TaskQuestions, HostQuestions):
     #: workers fetched at once by :meth:`worker_tables`
     parallel = 4
 
-    def __init__(self, backend: Backend, origin_ns: Optional[int] = None, workers=None, undelivered=None, notes=()):
+    def __init__(
+        self, backend: Backend, origin_ns: Optional[int] = None, workers=None, undelivered=None, session_note=""
+    ):
         self.backend = backend
-        self._notes = list(notes)  # which session was read (connect's sessions.select)
+        #: which session was read, among which (``connect``'s :func:`.sessions.select`); "" when it is the only one
+        self.session_note = session_note
         self.undelivered = undelivered  # a spool folder whose undelivered/ and refused/ samples are not in InfluxDB
         self._origin_ns = origin_ns
         self._own = None if workers is None else set(workers)  # the session's workers, when known
@@ -78,7 +81,7 @@ class Store(TaskQuestions, HostQuestions):
         """One line per thing to read the answers with: corrupt spool lines skipped (file:line), samples taken
         from (or kept in) ``undelivered/`` or ``refused/``, series skipped, custom metrics that failed on the workers."""
         return (
-            self._notes
+            ([self.session_note] if self.session_note else [])
             + list(self.backend.notes)
             + self._skipped
             + [_failed(name, f) for name, f in sorted(self.failed_metrics.items())]
