@@ -161,7 +161,7 @@ def _run(args) -> int:
     )
     print(f"run {run}: {'UDP -> ' + args.telegraf_address if online else 'InfluxDB not reachable; spooling to disk'}")
     with (
-        LocalCluster(n_workers=args.workers, threads_per_worker=2, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=args.workers, threads_per_worker=2, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         monitor = Monitor(

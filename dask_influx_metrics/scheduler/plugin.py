@@ -42,7 +42,7 @@ class JobPlugin(SchedulerPlugin):
 
     name = JOBS_PLUGIN
 
-    def __init__(self, overrides: dict, worker_payload: bytes):
+    def __init__(self, overrides: dict, worker_payload: bytes, temporary_spool=()):
         self.overrides = dict(overrides)
         self.worker_payload = worker_payload  # pickled custom metrics, opened on workers only
         self.session: dict | None = None
@@ -53,7 +53,9 @@ class JobPlugin(SchedulerPlugin):
         self.health = None  # writes the scheduler sink's delivery counters every ~10 s
         self.shared_gpus: dict[tuple, set] = {}  # (host, uuid) -> worker addresses
         self.destinations: dict[str, dict] = {}  # worker address (or "scheduler") -> where its samples go
-        self.spooled: dict[str, bool] = {}  # spool folders written since attach (or the last clear) -> temporary
+        # spool folders written since attach (or the last clear) -> temporary; ``temporary_spool``: those of the
+        # plugin this one replaces (attach() again), so shutdown() still deletes them
+        self.spooled: dict[str, bool] = dict.fromkeys(temporary_spool, True)
 
     # --- plugin life cycle -------------------------------------------------
     async def start(self, scheduler) -> None:

@@ -370,8 +370,14 @@ class SpoolBackend:
         return self._filter(pd.concat(parts, ignore_index=True)) if parts else pd.DataFrame()
 
     def points(self, measurement: str, columns: list[str]) -> pd.DataFrame:
-        """Every point of ``measurement`` in range, from every worker: ``time`` and ``columns``."""
-        frames = [f[measurement] for f in self._worker_frames() if measurement in f and not f[measurement].empty]
+        """Every point of ``measurement`` in range, from every worker (``delivery``: every sender's folder, the
+        scheduler's too): ``time`` and ``columns``."""
+        if measurement == schema.DELIVERY:
+            senders = self._paths + [os.path.join(f, SCHEDULER_DIR) for f in self.folders]
+            every = [self._frames(f) for f in senders if os.path.isdir(f)]
+        else:
+            every = list(self._worker_frames())
+        frames = [f[measurement] for f in every if measurement in f and not f[measurement].empty]
         frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         frame = frame.reindex(columns=["time"] + list(columns))
         return frame.sort_values("time", kind="stable").reset_index(drop=True)

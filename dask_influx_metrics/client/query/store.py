@@ -253,6 +253,19 @@ class Store(TaskQuestions, HostQuestions):
             out = out[out["job"] == int(job)].reset_index(drop=True)
         return out[cols]
 
+    def delivery(self) -> pd.DataFrame:
+        """Each sender's last ``delivery`` counters in range (a stopped session's: its final ones): ``host``,
+        ``worker`` (the sender: a worker address, ``scheduler`` or ``agent-<host>``), ``sink``, ``time`` and
+        the counters (:data:`~dask_influx_metrics.schema.DELIVERY_FIELDS`, cumulative since the sender started)."""
+        keys = ["host", "worker", "sink"]
+        points = self.backend.points(schema.DELIVERY, [*keys, *schema.DELIVERY_FIELDS])
+        columns = [*keys, "time", *schema.DELIVERY_FIELDS]
+        if points.dropna(subset=["time"]).empty:
+            return pd.DataFrame(columns=columns)
+        last = points.sort_values("time", kind="stable").groupby(keys, dropna=False).tail(1)
+        last = last.assign(time=pd.to_datetime(pd.to_numeric(last["time"]), unit="ns", utc=True))
+        return last[columns].sort_values(keys, kind="stable").reset_index(drop=True)
+
     # --- selections --------------------------------------------------------
     def _select_workers(self, workers) -> list[tuple[int, str]]:
         known = self.workers()
