@@ -23,6 +23,7 @@ from fake_influx2 import ANSWERS, HOSTILE, JOBS, T0, FakeInflux, T, W, answer, c
 from dask_influx_metrics import lineprotocol, query  # noqa: E402
 from dask_influx_metrics.client.query import QueryError, Store  # noqa: E402
 from dask_influx_metrics.client.query import flux as F
+from dask_influx_metrics.client.query.fluxcsv import read_annotated_csv  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -144,13 +145,13 @@ def test_read_annotated_csv_types():
 ,,0,2024-05-01T12:00:00.000000001Z,007,1,1.5,true,"a,""b"" c"
 ,,0,2024-05-01T12:00:00Z,1e3,,,false,
 """)
-    frame = F.read_annotated_csv(text)
+    frame = read_annotated_csv(text)
     assert list(frame.columns) == ["_time", "index", "n", "x", "ok", "s"]
     assert frame["_time"].dtype == "int64" and list(frame["_time"]) == [T0, T0 - 1]
     assert list(frame["index"]) == ["007", "1e3"]  # tags that look like numbers stay strings
     assert frame["n"].iloc[0] == 1 and pd.isna(frame["n"].iloc[1]) and pd.isna(frame["x"].iloc[1])
     assert list(frame["ok"]) == [True, False] and frame["s"].iloc[0] == 'a,"b" c' and pd.isna(frame["s"].iloc[1])
-    assert F.read_annotated_csv("").empty and F.read_annotated_csv("\r\n").empty
+    assert read_annotated_csv("").empty and read_annotated_csv("\r\n").empty
 
 
 @pytest.mark.parametrize(
@@ -162,7 +163,7 @@ def test_read_annotated_csv_types():
 )
 def test_error_table_raises(text):
     with pytest.raises(QueryError, match=r"failed to read: boom\nmy query"):
-        F.read_annotated_csv(ANSWERS["host"].rstrip("\r\n") + "\r\n\r\n" + text, "my query")
+        read_annotated_csv(ANSWERS["host"].rstrip("\r\n") + "\r\n\r\n" + text, "my query")
 
 
 # --- through influxdb-client and the fake server -------------------------------------

@@ -8,7 +8,7 @@ import threading
 
 from distributed import Client
 
-from dask_influx_metrics import Monitor, custom_metric, lineparse, schema
+from dask_influx_metrics import Monitor, custom_metric, lineparse, names
 from dask_influx_metrics.sinks.spool import read_lines
 
 EVERY_WRITER = {"gpu", "host", "worker", "custom", "task", "activity", "dag", "delivery"}
@@ -48,10 +48,10 @@ def test_every_writer_tags_its_points_with_the_session(cluster, tmp_path):
         assert {p.measurement for p in points} == EVERY_WRITER
         assert {p.fields.get("session") for p in points} == {sid2}
         assert not any("session" in p.tags for p in points)
-    assert sid < sid2 and schema.session_start_ns(sid) < schema.session_start_ns(sid2)
+    assert sid < sid2 and names.session_start_ns(sid) < names.session_start_ns(sid2)
 
 
 def test_session_ids_differ_within_one_microsecond_and_fit_40_bytes_a_line():
-    ids = {schema.new_session_id(1795255200.0) for _ in range(1000)}
+    ids = {names.new_session_id(1795255200.0) for _ in range(1000)}
     assert len(ids) == 1000
     assert {len(f",session={i}") for i in ids} == {38} and {len(f',session="{i}"') for i in ids} == {40}

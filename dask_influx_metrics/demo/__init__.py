@@ -62,7 +62,15 @@ def report(db, out_dir) -> str:
 
     import pandas as pd
 
-    parts = [f"workers: {db.worker_map()}", "", "DAGs:", db.dags().to_string(index=False), ""]
+    dags = db.dags()
+    session = dags["session"].iloc[0] if len(dags) else "-"
+    parts = [
+        f"workers: {db.worker_map()}",
+        "",
+        f"DAGs of session {session}:",
+        dags.drop(columns="session").to_string(index=False),
+        "",
+    ]
     peaks = db.peaks("total-mem", per_job=True)
     table = peaks.assign(peak_MiB=peaks["peak"] / 2**20).pivot_table(
         index=["worker_index", "job"], columns="device", values="peak_MiB"

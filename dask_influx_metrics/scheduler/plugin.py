@@ -30,7 +30,16 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .. import _dask, lineprotocol, schema
 from ..config import Settings
-from ..names import ANNOTATION, CUSTOM_METRIC, DESTINATIONS, EVENT_TOPIC, JOBS_PLUGIN, NEW_JOB_OP, SHARED_GPU
+from ..names import (
+    ANNOTATION,
+    CUSTOM_METRIC,
+    DESTINATIONS,
+    EVENT_TOPIC,
+    JOBS_PLUGIN,
+    NEW_JOB_OP,
+    SHARED_GPU,
+    new_session_id,
+)
 from ..sinks import HealthWriter, destinations, make_sink
 from .jobs import JobBook
 
@@ -76,7 +85,7 @@ class JobPlugin(SchedulerPlugin):
             raise RuntimeError(f"monitoring session {self.session['id']} is already running; stop() it first")
         settings = Settings.resolve(self.overrides if overrides is None else overrides)
         started = time.time()
-        sid = schema.new_session_id(started)
+        sid = new_session_id(started)
         self.book = JobBook(settings.job_type)
         self.session = {"id": sid, "start": started, "job_type": settings.job_type}
         self.sink = make_sink(settings, role="scheduler", session=sid)

@@ -12,12 +12,8 @@ that header; ``url`` and every log line show the address without them.
 InfluxDB 3 answers 400 to lines that put a tag and a field of the same name in
 one table; those go to the fallback like any refused batch.
 
-A write answered ``404 database not found`` (a fresh InfluxDB 1.x) makes the sink
-create the database once (``CREATE DATABASE`` on ``/query``, as Telegraf's
-InfluxDB output does; ``create_database=False`` turns it off) and post the batch
-again, so the first sample lands. Where it may not (a user without admin rights:
-403; InfluxDB 2.x, whose database is a DBRP mapping to a bucket) it says so once,
-and the lines go to the fallback.
+A write answered ``404 database not found`` (a fresh InfluxDB 1.x) creates the
+database once and is posted again (:mod:`.createdb`; ``create_database=False``: never).
 
 ``send`` only appends to a bounded in-memory queue (``max_pending`` lines,
 default ``2 * batch_size``: about 3 MB at 5000 lines of ~300 bytes) and returns; a thread posts batches of up to
@@ -66,6 +62,7 @@ import requests
 
 from .. import credentials, lineparse
 from .base import Sink
+from .createdb import create_database
 from .paths import REASONS_FILE
 from .spool import SpoolSink
 
@@ -279,36 +276,12 @@ class HttpSink:
         )
 
     def _create_database(self) -> bool:
-        """``CREATE DATABASE`` (InfluxDB 1.x), tried once per sink; True when it was created. Where it may
-        not be, say so once: the write's 404 then goes the way of any rejected write."""
+        """``CREATE DATABASE`` once per sink (:func:`.createdb.create_database`); True when it was created."""
         if not self.create_database:
             return False
         self.create_database = False
-        database = self.params["db"]
-        statement = 'CREATE DATABASE "' + database.replace("\\", "\\\\").replace('"', '\\"') + '"'
         auth_header = {k: v for k, v in self.headers.items() if k == "Authorization"}
-        try:
-            r = self._session.post(
-                self.query_url, params={"q": statement}, headers=auth_header, auth=self.auth, timeout=self.timeout
-            )
-            error = None if r.status_code < 300 else f"HTTP {r.status_code}: {_reason(r)[:300]}"
-            if error is None:
-                results = (r.json() or {}).get("results") or [{}]
-                error = results[0].get("error")
-        except (requests.RequestException, ValueError) as e:
-            error = str(e)
-        if error is None:
-            logger.info("HTTP sink: database %r was not found at %s: created it", database, self.query_url)
-            return True
-        logger.warning(
-            "HTTP sink: database %r not found at %s, and it could not be created (%s): create it "
-            "(CREATE DATABASE on InfluxDB 1.x, by an admin user), or on InfluxDB 2.x map it to a bucket (DBRP, "
-            "deploy/README.md); until then the lines go to the undelivered copy",
-            database,
-            self.url,
-            error,
-        )
-        return False
+        return create_database(self._session, self.query_url, self.params["db"], auth_header, self.auth, self.timeout)
 
     def _split(self, batch: list[bytes]) -> None:
         """HTTP 413 (a body limit, e.g. a proxy's): post each half, and send smaller batches from now on."""

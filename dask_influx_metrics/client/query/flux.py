@@ -5,7 +5,7 @@ On 1.8 the bucket is ``database/retention-policy`` and the token
 (``pip install dask-influx-metrics[flux]``). Each question is one Flux script,
 built by a pure ``flux_*_query`` function and filtered on the server (time
 range, worker, job, extra tags); answers come back as annotated CSV, read
-column-wise here so times keep their nanoseconds and tag values stay strings.
+column-wise (:mod:`.fluxcsv`) so times keep their nanoseconds and tag values stay strings.
 
 >>> string('a"b\\\\c${d}')
 '"a\\\\"b\\\\\\\\c\\\\${d}"'
@@ -21,8 +21,6 @@ from(bucket: "db/rp")
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Optional
 
 import pandas as pd
@@ -38,6 +36,7 @@ from .base import (
     missing_database,
     widened,
 )
+from .fluxcsv import read_annotated_csv
 from .sessions import SESSION, select_in_tags
 
 DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration", SESSION]
@@ -242,59 +241,6 @@ def flux_points_query(bucket, measurement, columns, tags=None, start_ns=None, st
 
 
 BUCKETS_QUERY = 'buckets()\n    |> keep(columns: ["name"])\n'
-
-
-# --- annotated CSV -> DataFrame -----------------------------------------------
-def _column(values: pd.Series, datatype: str) -> pd.Series:
-    values = values.where(values != "")  # empty cell = null
-    if datatype.startswith("dateTime"):
-        times = pd.to_datetime(values, utc=True, format="ISO8601")
-        # RFC3339Nano drops trailing zeros: without a sub-microsecond digit pandas picks a coarser unit
-        return (
-            pd.Series(pd.DatetimeIndex(times).as_unit("ns").asi8, index=values.index) if times.notna().all() else times
-        )
-    if datatype in ("double", "long", "unsignedLong"):
-        return pd.to_numeric(values).astype(float) if datatype == "double" else pd.to_numeric(values)
-    if datatype == "boolean":
-        return values.map({"true": True, "false": False})
-    return values  # strings stay object columns, as the InfluxQL backend's read_csv(dtype=str) gives
-
-
-def _table(rows: list, query: str) -> Optional[pd.DataFrame]:
-    annotations = {r[0]: r for r in rows if r and r[0].startswith("#")}
-    body = [r for r in rows if not (r and r[0].startswith("#"))]
-    if not body:
-        return None
-    header, data = body[0], body[1:]
-    if [c for c in header if c] == ["error", "reference"]:  # a failure after the answer began
-        at = header.index("error")
-        message = data[0][at] if data and len(data[0]) > at else "unknown error"
-        raise QueryError(f"InfluxDB failed the Flux query: {message}\n{query}")
-    types = annotations.get("#datatype", [])
-    frame = pd.DataFrame(data, columns=header, dtype=object)
-    out = {
-        c: _column(frame.iloc[:, j], types[j] if j < len(types) else "string")
-        for j, c in enumerate(header)
-        if c not in ("", "result", "table")
-    }
-    return pd.DataFrame(out, index=frame.index)
-
-
-def read_annotated_csv(text: str, query: str = "") -> pd.DataFrame:
-    """All tables of a Flux CSV answer as one frame (tags as str, times as int ns, nulls as NaN).
-
-    Tables with a new schema start after a blank line with their own
-    annotations and header; an ``error,reference`` table raises QueryError.
-    """
-    tables, block = [], []
-    for row in [*csv.reader(io.StringIO(text)), []]:
-        if row:
-            block.append(row)
-        elif block:
-            tables.append(_table(block, query))
-            block = []
-    tables = [t for t in tables if t is not None and not t.empty]
-    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
 
 
 def _iso(ns: int) -> str:

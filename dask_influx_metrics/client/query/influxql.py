@@ -21,6 +21,7 @@ import pandas as pd
 import requests
 
 from ... import credentials, jobtags, schema
+from ...names import session_start_ns
 from .base import (
     DEVICE_MEASUREMENTS,
     SAMPLE_MEASUREMENTS,
@@ -223,7 +224,7 @@ class InfluxQLBackend:
         answer = self._json(f"SELECT DISTINCT({ident(SESSION)}) FROM {names} {where}")
         values = sorted({row[1] for x in answer for row in x.get("values", [])} - {None, ""})
         if not detail:
-            return pd.DataFrame({"session": values, "first": [schema.session_start_ns(v) or 0 for v in values]})
+            return pd.DataFrame({"session": values, "first": [session_start_ns(v) or 0 for v in values]})
         parts = []
         for value in values:
             mine = where_clause({**tags, SESSION: value}, self.start_ns, self.stop_ns)

@@ -34,6 +34,7 @@ from typing import Optional
 import pandas as pd
 
 from ... import jobtags, schema
+from ...names import session_start_ns
 from .base import QueryError
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def name(session: Optional[str]) -> str:
 def _start(rows: pd.DataFrame) -> pd.Series:
     """Each session's start (ns): what its id says, else its first point."""
     first = rows.dropna(subset=["first"]).groupby("session")["first"].min()
-    named = pd.Series({s: schema.session_start_ns(s) for s in first.index}, dtype=object)
+    named = pd.Series({s: session_start_ns(s) for s in first.index}, dtype=object)
     return named.where(named.notna(), first).astype("int64")
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 
 from ... import jobtags, lineparse, schema
 from ...lineparse import split_lines
+from ...names import session_start_ns
 from ...sinks.paths import REFUSED_DIR, UNDELIVERED_DIR
 from ...sinks.spool import spool_files
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, ReadOptions, empty_frame, widened
@@ -187,8 +188,8 @@ class SpoolBackend:
         rows = []
         for folder in folders:
             sid = os.path.basename(folder)
-            if not detail and not narrowed and schema.session_start_ns(sid) is not None:
-                rows.append({SESSION: sid, "first": schema.session_start_ns(sid)})
+            if not detail and not narrowed and session_start_ns(sid) is not None:
+                rows.append({SESSION: sid, "first": session_start_ns(sid)})
                 continue
             one = widened(self, _cache={}, _workers=None, skipped={}, undelivered={})
             one._read([folder])
