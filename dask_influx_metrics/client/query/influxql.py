@@ -169,7 +169,7 @@ class InfluxQLBackend:
         if r.status_code >= 400:
             text = r.text.strip().replace("\n", " ")
             message = f"InfluxDB at {self.url} refused {q!r} (HTTP {r.status_code}): {text}"
-            raise QueryError(missing_database(message, self.undelivered) if "not found" in text else message)
+            raise QueryError(missing_database(message, self.undelivered) if "database not found" in text else message)
         return r
 
     def _json(self, q: str) -> list[dict]:
@@ -178,7 +178,9 @@ class InfluxQLBackend:
         for result in body.get("results", []):
             if "error" in result:
                 message = f"InfluxDB at {self.url}: {result['error']} in {q!r}"
-                raise QueryError(missing_database(message, self.undelivered) if "not found" in message else message)
+                raise QueryError(
+                    missing_database(message, self.undelivered) if "database not found" in message else message
+                )
             out.extend(result.get("series", []))
         return out
 
