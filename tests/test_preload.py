@@ -88,7 +88,7 @@ def test_preload_monitors_cluster_from_boot(influxd, tmp_path):
                         "--port",
                         "0",
                         "--dashboard-address",
-                        "127.0.0.1:0",
+                        "127.0.0.1:0",  # a free port: never the busy 8787
                         "--scheduler-file",
                         scheduler_file,
                     ],
