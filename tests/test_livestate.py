@@ -35,6 +35,14 @@ def test_each_heartbeat_is_taken_once():
     assert [t for t, *_ in state.strips["tcp://w:1", 0]] == [10.0, 11.0]
 
 
+def test_an_entry_of_another_shape_is_left_out():
+    state = LiveState()
+    good = entry([[1, 1]], [gpu("GPU-a", 50)])
+    beats = [("tcp://w:1", 10.0, {"jobs": "?"}), ("tcp://w:2", 10.0, {"gpus": [[1, 2]]}), ("tcp://w:3", 10.0, good)]
+    assert state.update(beats, now=10.0) == 1 and state.refused == 2
+    assert list(state.workers) == ["tcp://w:3"]
+
+
 def test_strips_keep_five_minutes_and_forget_workers_gone():
     state = LiveState()
     for t in range(0, 400, 2):

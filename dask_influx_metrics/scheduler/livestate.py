@@ -31,10 +31,12 @@ Example
 from __future__ import annotations
 
 import collections
+import logging
 import math
 
 from ..sampling.live import UNKNOWN
 
+logger = logging.getLogger(__name__)
 POLL_S = 0.5  # how often the scheduler looks at the heartbeats (Dask's shortest interval)
 WINDOW_S = 300.0  # the strips' length
 STALE_S = 10.0  # an entry older than this is not "now" (heartbeats come every 0.5-2 s up to 200 workers)
@@ -51,6 +53,7 @@ class LiveState:
         self.hosts: dict[tuple, tuple] = {}  # (host, pid) -> (heartbeat time, sample age, samples, sinks)
         self.accounting: dict[tuple, list] = {}  # (host, pid) -> [[job, busy_s, energy_j], ...]: its counters
         self.taken = 0  # entries taken so far: a page redraws when it changed
+        self.refused = 0  # entries that were not of this version's shape (left out)
         self._seen: dict[str, float] = {}  # address -> the heartbeat time of the entry taken
 
     def update(self, heartbeats, now: float) -> int:
@@ -61,28 +64,37 @@ class LiveState:
             if entry is None or self._seen.get(address) == seen:
                 continue
             self._seen[address] = seen
+            try:
+                self._take(address, seen, entry)
+            except (KeyError, TypeError, ValueError, IndexError) as e:  # not an entry of this version: left out
+                if not self.refused:
+                    logger.warning("influx-metrics: a heartbeat entry of %s left out (%r; said once)", address, e)
+                self.refused += 1
+                continue
             taken += 1
-            self._take(address, seen, entry)
         if taken:
             self.taken += taken
             self._forget(now)
         return taken
 
     def _take(self, address: str, t: float, entry: dict) -> None:
+        """Check the entry's shape, then keep it (a malformed one changes nothing)."""
+        jobs = ",".join(str(int(j)) for j, _ in entry.get("jobs", ()))
+        prefixes = ", ".join(str(p) for p in entry.get("prefixes", ()))
+        bars = [(t, util, mem, total, jobs, prefixes) for util, mem, total, _, _, _ in entry.get("gpus", ())]
+        host, pid, samples, age = entry["agent"]
+        acct = entry.get("acct")
         self.workers[address] = (t, entry)
-        jobs = ",".join(str(j) for j, _ in entry.get("jobs", ()))
-        prefixes = ", ".join(entry.get("prefixes", ()))
-        for i, (util, mem, total, *_) in enumerate(entry.get("gpus", ())):
+        for i, bar in enumerate(bars):
             strip = self.strips.get((address, i))
             if strip is None:
                 strip = self.strips[address, i] = collections.deque()
-            strip.append((t, util, mem, total, jobs, prefixes))
+            strip.append(bar)
             while strip[0][0] < t - self.window:
                 strip.popleft()
-        host, pid, samples, age = entry["agent"]
         self.hosts[host, pid] = (t, age, samples, entry.get("sinks", []))
-        if "acct" in entry:
-            self.accounting[host, pid] = entry["acct"]
+        if acct is not None:
+            self.accounting[host, pid] = acct
 
     def _forget(self, now: float) -> None:
         """Strips and workers with nothing in the window (workers gone)."""

@@ -77,7 +77,10 @@ class JobPlugin(SchedulerPlugin):
         self._wrapper = _dask.wrap_update_graph(scheduler)
         _dask.add_stream_handler(scheduler, NEW_JOB_OP, self._handle_new_job)
         self.live = LiveState()
-        dashboard.install(scheduler)
+        try:
+            dashboard.install(scheduler)
+        except Exception as e:  # a Dask or Bokeh that moved what _dask relies on: the page is missing, not the monitor
+            logger.warning("influx-metrics: cannot add the GPU Jobs page to the dashboard: %r", e)
         self._poll = PeriodicCallback(self._take_heartbeats, POLL_S * 1000)
         self._poll.start()
 

@@ -28,11 +28,13 @@ Example
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from .. import _dask
 from ..names import LIVE_METRIC
 
+logger = logging.getLogger(__name__)
 MIB = 1 << 20
 DASK_GPU = ("gpu_utilization", "gpu_memory_used", "gpu-memory-total")
 
@@ -80,8 +82,11 @@ class Heartbeat:
     def __init__(self, worker, latest: Callable[[], dict | None]):
         self.worker, self.latest = worker, latest
         self._entries = {LIVE_METRIC: self._live, **{name: self._dask(name) for name in DASK_GPU}}
-        for name, fn in self._entries.items():
-            _dask.add_heartbeat_metric(worker, name, fn)
+        try:
+            for name, fn in self._entries.items():
+                _dask.add_heartbeat_metric(worker, name, fn)
+        except Exception as e:  # a Dask that moved Worker.metrics: no live figures, sampling goes on
+            logger.warning("influx-metrics: cannot add the live figures to the heartbeat: %r", e)
 
     def _live(self, worker) -> dict:
         entry = self.latest()
@@ -96,5 +101,8 @@ class Heartbeat:
         return figure
 
     def close(self) -> None:
-        for name, fn in self._entries.items():
-            _dask.remove_heartbeat_metric(self.worker, name, fn)
+        try:
+            for name, fn in self._entries.items():
+                _dask.remove_heartbeat_metric(self.worker, name, fn)
+        except Exception:  # never added (said at setup)
+            pass
