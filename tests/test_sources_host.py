@@ -25,6 +25,7 @@ def test_all_fields_with_schema_types():
     src = HostSource(ALL)
     host, worker = src.read(HOST), src.read(WORKER)
     optional = {"disk_read_bytes", "disk_write_bytes"}  # containers may have no disk counters
+    optional |= {"cpu_percent_core_max", "cpu_percent_core_min"}  # read in the clock tick it was primed in
     assert set(host) - optional == {n for m, n in ALL if m == HOST} - optional
     assert set(worker) == {"cpu_percent", "rss"}
     for measurement, fields in ((HOST, host), (WORKER, worker)):
@@ -127,7 +128,8 @@ def test_procfs_values_equal_psutils_definitions():
     assert mem["memory_total"] == vm.total
     assert abs(mem["memory_used"] - vm.used) < 64 << 20  # read a moment apart: other processes allocate
     assert abs(mem["memory_used_percent"] - vm.percent) <= 1.0
-    busy, total = reader.cpu_busy_total()
+    (busy, total), cores = reader.cpu_times(cores=True)
+    assert len(cores) == psutil.cpu_count()
     p_busy, p_total = host_mod._busy_total(psutil.cpu_times())
     assert 0 <= p_total - total < 1.0 * psutil.cpu_count() and 0 <= p_busy - busy < 1.0 * psutil.cpu_count()
     for ours, theirs in ((reader.disk(), psutil.disk_io_counters()), (reader.net(), psutil.net_io_counters())):

@@ -41,9 +41,9 @@ from ..reports import Reporter
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
 from ..sampling.sampler import Sampler
-from ..sampling.sources.host import HostSource, refresh_seconds
+from ..sampling.sources.host import host_sources
 from ..sampling.view import WorkerView
-from ..schema import GPU, HOST
+from ..schema import GPU
 from ..sinks import HEALTH_INTERVAL, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
 from .workers import FolderWorkers
@@ -71,10 +71,9 @@ class Agent:
         self.report = Reporter(self._keep)
         self.previous = self._predecessor()  # counters of an agent that died before this one
         self.gpus, self.gpu_state, self.gpu_why = open_gpus(settings, report=self.report.once)
-        host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
-        refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
-        self.host = HostSource(host_fields, refresh=refresh) if host_fields else None
-        self.collector = HostCollector(settings.fields, self.gpus, self.host)
+        host, disks = host_sources(settings)
+        # the run folder's filesystem too (/dev/shm: the snapshots, outboxes), beside the workers' own
+        self.collector = HostCollector(settings.fields, self.gpus, host, disks, paths=(folder,))
         self.workers = FolderWorkers(folder, self._view)
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
         self.sink = make_sink(settings, role=agent_role(), session=session, report=self.report.once)

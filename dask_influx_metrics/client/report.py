@@ -100,12 +100,7 @@ def collect(db) -> dict:
         "dags": db.dags(),
         "gpus": _attempt(db.gpus) if "gpu" in db.fields() else pd.DataFrame(),
         "tables": tables,
-        "summary": _summary.summarize(
-            list(tables.values()),
-            hosts=db.host_tables_by_worker(list(tables), [_summary.CPU_METRIC])
-            if _summary.CPU_METRIC in wanted
-            else None,
-        )
+        "summary": _summary.summarize(list(tables.values()), hosts=db.node_tables(list(tables)))
         if has_util
         else pd.DataFrame(),
         "peaks": pd.concat([p for p in peaks if not p.empty]) if any(not p.empty for p in peaks) else pd.DataFrame(),

@@ -30,7 +30,7 @@ from ...sinks.spool import spool_files
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, ReadOptions, empty_frame, widened
 
 logger = logging.getLogger(__name__)
-WORKER_MEASUREMENTS = (*SAMPLE_MEASUREMENTS, schema.TASK, schema.ACTIVITY)  # what a worker's tables read
+WORKER_MEASUREMENTS = (*SAMPLE_MEASUREMENTS, schema.DISK, schema.TASK, schema.ACTIVITY)  # what a worker's points are
 
 SCHEDULER_DIR = "scheduler"
 
