@@ -328,9 +328,10 @@ def deltas(table: pd.DataFrame, column: str) -> tuple[np.ndarray, int]:
     time weights (:func:`weights`): a window longer than :data:`CAP_INTERVALS` regular steps (a gap) counts
     the capped share of its increase; the first reading has no window (NaN).
 
-    >>> t = pd.DataFrame({"timestamp": [0.0, 1.0, 2.0, 3.0, 13.0], "c": [100.0, 150.0, 10.0, 30.0, 130.0]})
-    >>> d, back = deltas(t, "c"); d.tolist(), back  # 150 -> 10 went back; the gap counts 3 of its 10 s
-    ([nan, 50.0, nan, 20.0, 30.0], 1)
+    >>> t = pd.DataFrame({"timestamp": np.append(np.arange(30.0), 59.0), "c": np.append(np.arange(30.0), 59.0) * 10})
+    >>> t.loc[10, "c"] = 5.0  # it went back: that window and the next are known apart
+    >>> d, back = deltas(t, "c"); d[[0, 1, 10, 11, 30]].tolist(), back  # the 30 s gap counts 3 s of its 300
+    ([nan, 10.0, nan, 105.0, 30.0], 1)
     """
     values = table[column].to_numpy(dtype=float)
     seconds = table["timestamp"].to_numpy(dtype=float)
@@ -358,14 +359,15 @@ def _node_rows(table: pd.DataFrame, who: dict, per_job: bool, notes: list) -> li
             continue
         values = table[timed].to_numpy(dtype=float)[:, None]
         time = weights(seconds, values, first=first)
-        increase = {}
+        increase, went_back = {}, []
         for name, column in counters.items():
             increase[name], back = deltas(table, column)
-            if back:
-                notes.append(
-                    f"host {table.attrs.get('host', '?')}: {column} went back {back} time(s) (a reboot, a device "
-                    "or interface gone, a counter wrap): those windows are left out of its totals"
-                )
+            went_back += [f"{column} {back}x"] if back else []
+        if went_back:
+            notes.append(
+                f"host {table.attrs.get('host', '?')}: counters went back (a reboot, a device or interface gone, a "
+                f"wrap): {', '.join(went_back)}; those windows are left out of the {resource} totals"
+            )
         for job, mask in masks:
             row = _row(values[mask], None, time[mask])
             if timed != level:  # counters only: no level to average
