@@ -261,7 +261,7 @@ _FIELDS = (
         float,
         "%",
         "filesystem space in use: used / (used + available to unprivileged users) x 100, as df, psutil "
-        "disk_usage and Telegraf's disk input; read at the host refresh rate",
+        "disk_usage and Telegraf's disk input; read once a second (the host refresh rate when slower)",
     ),
     Field(DISK, "used", int, "bytes", "filesystem space in use (size - free)"),
     Field(DISK, "total", int, "bytes", "filesystem size"),

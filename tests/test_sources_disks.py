@@ -11,7 +11,6 @@ import psutil
 import pytest
 
 from dask_influx_metrics.sampling.collect import HostCollector
-from dask_influx_metrics.sampling.sources import disks
 from dask_influx_metrics.sampling.sources.disks import DiskUsage, mount_point
 from dask_influx_metrics.snapshot import Snapshot
 
@@ -47,20 +46,11 @@ def test_only_the_asked_fields_and_an_unreadable_path_is_said_once(tmp_path, cap
     assert len(warnings) == 1 and "gone" in warnings[0]
 
 
-def test_read_again_after_refresh_or_when_the_paths_change(tmp_path, monkeypatch):
-    calls = []
-    real = disks.usage
-    monkeypatch.setattr(disks, "usage", lambda path: calls.append(path) or real(path))
+def test_due_once_refresh_seconds_have_passed_since_a_read(tmp_path):
     source = DiskUsage(ALL, refresh=0.2)
-    first = source.read([str(tmp_path)])
-    assert source.read([str(tmp_path)]) is first and len(calls) == 1  # repeated within the refresh
-    source.read([str(tmp_path), "/"])
-    changed = len(calls)
-    assert changed == 1 + len({os.stat(p).st_dev for p in (str(tmp_path), "/")})  # new paths: read now
-    assert source.read([str(tmp_path), "/"]) and len(calls) == changed
+    assert source.due() and source.read([str(tmp_path)]) and not source.due()
     time.sleep(0.25)
-    source.read([str(tmp_path), "/"])
-    assert len(calls) > changed
+    assert source.due()
 
 
 class Worker:
@@ -78,7 +68,7 @@ def test_the_collector_writes_one_point_per_filesystem_with_the_host_points_tags
     fields = ALL | {("host", "memory_used_percent"), ("worker", "tasks")}
     from dask_influx_metrics.sampling.sources.host import HostSource
 
-    collector = HostCollector(fields, None, HostSource(fields), DiskUsage(ALL), paths=["/"])
+    collector = HostCollector(fields, None, HostSource(fields), DiskUsage(ALL, refresh=60), paths=["/"])
     points = collector.collect([Worker(1, str(tmp_path)), Worker(2, str(tmp_path))], now_ns=7)
     (host,) = [p for p in points if p.measurement == "host"]
     written = [p for p in points if p.measurement == "disk"]
@@ -86,3 +76,5 @@ def test_the_collector_writes_one_point_per_filesystem_with_the_host_points_tags
     for p in written:
         assert p.time_ns == host.time_ns and {k: v for k, v in p.tags.items() if k != "path"} == host.tags
     assert host.tags["job"] == "1,2" and host.tags["dag"] == "11,12"
+    again = collector.collect([Worker(1, str(tmp_path))], now_ns=8)  # written when read: once per refresh
+    assert [p.measurement for p in again] == ["worker", "host"]

@@ -15,8 +15,8 @@ The rules (README "What a number means"):
   field tracked, or no GPU found) does each worker get its own copy (tagged
   with its own jobs).
 * The ``disk`` readings (space in use on the filesystems the workers write to: each worker's
-  ``local_directory`` and the collector's own ``paths``, each filesystem once) go with the
-  ``host`` point: written once, at its time, with its tags and a ``path`` tag each.
+  ``local_directory`` and the collector's own ``paths``, each filesystem once) are written when
+  they are read (once a second), once, with the ``host`` point's time and tags and a ``path`` tag.
 * **Per-worker** readings (the worker process's CPU and RSS, its tasks, the GPU
   memory its process tree holds and, on a GPU several workers use, its share of
   the GPU's kernel time) carry that worker's own tags.
@@ -82,6 +82,7 @@ class HostCollector:
         # Tags change only with a worker's snapshot (the same object while it is idle): made once per snapshot.
         self._tags: dict = {}  # worker id -> (its snapshot, its tags, {(uuid, index): its gpu points' tags})
         self._union: tuple = ((), None)  # (the snapshots, the host point's job and dag)
+        self._disk_tags: tuple = (None, {})  # (the host point's tags, {path: a disk point's tags})
 
     def _own(self, w) -> tuple:
         snap, cached = w.snapshot(), self._tags.get(w.id)
@@ -105,29 +106,36 @@ class HostCollector:
         shared_ns = sorted(times.values())[len(workers) // 2]  # the host's points: the median offset
         if self.gpus is not None and self._gpu_fields:
             points += self._gpu_points(workers, own, times, final)
-        if self.host is not None or self.disks is not None:
-            points += self._host_points(workers, own, times, shared_ns, each=self._host_each or not points)
-        return points
-
-    def _host_points(self, workers, own, times, shared_ns: int, each: bool) -> list[Point]:
-        """The ``host`` point and the ``disk`` points: once, with the union tags, or (``each``: no worker has
-        rows of its own) the host point on every worker with its own tags, the disk points once."""
-        fields = self.host.read(HOST) if self.host is not None else {}
-        if each and fields:
-            points = [Point(HOST, own[w.id][1], dict(fields), times[w.id]) for w in workers]
-        else:
-            points = [Point(HOST, self._union_tags(workers, own), fields, shared_ns)] if fields else []
-        if self.disks is not None:
-            paths = self.paths + tuple(getattr(w, "local_directory", None) for w in workers)
-            for r in self.disks.read(paths):
-                points.append(Point(DISK, {**self._union_tags(workers, own), **r.tags}, r.fields, shared_ns))
+        if self.host is not None:
+            fields = self.host.read(HOST)
+            if fields and (self._host_each or not points):  # no worker has rows of its own (no GPU found)
+                points += [Point(HOST, own[w.id][1], dict(fields), times[w.id]) for w in workers]
+            elif fields:
+                points.append(Point(HOST, self._union_tags(workers, own), fields, shared_ns))
+        if self.disks is not None and self.disks.due():
+            points += self._disk_points(workers, own, shared_ns)
         return points
 
     def _union_tags(self, workers, own) -> dict:
+        """The host point's tags: the first worker's, with the jobs and DAGs of every worker (made once per change)."""
         snaps = tuple(own[w.id][0] for w in workers)
         if len(snaps) != len(self._union[0]) or any(a is not b for a, b in zip(snaps, self._union[0])):
             self._union = (snaps, {**workers[0].tags, **dict(zip(("job", "dag"), union_tags(workers)))})
         return self._union[1]
+
+    def _disk_points(self, workers, own, shared_ns: int) -> list[Point]:
+        """One ``disk`` point per filesystem of ``paths`` and the workers' ``local_directory``, with the host
+        point's tags and time, when the filesystems are read (once a second: ``disks.due()``)."""
+        union = self._union_tags(workers, own)
+        if self._disk_tags[0] is not union:  # the jobs changed: the disk points' tags once per change
+            self._disk_tags = (union, {})
+        tags = self._disk_tags[1]
+        points = []
+        for r in self.disks.read(self.paths + tuple(getattr(w, "local_directory", None) for w in workers)):
+            path = r.tags["path"]
+            mine = tags.get(path) or tags.setdefault(path, {**union, "path": path})
+            points.append(Point(DISK, mine, r.fields, shared_ns))
+        return points
 
     def _gpu_points(self, workers, own, times, final) -> list[Point]:
         users: dict[str, list] = {}

@@ -45,7 +45,7 @@ import psutil
 from ...reports import Once
 from ...schema import DISK, FIELDS, HOST, WORKER
 from . import procfs as procfs_mod
-from .disks import DiskUsage
+from .disks import REFRESH_S, DiskUsage
 
 logger = logging.getLogger(__name__)
 
@@ -72,14 +72,22 @@ def refresh_seconds(host_refresh_ms: float, polling_interval_ms: float) -> float
 
 def host_sources(settings) -> tuple:
     """``(HostSource, DiskUsage)`` of a sampler's ``host`` and ``disk`` fields (``settings``: a
-    :class:`~...config.Settings`), each None when none is asked for; both read at the host refresh rate."""
+    :class:`~...config.Settings`), each None when none is asked for: the host counters at the host refresh
+    rate, the filesystems at most once a second (:data:`.disks.REFRESH_S`)."""
     refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
     host = frozenset(f for f in settings.fields if f[0] == HOST)
     disk = frozenset(f for f in settings.fields if f[0] == DISK)
     return (
         HostSource(host, refresh=refresh) if host else None,
-        DiskUsage(disk, refresh=refresh) if disk else None,
+        DiskUsage(disk, refresh_seconds(max(settings.host_refresh, 1000 * REFRESH_S), settings.polling_interval))
+        if disk
+        else None,
     )
+
+
+def _psutil_cores() -> list:
+    """The cores' ``[(name, busy, total)]`` from ``psutil.cpu_times(percpu=True)`` (seconds), as :func:`.procfs.per_core`."""
+    return [(i, *_busy_total(t)) for i, t in enumerate(psutil.cpu_times(percpu=True))]
 
 
 def _busy_total(times) -> tuple[float, float]:
@@ -88,25 +96,27 @@ def _busy_total(times) -> tuple[float, float]:
     return total - times.idle - getattr(times, "iowait", 0), total
 
 
-def _core_spread(cores: list, last: dict) -> dict:
-    """The busiest and idlest core's CPU % since ``last`` (``{name: (busy, total)}``) and the online cores,
-    from ``cores`` (``[(name, busy, total)]``); a core not in ``last`` (it came online) is left out.
+def _core_spread(cores: list, last: list | None) -> dict:
+    """The busiest and idlest core's CPU % since ``last`` and the online cores, from ``cores`` (both
+    ``[(name, busy, total)]``: :func:`.procfs.per_core`); none while the online cores changed.
 
-    >>> _core_spread([("cpu0", 110, 200), ("cpu1", 10, 200)], {"cpu0": (10, 100), "cpu1": (10, 100)})
-    {'cpu_percent_core_max': 100.0, 'cpu_percent_core_min': 0.0, 'cpu_count': 2}
+    >>> _core_spread([("cpu0", 110, 200), ("cpu1", 10, 200)], [("cpu0", 10, 100), ("cpu1", 10, 100)])
+    {'cpu_count': 2, 'cpu_percent_core_max': 100.0, 'cpu_percent_core_min': 0.0}
     """
-    shares = []
-    for name, busy, total in cores:
-        before = last.get(name)
-        if before is not None and total > before[1]:
-            d_total = total - before[1]
-            shares.append(min(max(busy - before[0], 0), d_total) / d_total)
-    out: dict = {"cpu_count": len(cores)}
-    if shares:
-        out.update(
-            cpu_percent_core_max=round(100.0 * max(shares), 1), cpu_percent_core_min=round(100.0 * min(shares), 1)
-        )
-    return {k: out[k] for k in ("cpu_percent_core_max", "cpu_percent_core_min", "cpu_count") if k in out}
+    hi, lo = -1.0, 2.0  # shares of the window, 0-1
+    if last is not None and len(last) == len(cores):
+        for (name, busy, total), (was, busy0, total0) in zip(cores, last):
+            if name == was and total > total0:
+                share = (busy - busy0) / (total - total0)
+                hi, lo = max(hi, share), min(lo, share)
+    if hi < 0:
+        return {"cpu_count": len(cores)}
+    hi, lo = min(max(hi, 0.0), 1.0), min(max(lo, 0.0), 1.0)
+    return {
+        "cpu_count": len(cores),
+        "cpu_percent_core_max": round(100.0 * hi, 1),
+        "cpu_percent_core_min": round(100.0 * lo, 1),
+    }
 
 
 class HostSource:
@@ -128,11 +138,11 @@ class HostSource:
         self._groups = {key: tuple(n for n in names if (key[0], n) in fields) for key, names in _GROUPS.items()}
         self._groups = {k: v for k, v in self._groups.items() if v}
         self._once = Once()
-        self._process = process
+        self._last_cores = None  # the cores' [(name, busy, total)] at the previous read
         self._last_cpu = None  # (busy, total) at the previous read
         self._last_percent: dict = {"cpu_percent": 0.0}  # the previous cpu reading
         self._cores = any(n != "cpu_percent" for n in self._groups.get((HOST, "cpu"), ()))  # per-core figures
-        self._last_cores: dict = {}  # core name -> (busy, total) ticks at the previous read
+        self._last_cores = None  # the cores' (names, busy, total) at the previous read
         self._last_proc = None  # (process CPU seconds, monotonic) at the previous read (procfs)
         self._proc = None
         if procfs and procfs_mod.available():
@@ -162,9 +172,9 @@ class HostSource:
             (busy, total), cores = self._proc.cpu_times(self._cores)
         else:
             busy, total = _busy_total(psutil.cpu_times())
-            cores = [(i, *_busy_total(t)) for i, t in enumerate(psutil.cpu_times(percpu=True))] if self._cores else None
+            cores = _psutil_cores() if self._cores else None
         if self._last_cpu is None:  # priming (at start, or on taking over the host): no window yet
-            self._last_cpu, self._last_cores = (busy, total), {c[0]: c[1:] for c in cores or ()}
+            self._last_cpu, self._last_cores = (busy, total), cores
             if cores:
                 self._last_percent = {**self._last_percent, "cpu_count": len(cores)}
             return {}
@@ -176,7 +186,7 @@ class HostSource:
         out = {"cpu_percent": round(100.0 * d_busy / d_total, 1)}
         if cores is not None:
             out.update(_core_spread(cores, self._last_cores))
-            self._last_cores = {c[0]: c[1:] for c in cores}
+            self._last_cores = cores
         self._last_percent = out
         return out
 
