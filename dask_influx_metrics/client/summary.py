@@ -329,7 +329,7 @@ def deltas(table: pd.DataFrame, column: str) -> tuple[np.ndarray, int]:
     the capped share of its increase; the first reading has no window (NaN).
 
     >>> t = pd.DataFrame({"timestamp": np.append(np.arange(30.0), 59.0), "c": np.append(np.arange(30.0), 59.0) * 10})
-    >>> t.loc[10, "c"] = 5.0  # it went back: that window and the next are known apart
+    >>> t.loc[10, "c"] = 5.0  # it went back: that window is left out, the next counts from it
     >>> d, back = deltas(t, "c"); d[[0, 1, 10, 11, 30]].tolist(), back  # the 30 s gap counts 3 s of its 300
     ([nan, 10.0, nan, 105.0, 30.0], 1)
     """

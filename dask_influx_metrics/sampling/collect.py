@@ -82,7 +82,6 @@ class HostCollector:
         # Tags change only with a worker's snapshot (the same object while it is idle): made once per snapshot.
         self._tags: dict = {}  # worker id -> (its snapshot, its tags, {(uuid, index): its gpu points' tags})
         self._union: tuple = ((), None)  # (the snapshots, the host point's job and dag)
-        self._disk_tags: tuple = (None, {})  # (the host point's tags, {path: a disk point's tags})
 
     def _own(self, w) -> tuple:
         snap, cached = w.snapshot(), self._tags.get(w.id)
@@ -127,15 +126,8 @@ class HostCollector:
         """One ``disk`` point per filesystem of ``paths`` and the workers' ``local_directory``, with the host
         point's tags and time, when the filesystems are read (once a second: ``disks.due()``)."""
         union = self._union_tags(workers, own)
-        if self._disk_tags[0] is not union:  # the jobs changed: the disk points' tags once per change
-            self._disk_tags = (union, {})
-        tags = self._disk_tags[1]
-        points = []
-        for r in self.disks.read(self.paths + tuple(getattr(w, "local_directory", None) for w in workers)):
-            path = r.tags["path"]
-            mine = tags.get(path) or tags.setdefault(path, {**union, "path": path})
-            points.append(Point(DISK, mine, r.fields, shared_ns))
-        return points
+        paths = self.paths + tuple(getattr(w, "local_directory", None) for w in workers)
+        return [Point(DISK, {**union, **r.tags}, r.fields, shared_ns) for r in self.disks.read(paths)]
 
     def _gpu_points(self, workers, own, times, final) -> list[Point]:
         users: dict[str, list] = {}

@@ -138,11 +138,11 @@ class HostSource:
         self._groups = {key: tuple(n for n in names if (key[0], n) in fields) for key, names in _GROUPS.items()}
         self._groups = {k: v for k, v in self._groups.items() if v}
         self._once = Once()
-        self._last_cores = None  # the cores' [(name, busy, total)] at the previous read
+        self._process = process
         self._last_cpu = None  # (busy, total) at the previous read
         self._last_percent: dict = {"cpu_percent": 0.0}  # the previous cpu reading
         self._cores = any(n != "cpu_percent" for n in self._groups.get((HOST, "cpu"), ()))  # per-core figures
-        self._last_cores = None  # the cores' (names, busy, total) at the previous read
+        self._last_cores = None  # the cores' [(name, busy, total)] at the previous read
         self._last_proc = None  # (process CPU seconds, monotonic) at the previous read (procfs)
         self._proc = None
         if procfs and procfs_mod.available():
