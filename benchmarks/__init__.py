@@ -21,5 +21,6 @@ MODULES = (
     "hostonce",
     "gpm",
     "hostreads",
+    "sessiontag",
     "hostcost",
 )

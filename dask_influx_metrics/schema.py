@@ -62,8 +62,9 @@ TASK = "task"
 ACTIVITY = "activity"
 DELIVERY = "delivery"
 
+SESSION = "session"  # the tag (or, with session-tag: false, the field) naming the monitoring session
 # Tags on every worker point, in this order.
-COMMON_TAGS = ("host", "worker", "job", "dag")
+COMMON_TAGS = ("host", "worker", "job", "dag", SESSION)
 # Extra tags on per-device points (gpu, and per-device custom metrics).
 DEVICE_TAGS = ("index", "nvml_index", "uuid", "name")
 
@@ -77,6 +78,9 @@ TAGS = {
     "dag": "DAG number(s) of the tasks executing at sample time, ascending and "
     "comma-joined; '0' when the worker is idle (a string field instead with the setting dag-tag: false). "
     "Host points: as job, '0' only when no worker of the host runs a task",
+    SESSION: "the monitoring session's id (made at start(): its UTC start time to the microsecond and 6 random "
+    "hex digits, e.g. 20261121T100000-000001-3fa9c2), on every point of every measurement, so sessions "
+    "sharing one database stay apart (a string field instead with the setting session-tag: false)",
     "index": "device index as the worker sees it (0 = first of CUDA_VISIBLE_DEVICES)",
     "nvml_index": "physical device index as NVML numbers it (the same on every worker of the host)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
@@ -98,12 +102,12 @@ MEASUREMENT_TAGS = {
     DISK: COMMON_TAGS + ("path",),  # a measurement of its own: readers rely on one host series per host
     WORKER: COMMON_TAGS,
     CUSTOM: COMMON_TAGS + DEVICE_TAGS,  # device tags on per-device custom metrics only
-    DAG: ("host", "job"),  # dag and status are fields: one series per job, however many DAGs
+    DAG: ("host", "job", SESSION),  # dag and status are fields: one series per job, however many DAGs
     TASK: COMMON_TAGS + ("prefix", "state"),
     # Dask's digests are per prefix, not per task, so activity points have no dag (see docs/data-contract.md).
-    ACTIVITY: ("host", "worker", "job", "prefix", "activity", "unit"),
+    ACTIVITY: ("host", "worker", "job", SESSION, "prefix", "activity", "unit"),
     # worker = the sending role: a worker address, "scheduler", or the host's sampling agent
-    DELIVERY: ("host", "worker", "sink"),
+    DELIVERY: ("host", "worker", SESSION, "sink"),
 }
 
 _FIELDS = (

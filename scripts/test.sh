@@ -19,13 +19,13 @@ bash scripts/setup.sh
 .venv/bin/ruff check .           # lint (pyproject.toml [tool.ruff])
 .venv/bin/ruff format --check .  # and formatting
 if [ "$#" -gt 0 ]; then
-  exec .venv/bin/python -m pytest -q "$@"
+  exec .venv/bin/python -m pytest -q -rs "$@"
 fi
-.venv/bin/python -m pytest -q
+.venv/bin/python -m pytest -q -rs   # -rs: every skip printed with its reason
 
 OLD=".venv-dask$OLD_DASK"
 [ -x "$OLD/bin/python" ] || python3 -m venv "$OLD"
 "$OLD/bin/python" -m pip install -q --disable-pip-version-check -e ".[report]" pytest nvidia-ml-py \
   "dask[distributed,array]==$OLD_DASK" "distributed==$OLD_DASK"
 "$OLD/bin/python" -c "$VERSIONS"
-exec "$OLD/bin/python" -m pytest -q "${DASK_TESTS[@]}"
+exec "$OLD/bin/python" -m pytest -q -rs "${DASK_TESTS[@]}"

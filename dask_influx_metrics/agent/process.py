@@ -43,7 +43,7 @@ from ..sampling.gpus import gpm_found, open_gpus
 from ..sampling.sampler import Sampler
 from ..sampling.sources.host import host_sources
 from ..sampling.view import WorkerView
-from ..schema import GPU
+from ..schema import GPU, SESSION
 from ..sinks import HEALTH_INTERVAL, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
 from .workers import FolderWorkers
@@ -83,7 +83,7 @@ class Agent:
             self,
             interval=settings.polling_interval / 1000.0,
             name="influx-metrics-agent",
-            field_tags=() if settings.dag_tag else ("dag",),
+            field_tags=settings.field_tags,
         )
         self._left: list[WorkerView] = []
         self._outgoing: list[bytes] = []  # lines of the workers' outboxes, sent with the sample's own
@@ -94,7 +94,7 @@ class Agent:
         self._beat_at = 0.0
         self._health_at, self._health_tags = (
             0.0,
-            {**settings.tags, "host": socket.gethostname(), "worker": agent_role()},
+            {**settings.tags, "host": socket.gethostname(), "worker": agent_role(), SESSION: session},
         )
 
     def _keep(self, event: dict) -> None:
@@ -157,7 +157,7 @@ class Agent:
         now = time.time()
         if now - self._health_at >= HEALTH_INTERVAL:
             self._health_at = now
-            lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9))
+            lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9), self.settings.field_tags)
         self.sink.send(lines)
         self.sink.flush()
         self.workers.sent()

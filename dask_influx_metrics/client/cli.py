@@ -57,6 +57,27 @@ def cli():
 
 @cli.command()
 @format_option
+@store_options
+def sessions(open_store, fmt):
+    """Monitoring sessions in the source, newest first.
+
+    Columns: index (what --session takes: 1 = the latest), session (its
+    id; "unnamed": points written before sessions were tagged), start, end,
+    and how many workers, jobs and hosts wrote points. Job and DAG numbers
+    restart at 1 in each session; every other command reads one session.
+
+    \b
+    Example:
+      dask-influx-metrics sessions --source http://127.0.0.1:8086
+      dask-influx-metrics jobs --session 2 --source http://127.0.0.1:8086
+    """
+    db = open_store()
+    db.session_note = ""  # which one a reading command would read: not this listing's business
+    emit(found(db, db.sessions(), "sessions"), fmt)
+
+
+@cli.command()
+@format_option
 @click.option(
     "--gpus",
     is_flag=True,

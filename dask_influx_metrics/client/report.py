@@ -64,14 +64,16 @@ NODE_HEADING = (
     "the fullest of the workers' filesystems), MiB read, written, sent and received in the windows counted"
 )
 SLOWEST = 10
+TOP_ACTIVITIES = 10  # per job: the activities that took the most time; the rest folded below them
 BUSIEST = 15  # task prefixes per job in "was the GPU busy", most GPU-covered task time first
 STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222}
 h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:2px solid #2ca02c;padding-bottom:.2em;margin-top:2em}
 h3{margin:1.2em 0 .4em}p.scope{color:#555;margin-top:0}p.why{color:#8a6d3b;background:#fcf8e3;padding:.4em .8em}
-table.data{border-collapse:collapse;font-size:.85em;margin:.4em 0}
-table.data th,table.data td{border-bottom:1px solid #ddd;padding:.2em .6em;text-align:right}
-table.data th{background:#f4f4f4}nav a{margin-right:1em}
+table.data{border-collapse:collapse;font-size:.85em;margin:.4em 0;max-width:100%}
+table.data th,table.data td{border-bottom:1px solid #ddd;padding:.2em .6em;text-align:right;overflow-wrap:break-word}
+table.data th{background:#f4f4f4;vertical-align:bottom}nav a{margin-right:1em}
+details{margin:.2em 0 .8em}details summary{cursor:pointer;color:#555}
 """
 
 
@@ -91,9 +93,11 @@ def _table(frame: pd.DataFrame, why: str = "") -> str:
         for c in frame.columns
         if isinstance(frame[c].dtype, pd.DatetimeTZDtype)
     }
-    return frame.assign(**times).to_html(
+    text = frame.assign(**times).to_html(
         index=False, border=0, classes="data", na_rep="-", float_format=lambda v: f"{v:.4g}"
     )
+    head, end, rest = text.partition("</thead>")  # a long column name wraps at its underscores: fits 1400 px
+    return head.replace("_", "_<wbr>") + end + rest
 
 
 def _attempt(fn, *args, **kw):
@@ -283,21 +287,40 @@ def _job(data: dict, job: int, figures: dict) -> str:
             data["prefix_gpu"].attrs.get("why", "no task of this job finished in range"),
         ),
     ]
-    activity = data["activity"]
-    mine = _of_job(activity, job)
-    parts.append("<h3>Where worker time went (Dask fine performance metrics)</h3>")
-    if not mine.empty:
-        seconds = mine[mine["unit"] == "seconds"]
-        if not seconds.empty:
-            figures[f"job{job}-activity"] = figs.bars(seconds, job, "seconds")
-            parts.append(f"{{{{job{job}-activity}}}}")
-    parts.append(_table(mine, data["activity"].attrs.get("why", "no activity recorded for this job")))
+    parts.append(_activity(_of_job(data["activity"], job), job, figures, data["activity"].attrs.get("why")))
     tasks = data["tasks"]
     mine = _of_job(tasks, job).head(SLOWEST)
     parts += [
         f"<h3>Slowest task prefixes (by total execution time, top {SLOWEST})</h3>",
         _table(mine, data["tasks"].attrs.get("why", "no task of this job finished in range")),
     ]
+    return "\n".join(parts)
+
+
+def _activity(mine: pd.DataFrame, job: int, figures: dict, why) -> str:
+    """Where the job's worker time went: the :data:`TOP_ACTIVITIES` that took the most seconds (bars and rows;
+    the rest of the seconds as one more bar, so the bars add up), then the rest folded: smaller ones, and
+    those Dask counts in other units (bytes, counts)."""
+    parts = ["<h3>Where worker time went (Dask fine performance metrics)</h3>"]
+    if mine.empty:
+        return parts[0] + _table(mine, why or "no activity recorded for this job")
+    seconds = mine[mine["unit"] == "seconds"].sort_values("value", ascending=False, kind="stable")
+    top, rest = seconds.head(TOP_ACTIVITIES), seconds.iloc[TOP_ACTIVITIES:]
+    if not top.empty:
+        other = {"prefix": "other", "activity": f"{len(rest)} more", "value": rest["value"].sum()}
+        figures[f"job{job}-activity"] = figs.bars(
+            pd.concat([top, pd.DataFrame([other])]) if len(rest) else top, job, "seconds"
+        )
+        parts.append(f"{{{{job{job}-activity}}}}")
+    others = mine[mine["unit"] != "seconds"]
+    if top.empty:
+        top, others = others.head(TOP_ACTIVITIES), others.iloc[TOP_ACTIVITIES:]
+    parts.append(_table(top))
+    if len(rest) + len(others):
+        parts.append(
+            f"<details><summary>{len(rest) + len(others)} more row(s): {len(rest)} smaller in seconds, "
+            f"{len(others)} in other units (bytes, counts)</summary>{_table(pd.concat([rest, others]))}</details>"
+        )
     return "\n".join(parts)
 
 

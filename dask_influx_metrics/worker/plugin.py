@@ -58,7 +58,7 @@ from ..sampling.gpus import gpm_found, open_gpus
 from ..sampling.sampler import Sampler
 from ..sampling.sources.host import host_sources
 from ..sampling.view import WorkerView
-from ..schema import GPU
+from ..schema import GPU, SESSION
 from ..sinks import HealthWriter, destinations, make_sink
 from . import extras, taskstream
 from .custom import CustomSource
@@ -94,7 +94,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.registry = TaskRegistry(_dask.worker_nthreads(worker), managed_bytes=managed, brief=brief)
         self._reseed()
         self.snapshot = CachedSnapshot(self.registry)
-        self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
+        self.base_tags = {
+            **settings.tags,
+            "host": socket.gethostname(),
+            "worker": worker.address,
+            SESSION: self.session["id"],
+        }
         self.report = Reporter(self._event, worker=worker.address, host=self.base_tags["host"])
         # Dask's clock-offset estimate, steadied: it jumps by tens of ms while tasks hold the GIL
         self.offset = SteadyOffset(functools.partial(_dask.worker_clock_offset, worker))
@@ -156,7 +161,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._make_extras()
             collect = _refreshing(self.snapshot, self.extras.collect) if self.custom else self.extras.collect
             # never started: the link's thread runs it, into the outbox the agent sends
-            self.sampler = Sampler(collect, link.outbox, field_tags=() if self.settings.dag_tag else ("dag",))
+            self.sampler = Sampler(collect, link.outbox, field_tags=self.settings.field_tags)
             link.every(extras.interval(self.settings, self.custom), self.sampler.sample_and_send)
 
     def _publish(self) -> None:
@@ -218,13 +223,15 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self.settings, role=self.worker.address, session=self.session["id"], report=self.report.once
         )
         self.health = HealthWriter(
-            self.sink, {**self.settings.tags, "host": self.base_tags["host"], "worker": self.worker.address}
+            self.sink,
+            {k: self.base_tags[k] for k in (*self.settings.tags, "host", "worker", SESSION)},
+            field_tags=self.settings.field_tags,
         )
         self.sampler = Sampler(
             self._collect_all,
             self.sink,
             settings.polling_interval / 1000.0,
-            field_tags=() if self.settings.dag_tag else ("dag",),
+            field_tags=self.settings.field_tags,
         )
         self.sampler.start()
 
