@@ -92,7 +92,7 @@ def session(tmp_path_factory):
     folder = tmp_path_factory.mktemp("spool")
     cores = psutil.cpu_count()
     with (
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         monitor = Monitor(client, sink="spool", spool_directory=str(folder))
