@@ -20,6 +20,7 @@ MODULES = (
     "taskstream",
     "hostonce",
     "gpm",
+    "hostreads",
     "sessiontag",
     "live",
     "hostcost",

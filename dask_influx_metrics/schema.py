@@ -54,6 +54,7 @@ class Field(NamedTuple):
 # Measurements
 GPU = "gpu"
 HOST = "host"
+DISK = "disk"
 WORKER = "worker"
 CUSTOM = "custom"
 DAG = "dag"
@@ -91,12 +92,14 @@ TAGS = {
     "('thread-cpu', 'thread-noncpu', 'disk-read', custom context_meter labels, ...; never fixed here)",
     "unit": "activity points: the activity's unit as Dask names it ('seconds', 'bytes', 'count')",
     "sink": "delivery points: the sink the counters are of ('udp', 'http' or 'spool')",
+    "path": "disk points: the mount point of a filesystem the host's workers write to (as Telegraf's disk input)",
 }
 
 # The tags each measurement carries, besides the extra ``influx-metrics.tags``.
 MEASUREMENT_TAGS = {
     GPU: COMMON_TAGS + DEVICE_TAGS,
     HOST: COMMON_TAGS,
+    DISK: COMMON_TAGS + ("path",),  # a measurement of its own: readers rely on one host series per host
     WORKER: COMMON_TAGS,
     CUSTOM: COMMON_TAGS + DEVICE_TAGS,  # device tags on per-device custom metrics only
     DAG: ("host", "job", SESSION),  # dag and status are fields: one series per job, however many DAGs
@@ -229,6 +232,9 @@ _FIELDS = (
         "(0 when none ran a kernel); a job's own figures on a shared GPU are the device's scaled by it",
     ),
     Field(HOST, "cpu_percent", float, "%", "whole-host CPU use since the previous sample (all cores = 100)"),
+    Field(HOST, "cpu_percent_core_max", float, "%", "the busiest core's CPU use over that window (one core = 100)"),
+    Field(HOST, "cpu_percent_core_min", float, "%", "the idlest core's CPU use over that window (one core = 100)"),
+    Field(HOST, "cpu_count", int, "count", "logical CPUs online: the cores the per-core figures cover"),
     Field(HOST, "memory_used", int, "bytes", "host memory in use (psutil virtual_memory.used)"),
     Field(HOST, "memory_total", int, "bytes", "host memory capacity"),
     Field(HOST, "memory_used_percent", float, "%", "host memory in use, percent"),
@@ -236,6 +242,15 @@ _FIELDS = (
     Field(HOST, "disk_write_bytes", int, "bytes", "cumulative bytes written to all disks (counter)"),
     Field(HOST, "net_recv_bytes", int, "bytes", "cumulative bytes received on all interfaces (counter)"),
     Field(HOST, "net_sent_bytes", int, "bytes", "cumulative bytes sent on all interfaces (counter)"),
+    Field(HOST, "net_recv_lo_bytes", int, "bytes", "cumulative bytes received on loopback interfaces (counter)"),
+    Field(HOST, "net_sent_lo_bytes", int, "bytes", "cumulative bytes sent on loopback interfaces (counter)"),
+    Field(HOST, "net_recv_ext_bytes", int, "bytes", "cumulative bytes received on the other interfaces (counter)"),
+    Field(HOST, "net_sent_ext_bytes", int, "bytes", "cumulative bytes sent on the other interfaces (counter)"),
+    Field(
+        DISK, "used_percent", float, "%", "space in use, once a second: used / (used + free to non-root) x 100 (psutil)"
+    ),
+    Field(DISK, "used", int, "bytes", "filesystem space in use (size - free)"),
+    Field(DISK, "total", int, "bytes", "filesystem size"),
     Field(WORKER, "tasks", int, "count", "tasks executing (including seceded) at sample time"),
     Field(WORKER, "running", str, "JSON", "JSON list of the executing task keys (tuples become lists)"),
     Field(WORKER, "cpu_percent", float, "%", "worker process CPU since the previous sample (one core = 100)"),
@@ -384,7 +399,9 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "host-cpu": ((HOST, "cpu_percent"),),
     "host-mem": ((HOST, "memory_used"), (HOST, "memory_used_percent")),
     "disk-io": ((HOST, "disk_read_bytes"), (HOST, "disk_write_bytes")),
-    "net-io": ((HOST, "net_recv_bytes"), (HOST, "net_sent_bytes")),
+    "net-io": tuple((HOST, f"net_{d}{k}_bytes") for k in ("", "_lo", "_ext") for d in ("recv", "sent")),
+    "cpu-cores": ((HOST, "cpu_percent_core_max"), (HOST, "cpu_percent_core_min"), (HOST, "cpu_count")),
+    "disk-usage": ((DISK, "used_percent"), (DISK, "used"), (DISK, "total")),
     "worker-cpu": ((WORKER, "cpu_percent"),),
     "worker-mem": ((WORKER, "rss"), (WORKER, "managed_bytes")),
     "worker-gpu-mem": ((GPU, "worker_memory_used"),),
@@ -400,24 +417,10 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "gpm": tuple(
         (GPU, f)
         for f in (
-            "gr_engine_active",
-            "sm_active",
-            "sm_occupancy",
-            "pipe_tensor_active",
-            "pipe_tensor_hmma_active",
-            "pipe_tensor_imma_active",
-            "pipe_tensor_dfma_active",
-            "pipe_tensor_dmma_active",
-            "dram_active",
-            "pipe_fp64_active",
-            "pipe_fp32_active",
-            "pipe_fp16_active",
-            "pipe_int_active",
-            "pcie_tx_bytes",
-            "pcie_rx_bytes",
-            "nvlink_tx_bytes",
-            "nvlink_rx_bytes",
-        )
+            "gr_engine_active sm_active sm_occupancy pipe_tensor_active pipe_tensor_hmma_active pipe_tensor_imma_active "
+            "pipe_tensor_dfma_active pipe_tensor_dmma_active dram_active pipe_fp64_active pipe_fp32_active "
+            "pipe_fp16_active pipe_int_active pcie_tx_bytes pcie_rx_bytes nvlink_tx_bytes nvlink_rx_bytes"
+        ).split()
     ),
     "worker-gpu-util": (
         (GPU, "worker_utilization_gpu"),

@@ -228,3 +228,23 @@ def test_timelines_start_at_0_and_equal_lines_differ():
     assert len(dashes) == 2 and dashes[0] != dashes[1]
     mem = reportfigs.timeline(tables, data, 1, "total-mem", "GPU memory used (GiB)")
     assert mem.y_range.start == 0 and math.isnan(mem.y_range.end)  # the top follows the data
+
+
+def test_one_node_table_per_node_for_the_session_and_each_job(tmp_path):
+    """Issue 47: each node's cpu (with the core spread), memory, disk and network; bytes in MiB
+    (tests/node_points.py: node-a runs jobs 1 and 2, node-b job 2)."""
+    import node_points as NP
+
+    from dask_influx_metrics.client import report
+
+    with query.connect(NP.write_spool(tmp_path / "nodes")) as db:
+        text = open(db.report(tmp_path / "r.html"), encoding="utf-8").read()
+        tables = report.node_tables(db.summary(), 1)
+    assert text.count("<h4>node node-a</h4>") == 3 and text.count("<h4>node node-b</h4>") == 2
+    job2 = text.split('id="job-2"')[1]
+    assert "Node resources while the job ran" in job2 and job2.index("node node-a") < job2.index("node node-b")
+    (a,) = tables.values()
+    assert list(tables) == ["node-a"] and list(a["resource"]) == ["cpu", "disk", "memory", "network"]
+    cpu, disk = a.iloc[0], a.iloc[1]
+    assert (cpu["core_max"], cpu["mean"], cpu["devices"], disk["max"]) == (100, 50, 2, 70)
+    assert (disk["read_MiB"], disk["write_MiB"], a.iloc[3]["lo_sent_MiB"]) == (10, 20, 30)

@@ -43,9 +43,9 @@ from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
 from ..sampling.live import LIVE_S, LiveFigures
 from ..sampling.sampler import Sampler
-from ..sampling.sources.host import HostSource, refresh_seconds
+from ..sampling.sources.host import host_sources
 from ..sampling.view import WorkerView
-from ..schema import GPU, HOST, SESSION
+from ..schema import GPU, SESSION
 from ..sinks import HEALTH_INTERVAL, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
 from .workers import FolderWorkers
@@ -73,10 +73,9 @@ class Agent:
         self.report = Reporter(self._keep)
         self.previous = self._predecessor()  # counters of an agent that died before this one
         self.gpus, self.gpu_state, self.gpu_why = open_gpus(settings, report=self.report.once)
-        host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
-        refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
-        self.host = HostSource(host_fields, refresh=refresh) if host_fields else None
-        self.collector = HostCollector(settings.fields, self.gpus, self.host)
+        host, disks = host_sources(settings)
+        # the run folder's filesystem too (/dev/shm: the snapshots, outboxes), beside the workers' own
+        self.collector = HostCollector(settings.fields, self.gpus, host, disks, paths=(folder,))
         self.workers = FolderWorkers(folder, self._view)
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
         self.figures, self._figured = LiveFigures(), -LIVE_S  # the beat's ``live``: each worker's latest figures

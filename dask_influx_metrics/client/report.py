@@ -7,7 +7,8 @@ GPU-hours, each physical GPU counted once), then per
 job its DAGs, GPU utilization and memory timelines per worker and GPU with the job's busy
 intervals shaded, peaks, utilization summary per worker, GPU use per DAG, the activity
 breakdown (Dask's fine performance metrics) and the slowest task prefixes. "Was the GPU busy": per
-job and DAG, then per task prefix. A section without
+job and DAG, then per task prefix; and one table per node of its CPU (with the
+spread across cores), memory, disk and network, for the session and each job. A section without
 data says why. Figures: :mod:`.reportfigs`; the numbers: :mod:`.summary`, :mod:`.peaks`, :mod:`.tasks`.
 """
 
@@ -40,6 +41,28 @@ SUMMARY_COLUMNS = [
     "unused_device_hours",
     "held_idle_device_hours",
 ]
+# The node tables (one per node): its cpu, memory, disk and network rows; bytes shown in MiB.
+NODE_RESOURCES = ("cpu", "memory", "disk", "network")
+NODE_COLUMNS = [
+    "resource",
+    "samples",
+    "hours",
+    "mean",
+    "max",
+    "above_80",
+    "core_max",
+    "core_min",
+    "devices",
+    "device_hours",
+    "unused_device_hours",
+    *_summary.COUNTERS["disk"],
+    *_summary.COUNTERS["network"],
+]
+NODE_HEADING = (
+    "one table per node; % of the node (cpu: mean over all cores = 100, core_max / core_min: the highest "
+    "reading of the busiest / idlest core, % of one core; devices: cores, device_hours: CPU core-hours; disk: "
+    "the fullest of the workers' filesystems), MiB read, written, sent and received in the windows counted"
+)
 SLOWEST = 10
 TOP_ACTIVITIES = 10  # per job: the activities that took the most time; the rest folded below them
 BUSIEST = 15  # task prefixes per job in "was the GPU busy", most GPU-covered task time first
@@ -104,12 +127,7 @@ def collect(db) -> dict:
         "dags": db.dags(),
         "gpus": _attempt(db.gpus) if "gpu" in db.fields() else pd.DataFrame(),
         "tables": tables,
-        "summary": _summary.summarize(
-            list(tables.values()),
-            hosts=db.host_tables_by_worker(list(tables), [_summary.CPU_METRIC])
-            if _summary.CPU_METRIC in wanted
-            else None,
-        )
+        "summary": _summary.summarize(list(tables.values()), hosts=db.node_tables(list(tables)))
         if has_util
         else pd.DataFrame(),
         "peaks": pd.concat([p for p in peaks if not p.empty]) if any(not p.empty for p in peaks) else pd.DataFrame(),
@@ -181,8 +199,32 @@ def _overview(data: dict) -> str:
     parts.append("<h3>Workers</h3>" + _table(pd.DataFrame(list(data["workers"].items()), columns=["index", "address"])))
     if not data["gpus"].empty:
         parts.append("<h3>GPUs</h3>" + _table(data["gpus"]))
+    parts.append(f"<h3>Nodes ({NODE_HEADING})</h3>" + _nodes(data["summary"], None))
     parts += [_why("note: " + n) for n in data["notes"]]
     return "\n".join(parts)
+
+
+def node_tables(summary: pd.DataFrame, job) -> dict[str, pd.DataFrame]:
+    """``{node: table}``: the node rows of ``job`` (None: the whole session), one row per resource, the
+    columns with a figure, bytes in MiB (every worker of a node holds its node's rows: the first's are shown)."""
+    if summary.empty or "host" not in summary:
+        return {}
+    rows = summary[summary["resource"].isin(NODE_RESOURCES) & summary["host"].notna()]
+    rows = rows[rows["job"].isna() if job is None else rows["job"] == job]
+    out = {}
+    for host, part in rows.groupby("host", sort=True):
+        part = part[part["worker"] == part["worker"].iloc[0]][NODE_COLUMNS].dropna(axis=1, how="all")
+        counted = [c for c in part.columns if c.endswith("_bytes")]
+        part = part.assign(**{c: part[c] / MIB for c in counted}).rename(columns={c: c[:-6] + "_MiB" for c in counted})
+        out[host] = part
+    return out
+
+
+def _nodes(summary: pd.DataFrame, job) -> str:
+    tables = node_tables(summary, job)
+    if not tables:
+        return _why(not_recorded("host readings", ["host-cpu", "host-mem", "disk-io"], "none counted for this job"))
+    return "\n".join(f"<h4>node {_text(host)}</h4>" + _table(table) for host, table in tables.items())
 
 
 def _peaks(frame: pd.DataFrame, job: int) -> pd.DataFrame:
@@ -229,7 +271,11 @@ def _job(data: dict, job: int, figures: dict) -> str:
         _table(_peaks(data["peaks"], job), NO_GPU),
         "<h3>Utilization while the job ran (per worker: its own view of each GPU it uses; worker '-': all "
         "workers, each physical GPU once)</h3>",
-        _table(mine[SUMMARY_COLUMNS] if not mine.empty else mine, NO_UTILIZATION),
+        _table(
+            mine.loc[mine["resource"].isin(["gpu", "cpu"]), SUMMARY_COLUMNS] if not mine.empty else mine, NO_UTILIZATION
+        ),
+        f"<h3>Node resources while the job ran ({NODE_HEADING})</h3>",
+        _nodes(summary, job),
         "<h3>Was the GPU busy? Utilization, and where collected SM active, SM occupancy, tensor and DRAM activity, "
         "during its tasks (job, then each DAG): the job's own (on a shared GPU, scaled by its workers' share of "
         "the GPU's kernel time, worker_gpu_share), and the whole device's (device_: every process on it)</h3>",

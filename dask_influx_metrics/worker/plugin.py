@@ -57,9 +57,9 @@ from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
 from ..sampling.live import LIVE_S, LiveFigures
 from ..sampling.sampler import Sampler
-from ..sampling.sources.host import HostSource, refresh_seconds
+from ..sampling.sources.host import host_sources
 from ..sampling.view import WorkerView
-from ..schema import GPU, HOST, SESSION
+from ..schema import GPU, SESSION
 from ..sinks import HealthWriter, destinations, make_sink
 from . import extras, heartbeat, taskstream
 from .custom import CustomSource
@@ -147,6 +147,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             "settings": public(self.settings),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "nthreads": self.registry.nthreads,
+            "local_directory": self.worker.local_directory,  # its spill folder is inside: the agent reads its disk
         }
         try:
             link = await _off_loop(AgentLink, config, info, self.registry.snapshot(), self.report)
@@ -223,6 +224,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             "pid": os.getpid(),
             "tags": self.base_tags,
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "local_directory": self.worker.local_directory,
         }
         self.view = WorkerView("self", info, self.snapshot, settings.fields, offset=self.offset)
         found = {"gpu": state.value, "devices": [], "why": why}
@@ -233,10 +235,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 found.update(gpu="error", why=f"{type(e).__name__}: {e}")
             if gpm := gpm_found(self.gpus, self.view.uuids, self.report.once):
                 found["gpm"] = gpm
-        host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
-        refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
-        host = HostSource(host_fields, refresh=refresh) if host_fields else None
-        self.collector = HostCollector(settings.fields, self.gpus, host)
+        self.collector = HostCollector(settings.fields, self.gpus, *host_sources(settings))
         self.figures, self._figured = LiveFigures(), -LIVE_S
         self._record_destinations(self.worker.address, found)
         self._make_extras()

@@ -32,7 +32,7 @@ from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryErr
 from .sessions import SESSION
 
 logger = logging.getLogger(__name__)
-WORKER_MEASUREMENTS = (*SAMPLE_MEASUREMENTS, schema.TASK, schema.ACTIVITY)  # what a worker's tables read
+WORKER_MEASUREMENTS = (*SAMPLE_MEASUREMENTS, schema.DISK, schema.TASK, schema.ACTIVITY)  # what a worker's points are
 
 SCHEDULER_DIR = "scheduler"
 

@@ -422,21 +422,21 @@ class Store(TaskQuestions, HostQuestions):
         return _peaks.to_lists(tidy, per_job, [i for i, _ in chosen])
 
     def summary(self, per_job: bool = True, workers=None, job: Optional[int] = None) -> pd.DataFrame:
-        """GPU and host-CPU utilization per worker (and per job): see :mod:`dask_influx_metrics.client.summary`;
-        the host CPU rows of a worker are its host's (:meth:`host_tables`). With ``job``: that job's rows only
-        (``per_job`` then does not matter)."""
-        names = [n for n in (_summary.GPU_METRIC, _summary.CPU_METRIC, *_summary.MEMORY_METRICS) if n in self.metrics()]
-        if not {_summary.GPU_METRIC, _summary.CPU_METRIC} & set(names):
-            raise ValueError(f"a summary needs compute-util or host-cpu; present: {self.metrics()}")
-        tables = self.worker_tables(
-            job=job, metrics=[n for n in names if n != _summary.CPU_METRIC] or names, workers=workers
-        )
-        hosts = (
-            self.host_tables_by_worker(list(tables), [_summary.CPU_METRIC], job)
-            if _summary.CPU_METRIC in names
-            else None
-        )
+        """GPU utilization per worker and its node's CPU, memory, disk and network (and per job): see
+        :mod:`dask_influx_metrics.client.summary`; the node rows of a worker are its host's (:meth:`node_tables`).
+        With ``job``: that job's rows only (``per_job`` then does not matter)."""
+        present = self.metrics()
+        names = [n for n in (_summary.GPU_METRIC, *_summary.MEMORY_METRICS) if n in present]
+        nodes = [n for n in _summary.HOST_METRICS if n in present]
+        if _summary.GPU_METRIC not in names and not nodes:
+            raise ValueError(
+                f"a summary needs compute-util or a host metric (host-cpu, host-mem, ...); present: {present}"
+            )
+        tables = self.worker_tables(job=job, metrics=names or nodes[:1], workers=workers)
+        hosts = self.node_tables(list(tables)) if nodes else None
         frame = _summary.summarize(list(tables.values()), per_job=per_job or job is not None, hosts=hosts)
+        for note in frame.attrs.get("notes", []):
+            self.skip_note(note)
         return frame if job is None else frame[frame["job"] == job].reset_index(drop=True)
 
     def to_csv(
