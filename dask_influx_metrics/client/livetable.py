@@ -9,8 +9,9 @@ Example
 from __future__ import annotations
 
 import html
+import time
 
-from ..names import DASHBOARD_PAGE
+from ..names import DASHBOARD_PAGE, JOBS_PLUGIN
 from ..scheduler.dashboard import JOB_COLUMNS, html_table
 from ..scheduler.livestate import formatted
 
@@ -21,11 +22,21 @@ def page_link(dashboard_link: str | None) -> str | None:
     return f"{base}{DASHBOARD_PAGE}" if base and last == "status" else None
 
 
-def to_html(client, on_scheduler) -> str:
-    """The view of ``client``'s cluster; ``on_scheduler(action="live")`` runs there (``Monitor``'s). Never
-    raises: a display must not fail."""
+def on_scheduler(dask_scheduler=None) -> dict | None:
+    """Runs on the scheduler (``run_on_scheduler``): the session and each job's figures now; None when no
+    monitor is attached."""
+    plugin = dask_scheduler.plugins.get(JOBS_PLUGIN)
+    if plugin is None:
+        return None
+    session = plugin.session or plugin.last_session
+    rows = plugin.live.jobs(time.time(), plugin.book) if plugin.live is not None else []
+    return {"session": session and session["id"], "running": plugin.session is not None, "jobs": rows}
+
+
+def to_html(client) -> str:
+    """The view of ``client``'s cluster. Never raises: a display must not fail."""
     try:
-        state = client.run_on_scheduler(on_scheduler, action="live")
+        state = client.run_on_scheduler(on_scheduler)
     except Exception as e:  # a closed client
         return f"<p><b>Monitor</b>: cannot reach the scheduler ({html.escape(type(e).__name__)})</p>"
     try:

@@ -22,7 +22,6 @@ import datetime as _dt
 import logging
 import os
 import shutil
-import time
 
 from .. import _dask
 from ..config import SETTINGS, Settings, overrides_from_kwargs
@@ -45,10 +44,6 @@ async def _on_scheduler(dask_scheduler=None, action="state"):
         return None
     if action == "clear":
         return plugin.clear()
-    if action == "live":
-        session = plugin.session or plugin.last_session
-        rows = plugin.live.jobs(time.time(), plugin.book) if plugin.live is not None else []
-        return {"session": session and session["id"], "running": plugin.session is not None, "jobs": rows}
     if action == "detach":
         await plugin.close()
         dask_scheduler.remove_plugin(name=JOBS_PLUGIN)
@@ -459,22 +454,18 @@ class Monitor:
 
     # --- live ------------------------------------------------------------
     def live(self) -> list[dict]:
-        """Each job's figures now, as the scheduler's dashboard page shows them (its "GPU Jobs" page):
-        ``job``, ``label``, ``util`` and ``sm`` (its own %, summed over its GPUs), ``mem`` (MiB its workers'
-        processes hold), ``gpus``, ``busy_s`` and ``energy_j`` (accounting so far), ``dags`` (running);
-        None where a figure cannot be known now. From the workers' latest heartbeats.
+        """Each job's figures now, as the dashboard's GPU Jobs page shows them (``job``, ``label``, ``util``,
+        ``sm``, ``mem``, ``gpus``, ``busy_s``, ``energy_j``, ``dags``; None: not known): docs/dashboard.md."""
+        from .livetable import on_scheduler
 
-        >>> monitor.live()[0]["util"]  # doctest: +SKIP
-        182.0
-        """
-        state = self.client.run_on_scheduler(_on_scheduler, action="live")
+        state = self.client.run_on_scheduler(on_scheduler)
         return state["jobs"] if state else []
 
     def _repr_html_(self) -> str:
         """A notebook's view: the live per-job table and a link to the dashboard page."""
         from .livetable import to_html
 
-        return to_html(self.client, _on_scheduler)
+        return to_html(self.client)
 
     # --- introspection ---------------------------------------------------
     def jobs(self) -> dict:
