@@ -238,6 +238,41 @@ SETTINGS: tuple[Setting, ...] = (
         "host counters are read on the samples nearest to every this many ms; samples in between "
         "repeat the last host reading (at most the polling interval: every sample)",
     ),
+    Setting(
+        "accounting.interval",
+        "accounting_interval",
+        10,
+        parsers.seconds,
+        "s",
+        "the per-job accounting totals (tracking name accounting) are written this often, at a job's end on "
+        "the host and at the session's end, each point carrying the totals so far",
+    ),
+    Setting(
+        "accounting.retention",
+        "accounting_retention",
+        300,
+        parsers.seconds,
+        "s",
+        "a job's accounting rows stay (rewritten at every interval, and on the Prometheus endpoint) this long "
+        "after it last ran on the host; then they are dropped (its totals are in the points written)",
+    ),
+    Setting(
+        "prometheus.port",
+        "prometheus_port",
+        None,
+        parsers.optional_port,
+        "",
+        "the host's sampling agent serves /metrics (Prometheus text format: per-job counters, per-GPU and "
+        "per-worker gauges) on this TCP port; null = off. Needs prometheus_client (the prometheus extra)",
+    ),
+    Setting(
+        "prometheus.address",
+        "prometheus_address",
+        "0.0.0.0",
+        parsers.text,
+        "",
+        "the address the /metrics endpoint binds (0.0.0.0: every interface; 127.0.0.1: this machine only)",
+    ),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}

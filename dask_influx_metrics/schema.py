@@ -60,6 +60,8 @@ DAG = "dag"
 TASK = "task"
 ACTIVITY = "activity"
 DELIVERY = "delivery"
+ACCOUNTING = "accounting"
+IDLE_JOB = "idle"  # the job tag of an accounting point's idle row: no job's
 
 # Tags on every worker point, in this order.
 COMMON_TAGS = ("host", "worker", "job", "dag")
@@ -87,6 +89,8 @@ TAGS = {
     "('thread-cpu', 'thread-noncpu', 'disk-read', custom context_meter labels, ...; never fixed here)",
     "unit": "activity points: the activity's unit as Dask names it ('seconds', 'bytes', 'count')",
     "sink": "delivery points: the sink the counters are of ('udp', 'http' or 'spool')",
+    "since": "accounting points: when the row's counting began (Unix ns): a replaced agent, or a job that runs "
+    "again after its rows were dropped, starts a new row from 0; readers add the rows of one job up",
 }
 
 # The tags each measurement carries, besides the extra ``influx-metrics.tags``.
@@ -101,6 +105,9 @@ MEASUREMENT_TAGS = {
     ACTIVITY: ("host", "worker", "job", "prefix", "activity", "unit"),
     # worker = the sending role: a worker address, "scheduler", or the host's sampling agent
     DELIVERY: ("host", "worker", "sink"),
+    # worker = the sender (the host's agent; a worker address in thread mode); job = a number or "idle";
+    # uuid = the GPU (absent on a job's CPU row). Never dag, task or key: series = rows (docs/attribution.md).
+    ACCOUNTING: ("host", "worker", "job", "uuid", "since"),
 }
 
 _FIELDS = (
@@ -321,9 +328,64 @@ _FIELDS = (
         "count",
         "failed sends: UDP socket errors, failed HTTP requests (unreachable, 5xx, auth)",
     ),
+    # accounting: per (host, GPU, job) totals since ``since``, cumulative and monotonic (docs/attribution.md)
+    Field(
+        ACCOUNTING,
+        "gpu_seconds",
+        float,
+        "s",
+        "time the job had tasks executing on a worker using the GPU (idle row: time no job had)",
+    ),
+    Field(
+        ACCOUNTING,
+        "busy_seconds",
+        float,
+        "s",
+        "the job's own utilization_gpu / 100 x each sample's window, summed (own: the device's x the job's share "
+        "of a shared GPU's kernel time); idle row: kernel time no job is charged",
+    ),
+    Field(ACCOUNTING, "sm_active_seconds", float, "s", "the job's own sm_active / 100 x window, summed (GPM only)"),
+    Field(
+        ACCOUNTING,
+        "tensor_active_seconds",
+        float,
+        "s",
+        "the job's own pipe_tensor_active / 100 x window, summed (GPM only)",
+    ),
+    Field(
+        ACCOUNTING,
+        "energy_joules",
+        float,
+        "J",
+        "the GPU's energy-counter delta split by the job's share of each window's power x time; jobs and the idle "
+        "row add up to the counter's delta",
+    ),
+    Field(
+        ACCOUNTING,
+        "memory_peak_bytes",
+        float,
+        "bytes",
+        "most GPU memory the process trees of the workers running the job held on the GPU at a sample",
+    ),
+    Field(
+        ACCOUNTING,
+        "memory_byte_seconds",
+        float,
+        "bytes x s",
+        "that memory x window, summed: its time-average is memory_byte_seconds / gpu_seconds",
+    ),
+    Field(
+        ACCOUNTING,
+        "cpu_seconds",
+        float,
+        "s",
+        "the job's CPU row (no uuid): CPU time of the host's worker processes while they ran its tasks "
+        "(idle row: while they ran none)",
+    ),
 )
 FIELDS: dict[tuple[str, str], Field] = {(f.measurement, f.name): f for f in _FIELDS}
 DELIVERY_FIELDS = tuple(f.name for f in _FIELDS if f.measurement == DELIVERY)
+ACCOUNTING_FIELDS = tuple(f.name for f in _FIELDS if f.measurement == ACCOUNTING)
 
 
 def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
@@ -424,6 +486,16 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
         (TASK, n) for n in ("key", "start", "duration", "compute", "transfer", "disk_read", "disk_write", "nbytes")
     ),
     "fine-metrics": ((ACTIVITY, "value"), (ACTIVITY, "jobs")),
+    # the agent's per-job totals (docs/attribution.md), and the readings they are made of
+    "accounting": (
+        *((ACCOUNTING, f.name) for f in _FIELDS if f.measurement == ACCOUNTING),
+        (GPU, "utilization_gpu"),
+        (GPU, "power_draw"),
+        (GPU, "total_energy_consumption"),
+        (GPU, "worker_memory_used"),
+        (GPU, "worker_gpu_share"),
+        (WORKER, "cpu_percent"),
+    ),
 }
 # The gpu fields that say how busy the GPU's compute was. On a GPU several workers (or other processes)
 # share, a job's own figure is the device's scaled by its worker's ``worker_gpu_share``

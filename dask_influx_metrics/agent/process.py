@@ -38,6 +38,7 @@ from .. import runfolder
 from ..config import Settings, public
 from ..names import GpuState, agent_role
 from ..reports import Reporter
+from ..sampling import accounting
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
 from ..sampling.sampler import Sampler
@@ -46,6 +47,7 @@ from ..sampling.view import WorkerView
 from ..schema import GPU, HOST
 from ..sinks import HEALTH_INTERVAL, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
+from . import prometheus
 from .workers import FolderWorkers
 
 logger = logging.getLogger(__name__)
@@ -74,7 +76,10 @@ class Agent:
         host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
         refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
         self.host = HostSource(host_fields, refresh=refresh) if host_fields else None
-        self.collector = HostCollector(settings.fields, self.gpus, self.host)
+        tags = {"host": socket.gethostname(), "worker": agent_role()}
+        self.accounting = accounting.from_settings(settings, tags, report=self.report.once, serve=True)
+        self.collector = HostCollector(settings.fields, self.gpus, self.host, self.accounting)
+        self.endpoint = prometheus.serve(settings, self.accounting, tags["host"], self.report.once)
         self.workers = FolderWorkers(folder, self._view)
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
         self.sink = make_sink(settings, role=agent_role(), session=session, report=self.report.once)
@@ -250,6 +255,10 @@ class Agent:
     def close(self, remove: bool) -> None:
         """Last sample's lines out, sink closed; the run folder removed when ``remove``."""
         self.sampler.stop()
+        if self.accounting is not None:  # the last totals: no later point carries them
+            accounting.repeat(self.accounting.close(), self.send)
+        if self.endpoint is not None:
+            self.endpoint.close()
         self._health_at = 0.0
         while True:  # what the outboxes still hold (a backlog in parts, paced), and the last delivery counts
             self._outgoing = self.workers.outgoing()

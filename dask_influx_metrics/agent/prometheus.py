@@ -1,0 +1,252 @@
+"""``/metrics`` for Prometheus, served by the host's sampling agent (setting ``prometheus.port``).
+
+One process serves (the agent): a custom ``prometheus_client`` collector (:class:`AccountingCollector`)
+reads the agent's :class:`~..sampling.accounting.Accounting` at each scrape, so there is no multiprocess
+mode, no per-sample work for the endpoint and nothing in the workers. Names follow Prometheus' naming
+practices: base units (seconds, bytes, joules, watts), ``_total`` counters, ratios 0-1. Labels are bounded:
+``host``, ``uuid`` and ``gpu`` (NVML's index) of a GPU, ``worker`` (address) and ``job``; never a DAG,
+task or key. A job's series leave ``accounting.retention`` (300 s) after it last ran on the host. The
+table of metrics and the series count are in docs/attribution.md ("Prometheus").
+
+``prometheus_client`` is imported only when the port is set (extra ``prometheus``); a missing package or
+a port in use is said once, by name, and sampling goes on without the endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import NamedTuple
+
+from ..schema import IDLE_JOB
+
+logger = logging.getLogger(__name__)
+MIB = 2.0**20
+
+
+class Family(NamedTuple):
+    """One metric family: its name, type, help, and where its value comes from."""
+
+    name: str
+    kind: str  # "counter" or "gauge"
+    help: str
+    source: str  # an accounting field, a gpu field, or a per-worker gpu field
+    scale: float = 1.0
+
+
+# Per job and GPU (labels host, uuid, gpu, job; job "idle": no job's): the accounting rows
+JOB_GPU = (
+    Family(
+        "dask_job_gpu_seconds", "counter", "Time the job had tasks executing on a worker using the GPU", "gpu_seconds"
+    ),
+    Family(
+        "dask_job_gpu_busy_seconds",
+        "counter",
+        "The job's own kernel time: utilization x time, on a shared GPU x the job's share",
+        "busy_seconds",
+    ),
+    Family("dask_job_gpu_sm_active_seconds", "counter", "The job's own SM-active time (GPM)", "sm_active_seconds"),
+    Family(
+        "dask_job_gpu_tensor_active_seconds", "counter", "The job's own tensor-pipe time (GPM)", "tensor_active_seconds"
+    ),
+    Family(
+        "dask_job_gpu_energy_joules",
+        "counter",
+        "The job's part of the GPU's energy counter (jobs and idle add up to the device's)",
+        "energy_joules",
+    ),
+    Family(
+        "dask_job_gpu_memory_peak_bytes",
+        "gauge",
+        "Most GPU memory the job's workers' process trees held on the GPU while it ran",
+        "memory_peak_bytes",
+    ),
+)
+MEAN_MEMORY = Family(
+    "dask_job_gpu_memory_mean_bytes",
+    "gauge",
+    "Time-averaged GPU memory the job's workers' process trees held on the GPU while it ran",
+    "memory_byte_seconds",
+)
+JOB_NOW = Family(
+    "dask_job_gpu_utilization_ratio",
+    "gauge",
+    "The job's own share of the GPU's latest utilization reading (0-1)",
+    "utilization_gpu",
+    0.01,
+)
+JOB_CPU = Family(
+    "dask_job_cpu_seconds",
+    "counter",
+    "CPU time of the host's worker processes while they ran the job's tasks",
+    "cpu_seconds",
+)
+# Per GPU (labels host, uuid, gpu): the latest reading, and the device's totals
+GPU = (
+    Family(
+        "dask_gpu_utilization_ratio",
+        "gauge",
+        "Time a kernel ran over NVML's last period (0-1)",
+        "utilization_gpu",
+        0.01,
+    ),
+    Family("dask_gpu_sm_active_ratio", "gauge", "GPM: SM-active share of the last window (0-1)", "sm_active", 0.01),
+    Family(
+        "dask_gpu_tensor_active_ratio",
+        "gauge",
+        "GPM: tensor-pipe share of the last window (0-1)",
+        "pipe_tensor_active",
+        0.01,
+    ),
+    Family("dask_gpu_memory_used_bytes", "gauge", "Device memory in use", "memory_used", MIB),
+    Family("dask_gpu_memory_total_bytes", "gauge", "Device memory capacity", "memory_total", MIB),
+    Family("dask_gpu_power_watts", "gauge", "Board power draw", "power_draw"),
+    Family("dask_gpu_temperature_celsius", "gauge", "GPU core temperature", "temperature_gpu"),
+)
+GPU_TOTALS = (
+    Family(
+        "dask_gpu_busy_seconds", "counter", "Kernel time since the agent started (every job and idle)", "busy_seconds"
+    ),
+    Family(
+        "dask_gpu_energy_joules",
+        "counter",
+        "Energy since the agent started, from the device's counter (every job and idle)",
+        "energy_joules",
+    ),
+)
+# Per worker and GPU (labels host, worker, uuid, gpu): the worker's own latest figures
+WORKER_GPU = (
+    Family(
+        "dask_gpu_worker_memory_used_bytes",
+        "gauge",
+        "GPU memory the worker's process tree holds",
+        "worker_memory_used",
+        MIB,
+    ),
+    Family(
+        "dask_gpu_worker_share_ratio",
+        "gauge",
+        "The worker's share of the GPU's kernel time over the last per-process window (shared GPUs only; 0-1)",
+        "worker_gpu_share",
+        0.01,
+    ),
+)
+FAMILIES = (*JOB_GPU, MEAN_MEMORY, JOB_NOW, JOB_CPU, *GPU, *GPU_TOTALS, *WORKER_GPU)
+
+
+def series_count(gpus: int, jobs: int, workers_x_gpus: int) -> int:
+    """The most series one agent serves: ``gpus`` GPUs, ``jobs`` jobs that ran within ``accounting.retention``,
+    ``workers_x_gpus`` (worker, GPU) pairs. Each job's rows only on the GPUs it ran on: at most this.
+
+    >>> series_count(gpus=8, jobs=16, workers_x_gpus=8)
+    1193
+    """
+    per_job_gpu = len(JOB_GPU) + 2  # + mean memory, utilization now
+    return (
+        per_job_gpu * gpus * (jobs + 1)
+        + (jobs + 1)
+        + (len(GPU) + len(GPU_TOTALS)) * gpus
+        + len(WORKER_GPU) * (workers_x_gpus)
+    )
+
+
+class AccountingCollector:
+    """A ``prometheus_client`` collector over an :class:`~..sampling.accounting.Accounting`: ``collect()``
+    builds every family from its state at the scrape."""
+
+    def __init__(self, accounting, host: str):
+        self.accounting, self.host = accounting, host
+
+    def describe(self):
+        return []  # no collect() at registration: the families depend on the data
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        made = {}
+
+        def family(f: Family, labels):
+            if f.name not in made:
+                kind = CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily
+                made[f.name] = kind(f.name, f.help, labels=labels)
+            return made[f.name]
+
+        gauges = self.accounting.gauges()
+        index = {u: str(tags.get("nvml_index", tags.get("index", ""))) for u, (tags, *_) in gauges.items()}
+        live = self.accounting.live()
+        rows = [(job, entry) for job, entry in live["jobs"].items()] + [(IDLE_JOB, live["idle"])]
+        job_labels = ["host", "uuid", "gpu", "job"]
+        for job, entry in rows:
+            for uuid, fields in entry["gpus"].items():
+                labels = [self.host, uuid, index.get(uuid, ""), job]
+                for f in JOB_GPU:
+                    if f.source in fields:
+                        family(f, job_labels).add_metric(labels, fields[f.source])
+                seconds = fields.get("gpu_seconds")
+                if "memory_byte_seconds" in fields and seconds:
+                    family(MEAN_MEMORY, job_labels).add_metric(labels, fields["memory_byte_seconds"] / seconds)
+            for uuid, now in entry["now"].items():
+                if now.get("utilization_gpu") is not None:
+                    family(JOB_NOW, job_labels).add_metric(
+                        [self.host, uuid, index.get(uuid, ""), job], now["utilization_gpu"] * JOB_NOW.scale
+                    )
+            if entry["cpu_seconds"] is not None:
+                family(JOB_CPU, ["host", "job"]).add_metric([self.host, job], entry["cpu_seconds"])
+        for uuid, (tags, device, per_worker, totals) in gauges.items():
+            labels = [self.host, uuid, index[uuid]]
+            for f in GPU:
+                if device.get(f.source) is not None:
+                    family(f, ["host", "uuid", "gpu"]).add_metric(labels, device[f.source] * f.scale)
+            for f in GPU_TOTALS:
+                if totals.get(f.source) is not None:
+                    family(f, ["host", "uuid", "gpu"]).add_metric(labels, totals[f.source])
+            for worker, own in per_worker.items():
+                for f in WORKER_GPU:
+                    if own.get(f.source) is not None:
+                        family(f, ["host", "worker", "uuid", "gpu"]).add_metric(
+                            [self.host, worker, uuid, index[uuid]], own[f.source] * f.scale
+                        )
+        return list(made.values())
+
+
+class Endpoint:
+    """The running ``/metrics`` server; :meth:`close` stops it."""
+
+    def __init__(self, server, thread, port: int):
+        self.server, self.thread, self.port = server, thread, port
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def serve(settings, accounting, host: str, report) -> Endpoint | None:
+    """Serve ``/metrics`` on ``prometheus.address:prometheus.port`` when the port is set; None when it is not,
+    or when it cannot be served (``report(what, message, key=...)`` hears why, once)."""
+    port = settings.prometheus_port
+    if port is None or accounting is None:
+        return None
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError as e:
+        report(
+            "prometheus",
+            f"prometheus.port is {port}, but prometheus_client is not installed ({e}): "
+            "pip install 'dask-influx-metrics[prometheus]'; /metrics not served, sampling goes on",
+            key=("prometheus", "import"),
+        )
+        return None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AccountingCollector(accounting, host))
+    try:
+        server, thread = start_http_server(port, addr=settings.prometheus_address, registry=registry)
+    except OSError as e:
+        report(
+            "prometheus",
+            f"prometheus.port {port} on {settings.prometheus_address} cannot be served ({e.strerror or e}: another "
+            "process, or another session's agent on this host, holds it?); /metrics not served, sampling goes on",
+            key=("prometheus", "bind"),
+        )
+        return None
+    logger.info("serving /metrics for Prometheus on %s:%d", settings.prometheus_address, port)
+    return Endpoint(server, thread, port)
