@@ -203,6 +203,21 @@ def flux_points_query(bucket, measurement, columns, tags=None, start_ns=None, st
     )
 
 
+def flux_last_query(bucket, measurement, fields, by, tags=None, start_ns=None, stop_ns=None) -> str:
+    """Each field's last value per distinct value of the tags ``by`` (a tag a series lacks: ""), pivoted: one
+    row per group."""
+    defaults = ", ".join(f'{t}: if exists r.{t} then r.{t} else ""' for t in by)
+    return _source(bucket, start_ns, stop_ns, predicate([measurement], tags, fields=fields)) + _pipe(
+        f"map(fn: (r) => ({{r with {defaults}}}))",
+        f"group(columns: {_array([*by, '_field'])})",
+        "last()",
+        f"group(columns: {_array(by)})",
+        f'pivot(rowKey: {_array(by)}, columnKey: ["_field"], valueColumn: "_value")',
+        f"keep(columns: {_array([*by, *fields])})",
+        "group()",
+    )
+
+
 BUCKETS_QUERY = 'buckets()\n    |> keep(columns: ["name"])\n'
 
 
@@ -455,3 +470,11 @@ class FluxBackend:
         data = self._query(flux_points_query(self.bucket, measurement, columns, **self._window()))
         data = data.rename(columns={"_time": "time"}).reindex(columns=["time"] + list(columns))
         return data.sort_values("time", kind="stable").reset_index(drop=True)
+
+    def last_by(self, measurement: str, fields: list[str], by: tuple) -> pd.DataFrame:
+        """Each field's last value per distinct value of the tags ``by`` (a tag a series lacks: "")."""
+        data = self._query(flux_last_query(self.bucket, measurement, list(fields), list(by), **self._window()))
+        data = data.reindex(columns=list(by) + list(fields))
+        for t in by:
+            data[t] = data[t].fillna("").astype(str)
+        return data.reset_index(drop=True)
