@@ -393,9 +393,11 @@ class Accounting:
         return row
 
     def _say(self, key, message: str) -> None:
+        if not self._once(key):
+            return
         if self._report is not None:
             self._report("accounting", message, key=key)
-        elif self._once(key):
+        else:
             logger.warning("influx-metrics accounting: %s", message)
 
     # --- points -----------------------------------------------------------------------------------
@@ -412,7 +414,7 @@ class Accounting:
                     del self._active[job]
                     self._ended_at.pop(job, None)
         elif ended:
-            done = {j for j in ended if now - self._ended_at.get(j, 0.0) >= JOB_END_EVERY_S}
+            done = {j for j in ended if now - self._ended_at.get(j, -JOB_END_EVERY_S) >= JOB_END_EVERY_S}
             for job in done:
                 self._ended_at[job] = now
             due = [r for r in self._rows.values() if r.job in done]
