@@ -128,10 +128,11 @@ def default_metrics(available: dict[str, list[str]]) -> list[Metric]:
     >>> [m.name for m in default_metrics({"gpu": ["utilization_gpu", "memory_total"], "custom": ["x"]})]
     ['compute-util', 'x']
     """
-    out = []
+    out, seen = [], set()
     for name in schema.TRACKING:
-        for m in _tracking_metrics(name):
-            if m.field in available.get(m.measurement, ()):
+        for m in _tracking_metrics(name):  # a field by its first name (accounting lists the fields it reads)
+            if m.field in available.get(m.measurement, ()) and (m.measurement, m.field) not in seen:
+                seen.add((m.measurement, m.field))
                 out.append(m)
     out.extend(Metric(f, schema.CUSTOM, f, "") for f in sorted(available.get(schema.CUSTOM, ())))
     return out
