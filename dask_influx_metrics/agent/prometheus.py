@@ -4,9 +4,12 @@ One process serves (the agent): a custom ``prometheus_client`` collector (:class
 reads the agent's :class:`~..sampling.accounting.Accounting` at each scrape, so there is no multiprocess
 mode, no per-sample work for the endpoint and nothing in the workers. Names follow Prometheus' naming
 practices: base units (seconds, bytes, joules, watts), ``_total`` counters, ratios 0-1. Labels are bounded:
-``host``, ``uuid`` and ``gpu`` (NVML's index) of a GPU, ``worker`` (address) and ``job``; never a DAG,
-task or key. A job's series leave ``accounting.retention`` (300 s) after it last ran on the host. The
-table of metrics and the series count are in docs/attribution.md ("Prometheus").
+``host``, ``uuid`` and ``gpu`` (NVML's index) of a GPU, ``worker`` (address) and ``dask_job`` (the Dask job:
+Prometheus gives every target a ``job`` label of its own, and would rename ours ``exported_job``); never a
+DAG, task or key. A job's series leave ``accounting.retention`` (300 s) after it last ran on the host. A
+counter's new series is exposed at 0 at its first scrape, its total from the next one on: ``increase()``
+then counts the job's first increment too (Prometheus cannot see what a series held before its first
+scrape). The table of metrics and the series count are in docs/attribution.md ("Prometheus").
 
 ``prometheus_client`` is imported only when the port is set (extra ``prometheus``); a missing package or
 a port in use is said once, by name, and sampling goes on without the endpoint.
@@ -15,12 +18,14 @@ a port in use is said once, by name, and sampling goes on without the endpoint.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import NamedTuple
 
 from ..schema import IDLE_JOB
 
 logger = logging.getLogger(__name__)
 MIB = 2.0**20
+JOB = "dask_job"  # the Dask job's label: Prometheus' own "job" names the scrape job
 
 
 class Family(NamedTuple):
@@ -33,7 +38,7 @@ class Family(NamedTuple):
     scale: float = 1.0
 
 
-# Per job and GPU (labels host, uuid, gpu, job; job "idle": no job's): the accounting rows
+# Per job and GPU (labels host, uuid, gpu, dask_job; "idle": no job's): the accounting rows
 JOB_GPU = (
     Family(
         "dask_job_gpu_seconds", "counter", "Time the job had tasks executing on a worker using the GPU", "gpu_seconds"
@@ -155,6 +160,8 @@ class AccountingCollector:
 
     def __init__(self, accounting, host: str):
         self.accounting, self.host = accounting, host
+        self._seen: set = set()  # (job, uuid) of the rows exposed so far: a new one shows 0 at its first scrape
+        self._lock = threading.Lock()
 
     def describe(self):
         return []  # no collect() at registration: the families depend on the data
@@ -174,13 +181,17 @@ class AccountingCollector:
         index = {u: str(tags.get("nvml_index", tags.get("index", ""))) for u, (tags, *_) in gauges.items()}
         live = self.accounting.live()
         rows = [(job, entry) for job, entry in live["jobs"].items()] + [(IDLE_JOB, live["idle"])]
-        job_labels = ["host", "uuid", "gpu", "job"]
+        keys = {(job, uuid) for job, entry in rows for uuid in [*entry["gpus"], None]}
+        with self._lock:
+            new, self._seen = keys - self._seen, (self._seen & keys) | keys
+        job_labels = ["host", "uuid", "gpu", JOB]
         for job, entry in rows:
             for uuid, fields in entry["gpus"].items():
                 labels = [self.host, uuid, index.get(uuid, ""), job]
                 for f in JOB_GPU:
                     if f.source in fields:
-                        family(f, job_labels).add_metric(labels, fields[f.source])
+                        first = (job, uuid) in new and f.kind == "counter"
+                        family(f, job_labels).add_metric(labels, 0.0 if first else fields[f.source])
                 seconds = fields.get("gpu_seconds")
                 if "memory_byte_seconds" in fields and seconds:
                     family(MEAN_MEMORY, job_labels).add_metric(labels, fields["memory_byte_seconds"] / seconds)
@@ -190,7 +201,8 @@ class AccountingCollector:
                         [self.host, uuid, index.get(uuid, ""), job], now["utilization_gpu"] * JOB_NOW.scale
                     )
             if entry["cpu_seconds"] is not None:
-                family(JOB_CPU, ["host", "job"]).add_metric([self.host, job], entry["cpu_seconds"])
+                cpu = 0.0 if (job, None) in new else entry["cpu_seconds"]
+                family(JOB_CPU, ["host", JOB]).add_metric([self.host, job], cpu)
         for uuid, (tags, device, per_worker, totals) in gauges.items():
             labels = [self.host, uuid, index[uuid]]
             for f in GPU:
