@@ -89,8 +89,7 @@ TAGS = {
     "('thread-cpu', 'thread-noncpu', 'disk-read', custom context_meter labels, ...; never fixed here)",
     "unit": "activity points: the activity's unit as Dask names it ('seconds', 'bytes', 'count')",
     "sink": "delivery points: the sink the counters are of ('udp', 'http' or 'spool')",
-    "since": "accounting points: when the row's counting began (Unix ns): a replaced agent, or a job that runs "
-    "again after its rows were dropped, starts a new row from 0; readers add the rows of one job up",
+    "since": "accounting points: when the row began counting (Unix ns); a restarted one begins again from 0",
 }
 
 # The tags each measurement carries, besides the extra ``influx-metrics.tags``.
@@ -109,6 +108,18 @@ MEASUREMENT_TAGS = {
     # uuid = the GPU (absent on a job's CPU row). Never dag, task or key: series = rows (docs/attribution.md).
     ACCOUNTING: ("host", "worker", "job", "uuid", "since"),
 }
+
+# accounting: per (host, GPU, job) totals since ``since``, monotonic (docs/attribution.md); own: x the job's share
+_ACCOUNTING = (
+    ("gpu_seconds", "s", "time the job had tasks executing on a worker using the GPU (idle row: time no job had)"),
+    ("busy_seconds", "s", "the job's own utilization_gpu / 100 x each window, summed (idle row: no job's)"),
+    ("sm_active_seconds", "s", "the job's own sm_active / 100 x each window, summed (GPM only)"),
+    ("tensor_active_seconds", "s", "the job's own pipe_tensor_active / 100 x each window, summed (GPM only)"),
+    ("energy_joules", "J", "its part of the energy counter's delta (jobs and the idle row add up to it)"),
+    ("memory_peak_bytes", "bytes", "most GPU memory the process trees of the workers running the job held"),
+    ("memory_byte_seconds", "bytes x s", "that memory x each window, summed (mean: over gpu_seconds)"),
+    ("cpu_seconds", "s", "the CPU row (no uuid): CPU time of the host's workers while they ran its tasks"),
+)
 
 _FIELDS = (
     Field(GPU, "utilization_gpu", float, "%", "time a kernel ran over the last sample period (NVML utilization.gpu)"),
@@ -328,64 +339,12 @@ _FIELDS = (
         "count",
         "failed sends: UDP socket errors, failed HTTP requests (unreachable, 5xx, auth)",
     ),
-    # accounting: per (host, GPU, job) totals since ``since``, cumulative and monotonic (docs/attribution.md)
-    Field(
-        ACCOUNTING,
-        "gpu_seconds",
-        float,
-        "s",
-        "time the job had tasks executing on a worker using the GPU (idle row: time no job had)",
-    ),
-    Field(
-        ACCOUNTING,
-        "busy_seconds",
-        float,
-        "s",
-        "the job's own utilization_gpu / 100 x each sample's window, summed (own: the device's x the job's share "
-        "of a shared GPU's kernel time); idle row: kernel time no job is charged",
-    ),
-    Field(ACCOUNTING, "sm_active_seconds", float, "s", "the job's own sm_active / 100 x window, summed (GPM only)"),
-    Field(
-        ACCOUNTING,
-        "tensor_active_seconds",
-        float,
-        "s",
-        "the job's own pipe_tensor_active / 100 x window, summed (GPM only)",
-    ),
-    Field(
-        ACCOUNTING,
-        "energy_joules",
-        float,
-        "J",
-        "the GPU's energy-counter delta split by the job's share of each window's power x time; jobs and the idle "
-        "row add up to the counter's delta",
-    ),
-    Field(
-        ACCOUNTING,
-        "memory_peak_bytes",
-        float,
-        "bytes",
-        "most GPU memory the process trees of the workers running the job held on the GPU at a sample",
-    ),
-    Field(
-        ACCOUNTING,
-        "memory_byte_seconds",
-        float,
-        "bytes x s",
-        "that memory x window, summed: its time-average is memory_byte_seconds / gpu_seconds",
-    ),
-    Field(
-        ACCOUNTING,
-        "cpu_seconds",
-        float,
-        "s",
-        "the job's CPU row (no uuid): CPU time of the host's worker processes while they ran its tasks "
-        "(idle row: while they ran none)",
-    ),
+    *(Field(ACCOUNTING, name, float, unit, meaning) for name, unit, meaning in _ACCOUNTING),
 )
 FIELDS: dict[tuple[str, str], Field] = {(f.measurement, f.name): f for f in _FIELDS}
 DELIVERY_FIELDS = tuple(f.name for f in _FIELDS if f.measurement == DELIVERY)
-ACCOUNTING_FIELDS = tuple(f.name for f in _FIELDS if f.measurement == ACCOUNTING)
+ACCOUNTING_FIELDS = tuple(name for name, _, _ in _ACCOUNTING)
+_ACCOUNTED = ("utilization_gpu", "power_draw", "total_energy_consumption", "worker_memory_used", "worker_gpu_share")
 
 
 def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
@@ -458,24 +417,10 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "gpm": tuple(
         (GPU, f)
         for f in (
-            "gr_engine_active",
-            "sm_active",
-            "sm_occupancy",
-            "pipe_tensor_active",
-            "pipe_tensor_hmma_active",
-            "pipe_tensor_imma_active",
-            "pipe_tensor_dfma_active",
-            "pipe_tensor_dmma_active",
-            "dram_active",
-            "pipe_fp64_active",
-            "pipe_fp32_active",
-            "pipe_fp16_active",
-            "pipe_int_active",
-            "pcie_tx_bytes",
-            "pcie_rx_bytes",
-            "nvlink_tx_bytes",
-            "nvlink_rx_bytes",
-        )
+            "gr_engine_active sm_active sm_occupancy pipe_tensor_active pipe_tensor_hmma_active pipe_tensor_imma_active "
+            "pipe_tensor_dfma_active pipe_tensor_dmma_active dram_active pipe_fp64_active pipe_fp32_active "
+            "pipe_fp16_active pipe_int_active pcie_tx_bytes pcie_rx_bytes nvlink_tx_bytes nvlink_rx_bytes"
+        ).split()
     ),
     "worker-gpu-util": (
         (GPU, "worker_utilization_gpu"),
@@ -488,12 +433,8 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "fine-metrics": ((ACTIVITY, "value"), (ACTIVITY, "jobs")),
     # the agent's per-job totals (docs/attribution.md), and the readings they are made of
     "accounting": (
-        *((ACCOUNTING, f.name) for f in _FIELDS if f.measurement == ACCOUNTING),
-        (GPU, "utilization_gpu"),
-        (GPU, "power_draw"),
-        (GPU, "total_energy_consumption"),
-        (GPU, "worker_memory_used"),
-        (GPU, "worker_gpu_share"),
+        *((ACCOUNTING, n) for n in ACCOUNTING_FIELDS),
+        *((GPU, n) for n in _ACCOUNTED),
         (WORKER, "cpu_percent"),
     ),
 }

@@ -48,26 +48,18 @@ import time
 
 from .. import lineprotocol
 from ..reports import Once
-from ..schema import ACCOUNTING, IDLE_JOB, Point
+from ..schema import ACCOUNTING, ACCOUNTING_FIELDS, IDLE_JOB, Point
 
 logger = logging.getLogger(__name__)
 
 CAP_STEPS = 3  # a window is at most this many polling intervals (a stalled sampler charges no one its gap)
 WAIT_S = 5.0  # a window waits at most this long for its share or GPM value, then is settled with what is known
 JOB_END_EVERY_S = 1.0  # a job's rows are written at its end on the host at most this often
-FINAL_REPEATS = 3  # the session's last point is sent this many times (separate sends: datagrams)
+FINAL_REPEATS = 5  # the session's last point is sent this many times (separate sends: datagrams)
 MIB = 2.0**20
 IDLE = IDLE_JOB
-# Row fields in the order of schema's accounting fields; None: never known for this row
 _FIELDS = (
-    "gpu_seconds",
-    "busy_seconds",
-    "sm_active_seconds",
-    "tensor_active_seconds",
-    "energy_joules",
-    "memory_peak_bytes",
-    "memory_byte_seconds",
-    "cpu_seconds",
+    ACCOUNTING_FIELDS  # a row's values, by index: 0 gpu, 1 busy, 2 sm, 3 tensor, 4 energy, 5 peak, 6 memory, 7 cpu
 )
 _WAIT = object()  # a window's share or GPM value not known yet
 
@@ -120,24 +112,9 @@ class _Window:
 class _Gpu:
     """What the accounting keeps of one GPU between samples."""
 
-    __slots__ = (
-        "uuid",
-        "last",
-        "pending",
-        "shared",
-        "gpm_seen",
-        "counter",
-        "counting",
-        "open",
-        "open_sum",
-        "power",
-        "memory",
-        "now",
-        "device",
-        "tags",
-        "per_worker",
-        "busy",
-        "energy",
+    __slots__ = tuple(
+        "uuid last pending shared gpm_seen counter counting open open_sum power memory now device tags per_worker "
+        "busy energy".split()
     )
 
     def __init__(self, uuid: str):
