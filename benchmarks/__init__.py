@@ -21,4 +21,5 @@ MODULES = (
     "hostonce",
     "gpm",
     "hostcost",
+    "accounting",
 )

@@ -63,7 +63,8 @@ def test_names_units_and_labels_follow_prometheus_practice():
     busy = families["dask_job_gpu_busy_seconds"]
     assert busy.type == "counter" and {s.name for s in busy.samples} == {"dask_job_gpu_busy_seconds_total"}
     labels = {tuple(sorted(s.labels)) for f in families.values() for s in f.samples}
-    assert {name for names in labels for name in names} <= {"host", "uuid", "gpu", "worker", "dask_job"}
+    assert {name for names in labels for name in names} <= {"host", "uuid", "gpu", "worker", "dask_job", "name"}
+    assert set(families["dask_gpu_info"].samples[0].labels) == {"host", "uuid", "gpu", "name"}
     one = {s.labels["dask_job"]: s.value for s in busy.samples if s.labels["uuid"] == "GPU-0"}
     assert one["1"] == pytest.approx(0.9 * 5 * STEP / 3) and "idle" in one
     ratio = families["dask_gpu_utilization_ratio"].samples[0]
@@ -87,7 +88,8 @@ def test_a_new_series_shows_0_at_its_first_scrape_so_increase_counts_its_start()
 def test_series_count_formula_bounds_what_is_served():
     collector = P.AccountingCollector(fed(gpus=8, jobs=16, samples=2), "node")
     served = sum(len(f.samples) for f in scrape(collector).values())
-    assert served <= P.series_count(gpus=8, jobs=16, workers_x_gpus=16 * 8)
+    most = P.series_count(gpus=8, jobs=16, workers_x_gpus=16 * 8)
+    assert most - 8 * 3 - 1 == served, "all but the idle rows' memory, gpu_seconds and CPU (all busy)"
 
 
 def test_serves_metrics_and_a_port_in_use_is_said_once_and_sampling_goes_on():

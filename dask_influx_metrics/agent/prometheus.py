@@ -4,9 +4,9 @@ One process serves (the agent): a custom ``prometheus_client`` collector (:class
 reads the agent's :class:`~..sampling.accounting.Accounting` at each scrape, so there is no multiprocess
 mode, no per-sample work for the endpoint and nothing in the workers. Names follow Prometheus' naming
 practices: base units (seconds, bytes, joules, watts), ``_total`` counters, ratios 0-1. Labels are bounded:
-``host``, ``uuid`` and ``gpu`` (NVML's index) of a GPU, ``worker`` (address) and ``dask_job`` (the Dask job:
-Prometheus gives every target a ``job`` label of its own, and would rename ours ``exported_job``); never a
-DAG, task or key. A job's series leave ``accounting.retention`` (300 s) after it last ran on the host. A
+``host``, ``uuid`` of a GPU (``dask_gpu_info`` and the per-GPU gauges add ``gpu``, NVML's index),
+``worker`` (address) and ``dask_job`` (the Dask job: Prometheus gives every target a ``job`` label of its
+own, and would rename ours ``exported_job``); never a DAG, task or key. A job's series leave ``accounting.retention`` (300 s) after it last ran on the host. A
 counter's new series is exposed at 0 at its first scrape, its total from the next one on: ``increase()``
 then counts the job's first increment too (Prometheus cannot see what a series held before its first
 scrape). The table of metrics and the series count are in docs/attribution.md ("Prometheus").
@@ -21,7 +21,7 @@ import logging
 import threading
 from typing import NamedTuple
 
-from ..schema import IDLE_JOB
+from ..schema import ACCOUNTING_FIELDS
 
 logger = logging.getLogger(__name__)
 MIB = 2.0**20
@@ -38,7 +38,7 @@ class Family(NamedTuple):
     scale: float = 1.0
 
 
-# Per job and GPU (labels host, uuid, gpu, dask_job; "idle": no job's): the accounting rows
+# Per job and GPU (labels host, uuid, dask_job; "idle": no job's): the accounting rows
 JOB_GPU = (
     Family(
         "dask_job_gpu_seconds", "counter", "Time the job had tasks executing on a worker using the GPU", "gpu_seconds"
@@ -71,13 +71,6 @@ MEAN_MEMORY = Family(
     "gauge",
     "Time-averaged GPU memory the job's workers' process trees held on the GPU while it ran",
     "memory_byte_seconds",
-)
-JOB_NOW = Family(
-    "dask_job_gpu_utilization_ratio",
-    "gauge",
-    "The job's own share of the GPU's latest utilization reading (0-1)",
-    "utilization_gpu",
-    0.01,
 )
 JOB_CPU = Family(
     "dask_job_cpu_seconds",
@@ -118,7 +111,8 @@ GPU_TOTALS = (
         "energy_joules",
     ),
 )
-# Per worker and GPU (labels host, worker, uuid, gpu): the worker's own latest figures
+INFO = Family("dask_gpu_info", "gauge", "A GPU's NVML index (gpu) and product name; always 1", "")
+# Per worker and GPU (labels host, worker, uuid): the worker's own latest figures
 WORKER_GPU = (
     Family(
         "dask_gpu_worker_memory_used_bytes",
@@ -135,7 +129,8 @@ WORKER_GPU = (
         0.01,
     ),
 )
-FAMILIES = (*JOB_GPU, MEAN_MEMORY, JOB_NOW, JOB_CPU, *GPU, *GPU_TOTALS, *WORKER_GPU)
+FAMILIES = (*JOB_GPU, MEAN_MEMORY, JOB_CPU, *GPU, *GPU_TOTALS, INFO, *WORKER_GPU)
+_INDEX = {name: i for i, name in enumerate(ACCOUNTING_FIELDS)}
 
 
 def series_count(gpus: int, jobs: int, workers_x_gpus: int) -> int:
@@ -143,15 +138,11 @@ def series_count(gpus: int, jobs: int, workers_x_gpus: int) -> int:
     ``workers_x_gpus`` (worker, GPU) pairs. Each job's rows only on the GPUs it ran on: at most this.
 
     >>> series_count(gpus=8, jobs=16, workers_x_gpus=8)
-    1193
+    1065
     """
-    per_job_gpu = len(JOB_GPU) + 2  # + mean memory, utilization now
-    return (
-        per_job_gpu * gpus * (jobs + 1)
-        + (jobs + 1)
-        + (len(GPU) + len(GPU_TOTALS)) * gpus
-        + len(WORKER_GPU) * (workers_x_gpus)
-    )
+    per_job_gpu = len(JOB_GPU) + 1  # + mean memory
+    per_gpu = len(GPU) + len(GPU_TOTALS) + 1  # + info
+    return per_job_gpu * gpus * (jobs + 1) + (jobs + 1) + per_gpu * gpus + len(WORKER_GPU) * workers_x_gpus
 
 
 class AccountingCollector:
@@ -168,56 +159,51 @@ class AccountingCollector:
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        made = {}
+        from prometheus_client.samples import Sample
 
         def family(f: Family, labels):
-            if f.name not in made:
-                kind = CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily
-                made[f.name] = kind(f.name, f.help, labels=labels)
-            return made[f.name]
+            return (CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily)(f.name, f.help, labels=labels)
 
-        gauges = self.accounting.gauges()
-        index = {u: str(tags.get("nvml_index", tags.get("index", ""))) for u, (tags, *_) in gauges.items()}
-        live = self.accounting.live()
-        rows = [(job, entry) for job, entry in live["jobs"].items()] + [(IDLE_JOB, live["idle"])]
-        keys = {(job, uuid) for job, entry in rows for uuid in [*entry["gpus"], None]}
+        def name(f: Family) -> str:
+            return f.name + "_total" if f.kind == "counter" else f.name
+
+        host, rows, gauges = self.host, self.accounting.rows(), self.accounting.gauges()
+        keys = {(job, uuid) for job, uuid, _ in rows}
         with self._lock:
-            new, self._seen = keys - self._seen, (self._seen & keys) | keys
-        job_labels = ["host", "uuid", "gpu", JOB]
-        for job, entry in rows:
-            for uuid, fields in entry["gpus"].items():
-                labels = [self.host, uuid, index.get(uuid, ""), job]
-                for f in JOB_GPU:
-                    if f.source in fields:
-                        first = (job, uuid) in new and f.kind == "counter"
-                        family(f, job_labels).add_metric(labels, 0.0 if first else fields[f.source])
-                seconds = fields.get("gpu_seconds")
-                if "memory_byte_seconds" in fields and seconds:
-                    family(MEAN_MEMORY, job_labels).add_metric(labels, fields["memory_byte_seconds"] / seconds)
-            for uuid, now in entry["now"].items():
-                if now.get("utilization_gpu") is not None:
-                    family(JOB_NOW, job_labels).add_metric(
-                        [self.host, uuid, index.get(uuid, ""), job], now["utilization_gpu"] * JOB_NOW.scale
-                    )
-            if entry["cpu_seconds"] is not None:
-                cpu = 0.0 if (job, None) in new else entry["cpu_seconds"]
-                family(JOB_CPU, ["host", JOB]).add_metric([self.host, job], cpu)
-        for uuid, (tags, device, per_worker, totals) in gauges.items():
-            labels = [self.host, uuid, index[uuid]]
-            for f in GPU:
-                if device.get(f.source) is not None:
-                    family(f, ["host", "uuid", "gpu"]).add_metric(labels, device[f.source] * f.scale)
-            for f in GPU_TOTALS:
-                if totals.get(f.source) is not None:
-                    family(f, ["host", "uuid", "gpu"]).add_metric(labels, totals[f.source])
-            for worker, own in per_worker.items():
-                for f in WORKER_GPU:
+            new, self._seen = keys - self._seen, keys
+        per_job = [(family(f, ["host", "uuid", JOB]), name(f), _INDEX[f.source], f.kind == "counter") for f in JOB_GPU]
+        mean, cpu = family(MEAN_MEMORY, ["host", "uuid", JOB]), family(JOB_CPU, ["host", JOB])
+        gpu_seconds, byte_seconds, cpu_seconds = (
+            _INDEX[n] for n in ("gpu_seconds", "memory_byte_seconds", "cpu_seconds")
+        )
+        for job, uuid, values in rows:  # Samples made here: one labels dict per row, shared by its families
+            first = (job, uuid) in new  # counters at 0 for one scrape: increase() sees the series start
+            if uuid is None:
+                if values[cpu_seconds] is not None:
+                    cpu.add_metric([host, job], 0.0 if first else values[cpu_seconds])
+                continue
+            labels = {"host": host, "uuid": uuid, JOB: job}
+            for fam, sample, i, counter in per_job:
+                if values[i] is not None:
+                    fam.samples.append(Sample(sample, labels, 0.0 if first and counter else values[i]))
+            if values[byte_seconds] is not None and values[gpu_seconds]:
+                mean.samples.append(Sample(mean.name, labels, values[byte_seconds] / values[gpu_seconds]))
+        per_gpu = [(family(f, ["host", "uuid", "gpu"]), f) for f in (*GPU, *GPU_TOTALS)]
+        info = family(INFO, ["host", "uuid", "gpu", "name"])
+        per_worker = [(family(f, ["host", "worker", "uuid"]), f) for f in WORKER_GPU]
+        for uuid, (tags, device, workers, totals) in gauges.items():
+            gpu = str(tags.get("nvml_index", tags.get("index", "")))
+            info.add_metric([host, uuid, gpu, str(tags.get("name", ""))], 1.0)
+            for fam, f in per_gpu:
+                value = (totals if f in GPU_TOTALS else device).get(f.source)
+                if value is not None:
+                    fam.add_metric([host, uuid, gpu], value * f.scale)
+            for worker, own in workers.items():
+                for fam, f in per_worker:
                     if own.get(f.source) is not None:
-                        family(f, ["host", "worker", "uuid", "gpu"]).add_metric(
-                            [self.host, worker, uuid, index[uuid]], own[f.source] * f.scale
-                        )
-        return list(made.values())
+                        fam.add_metric([host, worker, uuid], own[f.source] * f.scale)
+        made = [fam for fam, *_ in per_job] + [mean, cpu] + [fam for fam, _ in per_gpu] + [info]
+        return [fam for fam in made + [fam for fam, _ in per_worker] if fam.samples]
 
 
 class Endpoint:

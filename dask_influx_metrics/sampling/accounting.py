@@ -419,6 +419,11 @@ class Accounting:
             return [Point(ACCOUNTING, r.tags, r.fields(), stamp) for r in rows if r.fields()]
 
     # --- reading ----------------------------------------------------------------------------------
+    def rows(self) -> list[tuple]:
+        """``[(job tag, uuid or None, (values in schema order, None where never known))]`` of every row now."""
+        with self._lock:
+            return [(str(r.job), r.uuid, tuple(r.values)) for r in self._rows.values()]
+
     def gauges(self) -> dict:
         """The latest readings of each GPU: ``{uuid: (device tags, device fields, {worker address: its own
         fields}, {"busy_seconds": total, "energy_joules": total})}`` (the device's totals: jobs + idle)."""
