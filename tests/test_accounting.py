@@ -315,3 +315,16 @@ def test_from_settings_follows_the_tracking_list_and_the_port():
     assert kept is not None and not kept.write, "kept for /metrics only: no points"
     acc = A.from_settings(Settings.resolve({"tracking": ["accounting"], "accounting.interval": 2}), {"host": "h"})
     assert acc.write and acc.interval == 2.0 and acc.tags["host"] == "h"
+
+
+def test_gauges_hold_only_what_the_last_sample_read():
+    """A worker that left leaves the per-worker gauges; a GPU no worker uses keeps its totals, not its reading."""
+    acc, clock, _ = make()
+    both = [("a", {SHARE: 50.0}), ("b", {SHARE: 50.0})]
+    run(acc, clock, [([gpu(users=both, utilization_gpu=80.0)], [worker("a", snap(1)), worker("b", snap(2))])] * 3)
+    assert set(acc.gauges()["GPU-a"][2]) == {"tcp://a:1", "tcp://b:1"}
+    run(acc, clock, [([gpu(users=both[:1], utilization_gpu=80.0)], [worker("a", snap(1))])], start=3)
+    assert set(acc.gauges()["GPU-a"][2]) == {"tcp://a:1"}
+    run(acc, clock, [([gpu("GPU-b", utilization_gpu=10.0)], [worker("c", snap(3))])], start=4)
+    tags, device, workers, totals = acc.gauges()["GPU-a"]
+    assert device == {} and workers == {} and totals["busy_seconds"] > 0

@@ -180,11 +180,10 @@ class Accounting:
         with self._lock:
             self._stamp, self._now_ns = stamp_ns, now_ns
             now = self._clock()
-            parts, running = {}, set()
+            parts, running, known = {}, set(), self._workers
+            self._workers = {}  # the workers of this sample (one that left is forgotten)
             for wid, address, snap, fields in workers:
-                w = self._workers.get(wid)
-                if w is None:
-                    w = self._workers[wid] = _Worker(address)
+                w = self._workers[wid] = known.get(wid) or _Worker(address)
                 parts[wid] = self._parts(w, snap)
                 running.update(parts[wid])
                 self._cpu(w, fields.get("cpu_percent"), now_ns)
@@ -235,14 +234,15 @@ class Accounting:
         power = device.get("power_draw")
         if power is not None:
             g.power = power
-        shares, mine, memory = None, [], {}
+        shares, mine, memory, held = None, [], {}, g.memory
+        g.memory, g.per_worker = {}, {}  # its users now (one that left is forgotten)
         for wid, own in users:
             mine.append((wid, parts.get(wid, {})))
             share = own.get("worker_gpu_share")
             if share is not None:
                 shares = shares or {}
                 shares[wid] = share / 100.0
-            mem = own.get("worker_memory_used")
+            mem = own.get("worker_memory_used", held.get(wid))  # not read this time: the last reading
             if mem is not None:
                 g.memory[wid] = mem
             g.per_worker[self._workers[wid].address if wid in self._workers else wid] = own
@@ -427,9 +427,14 @@ class Accounting:
     def gauges(self) -> dict:
         """The latest readings of each GPU: ``{uuid: (device tags, device fields, {worker address: its own
         fields}, {"busy_seconds": total, "energy_joules": total})}`` (the device's totals: jobs + idle)."""
-        with self._lock:
+        with self._lock:  # a GPU no worker used at the last sample: its totals only, no stale reading
             return {
-                u: (g.tags, g.device, dict(g.per_worker), {"busy_seconds": g.busy, "energy_joules": g.energy})
+                u: (
+                    g.tags,
+                    g.device if g.last == self._now_ns else {},
+                    dict(g.per_worker) if g.last == self._now_ns else {},
+                    {"busy_seconds": g.busy, "energy_joules": g.energy},
+                )
                 for u, g in self._gpus.items()
             }
 
