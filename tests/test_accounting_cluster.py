@@ -190,8 +190,14 @@ def test_prometheus_scrapes_the_agents_counters_and_they_equal_accounting(tmp_pa
                 _workload(client, monitor)
                 last = "sum by (dask_job) (dask_job_gpu_busy_seconds_total)"
                 seen = lambda: {r["metric"]["dask_job"]: float(r["value"][1]) for r in prometheus.query(last)}  # noqa: E731
-                wait_until(lambda: seen() == seen() and {"1", "2"} <= set(seen()), 20, "scrapes after the jobs", 1.2)
-                scraped = seen()
+                values = [{}]
+
+                def settled():  # the same totals at two looks more than a scrape apart: the jobs' last ones
+                    values.append(seen())
+                    return values[-1] == values[-2] and {"1", "2"} <= set(values[-1])
+
+                wait_until(settled, 30, "scrapes after the jobs", step=1.5)
+                scraped = values[-1]
                 # at the last scrape's time: increase() extrapolates to the range's end otherwise (Prometheus docs)
                 at = max(float(r["value"][1]) for r in prometheus.query("timestamp(dask_job_gpu_busy_seconds_total)"))
                 rise = "sum by (dask_job) (increase(dask_job_gpu_busy_seconds_total[5m]))"
