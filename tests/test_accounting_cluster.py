@@ -219,3 +219,28 @@ def test_prometheus_scrapes_the_agents_counters_and_they_equal_accounting(tmp_pa
     # energy comes with the counter's reads (every 10 s, and at the end): after this short run
     expected = {"dask_job_cpu_seconds_total", "dask_job_gpu_seconds_total", "dask_gpu_utilization_ratio"}
     assert expected | {"dask_gpu_power_watts", "dask_gpu_memory_used_bytes", "dask_gpu_busy_seconds_total"} <= names
+
+
+def test_thread_mode_accounts_too(tmp_path):
+    """A worker sampling itself (``sampler_mode="thread"``) keeps and writes its own accounting, its address as
+    the sender."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        monitor = Monitor(client, gpu_source="simulated", sink="spool", spool_directory=str(tmp_path))
+        monitor.attach(tracking=["accounting"], polling_interval=100, job_type="manual", sampler_mode="thread")
+        monitor.start()
+        try:
+            monitor.new_job()
+            client.submit(_spin, 0.8, pure=False).result()
+        finally:
+            monitor.stop()
+        monitor.shutdown()
+        (worker,) = client.scheduler_info()["workers"]
+    db = query.connect(str(tmp_path))
+    senders = set(db.backend.last_by("accounting", ["gpu_seconds"], ("worker",))["worker"])
+    assert senders == {worker}
+    assert _totals(db.accounting())[1]["busy_seconds"] > 0.5
