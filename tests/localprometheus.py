@@ -27,6 +27,17 @@ def available() -> bool:
     return os.path.isfile(BINARY) and os.access(BINARY, os.X_OK)
 
 
+def require() -> None:
+    """Skip the test without the binary; under CI=true (scripts/setup.sh installs it) fail instead."""
+    import pytest
+
+    if not available():
+        message = f"prometheus not found at {BINARY} (Debian package 'prometheus')"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
 class Prometheus:
     def __init__(self, proc, root, url):
         self.proc, self.root, self.url = proc, root, url

@@ -4,7 +4,7 @@ copy of the same run, beside the sample-derived summary; and scraped by a real P
 
 from __future__ import annotations
 
-import os
+import contextlib
 import time
 import uuid
 
@@ -35,6 +35,26 @@ def _workload(client, monitor) -> None:
     time.sleep(0.6)
 
 
+@contextlib.contextmanager
+def _monitored(**settings):
+    """A LocalCluster of 2 worker processes x 1 thread, a started Monitor on it (simulated GPUs, 100 ms, manual
+    jobs, every metric); stopped and shut down at the end."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
+        monitor = Monitor(client, gpu_source="simulated", **settings)
+        monitor.attach(tracking=None, polling_interval=100, job_type="manual")
+        monitor.start()
+        try:
+            yield client, monitor
+        finally:
+            monitor.stop()
+            monitor.shutdown()  # a spool.directory set is kept
+
+
 def _totals(table) -> dict:
     """The per-job total rows (host <NA>), by job ("idle": the idle rows')."""
     rows = table[table["host"].isna()]
@@ -55,31 +75,17 @@ def _sample_busy(db) -> dict:
 def lossy_run(influxd, tmp_path_factory):
     """One monitored run, sent to the agent's spool and over UDP through a relay that drops 30 % of the
     datagrams into influxd's UDP listener; accounting every second."""
-    from distributed import Client, LocalCluster
-
     spool, run = tmp_path_factory.mktemp("spool"), uuid.uuid4().hex[:10]
     relay = LossyRelay(influxd.udp_address, drop=0.3)
     try:
-        with (
-            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
-            Client(cluster) as client,
-        ):
-            monitor = Monitor(
-                client,
-                gpu_source="simulated",
-                sink=["udp", "spool"],
-                telegraf_address="%s:%d" % relay.address,
-                spool_directory=str(spool),
-                tags={"run": run},
-                accounting_interval=1,
-            )
-            monitor.attach(tracking=None, polling_interval=100, job_type="manual")
-            monitor.start()
-            try:
-                _workload(client, monitor)
-            finally:
-                monitor.stop()
-            monitor.shutdown()  # a spool.directory set is kept
+        with _monitored(
+            sink=["udp", "spool"],
+            telegraf_address="%s:%d" % relay.address,
+            spool_directory=str(spool),
+            tags={"run": run},
+            accounting_interval=1,
+        ) as (client, monitor):
+            _workload(client, monitor)
         lossless = query.connect(str(spool))
         lossy = query.connect(influxd.url, database="dask_metrics", tags={"run": run})
         count = lambda: influxd.query(f"SELECT count(*) FROM accounting WHERE run = '{run}'")  # noqa: E731
@@ -161,51 +167,30 @@ def test_prometheus_scrapes_the_agents_counters_and_they_equal_accounting(tmp_pa
     """A real Prometheus (Debian's package) scraping the agent's /metrics every second: each job's busy-seconds
     counter (its last value; and ``increase()``) equals ``db.accounting()`` within 2 %."""
     import localprometheus
-    from distributed import Client, LocalCluster
 
-    if not localprometheus.available():
-        message = f"prometheus not found at {localprometheus.BINARY} (Debian package 'prometheus')"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    localprometheus.require()
     port = localprometheus.free_port()
     prometheus = localprometheus.start([f"127.0.0.1:{port}"])
     try:
-        with (
-            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
-            Client(cluster) as client,
-        ):
-            monitor = Monitor(
-                client,
-                gpu_source="simulated",
-                sink="spool",
-                spool_directory=str(tmp_path),
-                prometheus_port=port,
-                prometheus_address="127.0.0.1",
-            )
-            monitor.attach(tracking=None, polling_interval=100, job_type="manual")
-            monitor.start()
-            try:
-                wait_until(prometheus.targets_up, 20, "Prometheus scraping the agent", step=0.2)
-                _workload(client, monitor)
-                last = "sum by (dask_job) (dask_job_gpu_busy_seconds_total)"
-                seen = lambda: {r["metric"]["dask_job"]: float(r["value"][1]) for r in prometheus.query(last)}  # noqa: E731
-                values = [{}]
+        settings = dict(prometheus_port=port, prometheus_address="127.0.0.1")
+        with _monitored(sink="spool", spool_directory=str(tmp_path), **settings) as (client, monitor):
+            wait_until(prometheus.targets_up, 20, "Prometheus scraping the agent", step=0.2)
+            _workload(client, monitor)
+            last = "sum by (dask_job) (dask_job_gpu_busy_seconds_total)"
+            seen = lambda: {r["metric"]["dask_job"]: float(r["value"][1]) for r in prometheus.query(last)}  # noqa: E731
+            values = [{}]
 
-                def settled():  # the same totals at two looks more than a scrape apart: the jobs' last ones
-                    values.append(seen())
-                    return values[-1] == values[-2] and {"1", "2"} <= set(values[-1])
+            def settled():  # the same totals at two looks more than a scrape apart: the jobs' last ones
+                values.append(seen())
+                return values[-1] == values[-2] and {"1", "2"} <= set(values[-1])
 
-                wait_until(settled, 30, "scrapes after the jobs", step=1.5)
-                scraped = values[-1]
-                # at the last scrape's time: increase() extrapolates to the range's end otherwise (Prometheus docs)
-                at = max(float(r["value"][1]) for r in prometheus.query("timestamp(dask_job_gpu_busy_seconds_total)"))
-                rise = "sum by (dask_job) (increase(dask_job_gpu_busy_seconds_total[5m]))"
-                increase = {r["metric"]["dask_job"]: float(r["value"][1]) for r in prometheus.query(rise, at=at)}
-                names = {r["metric"]["__name__"] for r in prometheus.query('{__name__=~"dask_.+"}')}
-            finally:
-                monitor.stop()
-            monitor.shutdown()
+            wait_until(settled, 30, "scrapes after the jobs", step=1.5)
+            scraped = values[-1]
+            # at the last scrape's time: increase() extrapolates to the range's end otherwise (Prometheus docs)
+            at = max(float(r["value"][1]) for r in prometheus.query("timestamp(dask_job_gpu_busy_seconds_total)"))
+            rise = "sum by (dask_job) (increase(dask_job_gpu_busy_seconds_total[5m]))"
+            increase = {r["metric"]["dask_job"]: float(r["value"][1]) for r in prometheus.query(rise, at=at)}
+            names = {r["metric"]["__name__"] for r in prometheus.query('{__name__=~"dask_.+"}')}
     finally:
         prometheus.stop()
     totals = _totals(query.connect(str(tmp_path)).accounting())

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 from fake_nvml import FakeNvml
+from test_gpu_attribution import Worker
 
 from dask_influx_metrics import lineprotocol, query
 from dask_influx_metrics.sampling import accounting as A
@@ -23,35 +24,11 @@ from dask_influx_metrics.sampling.sources import procutil
 from dask_influx_metrics.sampling.sources.nvml import NvmlDevices
 from dask_influx_metrics.schema import FIELDS, GPU, Point
 from dask_influx_metrics.sinks.spool import SpoolSink
-from dask_influx_metrics.snapshot import Snapshot
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
 STEP = 0.2
 T0 = 1_795_751_870.0  # the tests' wall clock starts here (Unix s, the H200 recording's day)
 RECORDINGS = {"h100": ("nvml_h100_shared.json", 425, 427), "h200": ("nvml_h200_shared.json", 666, 668)}
-
-
-class Worker:
-    def __init__(self, n: int, pid: int):
-        self.id, self.pid, self.visible, self.address = f"{n:03d}", pid, None, f"tcp://w:{n}"
-        self.tags = {"host": "node", "worker": self.address}
-        self.snap = Snapshot((), 1, 0, 0)
-        self.uuids = []
-
-    def run(self, job):
-        self.snap = Snapshot(((f"{job}-task", job, job),), 1, 0, job)
-
-    def idle(self):
-        self.snap = Snapshot((), 1, 0, self.snap.last_job)
-
-    def snapshot(self):
-        return self.snap
-
-    def offset(self):
-        return 0.0
-
-    def read(self):
-        return {}
 
 
 class Clock:
@@ -92,8 +69,8 @@ def test_shared_gpu_the_matmuls_job_gets_the_busy_time_and_energy_the_holders_no
     name, matmul, holder = RECORDINGS[recording]
     nvml, clock = FakeNvml(name), Clock()
     collector, (a, b), acc = collector_on(nvml, clock, (matmul, holder))
-    a.run(1)
-    b.run(2)
+    a.run(1, 1)
+    b.run(2, 2)
     sink = SpoolSink(tmp_path / "20260101T000000-000001" / "agent-node")
     for k in range(26):  # 5 s
         clock.t = k * STEP
@@ -170,8 +147,8 @@ def _lagging_run(tmp_path, deferred: int, monkeypatch):
     sink = SpoolSink(folder / "20260101T000000-000001" / "agent-node")
     for k in range(51):
         clock.t = k * STEP
-        a.run(1) if 2.0 <= clock.t < 8.2 else a.idle()
-        b.run(2) if 0.4 <= clock.t < 9.6 else b.idle()
+        a.run(1, 1) if 2.0 <= clock.t < 8.2 else a.idle()
+        b.run(2, 2) if 0.4 <= clock.t < 9.6 else b.idle()
         sample(collector, [a, b], clock, sink, final=k == 50)
     tasks = [(a, 1, "matmul", 2.0, 8.2), (b, 2, "hold", 0.4, 9.6)]
     sink.send(

@@ -207,21 +207,29 @@ def _compose_commands() -> list[list[str]]:
 def test_compose_config_passes_with_one_profiles_variables(profile, tmp_path):
     """Compose itself (``config``: interpolation and its schema, no engine needed) on a .env that
     sets only this profile's variables; its ports are what :func:`_compose` renders."""
+    for command, rendered in _compose_config(_filled(profile), tmp_path):
+        ours = _compose(profile)
+        for name in ours.keys() & rendered.keys():
+            assert _published(rendered[name]) == _published(ours[name]), (command, name)
+
+
+def _compose_config(values: dict, tmp_path) -> list[tuple[list, dict]]:
+    """``(command, services)`` of Compose itself (``config``: interpolation and its schema, no engine needed)
+    on a .env holding ``values``, for each Compose program here."""
     env_file = tmp_path / ".env"
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in _filled(profile).items()))
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    out = []
     for command in _compose_commands():
-        out = subprocess.run(
+        done = subprocess.run(
             [*command, "--env-file", str(env_file), "-f", COMPOSE, "config"],
             env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
             capture_output=True,
             text=True,
             timeout=120,
         )
-        assert out.returncode == 0, f"{command}: {out.stderr}"
-        rendered = yaml.safe_load(out.stdout)["services"]
-        ours = _compose(profile)
-        for name in ours.keys() & rendered.keys():
-            assert _published(rendered[name]) == _published(ours[name]), (command, name)
+        assert done.returncode == 0, f"{command}: {done.stderr}"
+        out.append((command, yaml.safe_load(done.stdout)["services"]))
+    return out
 
 
 def _published(service: dict) -> set[tuple]:
@@ -475,20 +483,9 @@ def test_prometheus_profile_scrapes_the_agents_with_a_valid_config(tmp_path):
     assert job["metrics_path"] == "/metrics" and job["job_name"] != "dask_job"
     assert [t.rsplit(":", 1)[1] for c in job["static_configs"] for t in c["targets"]] == [str(AGENT_PORT)]
     assert "host.docker.internal:host-gateway" in prometheus["extra_hosts"]
-    env_file = tmp_path / ".env"
-    env_file.write_text(
-        "".join(f"{k}={v}\n" for k, v in {**_filled("influxdb2"), "COMPOSE_PROFILES": "influxdb2,prometheus"}.items())
-    )
-    for command in _compose_commands():  # Compose itself, both profiles at once
-        out = subprocess.run(
-            [*command, "--env-file", str(env_file), "-f", COMPOSE, "config"],
-            env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert out.returncode == 0, f"{command}: {out.stderr}"
-        assert "prometheus" in yaml.safe_load(out.stdout)["services"], command
+    both = {**_filled("influxdb2"), "COMPOSE_PROFILES": "influxdb2,prometheus"}
+    for command, rendered in _compose_config(both, tmp_path):  # Compose itself, both profiles at once
+        assert "prometheus" in rendered, command
 
 
 def test_kubernetes_workers_serve_metrics_for_annotations_and_the_podmonitor():
