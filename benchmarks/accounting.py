@@ -159,7 +159,7 @@ def _serve(conn, layout: str | None) -> None:
         port = s.getsockname()[1]
     settings = Settings.resolve({"prometheus.port": port, "prometheus.address": "127.0.0.1"})
     if layout is not None:
-        endpoint = prometheus.serve(settings, acc, "node", print)
+        endpoint = prometheus.serve(settings, acc, {"host": "node", "session": "20261128T120000-000001"}, print)
     else:  # the HTTP server's own floor: the same server, a registry with nothing in it
         from prometheus_client import CollectorRegistry, start_http_server
 

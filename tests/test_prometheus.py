@@ -16,6 +16,7 @@ from dask_influx_metrics.sampling.accounting import Accounting  # noqa: E402
 from dask_influx_metrics.snapshot import Snapshot  # noqa: E402
 
 STEP = 0.2
+LABELS = {"host": "node", "session": "20261128T120000-000001"}
 
 
 def fed(gpus=2, jobs=3, samples=5) -> Accounting:
@@ -57,13 +58,22 @@ def scrape(collector) -> dict:
 
 
 def test_names_units_and_labels_follow_prometheus_practice():
-    collector = P.AccountingCollector(fed(), "node")
+    collector = P.AccountingCollector(fed(), LABELS)
     scrape(collector)  # the first scrape of each new series shows its counters at 0
     families = scrape(collector)
     busy = families["dask_job_gpu_busy_seconds"]
     assert busy.type == "counter" and {s.name for s in busy.samples} == {"dask_job_gpu_busy_seconds_total"}
     labels = {tuple(sorted(s.labels)) for f in families.values() for s in f.samples}
-    assert {name for names in labels for name in names} <= {"host", "uuid", "gpu", "worker", "dask_job", "name"}
+    assert {name for names in labels for name in names} <= {
+        "host",
+        "session",
+        "uuid",
+        "gpu",
+        "worker",
+        "dask_job",
+        "name",
+    }
+    assert all("host" in names and ("session" in names) == ("dask_job" in names) for names in labels)
     assert set(families["dask_gpu_info"].samples[0].labels) == {"host", "uuid", "gpu", "name"}
     one = {s.labels["dask_job"]: s.value for s in busy.samples if s.labels["uuid"] == "GPU-0"}
     assert one["1"] == pytest.approx(0.9 * 5 * STEP / 3) and "idle" in one
@@ -77,7 +87,7 @@ def test_names_units_and_labels_follow_prometheus_practice():
 
 
 def test_a_new_series_shows_0_at_its_first_scrape_so_increase_counts_its_start():
-    collector = P.AccountingCollector(fed(jobs=1), "node")
+    collector = P.AccountingCollector(fed(jobs=1), LABELS)
     first = scrape(collector)["dask_job_gpu_busy_seconds"].samples
     assert {s.value for s in first} == {0.0}
     assert all(
@@ -86,7 +96,7 @@ def test_a_new_series_shows_0_at_its_first_scrape_so_increase_counts_its_start()
 
 
 def test_series_count_formula_bounds_what_is_served():
-    collector = P.AccountingCollector(fed(gpus=8, jobs=16, samples=2), "node")
+    collector = P.AccountingCollector(fed(gpus=8, jobs=16, samples=2), LABELS)
     served = sum(len(f.samples) for f in scrape(collector).values())
     most = P.series_count(gpus=8, jobs=16, workers_x_gpus=16 * 8)
     assert most - 8 * 3 - 1 == served, "all but the idle rows' memory, gpu_seconds and CPU (all busy)"
@@ -99,15 +109,15 @@ def test_serves_metrics_and_a_port_in_use_is_said_once_and_sampling_goes_on():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     settings = Settings.resolve({"prometheus.port": port, "prometheus.address": "127.0.0.1"})
-    endpoint = P.serve(settings, fed(), "node", report)
+    endpoint = P.serve(settings, fed(), LABELS, report)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             assert b"dask_job_gpu_busy_seconds_total" in r.read()
-        assert P.serve(settings, fed(), "node", report) is None  # the port is held now
+        assert P.serve(settings, fed(), LABELS, report) is None  # the port is held now
         assert len(said) == 1 and f"prometheus.port {port}" in said[0] and "sampling goes on" in said[0]
     finally:
         endpoint.close()
-    assert P.serve(Settings.resolve({}), fed(), "node", report) is None, "off by default"
+    assert P.serve(Settings.resolve({}), fed(), LABELS, report) is None, "off by default"
 
 
 def test_without_prometheus_client_the_extra_is_named(monkeypatch):
@@ -123,5 +133,5 @@ def test_without_prometheus_client_the_extra_is_named(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_client)
     said = []
     settings = Settings.resolve({"prometheus.port": 9847})
-    assert P.serve(settings, fed(), "node", lambda what, message, key=None: said.append(message)) is None
+    assert P.serve(settings, fed(), LABELS, lambda what, message, key=None: said.append(message)) is None
     assert "pip install 'dask-influx-metrics[prometheus]'" in said[0]

@@ -79,7 +79,8 @@ class Agent:
         tags = {"host": socket.gethostname(), "worker": agent_role()}
         self.accounting = accounting.from_settings(settings, tags, report=self.report.once, serve=True)
         self.collector = HostCollector(settings.fields, self.gpus, self.host, self.accounting)
-        self.endpoint = prometheus.serve(settings, self.accounting, tags["host"], self.report.once)
+        labels = {"host": tags["host"], "session": session}
+        self.endpoint = prometheus.serve(settings, self.accounting, labels, self.report.once)
         self.workers = FolderWorkers(folder, self._view)
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
         self.sink = make_sink(settings, role=agent_role(), session=session, report=self.report.once)

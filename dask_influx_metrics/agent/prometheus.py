@@ -4,8 +4,9 @@ One process serves (the agent): a custom ``prometheus_client`` collector (:class
 reads the agent's :class:`~..sampling.accounting.Accounting` at each scrape, so there is no multiprocess
 mode, no per-sample work for the endpoint and nothing in the workers. Names follow Prometheus' naming
 practices: base units (seconds, bytes, joules, watts), ``_total`` counters, ratios 0-1. Labels are bounded:
-``host``, ``uuid`` of a GPU (``dask_gpu_info`` and the per-GPU gauges add ``gpu``, NVML's index),
-``worker`` (address) and ``dask_job`` (the Dask job: Prometheus gives every target a ``job`` label of its
+``host`` on every series, ``uuid`` of a GPU (``dask_gpu_info`` and the per-GPU gauges add ``gpu``, NVML's
+index), ``worker`` (address), and on the per-job series ``session`` (the monitoring session: job numbers
+start from 1 in each) and ``dask_job`` (the Dask job: Prometheus gives every target a ``job`` label of its
 own, and would rename ours ``exported_job``); never a DAG, task or key. A job's series leave ``accounting.retention`` (300 s) after it last ran on the host. A
 counter's new series is exposed at 0 at its first scrape, its total from the next one on: ``increase()``
 then counts the job's first increment too (Prometheus cannot see what a series held before its first
@@ -147,10 +148,12 @@ def series_count(gpus: int, jobs: int, workers_x_gpus: int) -> int:
 
 class AccountingCollector:
     """A ``prometheus_client`` collector over an :class:`~..sampling.accounting.Accounting`: ``collect()``
-    builds every family from its state at the scrape."""
+    builds every family from its state at the scrape. ``labels``: ``host`` (every series) and ``session``
+    (the per-job ones)."""
 
-    def __init__(self, accounting, host: str):
-        self.accounting, self.host = accounting, host
+    def __init__(self, accounting, labels: dict):
+        self.accounting, self.labels = accounting, dict(labels)
+        self.host = {"host": self.labels["host"]}
         self._seen: set = set()  # (job, uuid) of the rows exposed so far: a new one shows 0 at its first scrape
         self._lock = threading.Lock()
 
@@ -161,18 +164,22 @@ class AccountingCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
         from prometheus_client.samples import Sample
 
+        of_job, host = list(self.labels.values()), self.host["host"]
+
         def family(f: Family, labels):
-            return (CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily)(f.name, f.help, labels=labels)
+            kind = CounterMetricFamily if f.kind == "counter" else GaugeMetricFamily
+            return kind(f.name, f.help, labels=labels)
 
         def name(f: Family) -> str:
             return f.name + "_total" if f.kind == "counter" else f.name
 
-        host, rows, gauges = self.host, self.accounting.rows(), self.accounting.gauges()
+        rows, gauges = self.accounting.rows(), self.accounting.gauges()
         keys = {(job, uuid) for job, uuid, _ in rows}
         with self._lock:
             new, self._seen = keys - self._seen, keys
-        per_job = [(family(f, ["host", "uuid", JOB]), name(f), _INDEX[f.source], f.kind == "counter") for f in JOB_GPU]
-        mean, cpu = family(MEAN_MEMORY, ["host", "uuid", JOB]), family(JOB_CPU, ["host", JOB])
+        job_labels = [*self.labels, "uuid", JOB]
+        per_job = [(family(f, job_labels), name(f), _INDEX[f.source], f.kind == "counter") for f in JOB_GPU]
+        mean, cpu = family(MEAN_MEMORY, job_labels), family(JOB_CPU, [*self.labels, JOB])
         gpu_seconds, byte_seconds, cpu_seconds = (
             _INDEX[n] for n in ("gpu_seconds", "memory_byte_seconds", "cpu_seconds")
         )
@@ -180,9 +187,9 @@ class AccountingCollector:
             first = (job, uuid) in new  # counters at 0 for one scrape: increase() sees the series start
             if uuid is None:
                 if values[cpu_seconds] is not None:
-                    cpu.add_metric([host, job], 0.0 if first else values[cpu_seconds])
+                    cpu.add_metric([*of_job, job], 0.0 if first else values[cpu_seconds])
                 continue
-            labels = {"host": host, "uuid": uuid, JOB: job}
+            labels = {**self.labels, "uuid": uuid, JOB: job}
             for fam, sample, i, counter in per_job:
                 if values[i] is not None:
                     fam.samples.append(Sample(sample, labels, 0.0 if first and counter else values[i]))
@@ -218,9 +225,10 @@ class Endpoint:
         self.thread.join(5)
 
 
-def serve(settings, accounting, host: str, report) -> Endpoint | None:
-    """Serve ``/metrics`` on ``prometheus.address:prometheus.port`` when the port is set; None when it is not,
-    or when it cannot be served (``report(what, message, key=...)`` hears why, once)."""
+def serve(settings, accounting, labels: dict, report) -> Endpoint | None:
+    """Serve ``/metrics`` on ``prometheus.address:prometheus.port`` when the port is set (``labels``: ``host``
+    and ``session``, see :class:`AccountingCollector`); None when it is not, or when it cannot be served
+    (``report(what, message, key=...)`` hears why, once)."""
     port = settings.prometheus_port
     if port is None or accounting is None:
         return None
@@ -235,7 +243,7 @@ def serve(settings, accounting, host: str, report) -> Endpoint | None:
         )
         return None
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AccountingCollector(accounting, host))
+    registry.register(AccountingCollector(accounting, labels))
     try:
         server, thread = start_http_server(port, addr=settings.prometheus_address, registry=registry)
     except OSError as e:
