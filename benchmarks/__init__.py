@@ -20,6 +20,8 @@ MODULES = (
     "taskstream",
     "hostonce",
     "gpm",
+    "hostreads",
+    "sessiontag",
     "hostcost",
     "accounting",
 )

@@ -101,7 +101,7 @@ def harness(accounting: bool, layout: str = "pairs"):
         if dev.gpm_reader is not None:
             dev.gpm_reader._clock = clock
     acc = Accounting(10.0, STEP, {"host": "node", "worker": "agent-node"}, clock=clock) if accounting else None
-    collector = HostCollector(fields, gpus, None, acc)
+    collector = HostCollector(fields, gpus, None, accounting=acc)
 
     def sample(k: int) -> list[bytes]:
         clock.t = k * STEP

@@ -96,6 +96,16 @@ SETTINGS: tuple[Setting, ...] = (
         "field, so the series count does not grow with the number of DAGs (job stays a tag)",
     ),
     Setting(
+        "session-tag",
+        "session_tag",
+        True,
+        parsers.boolean,
+        "",
+        "true: session (the monitoring session's id) is a tag of every point, so readers select one session "
+        "exactly; false: a string field, so each session adds no series (readers then find a session by its "
+        "field: InfluxQL and the spool exactly, Flux by its time range)",
+    ),
+    Setting(
         "telegraf.address",
         "telegraf_address",
         None,
@@ -148,6 +158,15 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')",
         secret=True,
+    ),
+    Setting(
+        "influxdb.create-database",
+        "create_database",
+        True,
+        parsers.boolean,
+        "",
+        "http sink: when a write answers 'database not found', create it (CREATE DATABASE on /query, "
+        "InfluxDB 1.x, as Telegraf does) and write again; false: never (the lines go to undelivered/)",
     ),
     Setting("influxdb.batch-size", "batch_size", 5000, parsers.positive_int, "lines", "size of one HTTP write"),
     Setting("influxdb.timeout", "http_timeout", 5, parsers.seconds, "s", "time limit per HTTP request"),
@@ -346,6 +365,15 @@ class Settings(_Fields):
     def fields(self) -> frozenset:
         """The (measurement, field) pairs this tracking list turns on."""
         return schema.fields_for(self.tracking)
+
+    @property
+    def field_tags(self) -> tuple:
+        """The tags written as string fields instead (``dag-tag: false``, ``session-tag: false``).
+
+        >>> Settings.resolve({"dag-tag": False, "session-tag": False}).field_tags
+        ('dag', 'session')
+        """
+        return ("dag",) * (not self.dag_tag) + (schema.SESSION,) * (not self.session_tag)
 
     @classmethod
     def resolve(cls, overrides: dict | None = None) -> "Settings":

@@ -54,6 +54,7 @@ class Field(NamedTuple):
 # Measurements
 GPU = "gpu"
 HOST = "host"
+DISK = "disk"
 WORKER = "worker"
 CUSTOM = "custom"
 DAG = "dag"
@@ -63,8 +64,9 @@ DELIVERY = "delivery"
 ACCOUNTING = "accounting"
 IDLE_JOB = "idle"  # the job tag of an accounting point's idle row: no job's
 
+SESSION = "session"  # the tag (or, with session-tag: false, the field) naming the monitoring session
 # Tags on every worker point, in this order.
-COMMON_TAGS = ("host", "worker", "job", "dag")
+COMMON_TAGS = ("host", "worker", "job", "dag", SESSION)
 # Extra tags on per-device points (gpu, and per-device custom metrics).
 DEVICE_TAGS = ("index", "nvml_index", "uuid", "name")
 
@@ -78,6 +80,9 @@ TAGS = {
     "dag": "DAG number(s) of the tasks executing at sample time, ascending and "
     "comma-joined; '0' when the worker is idle (a string field instead with the setting dag-tag: false). "
     "Host points: as job, '0' only when no worker of the host runs a task",
+    SESSION: "the monitoring session's id (made at start(): its UTC start time to the microsecond and 6 random "
+    "hex digits, e.g. 20261121T100000-000001-3fa9c2), on every point of every measurement, so sessions "
+    "sharing one database stay apart (a string field instead with the setting session-tag: false)",
     "index": "device index as the worker sees it (0 = first of CUDA_VISIBLE_DEVICES)",
     "nvml_index": "physical device index as NVML numbers it (the same on every worker of the host)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
@@ -90,23 +95,25 @@ TAGS = {
     "unit": "activity points: the activity's unit as Dask names it ('seconds', 'bytes', 'count')",
     "sink": "delivery points: the sink the counters are of ('udp', 'http' or 'spool')",
     "since": "accounting points: when the row began counting (Unix ns); a restarted one begins again from 0",
+    "path": "disk points: the mount point of a filesystem the host's workers write to (as Telegraf's disk input)",
 }
 
 # The tags each measurement carries, besides the extra ``influx-metrics.tags``.
 MEASUREMENT_TAGS = {
     GPU: COMMON_TAGS + DEVICE_TAGS,
     HOST: COMMON_TAGS,
+    DISK: COMMON_TAGS + ("path",),  # a measurement of its own: readers rely on one host series per host
     WORKER: COMMON_TAGS,
     CUSTOM: COMMON_TAGS + DEVICE_TAGS,  # device tags on per-device custom metrics only
-    DAG: ("host", "job"),  # dag and status are fields: one series per job, however many DAGs
+    DAG: ("host", "job", SESSION),  # dag and status are fields: one series per job, however many DAGs
     TASK: COMMON_TAGS + ("prefix", "state"),
     # Dask's digests are per prefix, not per task, so activity points have no dag (see docs/data-contract.md).
-    ACTIVITY: ("host", "worker", "job", "prefix", "activity", "unit"),
+    ACTIVITY: ("host", "worker", "job", SESSION, "prefix", "activity", "unit"),
     # worker = the sending role: a worker address, "scheduler", or the host's sampling agent
-    DELIVERY: ("host", "worker", "sink"),
+    DELIVERY: ("host", "worker", SESSION, "sink"),
     # worker = the sender (the host's agent; a worker address in thread mode); job = a number or "idle";
     # uuid = the GPU (absent on a job's CPU row). Never dag, task or key: series = rows (docs/attribution.md).
-    ACCOUNTING: ("host", "worker", "job", "uuid", "since"),
+    ACCOUNTING: ("host", "worker", "job", SESSION, "uuid", "since"),
 }
 
 # accounting: per (host, GPU, job) totals since ``since``, monotonic (docs/attribution.md); own: x the job's share
@@ -243,6 +250,9 @@ _FIELDS = (
         "(0 when none ran a kernel); a job's own figures on a shared GPU are the device's scaled by it",
     ),
     Field(HOST, "cpu_percent", float, "%", "whole-host CPU use since the previous sample (all cores = 100)"),
+    Field(HOST, "cpu_percent_core_max", float, "%", "the busiest core's CPU use over that window (one core = 100)"),
+    Field(HOST, "cpu_percent_core_min", float, "%", "the idlest core's CPU use over that window (one core = 100)"),
+    Field(HOST, "cpu_count", int, "count", "logical CPUs online: the cores the per-core figures cover"),
     Field(HOST, "memory_used", int, "bytes", "host memory in use (psutil virtual_memory.used)"),
     Field(HOST, "memory_total", int, "bytes", "host memory capacity"),
     Field(HOST, "memory_used_percent", float, "%", "host memory in use, percent"),
@@ -250,6 +260,15 @@ _FIELDS = (
     Field(HOST, "disk_write_bytes", int, "bytes", "cumulative bytes written to all disks (counter)"),
     Field(HOST, "net_recv_bytes", int, "bytes", "cumulative bytes received on all interfaces (counter)"),
     Field(HOST, "net_sent_bytes", int, "bytes", "cumulative bytes sent on all interfaces (counter)"),
+    Field(HOST, "net_recv_lo_bytes", int, "bytes", "cumulative bytes received on loopback interfaces (counter)"),
+    Field(HOST, "net_sent_lo_bytes", int, "bytes", "cumulative bytes sent on loopback interfaces (counter)"),
+    Field(HOST, "net_recv_ext_bytes", int, "bytes", "cumulative bytes received on the other interfaces (counter)"),
+    Field(HOST, "net_sent_ext_bytes", int, "bytes", "cumulative bytes sent on the other interfaces (counter)"),
+    Field(
+        DISK, "used_percent", float, "%", "space in use, once a second: used / (used + free to non-root) x 100 (psutil)"
+    ),
+    Field(DISK, "used", int, "bytes", "filesystem space in use (size - free)"),
+    Field(DISK, "total", int, "bytes", "filesystem size"),
     Field(WORKER, "tasks", int, "count", "tasks executing (including seceded) at sample time"),
     Field(WORKER, "running", str, "JSON", "JSON list of the executing task keys (tuples become lists)"),
     Field(WORKER, "cpu_percent", float, "%", "worker process CPU since the previous sample (one core = 100)"),
@@ -401,7 +420,9 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "host-cpu": ((HOST, "cpu_percent"),),
     "host-mem": ((HOST, "memory_used"), (HOST, "memory_used_percent")),
     "disk-io": ((HOST, "disk_read_bytes"), (HOST, "disk_write_bytes")),
-    "net-io": ((HOST, "net_recv_bytes"), (HOST, "net_sent_bytes")),
+    "net-io": tuple((HOST, f"net_{d}{k}_bytes") for k in ("", "_lo", "_ext") for d in ("recv", "sent")),
+    "cpu-cores": ((HOST, "cpu_percent_core_max"), (HOST, "cpu_percent_core_min"), (HOST, "cpu_count")),
+    "disk-usage": ((DISK, "used_percent"), (DISK, "used"), (DISK, "total")),
     "worker-cpu": ((WORKER, "cpu_percent"),),
     "worker-mem": ((WORKER, "rss"), (WORKER, "managed_bytes")),
     "worker-gpu-mem": ((GPU, "worker_memory_used"),),

@@ -54,7 +54,7 @@ def collector_on(nvml, clock, pids):
     dev.procs._clock, dev.procs._wall, dev.slow._clock = clock, clock.wall, clock
     dev.gpm_reader._clock = clock
     acc = A.Accounting(1.0, STEP, {"host": "node", "worker": "agent-node"}, since_ns=int(T0 * 1e9), clock=clock)
-    return HostCollector(ALL | {("accounting", "busy_seconds")}, gpus, None, acc), workers, acc
+    return HostCollector(ALL | {("accounting", "busy_seconds")}, gpus, None, accounting=acc), workers, acc
 
 
 def sample(collector, workers, clock, sink, final=False):

@@ -75,6 +75,8 @@ def test_preload_monitors_cluster_from_boot(influxd, tmp_path):
                         "--port",
                         "0",
                         "--no-dashboard",
+                        "--dashboard-address",
+                        ":0",  # its HTTP server binds one even without the dashboard: never the busy 8787
                         "--scheduler-file",
                         scheduler_file,
                     ],

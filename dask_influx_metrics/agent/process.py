@@ -42,9 +42,9 @@ from ..sampling import accounting
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
 from ..sampling.sampler import Sampler
-from ..sampling.sources.host import HostSource, refresh_seconds
+from ..sampling.sources.host import host_sources
 from ..sampling.view import WorkerView
-from ..schema import GPU, HOST
+from ..schema import GPU, SESSION
 from ..sinks import HEALTH_INTERVAL, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
 from . import prometheus
@@ -73,12 +73,13 @@ class Agent:
         self.report = Reporter(self._keep)
         self.previous = self._predecessor()  # counters of an agent that died before this one
         self.gpus, self.gpu_state, self.gpu_why = open_gpus(settings, report=self.report.once)
-        host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
-        refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
-        self.host = HostSource(host_fields, refresh=refresh) if host_fields else None
-        tags = {"host": socket.gethostname(), "worker": agent_role()}
+        host, disks = host_sources(settings)
+        tags = {"host": socket.gethostname(), "worker": agent_role(), SESSION: session}
         self.accounting = accounting.from_settings(settings, tags, report=self.report.once, serve=True)
-        self.collector = HostCollector(settings.fields, self.gpus, self.host, self.accounting)
+        # the run folder's filesystem too (/dev/shm: the snapshots, outboxes), beside the workers' own
+        self.collector = HostCollector(
+            settings.fields, self.gpus, host, disks, paths=(folder,), accounting=self.accounting
+        )
         labels = {"host": tags["host"], "session": session}
         self.endpoint = prometheus.serve(settings, self.accounting, labels, self.report.once)
         self.workers = FolderWorkers(folder, self._view)
@@ -90,7 +91,7 @@ class Agent:
             self,
             interval=settings.polling_interval / 1000.0,
             name="influx-metrics-agent",
-            field_tags=() if settings.dag_tag else ("dag",),
+            field_tags=settings.field_tags,
         )
         self._left: list[WorkerView] = []
         self._outgoing: list[bytes] = []  # lines of the workers' outboxes, sent with the sample's own
@@ -101,7 +102,7 @@ class Agent:
         self._beat_at = 0.0
         self._health_at, self._health_tags = (
             0.0,
-            {**settings.tags, "host": socket.gethostname(), "worker": agent_role()},
+            {**settings.tags, "host": socket.gethostname(), "worker": agent_role(), SESSION: session},
         )
 
     def _keep(self, event: dict) -> None:
@@ -164,7 +165,7 @@ class Agent:
         now = time.time()
         if now - self._health_at >= HEALTH_INTERVAL:
             self._health_at = now
-            lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9))
+            lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9), self.settings.field_tags)
         self.sink.send(lines)
         self.sink.flush()
         self.workers.sent()

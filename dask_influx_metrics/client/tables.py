@@ -108,11 +108,18 @@ def resolve(names: Iterable[str], custom: Iterable[str] = ()) -> list[Metric]:
     missing = unknown(names, custom)
     if missing:
         known = sorted(schema.TRACKING) + sorted(
-            f"{m}.{f}" for m, f in schema.FIELDS if _numeric(m, f) and m != schema.DAG
+            f"{m}.{f}" for m, f in schema.FIELDS if _numeric(m, f) and m not in (schema.DAG, schema.DISK)
         )
         raise ValueError(
             f"unknown metric(s) {missing}; known: {known}"
             + (f"; custom metrics in this data: {sorted(custom)}" if custom else "")
+        )
+    per_path = [m.name for m in out if m.measurement == schema.DISK]
+    if per_path:  # one series per filesystem: no column of a worker's table
+        raise ValueError(
+            f"{per_path}: the disk measurement holds one series per filesystem, not a table column; read "
+            "the fullest filesystem per job and node in the summary's disk rows (db.summary()), every "
+            "reading with db.disk_points()"
         )
     seen: dict[str, Metric] = {}
     for m in out:

@@ -14,6 +14,9 @@ The rules (README "What a number means"):
   Only where the workers have no rows of their own (no ``gpu`` or ``worker``
   field tracked, or no GPU found) does each worker get its own copy (tagged
   with its own jobs).
+* The ``disk`` readings (space in use on the filesystems the workers write to: each worker's
+  ``local_directory`` and the collector's own ``paths``, each filesystem once) are written when
+  they are read (once a second), once, with the ``host`` point's time and tags and a ``path`` tag.
 * **Per-worker** readings (the worker process's CPU and RSS, its tasks, the GPU
   memory its process tree holds and, on a GPU several workers use, its share of
   the GPU's kernel time) carry that worker's own tags.
@@ -49,7 +52,7 @@ Example
 from __future__ import annotations
 
 from .. import jobtags
-from ..schema import GPU, HOST, WORKER, Point
+from ..schema import DISK, GPU, HOST, WORKER, Point
 
 
 def union_tags(workers) -> tuple[str, str]:
@@ -68,11 +71,14 @@ class HostCollector:
     (:class:`.workers.WorkerView`) has ``id``, ``pid``, ``tags``, ``uuids``, ``snapshot()``,
     ``offset()`` and ``read()`` (its ``worker`` fields). ``collect(..., final=True)``: the last sample
     of some of the workers (they leave): the GPUs' counters are read now, whenever they were last.
+    ``disks``: the :class:`.sources.disks.DiskUsage` of the ``disk`` fields, or None; it reads the
+    filesystems of ``paths`` and of each worker's ``local_directory``.
     ``accounting``: the per-job totals (:class:`.accounting.Accounting`) these samples feed, or None.
     """
 
-    def __init__(self, fields: frozenset, gpus, host, accounting=None):
-        self.gpus, self.host, self.accounting = gpus, host, accounting
+    def __init__(self, fields: frozenset, gpus, host, disks=None, paths=(), accounting=None):
+        self.gpus, self.host, self.disks, self.paths = gpus, host, disks, tuple(paths)
+        self.accounting = accounting
         self._gpu_fields = any(m == GPU for m, _ in fields)
         self._host_each = not any(m in (GPU, WORKER) for m, _ in fields)  # a worker has no other rows
         self._per_worker_gpu = any(m == GPU and f.startswith("worker_") for m, f in fields)
@@ -113,13 +119,26 @@ class HostCollector:
             if fields and (self._host_each or not points):  # no worker has rows of its own (no GPU found)
                 points += [Point(HOST, own[w.id][1], dict(fields), times[w.id]) for w in workers]
             elif fields:
-                snaps = tuple(own[w.id][0] for w in workers)
-                if len(snaps) != len(self._union[0]) or any(a is not b for a, b in zip(snaps, self._union[0])):
-                    self._union = (snaps, {**workers[0].tags, **dict(zip(("job", "dag"), union_tags(workers)))})
-                points.append(Point(HOST, self._union[1], fields, shared_ns))
+                points.append(Point(HOST, self._union_tags(workers, own), fields, shared_ns))
+        if self.disks is not None and self.disks.due():
+            points += self._disk_points(workers, own, shared_ns)
         if feed is not None:
             points += self.accounting.update(now_ns, shared_ns, devices, feed, final)
         return points
+
+    def _union_tags(self, workers, own) -> dict:
+        """The host point's tags: the first worker's, with the jobs and DAGs of every worker (made once per change)."""
+        snaps = tuple(own[w.id][0] for w in workers)
+        if len(snaps) != len(self._union[0]) or any(a is not b for a, b in zip(snaps, self._union[0])):
+            self._union = (snaps, {**workers[0].tags, **dict(zip(("job", "dag"), union_tags(workers)))})
+        return self._union[1]
+
+    def _disk_points(self, workers, own, shared_ns: int) -> list[Point]:
+        """One ``disk`` point per filesystem of ``paths`` and the workers' ``local_directory``, with the host
+        point's tags and time, when the filesystems are read (once a second: ``disks.due()``)."""
+        union = self._union_tags(workers, own)
+        paths = self.paths + tuple(getattr(w, "local_directory", None) for w in workers)
+        return [Point(DISK, {**union, **r.tags}, r.fields, shared_ns) for r in self.disks.read(paths)]
 
     def _gpu_points(self, workers, own, times, final, devices=None) -> list[Point]:
         users: dict[str, list] = {}

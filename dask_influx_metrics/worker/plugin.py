@@ -57,9 +57,9 @@ from ..sampling import accounting
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
 from ..sampling.sampler import Sampler
-from ..sampling.sources.host import HostSource, refresh_seconds
+from ..sampling.sources.host import host_sources
 from ..sampling.view import WorkerView
-from ..schema import GPU, HOST
+from ..schema import GPU, SESSION
 from ..sinks import HealthWriter, destinations, make_sink
 from . import extras, taskstream
 from .custom import CustomSource
@@ -95,7 +95,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.registry = TaskRegistry(_dask.worker_nthreads(worker), managed_bytes=managed, brief=brief)
         self._reseed()
         self.snapshot = CachedSnapshot(self.registry)
-        self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
+        self.base_tags = {
+            **settings.tags,
+            "host": socket.gethostname(),
+            "worker": worker.address,
+            SESSION: self.session["id"],
+        }
         self.report = Reporter(self._event, worker=worker.address, host=self.base_tags["host"])
         # Dask's clock-offset estimate, steadied: it jumps by tens of ms while tasks hold the GIL
         self.offset = SteadyOffset(functools.partial(_dask.worker_clock_offset, worker))
@@ -124,6 +129,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             "settings": public(self.settings),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "nthreads": self.registry.nthreads,
+            "local_directory": self.worker.local_directory,  # its spill folder is inside: the agent reads its disk
         }
         try:
             link = await _off_loop(AgentLink, config, info, self.registry.snapshot(), self.report)
@@ -156,7 +162,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._make_extras()
             collect = _refreshing(self.snapshot, self.extras.collect) if self.custom else self.extras.collect
             # never started: the link's thread runs it, into the outbox the agent sends
-            self.sampler = Sampler(collect, link.outbox, field_tags=() if self.settings.dag_tag else ("dag",))
+            self.sampler = Sampler(collect, link.outbox, field_tags=self.settings.field_tags)
             link.every(extras.interval(self.settings, self.custom), self.sampler.sample_and_send)
 
     def _publish(self) -> None:
@@ -200,6 +206,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             "pid": os.getpid(),
             "tags": self.base_tags,
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "local_directory": self.worker.local_directory,
         }
         self.view = WorkerView("self", info, self.snapshot, settings.fields, offset=self.offset)
         found = {"gpu": state.value, "devices": [], "why": why}
@@ -210,11 +217,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 found.update(gpu="error", why=f"{type(e).__name__}: {e}")
             if gpm := gpm_found(self.gpus, self.view.uuids, self.report.once):
                 found["gpm"] = gpm
-        host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
-        refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
-        host = HostSource(host_fields, refresh=refresh) if host_fields else None
         self.accounting = accounting.from_settings(
-            settings, {"host": self.base_tags["host"], "worker": self.worker.address}, report=self.report.once
+            settings,
+            {"host": self.base_tags["host"], "worker": self.worker.address, SESSION: self.session["id"]},
+            report=self.report.once,
         )
         if settings.prometheus_port is not None:
             self.report.once(
@@ -222,20 +228,22 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 "prometheus.port: /metrics is served by the host's sampling agent "
                 "(sampler.mode: agent); this worker samples in-process and serves none",
             )
-        self.collector = HostCollector(settings.fields, self.gpus, host, self.accounting)
+        self.collector = HostCollector(settings.fields, self.gpus, *host_sources(settings), accounting=self.accounting)
         self._record_destinations(self.worker.address, found)
         self._make_extras()
         self.sink = make_sink(
             self.settings, role=self.worker.address, session=self.session["id"], report=self.report.once
         )
         self.health = HealthWriter(
-            self.sink, {**self.settings.tags, "host": self.base_tags["host"], "worker": self.worker.address}
+            self.sink,
+            {k: self.base_tags[k] for k in (*self.settings.tags, "host", "worker", SESSION)},
+            field_tags=self.settings.field_tags,
         )
         self.sampler = Sampler(
             self._collect_all,
             self.sink,
             settings.polling_interval / 1000.0,
-            field_tags=() if self.settings.dag_tag else ("dag",),
+            field_tags=self.settings.field_tags,
         )
         self.sampler.start()
 

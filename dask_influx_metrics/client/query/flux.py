@@ -5,7 +5,7 @@ On 1.8 the bucket is ``database/retention-policy`` and the token
 (``pip install dask-influx-metrics[flux]``). Each question is one Flux script,
 built by a pure ``flux_*_query`` function and filtered on the server (time
 range, worker, job, extra tags); answers come back as annotated CSV, read
-column-wise here so times keep their nanoseconds and tag values stay strings.
+column-wise (:mod:`.fluxcsv`) so times keep their nanoseconds and tag values stay strings.
 
 >>> string('a"b\\\\c${d}')
 '"a\\\\"b\\\\\\\\c\\\\${d}"'
@@ -21,16 +21,25 @@ from(bucket: "db/rp")
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Optional
 
 import pandas as pd
 
 from ... import credentials, jobtags, schema
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, ReadOptions, empty_frame, widened
+from .base import (
+    DEVICE_MEASUREMENTS,
+    SAMPLE_MEASUREMENTS,
+    SESSION_MEASUREMENTS,
+    QueryError,
+    ReadOptions,
+    empty_frame,
+    missing_database,
+    widened,
+)
+from .fluxcsv import read_annotated_csv
+from .sessions import SESSION, select_in_tags
 
-DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration"]
+DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration", SESSION]
 
 
 # --- Flux text (pure) ----------------------------------------------------------
@@ -51,6 +60,18 @@ def _any_of(column: str, values) -> str:
     return terms[0] if len(terms) == 1 else "(" + " or ".join(terms) + ")"
 
 
+def _tag_is(key: str, value: str) -> str:
+    """``r[key] == value``; ``""`` is a tag the point lacks (line protocol has no empty tag value), as
+    InfluxQL's ``"key" = ''`` reads it.
+
+    >>> _tag_is("session", "")
+    '(not exists r["session"] or r["session"] == "")'
+    """
+    if value == "":
+        return f'(not exists r[{string(key)}] or r[{string(key)}] == "")'
+    return f"r[{string(key)}] == {string(value)}"
+
+
 def predicate(measurements, tags=None, fields=None, workers=None, job: Optional[int] = None, busy: bool = False) -> str:
     """The body of ``filter(fn: (r) => ...)``; ``job`` matches inside comma-joined lists ("1,2").
 
@@ -59,7 +80,7 @@ def predicate(measurements, tags=None, fields=None, workers=None, job: Optional[
     terms = [_any_of("r._measurement", measurements)]
     if fields is not None:
         terms.append(_any_of("r._field", fields))
-    terms += [f"r[{string(k)}] == {string(v)}" for k, v in sorted((tags or {}).items())]
+    terms += [_tag_is(k, v) for k, v in sorted((tags or {}).items())]
     if workers is not None:
         terms.append(_any_of("r.worker", workers))
     if job is not None:
@@ -123,6 +144,22 @@ def flux_last_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
     """The latest sample's ``_time`` (as :func:`flux_first_time_query`, from the other end)."""
     return _source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags)) + _pipe(
         "last()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"], desc: true)', "limit(n: 1)"
+    )
+
+
+def flux_session_query(bucket, keys, last=False, field=False, tags=None, start_ns=None, stop_ns=None) -> str:
+    """The first (``last``: the last) point's ``_time`` of each group ``keys`` (``session`` and others) of
+    the session measurements. ``field``: ``session`` is a field (``session-tag: false``): its values,
+    grouped in ``_value``, every point read; else each series' first (last) point, then its group's.
+    """
+    edge, group = ("last()" if last else "first()"), [("_value" if k == SESSION and field else k) for k in keys]
+    where = predicate(SESSION_MEASUREMENTS, tags, fields=[SESSION] if field else None)
+    return _source(bucket, start_ns, stop_ns, where) + _pipe(
+        *(() if field else (edge,)),
+        f"keep(columns: {_array(['_time'] + group)})",
+        f"group(columns: {_array(group)})",
+        f'sort(columns: ["_time"]{", desc: true" if last else ""})',
+        "limit(n: 1)",
     )
 
 
@@ -221,57 +258,8 @@ def flux_last_query(bucket, measurement, fields, by, tags=None, start_ns=None, s
 BUCKETS_QUERY = 'buckets()\n    |> keep(columns: ["name"])\n'
 
 
-# --- annotated CSV -> DataFrame -----------------------------------------------
-def _column(values: pd.Series, datatype: str) -> pd.Series:
-    values = values.where(values != "")  # empty cell = null
-    if datatype.startswith("dateTime"):
-        times = pd.to_datetime(values, utc=True, format="ISO8601")
-        # RFC3339Nano drops trailing zeros: without a sub-microsecond digit pandas picks a coarser unit
-        return (
-            pd.Series(pd.DatetimeIndex(times).as_unit("ns").asi8, index=values.index) if times.notna().all() else times
-        )
-    if datatype in ("double", "long", "unsignedLong"):
-        return pd.to_numeric(values).astype(float) if datatype == "double" else pd.to_numeric(values)
-    if datatype == "boolean":
-        return values.map({"true": True, "false": False})
-    return values  # strings stay object columns, as the InfluxQL backend's read_csv(dtype=str) gives
-
-
-def _table(rows: list, query: str) -> Optional[pd.DataFrame]:
-    annotations = {r[0]: r for r in rows if r and r[0].startswith("#")}
-    body = [r for r in rows if not (r and r[0].startswith("#"))]
-    if not body:
-        return None
-    header, data = body[0], body[1:]
-    if [c for c in header if c] == ["error", "reference"]:  # a failure after the answer began
-        at = header.index("error")
-        message = data[0][at] if data and len(data[0]) > at else "unknown error"
-        raise QueryError(f"InfluxDB failed the Flux query: {message}\n{query}")
-    types = annotations.get("#datatype", [])
-    frame = pd.DataFrame(data, columns=header, dtype=object)
-    out = {
-        c: _column(frame.iloc[:, j], types[j] if j < len(types) else "string")
-        for j, c in enumerate(header)
-        if c not in ("", "result", "table")
-    }
-    return pd.DataFrame(out, index=frame.index)
-
-
-def read_annotated_csv(text: str, query: str = "") -> pd.DataFrame:
-    """All tables of a Flux CSV answer as one frame (tags as str, times as int ns, nulls as NaN).
-
-    Tables with a new schema start after a blank line with their own
-    annotations and header; an ``error,reference`` table raises QueryError.
-    """
-    tables, block = [], []
-    for row in [*csv.reader(io.StringIO(text)), []]:
-        if row:
-            block.append(row)
-        elif block:
-            tables.append(_table(block, query))
-            block = []
-    tables = [t for t in tables if t is not None and not t.empty]
-    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+def _iso(ns: int) -> str:
+    return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat().replace("+00:00", "Z")
 
 
 # --- the backend ---------------------------------------------------------------
@@ -292,6 +280,9 @@ class FluxBackend:
         self.url, self.bucket, self.org = url.rstrip("/"), bucket, options.org
         self.tags, self.start_ns, self.stop_ns = dict(options.tags or {}), options.start_ns, options.stop_ns
         self.notes: list[str] = []
+        self.undelivered = options.undelivered  # named when the bucket is missing
+        self.session: Optional[str] = None  # the session read (sessions.select), None: any
+        self._asked = (self.start_ns, self.stop_ns)  # the range asked for (a session's may narrow it)
         self._dag_field: Optional[bool] = None  # whether samples carry dag as a field (dag-tag: false)
         self._client = influxdb_client.InfluxDBClient(
             url=self.url, token=token, org=self.org, timeout=int(options.timeout * 1000)
@@ -320,7 +311,7 @@ class FluxBackend:
 
     def widened(self):
         """The same source without time range or tags (to say what it holds)."""
-        return widened(self)
+        return widened(self, _asked=(None, None))
 
     # --- transport ---------------------------------------------------------
     def _query(self, query: str) -> pd.DataFrame:
@@ -352,10 +343,59 @@ class FluxBackend:
         names = sorted(names["name"].dropna()) if "name" in names else []
         # on 1.8 buckets are "db/rp" and "db" alone means the default retention policy
         if names and self.bucket not in names and not any(n.startswith(self.bucket + "/") for n in names):
-            raise QueryError(f"bucket {self.bucket!r} not found at {self.url}; buckets: {names}")
+            raise QueryError(
+                missing_database(f"bucket {self.bucket!r} not found at {self.url}; buckets: {names}", self.undelivered)
+            )
 
     def _window(self) -> dict:
         return {"tags": self.tags, "start_ns": self.start_ns, "stop_ns": self.stop_ns}
+
+    # --- sessions (see .sessions) -------------------------------------------
+    def session_rows(self, detail: bool = False, only: Optional[str] = None) -> pd.DataFrame:
+        """What sessions the points in range and tags (any session; ``only``: that one) belong to:
+        ``session`` ("" for none) and ``first`` (ns); with ``detail`` per ``host``, ``worker`` and ``job``
+        too, and ``last``. Where ``session`` is a field (``session-tag: false``), from its values."""
+        tags = {k: v for k, v in self.tags.items() if k != SESSION}
+        rows = self._session_rows(detail, False, {**tags, **({SESSION: only} if only else {})})
+        if rows.empty or rows["session"].ne("").all():
+            return rows
+        by_field = self._session_rows(detail, True, tags)  # the points without a session tag: a field?
+        if only:
+            by_field = by_field[by_field["session"] == only]
+        return by_field if not by_field.empty else rows
+
+    def _session_rows(self, detail: bool, field: bool, tags: dict) -> pd.DataFrame:
+        keys = [SESSION, "host", "worker", "job"] if detail else [SESSION]
+        start, stop = self._asked  # not a session's range (session-tag: false)
+        window = {"tags": tags, "start_ns": start, "stop_ns": stop}
+        frames = []
+        for last in (False, True)[: 2 if detail else 1]:
+            data = self._query(flux_session_query(self.bucket, keys, last=last, field=field, **window))
+            if data.empty or "_time" not in data.columns:
+                return pd.DataFrame(columns=keys + ["first"] + (["last"] if detail else []))
+            data = data.rename(columns={"_time": "last" if last else "first", **({"_value": SESSION} if field else {})})
+            data = data.reindex(columns=keys + ["last" if last else "first"])
+            frames.append(data.assign(**{k: data[k].astype(object).where(data[k].notna(), "") for k in keys}))
+        if not detail:
+            return frames[0]
+        return frames[0].merge(frames[1], on=keys, how="outer")
+
+    def select_session(self, session: str) -> None:
+        """Read only ``session``: a tag filter, or where it is a field (``session-tag: false``) its time range."""
+        if session and self.session_rows(only=session).empty:  # not a tag: a field?
+            span = self._session_rows(True, True, {k: v for k, v in self.tags.items() if k != SESSION})
+            span = span[span["session"] == session]
+            if not span.empty:
+                first, last = int(span["first"].min()), int(span["last"].max())
+                self.start_ns = max(first, self.start_ns or first)
+                self.stop_ns = min(last, self.stop_ns if self.stop_ns is not None else last)
+                self.session = session
+                self.notes.append(
+                    f"session {session!r} is a field here (session-tag: false): Flux reads it by its time range, "
+                    f"{_iso(first)} to {_iso(last)}; what another session wrote within it is read too"
+                )
+                return
+        select_in_tags(self, session)
 
     # --- what exists -------------------------------------------------------
     def fields(self) -> dict[str, list[str]]:
