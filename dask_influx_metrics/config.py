@@ -5,9 +5,9 @@ the :class:`Settings` attribute, the ``Monitor``/``attach`` keywords, the
 default, the parser that validates it, the unit and a line of doc. Everything
 else is derived from that table: the defaults registered with ``dask.config``
 when the package is imported, the :class:`Settings` fields, :data:`KWARGS`,
-the shipped ``influx-metrics.yaml`` (:func:`defaults_yaml`) and the docs/settings.md
-settings table (:func:`settings_table_markdown`); ``tests/test_config.py``
-checks that the file and docs/settings.md say what the table says.
+the shipped ``influx-metrics.yaml`` and the docs/settings.md settings table
+(:mod:`.configdocs`); ``tests/test_config.py`` checks that the file and
+docs/settings.md say what the table says.
 
 Environment variables (``DASK_INFLUX_METRICS__SINK=udp``) and YAML files
 override the defaults the usual Dask way. Per-call overrides travel to
@@ -30,7 +30,6 @@ from dataclasses import field, make_dataclass
 from typing import Any, Callable, NamedTuple
 
 import dask.config
-import yaml
 
 from . import credentials, parsers, schema
 
@@ -466,42 +465,3 @@ def overrides_from_kwargs(**kwargs) -> dict:
         if "spool" not in sinks:
             out["sink"] = sinks + ["spool"]
     return out
-
-
-# --- documents derived from the table ----------------------------------------------------------------
-def _yaml_value(value) -> str:
-    return yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()
-
-
-def _doc(setting: Setting) -> str:
-    return f"{setting.doc} ({setting.unit})" if setting.unit else setting.doc
-
-
-_YAML_HEADER = """\
-# Defaults for dask-influx-metrics. Every key can be set with dask.config,
-# a YAML file in ~/.config/dask/, or an environment variable such as
-# DASK_INFLUX_METRICS__SINK=udp. Monitor(...) and attach(...) override per call.
-# Generated from dask_influx_metrics/config.py (SETTINGS) by config.defaults_yaml(); edit it there.
-"""
-
-
-def defaults_yaml() -> str:
-    """The text of ``influx-metrics.yaml``: every default with its doc as a comment."""
-    lines, section = [_YAML_HEADER + "influx-metrics:"], ""
-    for s in SETTINGS:
-        parent, _, leaf = s.key.rpartition(".")
-        if parent != section:
-            lines.append(f"  {parent}:")
-            section = parent
-        indent = "    " if parent else "  "
-        lines.append(f"{indent}{leaf}: {_yaml_value(s.default)}".ljust(31) + f"# {_doc(s)}")
-    return "\n".join(lines) + "\n"
-
-
-def settings_table_markdown() -> str:
-    """The docs/settings.md table: key (keywords), default, unit, meaning."""
-    rows = ["| key (keywords) | default | unit | meaning |", "|---|---|---|---|"]
-    for s in SETTINGS:
-        keywords = ", ".join(f"`{k}`" for k in s.kwargs)
-        rows.append(f"| `{s.key}` ({keywords}) | `{_yaml_value(s.default)}` | {s.unit} | {s.doc} |")
-    return "\n".join(rows) + "\n"

@@ -388,20 +388,6 @@ def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
     )
 
 
-def tags_as_fields(point: Point, names) -> Point:
-    """``point`` with its tags ``names`` written as string fields instead (setting ``dag-tag: false``:
-    ``dag`` leaves the series key, so new DAGs add no series).
-
-    >>> tags_as_fields(Point("gpu", {"job": "1", "dag": "2"}, {"utilization_gpu": 5.0}, 1), ("dag",))
-    Point(measurement='gpu', tags={'job': '1'}, fields={'utilization_gpu': 5.0, 'dag': '2'}, time_ns=1)
-    """
-    moved = {n: point.tags[n] for n in names if n in point.tags}
-    if not moved:
-        return point
-    tags = {k: v for k, v in point.tags.items() if k not in moved}
-    return point._replace(tags=tags, fields={**point.fields, **moved})
-
-
 # Custom metrics land in the ``custom`` measurement, one float field per metric
 # name; per-device metrics carry the device tags.
 CUSTOM_FIELD_TYPE = float
@@ -488,23 +474,6 @@ def fields_for(tracking) -> frozenset[tuple[str, str]]:
     chosen = {pair for name in tracking for pair in TRACKING[name]}
     measurements = {m for m, _ in chosen}
     return frozenset(chosen | {p for p in ALWAYS if p[0] in measurements})
-
-
-def not_recorded(what: str, names, otherwise: str) -> str:
-    """Why a reader found no ``what``, with the tracking names that record it: the one wording of
-    every empty answer (``frame.attrs["why"]``), so the CLI's errors and the report's empty sections
-    agree. An unknown name raises (as :func:`fields_for`): the hint stays true.
-
-    >>> not_recorded("task stream", ["task-stream"], "no task finished in range")
-    'no task stream recorded: add `task-stream` to tracking (or tracking=None: every metric), or no task finished in range'
-    >>> not_recorded("X", ["compute-util", "gpm", "worker-gpu-mem"], "no GPU").split(" to ")[0]
-    'no X recorded: add `compute-util`, `gpm` or `worker-gpu-mem`'
-    """
-    names = list(names)
-    fields_for(names)
-    quoted = [f"`{n}`" for n in names]
-    listed = ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
-    return f"no {what} recorded: add {listed} to tracking (or tracking=None: every metric), or {otherwise}"
 
 
 # NVML's clock-event reason bits in ``clocks_event_reasons`` (nvidia-smi's names, shortened).

@@ -22,7 +22,7 @@ from fake_influx2 import ANSWERS, HOSTILE, JOBS, T0, FakeInflux, T, W, answer, c
 
 from dask_influx_metrics import lineprotocol, query  # noqa: E402
 from dask_influx_metrics.client.query import QueryError, Store  # noqa: E402
-from dask_influx_metrics.client.query import flux as F
+from dask_influx_metrics.client.query import fluxtext as F
 from dask_influx_metrics.client.query.fluxcsv import read_annotated_csv  # noqa: E402
 from dask_influx_metrics.schema import ACCOUNTING, ACCOUNTING_FIELDS, MEASUREMENT_TAGS, Point
 
@@ -405,5 +405,5 @@ def test_accounting_reads_alike_from_flux_and_the_spool(fake, tmp_path):
     (sent,) = [q for q in fake.queries() if "last()" in q]
     assert (
         'r._measurement == "accounting"' in sent
-        and 'group(columns: ["host", "worker", "job", "uuid", "since"])' in sent
+        and 'group(columns: ["host", "worker", "job", "session", "uuid", "since"])' in sent
     )

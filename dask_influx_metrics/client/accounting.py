@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from .. import schema
+from .tables import not_recorded
 
 BY = schema.MEASUREMENT_TAGS[schema.ACCOUNTING]  # host, worker, job, uuid, since: one row's series
 FIELDS = schema.ACCOUNTING_FIELDS
@@ -45,7 +46,7 @@ COLUMNS = [
     "memory_mean_bytes",
     "cpu_seconds",
 ]
-NONE = schema.not_recorded("accounting", ["accounting"], "no sampler ran while the range lasted")
+NONE = not_recorded("accounting", ["accounting"], "no sampler ran while the range lasted")
 
 
 def increase(last: pd.DataFrame, before: pd.DataFrame | None) -> pd.DataFrame:
@@ -71,7 +72,7 @@ def table(last: pd.DataFrame) -> pd.DataFrame:
     frame = last.reindex(columns=[*BY, *FIELDS]).copy()
     for f in FIELDS:
         frame[f] = pd.to_numeric(frame[f], errors="coerce")
-    frame["uuid"] = frame["uuid"].fillna("").astype(str)
+    frame["uuid"] = frame["uuid"].astype(object).fillna("").astype(str)
     agg = {f: ("max" if f == "memory_peak_bytes" else lambda v: v.sum(min_count=1)) for f in FIELDS}
     rows = frame.groupby(["job", "host", "uuid"], sort=False).agg(agg).reset_index()
     gpu = rows[rows["uuid"] != ""].copy()

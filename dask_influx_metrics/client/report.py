@@ -21,10 +21,9 @@ import os
 
 import pandas as pd
 
-from ..schema import not_recorded
 from . import reportfigs as figs
 from . import summary as _summary
-from .tables import MIB, device_columns
+from .tables import MIB, device_columns, not_recorded
 
 GIB = 2.0**30
 TIMELINES = {"compute-util": ("GPU utilization (%)", 1.0), "total-mem": ("GPU memory used (GiB)", GIB)}

@@ -313,3 +313,20 @@ def table_metrics(table: pd.DataFrame) -> list[str]:
         if name not in out:
             out.append(name)
     return out
+
+
+def not_recorded(what: str, names, otherwise: str) -> str:
+    """Why a reader found no ``what``, with the tracking names that record it: the one wording of
+    every empty answer (``frame.attrs["why"]``), so the CLI's errors and the report's empty sections
+    agree. An unknown name raises (as :func:`fields_for`): the hint stays true.
+
+    >>> not_recorded("task stream", ["task-stream"], "no task finished in range")
+    'no task stream recorded: add `task-stream` to tracking (or tracking=None: every metric), or no task finished in range'
+    >>> not_recorded("X", ["compute-util", "gpm", "worker-gpu-mem"], "no GPU").split(" to ")[0]
+    'no X recorded: add `compute-util`, `gpm` or `worker-gpu-mem`'
+    """
+    names = list(names)
+    schema.fields_for(names)
+    quoted = [f"`{n}`" for n in names]
+    listed = ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
+    return f"no {what} recorded: add {listed} to tracking (or tracking=None: every metric), or {otherwise}"

@@ -393,6 +393,6 @@ class SpoolBackend:
         if frame.empty:
             return pd.DataFrame(columns=list(by) + list(fields))
         frame = frame.reindex(columns=["time", *by, *fields]).sort_values("time", kind="stable")
-        frame[list(by)] = frame[list(by)].fillna("").astype(str)
+        frame[list(by)] = frame[list(by)].astype(object).fillna("").astype(str)  # a tag a point lacks: ""
         last = frame.groupby(list(by), sort=True)[list(fields)].last()  # each column's last non-null value
         return last.reset_index()[list(by) + list(fields)]
