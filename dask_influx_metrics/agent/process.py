@@ -258,7 +258,7 @@ class Agent:
         """Last sample's lines out, sink closed; the run folder removed when ``remove``."""
         self.sampler.stop()
         if self.accounting is not None:  # the last totals: no later point carries them
-            accounting.repeat(self.accounting.close(), self.send)
+            accounting.repeat(self.accounting.close(), self.send, self.settings.field_tags)
         if self.endpoint is not None:
             self.endpoint.close()
         self._health_at = 0.0

@@ -464,10 +464,11 @@ class Accounting:
             return {"time": self._stamp, "since": self.since, "jobs": jobs, "idle": idle, "gpus": gpus}
 
 
-def repeat(points: list[Point], send) -> None:
+def repeat(points: list[Point], send, field_tags=()) -> None:
     """Send the session's last accounting ``points`` :data:`FINAL_REPEATS` times, each its own ``send`` (its own
-    datagram on UDP: identical points, InfluxDB keeps one), since no later point carries its totals."""
-    lines = lineprotocol.encode_many(points)
+    datagram on UDP: identical points, InfluxDB keeps one), since no later point carries its totals.
+    ``field_tags``: the tags written as fields (the sampler's, e.g. ``session`` with ``session-tag: false``)."""
+    lines = lineprotocol.encode_many([lineprotocol.tags_as_fields(p, field_tags) for p in points])
     for _ in range(FINAL_REPEATS if lines else 0):
         send(lines)
 

@@ -308,7 +308,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if sampler is not None:  # thread mode: one more sample, the counters too
             sampler.stop(final_sample=True)
             if self.accounting is not None:  # the last totals: no later point carries them
-                accounting.repeat(self.accounting.close(), self.sink.send)
+                accounting.repeat(self.accounting.close(), self.sink.send, self.settings.field_tags)
             self.health.stop()
             self.sink.close()
         if self.extras is not None:
