@@ -24,4 +24,5 @@ MODULES = (
     "sessiontag",
     "live",
     "hostcost",
+    "accounting",
 )

@@ -61,6 +61,8 @@ DAG = "dag"
 TASK = "task"
 ACTIVITY = "activity"
 DELIVERY = "delivery"
+ACCOUNTING = "accounting"
+IDLE_JOB = "idle"  # the job tag of an accounting point's idle row: no job's
 
 SESSION = "session"  # the tag (or, with session-tag: false, the field) naming the monitoring session
 # Tags on every worker point, in this order.
@@ -92,6 +94,7 @@ TAGS = {
     "('thread-cpu', 'thread-noncpu', 'disk-read', custom context_meter labels, ...; never fixed here)",
     "unit": "activity points: the activity's unit as Dask names it ('seconds', 'bytes', 'count')",
     "sink": "delivery points: the sink the counters are of ('udp', 'http' or 'spool')",
+    "since": "accounting points: when the row began counting (Unix ns); a restarted one begins again from 0",
     "path": "disk points: the mount point of a filesystem the host's workers write to (as Telegraf's disk input)",
 }
 
@@ -108,7 +111,22 @@ MEASUREMENT_TAGS = {
     ACTIVITY: ("host", "worker", "job", SESSION, "prefix", "activity", "unit"),
     # worker = the sending role: a worker address, "scheduler", or the host's sampling agent
     DELIVERY: ("host", "worker", SESSION, "sink"),
+    # worker = the sender (the host's agent; a worker address in thread mode); job = a number or "idle";
+    # uuid = the GPU (absent on a job's CPU row). Never dag, task or key: series = rows (docs/attribution.md).
+    ACCOUNTING: ("host", "worker", "job", SESSION, "uuid", "since"),
 }
+
+# accounting: per (host, GPU, job) totals since ``since``, monotonic (docs/attribution.md); own: x the job's share
+_ACCOUNTING = (
+    ("gpu_seconds", "s", "time the job had tasks executing on a worker using the GPU (idle row: time no job had)"),
+    ("busy_seconds", "s", "the job's own utilization_gpu / 100 x each window, summed (idle row: no job's)"),
+    ("sm_active_seconds", "s", "the job's own sm_active / 100 x each window, summed (GPM only)"),
+    ("tensor_active_seconds", "s", "the job's own pipe_tensor_active / 100 x each window, summed (GPM only)"),
+    ("energy_joules", "J", "its part of the energy counter's delta (jobs and the idle row add up to it)"),
+    ("memory_peak_bytes", "bytes", "most GPU memory the process trees of the workers running the job held"),
+    ("memory_byte_seconds", "bytes x s", "that memory x each window, summed (mean: over gpu_seconds)"),
+    ("cpu_seconds", "s", "the CPU row (no uuid): CPU time of the host's workers while they ran its tasks"),
+)
 
 _FIELDS = (
     Field(GPU, "utilization_gpu", float, "%", "time a kernel ran over the last sample period (NVML utilization.gpu)"),
@@ -340,9 +358,12 @@ _FIELDS = (
         "count",
         "failed sends: UDP socket errors, failed HTTP requests (unreachable, 5xx, auth)",
     ),
+    *(Field(ACCOUNTING, name, float, unit, meaning) for name, unit, meaning in _ACCOUNTING),
 )
 FIELDS: dict[tuple[str, str], Field] = {(f.measurement, f.name): f for f in _FIELDS}
 DELIVERY_FIELDS = tuple(f.name for f in _FIELDS if f.measurement == DELIVERY)
+ACCOUNTING_FIELDS = tuple(name for name, _, _ in _ACCOUNTING)
+_ACCOUNTED = ("utilization_gpu", "power_draw", "total_energy_consumption", "worker_memory_used", "worker_gpu_share")
 
 
 def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
@@ -365,20 +386,6 @@ def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
         for name in set(tags) | set(extra_tags)
         if name in fields[m]
     )
-
-
-def tags_as_fields(point: Point, names) -> Point:
-    """``point`` with its tags ``names`` written as string fields instead (setting ``dag-tag: false``:
-    ``dag`` leaves the series key, so new DAGs add no series).
-
-    >>> tags_as_fields(Point("gpu", {"job": "1", "dag": "2"}, {"utilization_gpu": 5.0}, 1), ("dag",))
-    Point(measurement='gpu', tags={'job': '1'}, fields={'utilization_gpu': 5.0, 'dag': '2'}, time_ns=1)
-    """
-    moved = {n: point.tags[n] for n in names if n in point.tags}
-    if not moved:
-        return point
-    tags = {k: v for k, v in point.tags.items() if k not in moved}
-    return point._replace(tags=tags, fields={**point.fields, **moved})
 
 
 # Custom metrics land in the ``custom`` measurement, one float field per metric
@@ -431,6 +438,12 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
         (TASK, n) for n in ("key", "start", "duration", "compute", "transfer", "disk_read", "disk_write", "nbytes")
     ),
     "fine-metrics": ((ACTIVITY, "value"), (ACTIVITY, "jobs")),
+    # the agent's per-job totals (docs/attribution.md), and the readings they are made of
+    "accounting": (
+        *((ACCOUNTING, n) for n in ACCOUNTING_FIELDS),
+        *((GPU, n) for n in _ACCOUNTED),
+        (WORKER, "cpu_percent"),
+    ),
 }
 # The gpu fields that say how busy the GPU's compute was. On a GPU several workers (or other processes)
 # share, a job's own figure is the device's scaled by its worker's ``worker_gpu_share``
@@ -461,23 +474,6 @@ def fields_for(tracking) -> frozenset[tuple[str, str]]:
     chosen = {pair for name in tracking for pair in TRACKING[name]}
     measurements = {m for m, _ in chosen}
     return frozenset(chosen | {p for p in ALWAYS if p[0] in measurements})
-
-
-def not_recorded(what: str, names, otherwise: str) -> str:
-    """Why a reader found no ``what``, with the tracking names that record it: the one wording of
-    every empty answer (``frame.attrs["why"]``), so the CLI's errors and the report's empty sections
-    agree. An unknown name raises (as :func:`fields_for`): the hint stays true.
-
-    >>> not_recorded("task stream", ["task-stream"], "no task finished in range")
-    'no task stream recorded: add `task-stream` to tracking (or tracking=None: every metric), or no task finished in range'
-    >>> not_recorded("X", ["compute-util", "gpm", "worker-gpu-mem"], "no GPU").split(" to ")[0]
-    'no X recorded: add `compute-util`, `gpm` or `worker-gpu-mem`'
-    """
-    names = list(names)
-    fields_for(names)
-    quoted = [f"`{n}`" for n in names]
-    listed = ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
-    return f"no {what} recorded: add {listed} to tracking (or tracking=None: every metric), or {otherwise}"
 
 
 # NVML's clock-event reason bits in ``clocks_event_reasons`` (nvidia-smi's names, shortened).

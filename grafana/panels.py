@@ -298,6 +298,29 @@ def delivery_panels() -> list[list[tuple[dict, int]]]:
     ]
 
 
+def accounting_panel() -> tuple[dict, int]:
+    """The agents' per-job totals: each row's last point in the range (it carries the totals so far), added up
+    per job (over GPUs, hosts and ``since``: a restarted agent's rows start again from 0)."""
+    names = schema.ACCOUNTING_FIELDS
+    last = ", ".join(f'last("{n}") AS "{n}"' for n in names)
+    totals = ", ".join(
+        f'{"max" if n == "memory_peak_bytes" else "sum"}("{n}") AS "{n}"' for n in names if n != "memory_byte_seconds"
+    )
+    rows = '"host", "worker", "job", "uuid", "since"'
+    query = (
+        f'SELECT {totals} FROM (SELECT {last} FROM "{schema.ACCOUNTING}" WHERE "host" =~ /^$host$/ AND {JOB} '
+        f"AND $timeFilter GROUP BY {rows}) WHERE $timeFilter GROUP BY \"job\""
+    )
+    return table(
+        "GPU accounting per job (the agents' running totals)",
+        "Per job (idle: no job's), over its GPUs: time it ran on them (gpu_seconds), its own kernel, SM-active and "
+        "tensor-active time (on a shared GPU: its share), its part of the GPUs' energy counters (jobs and idle add "
+        "up to the devices'), the most GPU memory its workers held (bytes) and its workers' CPU seconds. Each "
+        "point carries the totals so far: a lost point costs nothing.",
+        query,
+    ), 24
+
+
 def several(
     title: str, names: tuple, agg: str = "mean", group: tuple = tuple(PER_DEVICE), where: str = SAMPLES
 ) -> tuple[dict, int]:
@@ -447,6 +470,7 @@ def panels() -> list[dict]:
             ),
         ],
         *gpu_panels(),
+        [accounting_panel()],
         *depth_panels(),
         [
             (timeseries("Running tasks per worker", tasks, "max", SAMPLES, ["worker"], "$tag_worker", stack=True), 12),

@@ -17,7 +17,7 @@ import re
 
 import pandas as pd
 
-from dask_influx_metrics.client.query import flux as F
+from dask_influx_metrics.client.query import fluxtext as F
 
 
 class _Row(dict):

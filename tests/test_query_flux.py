@@ -22,8 +22,11 @@ from fake_influx2 import ANSWERS, HOSTILE, JOBS, T0, FakeInflux, T, W, answer, c
 
 from dask_influx_metrics import lineprotocol, query  # noqa: E402
 from dask_influx_metrics.client.query import QueryError, Store  # noqa: E402
-from dask_influx_metrics.client.query import flux as F
+from dask_influx_metrics.client.query import fluxtext as F
 from dask_influx_metrics.client.query.fluxcsv import read_annotated_csv  # noqa: E402
+from dask_influx_metrics.schema import ACCOUNTING, ACCOUNTING_FIELDS, MEASUREMENT_TAGS, Point
+
+ACCOUNTING_BY = MEASUREMENT_TAGS[ACCOUNTING]
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +110,7 @@ def _all_queries() -> dict[str, str]:
                 keys = ["session", "host", "worker", "job"]
                 out[f"session-{last}-{field}-{name}"] = F.flux_session_query("b", keys, last=last, field=field, **kw)
         out[f"unnamed-{name}"] = F.flux_frame_query("b", "gpu", ["utilization_gpu"], W, tags={"session": ""})
+        out[f"last-{name}"] = F.flux_last_query("b", "accounting", list(ACCOUNTING_FIELDS), list(ACCOUNTING_BY), **kw)
     out["buckets"] = F.BUCKETS_QUERY
     return out
 
@@ -353,4 +357,53 @@ def test_dag_as_a_field_is_found_and_read(fake):
         '    |> map(fn: (r) => ({r with _value: r["memory_used"]}))\n'
         '    |> group(columns: ["worker", "index", "job"])\n    |> max()\n'
         '    |> keep(columns: ["worker", "index", "job", "_value"])\n'
+    )
+
+
+# --- accounting: each row's last values, as InfluxDB 2.x answers flux_last_query --------------------
+ACCOUNTING_POINTS = [  # two points of a GPU row (the last carries the totals), a CPU row, an idle row
+    Point(
+        ACCOUNTING,
+        {"host": "n", "worker": "agent-n", "job": "1", "uuid": "GPU-1", "since": "5"},
+        {"gpu_seconds": 1.0, "busy_seconds": 0.5},
+        T0,
+    ),
+    Point(
+        ACCOUNTING,
+        {"host": "n", "worker": "agent-n", "job": "1", "uuid": "GPU-1", "since": "5"},
+        {"gpu_seconds": 2.0, "busy_seconds": 1.5, "energy_joules": 300.0},
+        T[1],
+    ),
+    Point(ACCOUNTING, {"host": "n", "worker": "agent-n", "job": "1", "since": "5"}, {"cpu_seconds": 4.25}, T[1]),
+    Point(
+        ACCOUNTING,
+        {"host": "n", "worker": "agent-n", "job": "idle", "uuid": "GPU-1", "since": "5"},
+        {"gpu_seconds": 7.0, "busy_seconds": 0.0, "energy_joules": 700.0},
+        T[1],
+    ),
+]
+LAST_ANSWER = crlf("""
+#datatype,string,long,string,string,string,string,string,double,double,double,double
+#group,false,false,false,false,false,false,false,false,false,false,false
+#default,_result,,,,,,,,,,
+,result,table,host,worker,job,uuid,since,busy_seconds,cpu_seconds,energy_joules,gpu_seconds
+,,0,n,agent-n,1,,5,,4.25,,
+,,0,n,agent-n,1,GPU-1,5,1.5,,300,2
+,,0,n,agent-n,idle,GPU-1,5,0,,700,7
+""")
+
+
+def test_accounting_reads_alike_from_flux_and_the_spool(fake, tmp_path):
+    fake.answer = lambda flux: (200, LAST_ANSWER) if "last()" in flux else answer(flux)
+    folder = tmp_path / "20240501T120000-000001" / "agent-n"
+    folder.mkdir(parents=True)
+    (folder / "spool-1-000000.lp").write_bytes(b"\n".join(lineprotocol.encode_many(ACCOUNTING_POINTS)) + b"\n")
+    with _connect(fake) as flux, query.connect(tmp_path) as spool:
+        theirs, ours = flux.accounting(), spool.accounting()
+    pd.testing.assert_frame_equal(theirs, ours)
+    assert ours.loc[ours["uuid"].eq("GPU-1") & ours["job"].eq(1), "busy_seconds"].item() == 1.5
+    (sent,) = [q for q in fake.queries() if "last()" in q]
+    assert (
+        'r._measurement == "accounting"' in sent
+        and 'group(columns: ["host", "worker", "job", "session", "uuid", "since"])' in sent
     )

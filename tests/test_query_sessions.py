@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from dask_influx_metrics import lineprotocol, query, schema
+from dask_influx_metrics import lineprotocol, query
 from dask_influx_metrics.client.monitor import Monitor
 from dask_influx_metrics.schema import Point
 
@@ -103,7 +103,7 @@ def _untagged(points: list[Point]) -> list[Point]:
 
 
 def _as_field(points: list[Point]) -> list[Point]:
-    return [schema.tags_as_fields(p, ("session",)) for p in points]
+    return [lineprotocol.tags_as_fields(p, ("session",)) for p in points]
 
 
 @pytest.fixture(scope="module")

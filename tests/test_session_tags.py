@@ -11,7 +11,7 @@ from distributed import Client
 from dask_influx_metrics import Monitor, custom_metric, lineparse, names
 from dask_influx_metrics.sinks.spool import read_lines
 
-EVERY_WRITER = {"gpu", "host", "disk", "worker", "custom", "task", "activity", "dag", "delivery"}
+EVERY_WRITER = {"gpu", "host", "disk", "worker", "custom", "task", "activity", "dag", "delivery", "accounting"}
 
 
 @custom_metric("one", per_device=False)

@@ -132,7 +132,10 @@ def test_procfs_values_equal_psutils_definitions():
     assert len(cores) == psutil.cpu_count()
     p_busy, p_total = host_mod._busy_total(psutil.cpu_times())
     assert 0 <= p_total - total < 1.0 * psutil.cpu_count() and 0 <= p_busy - busy < 1.0 * psutil.cpu_count()
-    for ours, theirs in ((reader.disk(), psutil.disk_io_counters()), (reader.net(), psutil.net_io_counters())):
+    for ours, theirs in (
+        (reader.disk(), psutil.disk_io_counters(nowrap=False)),
+        (reader.net(), psutil.net_io_counters(nowrap=False)),
+    ):
         if theirs is None:
             continue
         names = [n for n in ours]
@@ -283,7 +286,7 @@ def test_loopback_by_the_kernels_flag_else_by_name(tmp_path):
 def test_network_split_equals_psutils_per_interface_counters():
     from dask_influx_metrics.sampling.sources.procfs import is_loopback
 
-    nics = psutil.net_io_counters(pernic=True)
+    nics = psutil.net_io_counters(pernic=True, nowrap=False)
     ours = ProcReader(os.getpid()).net()
     for fields in (ours, HostSource(frozenset((HOST, f) for f in ours), procfs=False).read(HOST)):
         for kind, lo in (("lo", True), ("ext", False)):

@@ -39,6 +39,7 @@ from .. import runfolder
 from ..config import Settings, public
 from ..names import GpuState, agent_role
 from ..reports import Reporter
+from ..sampling import accounting
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
 from ..sampling.live import LIVE_S, LiveFigures
@@ -48,6 +49,7 @@ from ..sampling.view import WorkerView
 from ..schema import GPU, SESSION
 from ..sinks import HEALTH_INTERVAL, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
+from . import prometheus
 from .workers import FolderWorkers
 
 logger = logging.getLogger(__name__)
@@ -74,8 +76,14 @@ class Agent:
         self.previous = self._predecessor()  # counters of an agent that died before this one
         self.gpus, self.gpu_state, self.gpu_why = open_gpus(settings, report=self.report.once)
         host, disks = host_sources(settings)
+        tags = {"host": socket.gethostname(), "worker": agent_role(), SESSION: session}
+        self.accounting = accounting.from_settings(settings, tags, report=self.report.once, serve=True)
         # the run folder's filesystem too (/dev/shm: the snapshots, outboxes), beside the workers' own
-        self.collector = HostCollector(settings.fields, self.gpus, host, disks, paths=(folder,))
+        self.collector = HostCollector(
+            settings.fields, self.gpus, host, disks, paths=(folder,), accounting=self.accounting
+        )
+        labels = {"host": tags["host"], "session": session}
+        self.endpoint = prometheus.serve(settings, self.accounting, labels, self.report.once)
         self.workers = FolderWorkers(folder, self._view)
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
         self.figures, self._figured = LiveFigures(), -LIVE_S  # the beat's ``live``: each worker's latest figures
@@ -259,6 +267,10 @@ class Agent:
     def close(self, remove: bool) -> None:
         """Last sample's lines out, sink closed; the run folder removed when ``remove``."""
         self.sampler.stop()
+        if self.accounting is not None:  # the last totals: no later point carries them
+            accounting.repeat(self.accounting.close(), self.send, self.settings.field_tags)
+        if self.endpoint is not None:
+            self.endpoint.close()
         self._health_at = 0.0
         while True:  # what the outboxes still hold (a backlog in parts, paced), and the last delivery counts
             self._outgoing = self.workers.outgoing()

@@ -221,6 +221,37 @@ def summary(open_store, per_job, workers, job, resources, fmt):
 
 
 @cli.command()
+@job_option
+@format_option
+@store_options
+def accounting(open_store, job, fmt):
+    """Per-job GPU accounting: the sampling agents' running totals (tracking name accounting).
+
+    One row per job and GPU (host, uuid), per job and host (CPU: uuid empty),
+    per job (totals: host and uuid empty) and the idle rows (job "idle": no
+    job's). Columns: gpu_seconds, busy_seconds, sm_active_seconds,
+    tensor_active_seconds, energy_joules, memory_peak_bytes,
+    memory_mean_bytes, cpu_seconds. A lost point costs no total: each
+    carries the totals so far.
+
+    \b
+    Example:
+      dask-influx-metrics accounting --job 2 --format csv --source http://127.0.0.1:8086
+    """
+    db = open_store()
+    frame = _recorded(db, db.accounting(job=job))
+    if fmt != "json":  # name the idle and total rows (pandas would print <NA>)
+        frame = frame.assign(
+            job=frame["job"].astype("string").fillna("idle"),
+            host=frame["host"].astype("string").fillna("all" if fmt == "table" else ""),
+            uuid=frame["uuid"].astype("string").fillna("-" if fmt == "table" else ""),
+        )
+    else:
+        frame = frame.assign(job=frame["job"].astype(object).where(frame["job"].notna(), "idle"))
+    emit(frame, fmt)
+
+
+@cli.command()
 @click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--fname", default="worker", show_default=True, help="File name prefix: DIR/<fname>_<index>.csv.")
 @click.option("--clear-dir", is_flag=True, help="First delete the <fname>_*.csv files already in DIR (only those).")

@@ -395,6 +395,16 @@ class Monitor:
         """
         return self.query(**kwargs).get_peaks(metric, workers=workers, per_job=per_job)
 
+    def accounting(self, job=None, **kwargs):
+        """Per-job GPU accounting: busy, SM- and tensor-active GPU-seconds, energy, GPU memory and CPU seconds
+        per job and GPU, per job, and the idle rows, from the agents' running totals (tracking name
+        ``accounting``); ``kwargs`` choose the source as :meth:`query` does. See
+        :meth:`dask_influx_metrics.query.Store.accounting`.
+
+        >>> monitor.accounting(job=1)  # doctest: +SKIP
+        """
+        return self.query(**kwargs).accounting(job=job)
+
     def peak_memory(self, workers=None) -> list:
         """The first dask-metrics API: peak ``mem-util`` per GPU, ``[[12, 8], [4, 0]]``.
 

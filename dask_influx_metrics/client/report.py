@@ -7,8 +7,9 @@ GPU-hours, each physical GPU counted once), then per
 job its DAGs, GPU utilization and memory timelines per worker and GPU with the job's busy
 intervals shaded, peaks, utilization summary per worker, GPU use per DAG, the activity
 breakdown (Dask's fine performance metrics) and the slowest task prefixes. "Was the GPU busy": per
-job and DAG, then per task prefix; and one table per node of its CPU (with the
-spread across cores), memory, disk and network, for the session and each job. A section without
+job and DAG, then per task prefix; one table per node of its CPU (with the spread across cores), memory,
+disk and network, for the session and each job. "GPU accounting": the sampling agents' running totals per
+job and GPU (busy and SM-active GPU-seconds, energy, memory, CPU; :mod:`.accounting`). A section without
 data says why. Figures: :mod:`.reportfigs`; the numbers: :mod:`.summary`, :mod:`.peaks`, :mod:`.tasks`.
 """
 
@@ -20,10 +21,9 @@ import os
 
 import pandas as pd
 
-from ..schema import not_recorded
 from . import reportfigs as figs
 from . import summary as _summary
-from .tables import MIB, device_columns
+from .tables import MIB, device_columns, not_recorded
 
 GIB = 2.0**30
 TIMELINES = {"compute-util": ("GPU utilization (%)", 1.0), "total-mem": ("GPU memory used (GiB)", GIB)}
@@ -41,6 +41,11 @@ SUMMARY_COLUMNS = [
     "unused_device_hours",
     "held_idle_device_hours",
 ]
+ACCOUNTING = (
+    "GPU accounting: the sampling agents' running totals per job and GPU (busy, SM-active and tensor-active "
+    "GPU-seconds: the job's own; energy; its workers' GPU memory; CPU seconds), per job (host all) and the idle "
+    "rows (no job's)"
+)
 # The node tables (one per node): its cpu, memory, disk and network rows; bytes shown in MiB.
 NODE_RESOURCES = ("cpu", "memory", "disk", "network")
 NODE_COLUMNS = [
@@ -135,6 +140,7 @@ def collect(db) -> dict:
         "activity": db.activity(),
         "gpu": db.gpu_during_tasks(),
         "prefix_gpu": db.gpu_per_prefix(),
+        "accounting": _attempt(db.accounting),
     }
 
 
@@ -196,12 +202,32 @@ def _overview(data: dict) -> str:
     ]
     parts += [f"<tr><th>{_text(k)}</th><td style=\"text-align:left\">{_text(v)}</td></tr>" for k, v in facts]
     parts.append("</table><h3>Jobs</h3>" + _table(job_overview(data), "no job ran: no busy samples"))
+    parts.append(f"<h3 id=\"accounting\">{ACCOUNTING}</h3>" + _table(_accounting(data["accounting"])))
     parts.append("<h3>Workers</h3>" + _table(pd.DataFrame(list(data["workers"].items()), columns=["index", "address"])))
     if not data["gpus"].empty:
         parts.append("<h3>GPUs</h3>" + _table(data["gpus"]))
     parts.append(f"<h3>Nodes ({NODE_HEADING})</h3>" + _nodes(data["summary"], None))
     parts += [_why("note: " + n) for n in data["notes"]]
     return "\n".join(parts)
+
+
+def _accounting(frame: pd.DataFrame, job=None) -> pd.DataFrame:
+    """The accounting rows for reading (of ``job``): idle and total rows named, memory in GiB, energy in Wh."""
+    if frame.empty:
+        return frame
+    if job is not None:
+        frame = frame[frame["job"] == job]
+    out = frame.assign(
+        job=frame["job"].astype("string").fillna("idle"),
+        host=frame["host"].astype("string").fillna("all"),
+        uuid=frame["uuid"].astype("string").fillna("-"),
+        energy_wh=frame["energy_joules"] / 3600.0,
+        memory_peak_gib=frame["memory_peak_bytes"] / GIB,
+        memory_mean_gib=frame["memory_mean_bytes"] / GIB,
+    )
+    columns = ["job", "host", "uuid", "gpu_seconds", "busy_seconds", "sm_active_seconds", "tensor_active_seconds"]
+    columns += ["energy_wh", "memory_peak_gib", "memory_mean_gib", "cpu_seconds"]
+    return out[[c for c in columns if out[c].notna().any() or c in ("job", "host", "uuid")]]
 
 
 def node_tables(summary: pd.DataFrame, job) -> dict[str, pd.DataFrame]:
@@ -267,6 +293,8 @@ def _job(data: dict, job: int, figures: dict) -> str:
     summary = data["summary"]
     mine = _of_job(summary, job)
     parts += [
+        "<h3>GPU accounting (the agents' running totals)</h3>",
+        _table(_accounting(data["accounting"], job), data["accounting"].attrs.get("why", "no accounting rows")),
         "<h3>Peaks</h3>",
         _table(_peaks(data["peaks"], job), NO_GPU),
         "<h3>Utilization while the job ran (per worker: its own view of each GPU it uses; worker '-': all "

@@ -20,6 +20,8 @@ The rules (README "What a number means"):
 * **Per-worker** readings (the worker process's CPU and RSS, its tasks, the GPU
   memory its process tree holds and, on a GPU several workers use, its share of
   the GPU's kernel time) carry that worker's own tags.
+* **Accounting** (tracking name ``accounting``): each sample's readings also feed the per-job totals of
+  :class:`.accounting.Accounting` (``accounting``), whose points come with the sample's when due.
 * Every point of a worker is timed on the scheduler's clock through that
   worker's steadied offset (so a worker's points of one sample share their
   time: its table's row); host points through the median of the workers'
@@ -71,10 +73,12 @@ class HostCollector:
     of some of the workers (they leave): the GPUs' counters are read now, whenever they were last.
     ``disks``: the :class:`.sources.disks.DiskUsage` of the ``disk`` fields, or None; it reads the
     filesystems of ``paths`` and of each worker's ``local_directory``.
+    ``accounting``: the per-job totals (:class:`.accounting.Accounting`) these samples feed, or None.
     """
 
-    def __init__(self, fields: frozenset, gpus, host, disks=None, paths=()):
+    def __init__(self, fields: frozenset, gpus, host, disks=None, paths=(), accounting=None):
         self.gpus, self.host, self.disks, self.paths = gpus, host, disks, tuple(paths)
+        self.accounting = accounting
         self._gpu_fields = any(m == GPU for m, _ in fields)
         self._host_each = not any(m in (GPU, WORKER) for m, _ in fields)  # a worker has no other rows
         self._per_worker_gpu = any(m == GPU and f.startswith("worker_") for m, f in fields)
@@ -82,6 +86,7 @@ class HostCollector:
         # Tags change only with a worker's snapshot (the same object while it is idle): made once per snapshot.
         self._tags: dict = {}  # worker id -> (its snapshot, its tags, {(uuid, index): its gpu points' tags})
         self._union: tuple = ((), None)  # (the snapshots, the host point's job and dag)
+        self._devices: dict = {}  # uuid -> its device tags (accounting)
 
     def _own(self, w) -> tuple:
         snap, cached = w.snapshot(), self._tags.get(w.id)
@@ -94,17 +99,21 @@ class HostCollector:
             return []
         points = []
         own, times = {}, {}
+        feed = [] if self.accounting is not None else None  # (worker id, address, snapshot, its fields)
         for w in workers:
             own[w.id] = self._own(w)
             times[w.id] = now_ns + int(w.offset() * 1e9)
             fields = w.read()
             if fields:
                 points.append(Point(WORKER, own[w.id][1], fields, times[w.id]))
+            if feed is not None:
+                feed.append((w.id, w.tags["worker"], own[w.id][0], fields))
         if len(self._tags) > len(workers):  # some left
             self._tags = {w.id: own[w.id] for w in workers}
         shared_ns = sorted(times.values())[len(workers) // 2]  # the host's points: the median offset
+        devices = [] if feed is not None else None  # (uuid, device fields, device tags, [(worker id, own)])
         if self.gpus is not None and self._gpu_fields:
-            points += self._gpu_points(workers, own, times, final)
+            points += self._gpu_points(workers, own, times, final, devices)
         if self.host is not None:
             fields = self.host.read(HOST)
             if fields and (self._host_each or not points):  # no worker has rows of its own (no GPU found)
@@ -113,6 +122,8 @@ class HostCollector:
                 points.append(Point(HOST, self._union_tags(workers, own), fields, shared_ns))
         if self.disks is not None and self.disks.due():
             points += self._disk_points(workers, own, shared_ns)
+        if feed is not None:
+            points += self.accounting.update(now_ns, shared_ns, devices, feed, final)
         return points
 
     def _union_tags(self, workers, own) -> dict:
@@ -129,7 +140,7 @@ class HostCollector:
         paths = self.paths + tuple(getattr(w, "local_directory", None) for w in workers)
         return [Point(DISK, {**union, **r.tags}, r.fields, shared_ns) for r in self.disks.read(paths)]
 
-    def _gpu_points(self, workers, own, times, final) -> list[Point]:
+    def _gpu_points(self, workers, own, times, final, devices=None) -> list[Point]:
         users: dict[str, list] = {}
         for w in workers:
             for index, uuid in enumerate(w.uuids):
@@ -139,12 +150,23 @@ class HostCollector:
         points = []
         for uuid, ws in users.items():
             device = self.gpus.read(uuid)
+            readers = [] if devices is not None else None
             for w, i in ws:
                 mine = self.gpus.read_worker(uuid, w.pid, len(ws) > 1) if self._per_worker_gpu else {}
+                if readers is not None:
+                    readers.append((w.id, mine))
                 if device or mine:
                     _, tags, by_device = own[w.id]
                     gpu_tags = by_device.get((uuid, i)) or by_device.setdefault(
                         (uuid, i), {**tags, **self.gpus.tags(uuid, i)}
                     )
                     points.append(Point(GPU, gpu_tags, {**device, **mine}, times[w.id]))
+            if readers is not None:
+                devices.append((uuid, device, self._device_tags(uuid, ws[0][1]), readers))
         return points
+
+    def _device_tags(self, uuid: str, index: int) -> dict:
+        tags = self._devices.get(uuid)
+        if tags is None:
+            tags = self._devices[uuid] = self.gpus.tags(uuid, index)
+        return tags

@@ -213,7 +213,7 @@ class JobPlugin(SchedulerPlugin):
         # nanosecond would overwrite each other. Times strictly increase (+1 ns on a collision).
         self._last_ns = max(int(t * 1e9), self._last_ns + 1)
         point = schema.Point(schema.DAG, {**self._tags, "job": str(dag.job)}, fields, self._last_ns)
-        self.sink.send(lineprotocol.encode_many([schema.tags_as_fields(point, self._field_tags)]))
+        self.sink.send(lineprotocol.encode_many([lineprotocol.tags_as_fields(point, self._field_tags)]))
 
     def log_event(self, topic, msg) -> None:
         """Collect the workers' shared-GPU reports (``Monitor.jobs()["shared_gpus"]``), destinations and the

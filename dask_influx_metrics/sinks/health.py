@@ -29,7 +29,7 @@ def health_points(sink: Sink, tags: dict, now_ns: int, field_tags: tuple = ()) -
     for one in sink.delivery():
         fields = {f: int(one.get(f, 0)) for f in schema.DELIVERY_FIELDS}
         point = schema.Point(schema.DELIVERY, {**tags, "sink": one["sink"]}, fields, int(now_ns))
-        points.append(schema.tags_as_fields(point, field_tags))
+        points.append(lineprotocol.tags_as_fields(point, field_tags))
     return lineprotocol.encode_many(points)
 
 

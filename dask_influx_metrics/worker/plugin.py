@@ -53,6 +53,7 @@ from ..clock import SteadyOffset
 from ..config import Settings, public
 from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN, agent_role
 from ..reports import Reporter
+from ..sampling import accounting
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
 from ..sampling.live import LIVE_S, LiveFigures
@@ -82,7 +83,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.worker_payload = worker_payload
         self.session = dict(session)
         self.link = None  # sampler.mode agent: the link to the host's agent
-        self.sampler = self.sink = self.gpus = self.extras = self.tasks = None
+        self.sampler = self.sink = self.gpus = self.extras = self.tasks = self.accounting = None
         self._untap = None  # takes the tap off Dask's digests (fine metrics)
         self._heartbeat = self.figures = None  # the live figures on the worker's heartbeat; thread mode: its own
         self.closed = False
@@ -235,7 +236,18 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 found.update(gpu="error", why=f"{type(e).__name__}: {e}")
             if gpm := gpm_found(self.gpus, self.view.uuids, self.report.once):
                 found["gpm"] = gpm
-        self.collector = HostCollector(settings.fields, self.gpus, *host_sources(settings))
+        self.accounting = accounting.from_settings(
+            settings,
+            {"host": self.base_tags["host"], "worker": self.worker.address, SESSION: self.session["id"]},
+            report=self.report.once,
+        )
+        if settings.prometheus_port is not None:
+            self.report.once(
+                "prometheus",
+                "prometheus.port: /metrics is served by the host's sampling agent "
+                "(sampler.mode: agent); this worker samples in-process and serves none",
+            )
+        self.collector = HostCollector(settings.fields, self.gpus, *host_sources(settings), accounting=self.accounting)
         self.figures, self._figured = LiveFigures(), -LIVE_S
         self._record_destinations(self.worker.address, found)
         self._make_extras()
@@ -323,6 +335,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
             link.leave()
         if sampler is not None:  # thread mode: one more sample, the counters too
             sampler.stop(final_sample=True)
+            if self.accounting is not None:  # the last totals: no later point carries them
+                accounting.repeat(self.accounting.close(), self.sink.send, self.settings.field_tags)
             self.health.stop()
             self.sink.close()
         if self.extras is not None:

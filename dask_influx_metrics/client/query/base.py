@@ -7,10 +7,12 @@ it answers ``fields()``, ``tag_values(key)``, ``first_time()``, ``last_time()``,
 ``host`` and ``worker=None``, every worker's points of that host and their
 ``worker``: how the one ``host`` series of a host is read),
 ``max_by(measurement, field, by, workers, job, busy)`` (``busy``: samples
-with ``dag != "0"`` only), ``dag_points()`` and ``points(measurement, columns)``
-(every point: ``time`` and the named tags or fields, e.g. ``task`` points), all within its time range
-(``start_ns``, ``stop_ns``) and ``tags``, and in its one session (``session_rows(detail)`` lists the
-sessions its source holds, ``select_session(id)`` narrows it to one: :mod:`.sessions`); ``describe()`` names what it reads,
+with ``dag != "0"`` only), ``dag_points()``, ``points(measurement, columns)``
+(every point: ``time`` and the named tags or fields, e.g. ``task`` points) and
+``last_by(measurement, fields, by)`` (per distinct value of the tags ``by``, each field's last value:
+the ``accounting`` totals), all within its time range (``start_ns``, ``stop_ns``) and ``tags``, and in
+its one session (``session_rows(detail)`` lists the sessions its source holds, ``select_session(id)``
+narrows it to one: :mod:`.sessions`); ``describe()`` names what it reads,
 ``notes`` lists what its answers should be read with (skipped lines,
 undelivered samples), ``widened()`` is the same source without range and
 tags, and ``close()`` releases its connections. Everything else is built on those in
@@ -68,6 +70,7 @@ class Backend(Protocol):
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame: ...
     def dag_points(self) -> pd.DataFrame: ...
     def points(self, measurement: str, columns: list[str]) -> pd.DataFrame: ...
+    def last_by(self, measurement: str, fields: list[str], by: tuple) -> pd.DataFrame: ...
     def close(self) -> None: ...
 
 

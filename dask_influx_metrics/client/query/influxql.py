@@ -436,3 +436,16 @@ class InfluxQLBackend:
             dtype={c: str for c in columns if c in schema.MEASUREMENT_TAGS.get(measurement, ())},
         )
         return frame.reindex(columns=["time"] + list(columns))
+
+    def last_by(self, measurement: str, fields: list[str], by: tuple) -> pd.DataFrame:
+        """Server-side ``last(field)`` of each field ``GROUP BY by``: one row per group, columns ``by`` + fields
+        (a tag a series lacks: "")."""
+        select = ", ".join(f"last({ident(f)}) AS {ident(f)}" for f in fields)
+        q = f"SELECT {select} FROM {ident(measurement)} {self._where()} GROUP BY {', '.join(map(ident, by))}"
+        rows = []
+        for s in self._json(q):
+            tags = s.get("tags", {})
+            for row in s.get("values", []):
+                values = dict(zip(s["columns"], row))
+                rows.append({**{t: tags.get(t, "") for t in by}, **{f: values.get(f) for f in fields}})
+        return pd.DataFrame(rows, columns=list(by) + list(fields))

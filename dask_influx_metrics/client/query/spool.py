@@ -382,3 +382,17 @@ class SpoolBackend:
         frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         frame = frame.reindex(columns=["time"] + list(columns))
         return frame.sort_values("time", kind="stable").reset_index(drop=True)
+
+    def last_by(self, measurement: str, fields: list[str], by: tuple) -> pd.DataFrame:
+        """Per distinct value of the tags ``by`` (a tag a point lacks: ""), each field's last value in range,
+        from every sender's folder (not only workers': the agent writes ``accounting`` points)."""
+        frames = [
+            f[measurement] for f in map(self._frames, self._paths) if not f.get(measurement, pd.DataFrame()).empty
+        ]
+        frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if frame.empty:
+            return pd.DataFrame(columns=list(by) + list(fields))
+        frame = frame.reindex(columns=["time", *by, *fields]).sort_values("time", kind="stable")
+        frame[list(by)] = frame[list(by)].astype(object).fillna("").astype(str)  # a tag a point lacks: ""
+        last = frame.groupby(list(by), sort=True)[list(fields)].last()  # each column's last non-null value
+        return last.reset_index()[list(by) + list(fields)]

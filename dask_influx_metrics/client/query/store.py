@@ -10,6 +10,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from ... import jobtags, schema
+from .. import accounting as _accounting
 from .. import peaks as _peaks
 from .. import summary as _summary
 from .. import tables as _tables
@@ -405,6 +406,25 @@ class Store(TaskQuestions, HostQuestions):
         if job is not None and per_job:
             tidy = tidy[tidy["job"] == job].reset_index(drop=True)
         return tidy
+
+    def accounting(self, job: Optional[int] = None) -> pd.DataFrame:
+        """Per-job GPU accounting from the samplers' running totals (tracking name ``accounting``): one row per
+        job and GPU, per job and host (CPU), per job (totals), and the idle rows (``job`` <NA>); see
+        :mod:`dask_influx_metrics.client.accounting`. With a time range, each total's increase within it."""
+        fields, by = list(_accounting.FIELDS), _accounting.BY
+        last = self.backend.last_by(schema.ACCOUNTING, fields, by)
+        before = None
+        if self.backend.start_ns is not None and not last.empty:  # rows that began before the range
+            earlier = self.backend.widened()
+            earlier.tags, earlier.stop_ns = dict(self.backend.tags), self.backend.start_ns - 1
+            before = earlier.last_by(schema.ACCOUNTING, fields, by)
+        out = _accounting.table(_accounting.increase(last, before))
+        if job is not None:
+            known = sorted(j for j in out["job"].dropna().unique())
+            if job not in known:
+                raise ValueError(f"job {job!r} has no accounting rows; jobs: {known} ({self.scope()})")
+            out = out[out["job"] == job].reset_index(drop=True)
+        return out
 
     def get_peaks(self, metric: str = "mem-util", workers=None, per_job: bool = True, **kw) -> list:
         """The old ``get_peaks`` shapes: ``[{job: [peak per GPU]}, ...]`` or ``[[peak per GPU], ...]``.

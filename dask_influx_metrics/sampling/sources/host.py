@@ -195,13 +195,13 @@ class HostSource:
         return {"memory_used": vm.used, "memory_total": vm.total, "memory_used_percent": vm.percent}
 
     def _host_disk(self) -> dict:
-        io = psutil.disk_io_counters()
+        io = psutil.disk_io_counters(nowrap=False)
         if io is None:
             raise RuntimeError("psutil.disk_io_counters() returned None (no disks visible)")
         return {"disk_read_bytes": io.read_bytes, "disk_write_bytes": io.write_bytes}
 
     def _host_net(self) -> dict:
-        nics = psutil.net_io_counters(pernic=True)
+        nics = psutil.net_io_counters(pernic=True, nowrap=False)
         if not nics:
             raise RuntimeError("psutil.net_io_counters() found no interfaces")
         out = dict.fromkeys(_GROUPS[HOST, "net"], 0)
