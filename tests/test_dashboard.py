@@ -109,7 +109,26 @@ def test_two_jobs_live_in_a_browser(monitored, cluster, tmp_path):
         two.gather(futures[1])
         view = monitor._repr_html_()  # a notebook's view
         assert one.id in view and two.id in view and DASHBOARD_PAGE in view, view
+        page = settled_totals(monitor)  # the page's busy GPU-seconds once the last heartbeats carried them
         monitor.stop()
+    # the same counters, read back from the spool (the default sink) after the run
+    table = monitor.accounting()
+    totals = table[table["host"].isna() & table["job"].notna()].set_index("job")["busy_seconds"]
+    print(f"\nbusy GPU-seconds per job: page {page}, db.accounting() {totals.to_dict()}")
+    for job in (1, 2):
+        assert page[job] == pytest.approx(totals[job], rel=0.05), (page, totals.to_dict())
+
+
+def settled_totals(monitor, timeout: float = 10.0) -> dict:
+    """``{job: busy GPU-seconds}`` the page shows, once two readings a second apart agree."""
+    last, deadline = None, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = {r["job"]: r["busy_s"] for r in monitor.live()}
+        if now == last and all(v is not None for v in now.values()):
+            return now
+        last = now
+        time.sleep(1.0)
+    raise AssertionError(f"the page's totals did not settle: {last}")
 
 
 def _hold(seconds):

@@ -110,14 +110,22 @@ def test_jobs_of_the_book_with_labels_and_running_dags_and_stale_entries_are_not
     assert [r["util"] for r in state.jobs(now=100.0 + STALE_S + 1, book=book)] == [0.0, 0.0]
 
 
-def test_accounting_counters_add_up_over_the_samplers():
+def test_accounting_counters_add_up_over_the_samplers_and_give_their_now_figures():
     state = LiveState()
-    one = entry([], [gpu("GPU-a", 0)], host="n1", acct=[[1, 30.0, 9000.0], [2, 5.0, 1000.0]])
-    two = entry([], [gpu("GPU-b", 0)], host="n2", acct=[[1, 10.0, 3000.0]])
-    state.update([("tcp://a:1", 100.0, one), ("tcp://b:1", 100.0, two)], now=100.0)
+    # [job, busy GPU-s in hundredths, energy J, util, sm, mem MiB, GPUs]: the samplers' own rule, not the entries'
+    one = entry(
+        [[1, 1]], [gpu("GPU-a", 90)], host="n1", acct=[[1, 3000, 9000, 80, None, 2048, 1], [2, 500, 1000, 0, 0, 0, 0]]
+    )
+    two = entry([[1, 1]], [gpu("GPU-b", 50)], host="n2", acct=[[1, 1000, 3000, 45, 40, 1024, 1]])
+    three = entry([[3, 1]], [gpu("GPU-c", 70, own=512)], host="n3")  # keeps no accounting: from its entry
+    state.update([("tcp://a:1", 100.0, one), ("tcp://b:1", 100.0, two), ("tcp://c:1", 100.0, three)], now=100.0)
     rows = {r["job"]: r for r in state.jobs(now=100.0)}
     assert (rows[1]["busy_s"], rows[1]["energy_j"], rows[2]["busy_s"]) == (40.0, 12000.0, 5.0)
+    assert (rows[1]["util"], rows[1]["sm"], rows[1]["mem"], rows[1]["gpus"]) == (125.0, None, 3072.0, 2)
+    assert (rows[3]["util"], rows[3]["mem"], rows[3]["busy_s"]) == (70.0, 512.0, None)
     assert formatted(rows[1])["busy"] == "40.0 s" and formatted(rows[1])["energy"] == "12.00 kJ"
+    later = {r["job"]: r for r in state.jobs(now=100.0 + STALE_S + 1)}  # no fresh figure: totals stay
+    assert (later[1]["busy_s"], later[1]["util"], later[1]["gpus"]) == (40.0, 0.0, 0)
 
 
 def test_health_per_sampling_process():

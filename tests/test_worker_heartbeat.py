@@ -98,6 +98,16 @@ def test_each_worker_carries_its_figures_on_its_heartbeat(client, mode, sink, re
             # Dask's GPU charts read these; its own NVML sees no GPU here, so ours fill them
             assert metrics["gpu_utilization"] == entry["gpus"][0][0]
             assert metrics["gpu-memory-total"] == 81920 << 20 and metrics["gpu_memory_used"] >= 400 << 20
+        # the sampler's per-job accounting: on one worker of the host (the agent's relay), or each sampling itself
+        carriers = wait_for(
+            lambda: [
+                m[LIVE_METRIC]["acct"]
+                for m in client.run_on_scheduler(_heartbeats).values()
+                if "acct" in (m[LIVE_METRIC] or {})
+            ]
+        )
+        assert len(carriers) == (1 if mode == "agent" else 2), carriers
+        assert all(acct[0][0] == 1 and acct[0][1] > 0 and acct[0][6] >= 1 for acct in carriers), carriers
         client.gather(futures)
     finally:
         monitor.stop()

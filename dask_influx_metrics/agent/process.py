@@ -191,6 +191,7 @@ class Agent:
         if (now := time.monotonic()) - self._figured >= LIVE_S:
             self._figured = now
             self.figures.update(live, points, now, self.collector.shared)
+            self.figures.account(self.accounting.live() if self.accounting is not None else None)
         else:
             self.figures.observe(points, now)
         for uuid, users in self.collector.shared.items():
@@ -239,6 +240,7 @@ class Agent:
                     "counters": self._counters + self.previous,
                     "reports": self.reports,
                     "live": self.figures.entries,
+                    "acct": self.figures.accounting,
                 },
                 separators=(",", ":"),
             ).encode()

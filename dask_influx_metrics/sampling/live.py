@@ -18,6 +18,12 @@ kept :data:`SHARE_KEEP_S` between its once-a-second reads), None on a GPU only t
 figures are the device's), :data:`UNKNOWN` on a shared GPU with no recent share (its own figures cannot
 be known then: left out, never guessed).
 
+Beside them, :attr:`LiveFigures.accounting`: the sampler's per-job accounting counters
+(:class:`.accounting.Accounting`, when ``accounting`` is tracked) as one row per job, summed over its GPUs:
+``[job, busy, energy, util, sm, mem, gpus]``: busy GPU-seconds in hundredths (an int: fewer bytes on
+the heartbeat), energy in J, then the job's own figures of the latest settled windows (``util`` and ``sm`` %
+of one GPU, summed; ``mem`` MiB its workers hold; None: not known) and the GPUs it ran on there.
+
 Example
 -------
 >>> from dask_influx_metrics.schema import Point
@@ -46,6 +52,7 @@ LIVE_S = 0.5  # the entries are rebuilt at most this often (Dask's shortest hear
 SHARE_KEEP_S = 2.5  # a share read once a second stands for this long (as the readers take it)
 PREFIXES = 3
 UNKNOWN = -1  # share: a shared GPU whose worker share is not known now
+MIB = 2.0**20
 GPU_COLUMNS = ("util", "mem", "total", "sm", "share", "own")
 _FIELDS = ("utilization_gpu", "memory_used", "memory_total", "sm_active", "worker_gpu_share", "worker_memory_used")
 
@@ -59,7 +66,8 @@ class LiveFigures:
 
     def __init__(self):
         self.entries: dict[str, dict] = {}
-        self.version = 0  # changes when an entry does
+        self.accounting: list | None = None  # per job: [job, busy 0.01 s, energy J, util, sm, mem MiB, gpus]
+        self.version = 0  # changes when an entry or the accounting does
         self._shares: dict[tuple, tuple] = {}  # (worker address, uuid) -> (share %, when)
 
     def observe(self, points, now: float) -> dict:
@@ -85,6 +93,15 @@ class LiveFigures:
         self.entries, self.version = entries, self.version + 1
         return True
 
+    def account(self, live: dict | None) -> bool:
+        """Take the accounting's totals and "now" figures (:meth:`.accounting.Accounting.live`; None: not
+        kept); whether they changed."""
+        rows = None if live is None else accounting_rows(live)
+        if rows == self.accounting:
+            return False
+        self.accounting, self.version = rows, self.version + 1
+        return True
+
     def _entry(self, view, readings: dict, shared) -> dict:
         running = view.snapshot().running
         jobs = collections.Counter(job for _, job, _ in running if job)
@@ -101,3 +118,34 @@ class LiveFigures:
             "prefixes": [p for p, _ in prefixes.most_common(PREFIXES)],
             "gpus": gpus,
         }
+
+
+def accounting_rows(live: dict) -> list:
+    """One row per job (see :attr:`LiveFigures.accounting`) from :meth:`.accounting.Accounting.live`.
+
+    >>> accounting_rows({"jobs": {"3": {"gpus": {"GPU-a": {"busy_seconds": 12.34, "energy_joules": 4567.8},
+    ...     "GPU-b": {"busy_seconds": 1.0}}, "now": {"GPU-a": {"utilization_gpu": 87.0, "sm_active": None,
+    ...     "memory_bytes": 2 ** 30}}}}})
+    [[3, 1334, 4568, 87, None, 1024, 1]]
+    """
+    rows = []
+    for job, row in live.get("jobs", {}).items():
+        totals = row.get("gpus", {}).values()
+        busy = sum(t.get("busy_seconds") or 0.0 for t in totals)
+        energy = sum(t.get("energy_joules") or 0.0 for t in totals)
+        now = list(row.get("now", {}).values())
+        util, sm, mem = (_sum(n.get(f) for n in now) for f in ("utilization_gpu", "sm_active", "memory_bytes"))
+        rows.append(
+            [int(job), round(busy * 100), round(energy), _round(util), _round(sm), _round(mem and mem / MIB), len(now)]
+        )
+    return sorted(rows)
+
+
+def _sum(values):
+    """The sum, or None when one of them is not known."""
+    total = 0.0
+    for v in values:
+        if v is None:
+            return None
+        total += v
+    return total

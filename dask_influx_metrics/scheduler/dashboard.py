@@ -49,9 +49,10 @@ NOTE = (
     "<p style='color:#555;font-size:12px'>Per job, <b>its own</b> figures: on a GPU several workers share, "
     "the device's utilization and SM active x the share of the GPU's kernel time of the worker running the "
     "job (NVML per-process utilization), so the jobs of a GPU add up to at most the device; summed over the "
-    "job's GPUs (250 % = two and a half GPUs busy); split among the jobs of one worker by their tasks; "
-    "'-': cannot be known now (not tracked, no GPM, a shared GPU's share not read yet). Memory held: the "
-    "job's workers' own processes (NVML compute processes; a worker running two jobs counts for both). The strips show each GPU's device-wide reading "
+    "job's GPUs (250 % = two and a half GPUs busy); split among the jobs of one worker by their tasks. "
+    "Busy GPU-s and energy: the samplers' accounting so far. '-': cannot be known now (not tracked, no GPM, "
+    "a shared GPU's share not read yet). Memory held: the job's workers' own processes (NVML compute "
+    "processes; a worker running two jobs counts for both). The strips show each GPU's device-wide reading "
     "(every process on it), coloured by the job running on that worker; hover for the task prefixes.</p>"
 )
 

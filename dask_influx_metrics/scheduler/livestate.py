@@ -15,7 +15,10 @@ active (the device's x the worker's ``share``), so the jobs of a GPU add up to a
 figure; memory is what the worker's own processes hold (a worker running two jobs counts for both, as the
 accounting counts it). A figure one of its workers cannot give (not
 tracked, no GPM, a shared GPU's share not known now) is left out of the job's row (None), never
-guessed. An entry older than :data:`STALE_S` is not "now" (a worker gone, a session stopped).
+guessed. Where a host's sampler keeps the per-job accounting (``acct``, its relay worker's heartbeat), the
+job's busy GPU-seconds and energy are its counters summed over the samplers, and its "now" figures those
+of the accounting's latest settled windows (one rule with the totals: a share that covers the window,
+not the latest share read). An entry older than :data:`STALE_S` is not "now" (a worker gone, a session stopped).
 
 Example
 -------
@@ -51,7 +54,7 @@ class LiveState:
         self.workers: dict[str, tuple[float, dict]] = {}  # address -> (heartbeat time, entry)
         self.strips: dict[tuple, collections.deque] = {}  # (address, GPU position) -> (t, util, mem, total, jobs, ...)
         self.hosts: dict[tuple, tuple] = {}  # (host, pid) -> (heartbeat time, sample age, samples, sinks)
-        self.accounting: dict[tuple, list] = {}  # (host, pid) -> [[job, busy_s, energy_j], ...]: its counters
+        self.accounting: dict[tuple, Counters] = {}  # (host, pid) -> its sampler's per-job accounting
         self.taken = 0  # entries taken so far: a page redraws when it changed
         self.refused = 0  # entries that were not of this version's shape (left out)
         self._seen: dict[str, float] = {}  # address -> the heartbeat time of the entry taken
@@ -84,6 +87,8 @@ class LiveState:
         bars = [(t, util, mem, total, jobs, prefixes) for util, mem, total, _, _, _ in entry.get("gpus", ())]
         host, pid, samples, age = entry["agent"]
         acct = entry.get("acct")
+        if acct is not None and any(len(row) != 7 for row in acct):
+            raise ValueError("an accounting row of another shape")
         self.workers[address] = (t, entry)
         for i, bar in enumerate(bars):
             strip = self.strips.get((address, i))
@@ -94,7 +99,7 @@ class LiveState:
                 strip.popleft()
         self.hosts[host, pid] = (t, age, samples, entry.get("sinks", []))
         if acct is not None:
-            self.accounting[host, pid] = acct
+            self.accounting.setdefault((host, pid), Counters()).take(t, acct)
 
     def _forget(self, now: float) -> None:
         """Strips and workers with nothing in the window (workers gone)."""
@@ -121,9 +126,12 @@ class LiveState:
                 rows[job].update(busy_s=None, energy_j=None)
             return rows[job]
 
-        for entry in self.fresh(now).values():
+        covered = {key for key, c in self.accounting.items() if now - c.t <= STALE_S}
+        for entry in self.fresh(now).values():  # hosts whose sampler keeps no accounting: from the entries
             tasks = sum(n for _, n in entry.get("jobs", ()))
-            for job, n in entry.get("jobs", ()) if tasks else ():
+            if not tasks or tuple(entry["agent"][:2]) in covered:
+                continue
+            for job, n in entry.get("jobs", ()):
                 r, weight = row(job), n / tasks
                 for util, _, _, sm, share, own in entry.get("gpus", ()):
                     scale = None if share == UNKNOWN else 1.0 if share is None else share / 100.0
@@ -131,11 +139,16 @@ class LiveState:
                     _add(r, "sm", sm, scale, weight)
                     _add(r, "mem", own, 1.0, 1.0)  # what its workers' processes hold: theirs whole
                     r["gpus"] += 1
-        for acct in self.accounting.values():
-            for job, busy_s, energy_j, *_ in acct:
+        for key, counters in self.accounting.items():  # the samplers' counters (and "now" where fresh)
+            for job, (busy, energy, util, sm, mem, gpus) in counters.jobs.items():
                 r = row(job)
-                r["busy_s"] = (r["busy_s"] or 0.0) + busy_s
-                r["energy_j"] = (r["energy_j"] or 0.0) + energy_j
+                r["busy_s"] = (r["busy_s"] or 0.0) + busy
+                r["energy_j"] = (r["energy_j"] or 0.0) + energy
+                if key in covered and job in counters.now:
+                    _add(r, "util", util, 1.0, 1.0)
+                    _add(r, "sm", sm, 1.0, 1.0)
+                    _add(r, "mem", mem, 1.0, 1.0)
+                    r["gpus"] += gpus
         if book is not None:
             for number, job in book.jobs.items():
                 row(number)["label"] = job.label
@@ -151,6 +164,39 @@ class LiveState:
             for (host, pid), (t, age, samples, sinks) in sorted(self.hosts.items())
             if now - t <= self.window
         ]
+
+
+class Counters:
+    """One sampler's per-job accounting as its heartbeats carried it (rows ``[job, busy in 0.01 s, energy J,
+    util, sm, mem, gpus]``, :mod:`..sampling.live`). A job whose rows the sampler dropped (``accounting.retention``
+    after it last ran there) keeps its last totals here; a job whose totals went down (dropped, then run
+    again: counted from 0) adds its new count to the old, as Prometheus's ``increase`` takes a counter reset.
+
+    >>> c = Counters()
+    >>> c.take(1.0, [[7, 500, 90, 50, 40, 10, 1]]); c.take(2.0, []); c.jobs[7][:2], c.now
+    ((5.0, 90.0), set())
+    >>> c.take(3.0, [[7, 100, 10, 80, 70, 10, 1]]); c.jobs[7][:2], c.now
+    ((6.0, 100.0), {7})
+    """
+
+    def __init__(self):
+        self.t = 0.0  # the heartbeat time of the latest rows
+        self.jobs: dict[int, tuple] = {}  # job -> (busy s, energy J, util, sm, mem, gpus)
+        self.now: set = set()  # the jobs of the latest rows
+        self._base: dict[int, tuple] = {}  # job -> (busy, energy) of its rows before they were counted anew
+        self._last: dict[int, tuple] = {}  # job -> (busy, energy) of its latest rows as sent
+
+    def take(self, t: float, rows) -> None:
+        self.t, self.now = t, {row[0] for row in rows}
+        for job, busy, energy, util, sm, mem, gpus in rows:
+            busy, energy = busy / 100, float(energy)
+            last = self._last.get(job)
+            if last is not None and (busy < last[0] or energy < last[1]):  # counted anew from 0
+                base = self._base.get(job, (0.0, 0.0))
+                self._base[job] = (base[0] + last[0], base[1] + last[1])
+            self._last[job] = (busy, energy)
+            base = self._base.get(job, (0.0, 0.0))
+            self.jobs[job] = (base[0] + busy, base[1] + energy, util, sm, mem, gpus)
 
 
 def _add(row: dict, figure: str, value, scale, weight: float) -> None:

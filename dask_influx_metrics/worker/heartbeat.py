@@ -9,6 +9,8 @@ worker's own sampler's) plus its sampler's health::
 
     "agent": [host, pid, samples, age]     # the sampling process; seconds since its latest beat
     "sinks": [[kind, delivered, kept, lost], ...]  # its sinks' points (agents it replaced included)
+    "acct": [[job, busy, energy, util, sm, mem, gpus], ...]  # its per-job accounting (sampling/live.py);
+                                           # the agent's relay worker only (one per host), if kept
 
 ``gpu_utilization``, ``gpu_memory_used`` and ``gpu-memory-total`` are the figures Dask's own GPU charts
 read (its first visible GPU, device-wide, bytes and an int %): ours are taken only where Dask's NVML gives
@@ -63,7 +65,10 @@ def from_beat(beat: dict | None, worker_id: str, host: str, now: float) -> dict 
     if entry is None:
         return None
     agent = [host, beat["pid"], beat["samples"], round(now - beat["time"], 2)]
-    return {**entry, "agent": agent, "sinks": sinks(beat.get("counters", []))}
+    entry = {**entry, "agent": agent, "sinks": sinks(beat.get("counters", []))}
+    if beat.get("acct") is not None and beat.get("relay") == worker_id:  # the host's counters: one worker says
+        entry["acct"] = beat["acct"]
+    return entry
 
 
 def dask_gpu(entry: dict | None) -> dict:

@@ -125,11 +125,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if entry is None or sampler is None or self.sink is None:
             return None
         age = round(time.monotonic() - self._figured, 2)
-        return {
+        entry = {
             **entry,
             "agent": [host, os.getpid(), sampler.samples, age],
             "sinks": heartbeat.sinks(self.sink.counters()),
         }
+        return entry if figures.accounting is None else {**entry, "acct": figures.accounting}
 
     def _reseed(self) -> None:
         """The registry from the worker's own state: at setup, and when the agent's record is given up."""
@@ -304,6 +305,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if (now := time.monotonic()) - self._figured >= LIVE_S:
             self._figured = now
             self.figures.update([self.view], points, now)
+            self.figures.account(self.accounting.live() if self.accounting is not None else None)
         else:
             self.figures.observe(points, now)
         return points + self.extras.collect(now_ns)
