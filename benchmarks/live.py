@@ -19,6 +19,7 @@ Run: ``.venv/bin/python -m benchmarks.live [--quick]``.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import types
@@ -61,9 +62,33 @@ def _points(view, rng: random.Random) -> list:
     return [Point(GPU, {"worker": view.address, "uuid": u}, fields(), 0) for u in view.uuids]
 
 
-def heartbeat_entry(gpus: int, jobs: int = 4, seed: int = 0, uuids: list | None = None) -> dict:
+def _accounting(jobs: int, rng: random.Random) -> dict:
+    """What ``Accounting.live()`` gives on a host of 8 GPUs where ``jobs`` jobs have run (weeks of totals)."""
+    gpus = [f"GPU-{uuid.UUID(int=rng.getrandbits(128))}" for _ in range(8)]
+    return {
+        "jobs": {
+            str(job): {
+                "gpus": {
+                    u: {"busy_seconds": rng.uniform(1e4, 1e6), "energy_joules": rng.uniform(1e6, 1e9)} for u in gpus
+                },
+                "now": {
+                    u: {
+                        "utilization_gpu": rng.uniform(0, 100),
+                        "sm_active": rng.uniform(0, 100),
+                        "memory_bytes": rng.uniform(1e9, 8e10),
+                    }
+                    for u in gpus
+                },
+            }
+            for job in range(1, jobs + 1)
+        }
+    }
+
+
+def heartbeat_entry(gpus: int, jobs: int = 4, seed: int = 0, uuids: list | None = None, acct_jobs: int = 0) -> dict:
     """One worker's full heartbeat contribution (our entry and Dask's three GPU figures); its GPUs ``uuids``
-    (default: ``gpus`` random ones)."""
+    (default: ``gpus`` random ones); ``acct_jobs``: it is its host's relay worker, carrying the accounting
+    of that many jobs."""
     from dask_influx_metrics.names import LIVE_METRIC
     from dask_influx_metrics.sampling.live import LiveFigures
     from dask_influx_metrics.worker.heartbeat import dask_gpu, from_beat
@@ -83,13 +108,16 @@ def heartbeat_entry(gpus: int, jobs: int = 4, seed: int = 0, uuids: list | None 
         },
         {"kind": "spool", "points_written": 912_345_678, "points_dropped": 0},
     ]
+    if acct_jobs:  # the host's per-job accounting, 8 GPUs of it: what the relay worker adds
+        figures.account(_accounting(acct_jobs, rng))
     beat = {"pid": 123456, "samples": 7_654_321, "time": 0.0, "counters": counters, "live": figures.entries}
+    beat.update(relay="4242", acct=figures.accounting)
     entry = from_beat(beat, "4242", "gpu-node-017.cluster.example.org", now=0.137)
     return {LIVE_METRIC: entry, **dask_gpu(entry)}
 
 
-def heartbeat_bytes(gpus: int) -> int:
-    return len(msgpack.packb(heartbeat_entry(gpus), use_bin_type=True))
+def heartbeat_bytes(gpus: int, acct_jobs: int = 0) -> int:
+    return len(msgpack.packb(heartbeat_entry(gpus, acct_jobs=acct_jobs), use_bin_type=True))
 
 
 def _cluster(seed: int = 1):
@@ -175,24 +203,36 @@ def side_costs() -> dict:
     points = [p for v in views for p in _points(v, rng)]
     figures = LiveFigures()
     agent = common.cpu_us(lambda: figures.update(views, points, now=0.0), 200)
+    observe = common.cpu_us(lambda: figures.observe(points, now=0.0), 2000)
     beat = {"pid": 1, "samples": 1, "time": 0.0, "counters": [], "live": figures.entries}
+    # what the entries add to the beat's slow part, encoded by the agent and decoded by each worker when it changes
+    doc = json.dumps(beat, separators=(",", ":"))
+    bare = json.dumps({k: v for k, v in beat.items() if k != "live"}, separators=(",", ":"))
+    decode = common.cpu_us(lambda: json.loads(doc), 2000) - common.cpu_us(lambda: json.loads(bare), 2000)
 
     def worker():
         entry = from_beat(beat, "3", "node", 0.1)
         for _ in range(3):  # each of Dask's three GPU figures asks
             dask_gpu(entry)
 
-    return {"agent_us": agent, "worker_us": common.cpu_us(worker, 2000)}
+    return {
+        "agent_us": agent,
+        "observe_us": observe,
+        "decode_us": decode,
+        "doc_bytes": len(doc) - len(bare),
+        "worker_us": common.cpu_us(worker, 2000),
+    }
 
 
 def run(quick: bool) -> list[dict]:
     rows = []
-    for gpus in (1, 8):
-        size = heartbeat_bytes(gpus)
+    for gpus, acct in ((1, 0), (8, 0), (1, 16), (8, 16)):
+        size = heartbeat_bytes(gpus, acct)
+        relay = f", the host's relay: + accounting of {acct} jobs" if acct else ""
         rows.append(
             common.row(
                 NAME,
-                f"heartbeat bytes per worker, {gpus} GPU(s), 4 jobs, every field",
+                f"heartbeat bytes per worker, {gpus} GPU(s), 4 jobs running, every field{relay}",
                 size,
                 "bytes",
                 target=f"<= {SIZE_TARGET}",
@@ -229,6 +269,18 @@ def run(quick: bool) -> list[dict]:
     rows.append(
         common.row(
             NAME, "agent: rebuild 8 workers' entries (1 GPU each), every 0.5 s", round(side["agent_us"], 1), "us"
+        )
+    )
+    rows.append(
+        common.row(NAME, "agent: note a sample's shares (8 GPUs), every sample", round(side["observe_us"], 2), "us")
+    )
+    rows.append(
+        common.row(
+            NAME,
+            "worker: decode the beat's live part (8 workers), when it changes (<= 2 a second)",
+            round(side["decode_us"], 1),
+            "us",
+            notes=f"{side['doc_bytes']} bytes of JSON more in the beat",
         )
     )
     rows.append(
