@@ -43,6 +43,11 @@ async def _connect(url: str):
     return await websocket_connect(url, max_message_size=256 << 20)  # screenshots come base64-encoded
 
 
+async def _close(ws) -> None:
+    ws.close()
+    await asyncio.sleep(0)
+
+
 class Chromium:
     """One headless Chromium with a fresh profile, its first tab driven over the DevTools protocol.
     ``errors``: console errors and uncaught exceptions of the pages opened."""
@@ -125,8 +130,7 @@ class Chromium:
     def close(self) -> None:
         ws = getattr(self, "ws", None)
         if ws is not None:
-            ws.close()
-            self.loop.run_until_complete(asyncio.sleep(0))
+            self.loop.run_until_complete(_close(ws))  # tornado makes its close frame's Future on the running loop
         if getattr(self, "loop", None) is not None:
             self.loop.close()
         if self.proc.poll() is None:
