@@ -20,5 +20,9 @@ MODULES = (
     "taskstream",
     "hostonce",
     "gpm",
+    "hostreads",
+    "sessiontag",
+    "live",
     "hostcost",
+    "accounting",
 )

@@ -82,7 +82,7 @@ def doc_cluster(tmp_path_factory):
 
     dask.config.refresh()
     try:
-        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster:
+        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster:
             yield cluster, str(spool)
     finally:
         for k, v in saved.items():

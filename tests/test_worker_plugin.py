@@ -39,7 +39,7 @@ def test_teardown_with_a_frozen_influxdb_never_blocks_the_event_loops(tmp_path):
     # a server that accepts connections and never answers: every write hangs until its timeout
     with (
         socket.create_server(("127.0.0.1", 0), backlog=128) as frozen,
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         url = "http://127.0.0.1:%d" % frozen.getsockname()[1]
@@ -88,7 +88,7 @@ def wait_for(predicate, timeout=10.0, what="condition"):
 def test_an_extra_sample_for_a_graph_after_idleness_not_between_back_to_back_short_tasks(mode):
     with (
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver,
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         receiver.bind(("127.0.0.1", 0))

@@ -308,7 +308,10 @@ class JournaledHttpSink(HttpSink):
             )
 
     def _kept(self, path: str, failed: list[bytes]) -> None:
-        """A post failed: its lines stay in the journal (counted once per file)."""
+        """A post failed: its lines stay in the journal (counted once per file), tried again after the back-off
+        (a 4xx not about the data too, e.g. no database and none could be created: no request loop)."""
+        if time.monotonic() >= self._down_until:
+            self._back_off()
         if path not in self._counted:
             self._counted.add(path)
             with self._stats_lock:
