@@ -10,10 +10,12 @@ import uuid
 
 import pytest
 from fake_influx2 import LoopbackServer
+from polling import wait_until
 
 from dask_influx_metrics import query
 from dask_influx_metrics.sinks.http import HttpOptions, HttpSink
-from dask_influx_metrics.sinks.spool import SpoolSink, read_lines
+from dask_influx_metrics.sinks.journal import JournaledHttpSink
+from dask_influx_metrics.sinks.spool import SpoolSink, read_lines, spool_files
 
 LINE = b"gpu,host=h,worker=tcp://w:1,session=s1 utilization_gpu=5.0 %d"
 
@@ -37,6 +39,20 @@ def test_a_fresh_influxdb_gets_its_database_and_the_first_sample_lands(influxd, 
     assert influxd.query('SELECT count("utilization_gpu") FROM "gpu"', db=database)[0]["count"] == 3
     assert [r.levelname for r in caplog.records] == ["INFO"] and "created it" in caplog.text
     assert list(read_lines(tmp_path / "u")) == []
+
+
+def test_the_journaled_sink_creates_it_too_its_lines_on_disk_first(influxd, tmp_path):
+    database = "fresh_" + uuid.uuid4().hex[:8]
+    options = HttpOptions(flush_interval=3600)  # posted only when drained: the journal is seen first
+    sink = JournaledHttpSink(influxd.url, database, options, journal=tmp_path / "u")
+    try:
+        assert sink.take(_lines(3)) == 3 and len(list(read_lines(tmp_path / "u"))) == 3
+        assert sink.drain(10)
+    finally:
+        sink.close()
+    assert (sink.points_written, sink.points_failed, sink.errors) == (3, 0, 0)
+    assert influxd.query('SELECT count("utilization_gpu") FROM "gpu"', db=database)[0]["count"] == 3
+    assert spool_files(tmp_path / "u") == []
 
 
 def test_create_database_off_keeps_the_lines_undelivered(influxd, tmp_path, caplog):
@@ -84,6 +100,22 @@ def test_where_it_may_not_create_it_says_so_once(tmp_path, caplog):
     assert sink.points_failed == 6 and len(list(read_lines(tmp_path))) == 6  # nothing lost
     warned = [r.getMessage() for r in caplog.records if "could not be created" in r.getMessage()]
     assert len(warned) == 1 and "HTTP 403" in warned[0] and "DBRP" in warned[0]
+
+
+def test_the_journaled_sink_keeps_its_lines_and_tries_again_paced_where_it_may_not(tmp_path):
+    server = Forbidden()
+    sink = JournaledHttpSink(server.url, "nope", HttpOptions(batch_size=2, flush_interval=0.05), journal=tmp_path / "u")
+    try:
+        assert sink.take(_lines(4)) == 4
+        wait_until(lambda: sink.points_kept == 4, timeout=10)
+        time.sleep(0.5)  # a 4xx backs off as an outage does: no request loop against the server
+    finally:
+        sink.close()
+        server.stop()
+    writes = [r for r in server.requests if r[1] == "/write"]
+    assert [r for r in server.requests if r[1] == "/query"] == [("POST", "/query", 'CREATE DATABASE "nope"')]
+    assert 1 <= len(writes) <= 2, writes
+    assert len(list(read_lines(tmp_path / "u"))) == 4 and sink.points_lost == 0  # all kept for later
 
 
 def test_a_reader_that_finds_no_database_points_at_the_undelivered_copy(influxd, tmp_path):
