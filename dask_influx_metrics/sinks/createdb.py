@@ -1,7 +1,8 @@
 """The http sink's ``CREATE DATABASE``: a write answered ``404 database not found`` (a fresh InfluxDB 1.x)
 makes the sink create the database once, as Telegraf's InfluxDB output does, and post the batch again, so
 the first sample lands. Where it may not (a user without admin rights: 403; InfluxDB 2.x, whose database
-is a DBRP mapping to a bucket) it says so once, and the lines go to the fallback as before."""
+is a DBRP mapping to a bucket) it says so once, and the lines wait where the sink keeps what it could not
+write (the journaled sink's ``undelivered/``, posted again after each back-off; a plain sink's fallback)."""
 
 from __future__ import annotations
 
