@@ -9,6 +9,9 @@
    (:func:`benchmarks.workerside._per_task_us`), 3 alternated rounds.
 3. The task stream on its sampler thread, per point: records -> points (``TaskStream.points``),
    line protocol, UDP send.
+4. The outbox, per point: the worker's ``Outbox.send`` of a batch of task lines (what it writes every
+   200 ms), the agent's ``OutboxReader.take`` and ``sent`` at each sample (a sink that took them all),
+   in a temporary folder of ``/dev/shm`` (where the run folder is).
 
 Run: ``PYTHONPATH=$PWD .venv/bin/python -m benchmarks.pertask [--no-cluster]``. Medians; thread CPU.
 """
@@ -119,6 +122,37 @@ def stream(n: int = 20_000, rounds: int = 5) -> dict:
     return {k: common.median(v) for k, v in out.items()}
 
 
+def outbox(n: int = 20_000, batch: int = 40, rounds: int = 5) -> dict:
+    import os
+    import shutil
+    import tempfile
+
+    from dask_influx_metrics.outbox import Outbox, OutboxReader
+
+    line = b"task,host=h,worker=tcp://127.0.0.1:40000,job=1,dag=1,session=s key=\"%d\",duration=0.01 %d"
+    lines = [line % (i, 1_700_000_000_000_000_000 + i) for i in range(n)]
+    out = {"write": [], "take+sent": []}
+    for _ in range(rounds):
+        folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        try:
+            box, reader = Outbox(folder, "w"), OutboxReader(folder, "w")
+            write = take = 0
+            for i in range(0, n, batch):
+                t0 = time.thread_time_ns()
+                box.send(lines[i : i + batch])
+                t1 = time.thread_time_ns()
+                reader.take()
+                reader.sent()
+                t2 = time.thread_time_ns()
+                write, take = write + t1 - t0, take + t2 - t1
+            out["write"].append(write / n / 1000)
+            out["take+sent"].append(take / n / 1000)
+            box.close()
+        finally:
+            shutil.rmtree(folder)
+    return {k: common.median(v) for k, v in out.items()}
+
+
 def main() -> None:
     pub = publisher()
     print(
@@ -133,6 +167,10 @@ def main() -> None:
     print(
         "task stream, us per point: points %.2f, encode %.2f, send %.2f, total %.2f"
         % (s["points"], s["encode"], s["send"], sum(s.values()))
+    )
+    o = outbox()
+    print(
+        "outbox, us per point (batches of 40): worker write %.2f, agent take+sent %.2f" % (o["write"], o["take+sent"])
     )
     if "--no-cluster" not in sys.argv:
         for k, (med, runs) in transitions().items():
