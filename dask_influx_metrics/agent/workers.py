@@ -41,7 +41,6 @@ class FolderWorkers:
         self._behind: set[str] = set()  # outboxes said to hold a backlog
         self._stamp = None
         self._checked = 0.0
-        self.ever = False  # whether any worker has registered yet
 
     def refresh(self, changed: bool = False) -> list[WorkerView]:
         """The workers leaving since the last call (their ``.json`` removed); :attr:`views` the rest.
@@ -72,7 +71,6 @@ class FolderWorkers:
             view = self._open(wid, files[wid])
             if view is not None:
                 self.views[wid] = view
-                self.ever = True
         return left
 
     def live(self) -> list[WorkerView]:
