@@ -4,7 +4,8 @@ One table row per setting gives its config key (below ``influx-metrics``),
 the :class:`Settings` attribute, the ``Monitor``/``attach`` keywords, the
 default, the parser that validates it, the unit and a line of doc. Everything
 else is derived from that table: the defaults registered with ``dask.config``
-when the package is imported, the :class:`Settings` fields, :data:`KWARGS`,
+when the package is imported (and read from the table where a reset of dask.config
+dropped them: :func:`value`), the :class:`Settings` fields, :data:`KWARGS`,
 the shipped ``influx-metrics.yaml`` (:func:`defaults_yaml`) and the docs/settings.md
 settings table (:func:`settings_table_markdown`); ``tests/test_config.py``
 checks that the file and docs/settings.md say what the table says.
@@ -273,6 +274,20 @@ def _nested(pairs) -> dict:
 
 DEFAULTS = {"influx-metrics": _nested((s.key, s.default) for s in SETTINGS)}
 dask.config.update_defaults(DEFAULTS)
+_MISSING = object()
+
+
+def value(key: str):
+    """``influx-metrics.<key>`` from dask.config; where the key is missing, its default from :data:`SETTINGS`
+    (never None for a key whose default is not). A program or a test suite that puts back a copy of
+    dask.config taken before this package was imported drops the defaults registered above.
+
+    >>> with dask.config.set({"influx-metrics": {}}):
+    ...     value("polling-interval"), value("sink")
+    (200, 'auto')
+    """
+    got = dask.config.get(f"influx-metrics.{key}", default=_MISSING)
+    return copy.deepcopy(_BY_KEY[key].default if got is _MISSING else got)
 
 
 def _invalid(key: str, problem, value) -> ValueError:
@@ -328,7 +343,7 @@ class Settings(_Fields):
             raise ValueError(f"unknown influx-metrics setting(s) {unknown}; known: {sorted(_BY_KEY)}")
         # dask.config.get treats '-' and '_' alike, as environment variables need
         with dask.config.set({f"influx-metrics.{k}": v for k, v in overrides.items()}):
-            raw = {s.key: copy.deepcopy(dask.config.get(f"influx-metrics.{s.key}", default=None)) for s in SETTINGS}
+            raw = {s.key: value(s.key) for s in SETTINGS}
         values = {s.attr: _parse(s, raw[s.key]) for s in SETTINGS}
         # "configured": set by the user (YAML, environment, override) rather than left at the null default
         configured = tuple(k for k in ("telegraf.address", "influxdb.url", "spool.directory") if raw[k] is not None)
@@ -399,7 +414,7 @@ def overrides_from_kwargs(**kwargs) -> dict:
         raise TypeError(f"unknown setting(s) {unknown}; known: {sorted(KWARGS)}")
     out = {KWARGS[k]: v for k, v in kwargs.items() if v is not None}
     if kwargs.get("mem_limit") is not None or kwargs.get("dump_loc") is not None:
-        sinks = parsers.as_list(out.get("sink", dask.config.get("influx-metrics.sink")))  # "auto" stays, beside spool
+        sinks = parsers.as_list(out.get("sink", value("sink")))  # "auto" stays, beside spool
         if "spool" not in sinks:
             out["sink"] = sinks + ["spool"]
     return out

@@ -25,12 +25,14 @@ session, ``attach()``/``start()`` begin a new one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from distributed import Scheduler
 
 from ..config import Settings
-from ..names import JOBS_PLUGIN
+from ..names import EVENT_TOPIC, JOBS_PLUGIN, PRELOAD
+from ..reports import Reporter
 from . import session as _session
 from .plugin import JobPlugin
 
@@ -44,7 +46,12 @@ async def dask_setup(server) -> None:
             "influx-metrics preload on %s: nothing to do (plugins come from the scheduler)", type(server).__name__
         )
         return
-    await start_monitoring(server)
+    try:
+        await start_monitoring(server)
+    except Exception as e:  # Dask logs "Failed to start preload" in the scheduler's log only: say it where clients look
+        report = Reporter(functools.partial(server.log_event, EVENT_TOPIC), worker="scheduler")
+        report(PRELOAD, f"monitoring did not start from --preload: {type(e).__name__}: {e}")
+        raise
 
 
 async def start_monitoring(scheduler, overrides: dict | None = None) -> dict:
@@ -53,7 +60,8 @@ async def start_monitoring(scheduler, overrides: dict | None = None) -> dict:
     ``overrides`` (config keys below ``influx-metrics``) default to none: the
     environment decides. Raises ``ValueError`` for invalid settings before
     installing anything (Dask logs "Failed to start preload" with the reason
-    and the scheduler runs unmonitored).
+    and the scheduler runs unmonitored; :func:`dask_setup` also reports it on the
+    ``influx-metrics`` event topic: ``client.get_events("influx-metrics")``).
     """
     overrides = dict(overrides or {})
     settings = Settings.resolve(overrides)  # validate now, on the scheduler
