@@ -59,10 +59,13 @@ class JobPlugin(SchedulerPlugin):
         self.scheduler = scheduler
         self._wrapper = _dask.wrap_update_graph(scheduler)
         _dask.add_stream_handler(scheduler, NEW_JOB_OP, self._handle_new_job)
+        # the session's threads and files end with the scheduler, also one stopped and never closed
+        self._unhook = _dask.on_stop(scheduler, self.stop_session)
 
     async def close(self) -> None:
         _dask.unwrap_update_graph(self.scheduler, self._wrapper)
         _dask.remove_stream_handler(self.scheduler, NEW_JOB_OP, self._handle_new_job)
+        self._unhook()
         self.stop_session()
 
     # --- session -----------------------------------------------------------
