@@ -65,7 +65,8 @@ async def start_monitoring(scheduler, overrides: dict | None = None) -> dict:
     """
     overrides = dict(overrides or {})
     settings = Settings.resolve(overrides)  # validate now, on the scheduler
-    await asyncio.to_thread(settings.check_telegraf_host)  # a DNS lookup: off the event loop
+    if "udp" in settings.sinks:  # a DNS lookup: off the event loop (the only sink that needs one)
+        await asyncio.to_thread(settings.check_telegraf_host)
     # The scheduler calls the plugin's start(scheduler) itself right after preloads.
     scheduler.add_plugin(JobPlugin(overrides, worker_payload=b""), name=JOBS_PLUGIN)
     session = await _session.start(scheduler)

@@ -43,6 +43,7 @@ import threading
 import time
 
 from .. import runfolder
+from ..config import AGENT_ENV
 from ..outbox import Outbox
 from ..reports import Once
 from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher, SnapshotBuffer
@@ -98,6 +99,7 @@ class AgentLink:
         self._ready = None  # the pipe the agent this worker launched says "ready" on, until started() reads it
         self._beat, self._beat_inode = None, None
         self._closed = threading.Event()  # leaving: the watcher stops, started() and found() give up
+        self._stopped, self._stop_w = os.pipe()  # readable once stop_waiting() was called (started() waits on it)
         self._left = False
         self._held = False  # this worker holds agent.lock (the agent is gone)
         self._checked = None  # the beat's version when a task start last looked at it (see wake())
@@ -152,6 +154,11 @@ class AgentLink:
     def acked(self) -> int:
         return self._beat.acked() if self._beat is not None or self.beat() is not None else 0
 
+    def sampled(self, timeout: float) -> dict | None:
+        """:meth:`started`, then :meth:`found`: what the agent found of this worker once it sampled it."""
+        self.started()
+        return self.found(timeout)
+
     def found(self, timeout: float) -> dict | None:
         """What the agent found of this worker's GPUs (``{"gpu", "devices", "why"}``), waiting up to
         ``timeout`` s for its first sample of this worker; None if it has not sampled it by then."""
@@ -162,10 +169,11 @@ class AgentLink:
                 return beat["found"][self.id]
             if beat and self.id in beat.get("foreign", {}):
                 raise RuntimeError(beat["foreign"][self.id])
-            if time.monotonic() > deadline or self._closed.is_set():
+            if time.monotonic() > deadline:
                 return None
             self.wake("folder")
-            time.sleep(0.01)
+            if self._closed.wait(0.01):  # leaving (stop_waiting): at once
+                return None
 
     # --- starting and watching the agent --------------------------------------------------
     def _start(self, held: int) -> None:
@@ -173,11 +181,12 @@ class AgentLink:
         Returns at once: :meth:`started` waits until it samples."""
         try:
             launcher = subprocess.Popen(
-                [sys.executable, "-c", LAUNCH],
+                [sys.executable, "-S", "-c", LAUNCH],  # -S: no site-packages to look at, it only forks
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 pass_fds=(held,),
                 start_new_session=True,
+                env={**os.environ, AGENT_ENV: "1"},  # its settings come resolved: it imports no Dask
             )
         finally:
             os.close(held)
@@ -194,12 +203,9 @@ class AgentLink:
         pipe, self._ready = self._ready, None
         if pipe is None:
             return
-        deadline, line = time.monotonic() + timeout, b""
         with pipe:
-            while not self._closed.is_set() and time.monotonic() < deadline:
-                if select.select([pipe], [], [], min(0.01, max(0.0, deadline - time.monotonic())))[0]:
-                    line = pipe.readline()
-                    break
+            ready = select.select([pipe, self._stopped], [], [], timeout)[0]
+            line = pipe.readline() if pipe in ready else b""
         self._reap()
         if line != b"ready\n" and not self._closed.is_set():
             self.report(
@@ -212,6 +218,7 @@ class AgentLink:
     def stop_waiting(self) -> None:
         """The worker is leaving: :meth:`started` and :meth:`found` return now, the watcher stops."""
         self._closed.set()
+        os.write(self._stop_w, b"x")
 
     def _reap(self, timeout: float = 0.0) -> None:
         """Wait up to ``timeout`` s for the launchers still running (each exits once it forked its agent)."""
@@ -385,7 +392,7 @@ class AgentLink:
         if self._left:
             return
         self._left = True
-        self._closed.set()
+        self.stop_waiting()  # the watcher too, also while it waits for an agent it started
         self._watcher.join(WATCH_S * 4 + (self._every[0] if self._every else 0.0))
         if self._ready is not None:  # never waited for: the agent finds no worker and exits
             self._ready.close()
@@ -403,9 +410,12 @@ class AgentLink:
             pass
         snap = os.path.join(self._dir, f"{self.id}.snap")
         deadline = time.monotonic() + (3 * self.interval + 2.0 if timeout is None else timeout)
-        while known and os.path.exists(snap) and time.monotonic() < deadline:
-            self.wake("folder")
-            time.sleep(0.01)
+        woke = -math.inf
+        while known and os.path.exists(snap) and (now := time.monotonic()) < deadline:
+            if now - woke >= 0.01:  # the agent answers the first at once; again in case it missed it
+                self.wake("folder")
+                woke = now
+            time.sleep(0.002)
         for fd_owner in (self._snap, self._beat and self._beat.buffer):
             if fd_owner is not None:
                 fd_owner.close()
@@ -416,7 +426,8 @@ class AgentLink:
                 pass
         if self._life is not None:
             os.close(self._life)
-        os.close(self._probe)
+        for fd in (self._probe, self._stopped, self._stop_w):
+            os.close(fd)
         self._sock.close()
         _in_use.discard(self.id)
 

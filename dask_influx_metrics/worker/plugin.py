@@ -157,8 +157,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
     async def _await_agent(self, link) -> None:
         """Until the agent samples this worker: then where its samples go, and the worker's own points."""
         try:
-            await _off_loop(link.started)
-            found = await _off_loop(link.found, FOUND_TIMEOUT)
+            found = await _off_loop(link.sampled, FOUND_TIMEOUT)
         except Exception as e:  # RuntimeError: the agent cannot see this worker's process
             why = str(e) if isinstance(e, RuntimeError) else f"waiting for the agent failed ({type(e).__name__}: {e})"
             if not self.closed:
