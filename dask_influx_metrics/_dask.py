@@ -140,8 +140,9 @@ def _raise_worker_error(replies: dict, what: str) -> None:
 # (delivery health, the spool's flush timer, the HTTP sink's writer) and open files behind.
 # Checked: distributed 2026.8.0, 2026.7.1.
 def on_stop(server, fn: Callable[[], None]) -> Callable[[], None]:
-    """Call ``fn()`` when ``server`` stops (its ``stop()``, which ``close()`` calls too), before Dask's own
-    stop; returns the undo. An exception from ``fn`` is logged, never in the way of the stop."""
+    """Call ``fn()`` when ``server`` stops (its ``stop()``, which ``close()`` calls too: a server stopped, then
+    closed calls it twice), before Dask's own stop; returns the undo. An exception from ``fn`` is logged, never
+    in the way of the stop."""
     covered = vars(server).get("stop")  # another hook's, else None: the class's method
     original = server.stop
 

@@ -154,6 +154,7 @@ def main(argv=None) -> int:
     p.add_argument("tests", nargs="*", help="test files or ids instead")
     p.add_argument("--keep", metavar="DIR", help="keep the spool, the JUnit files and the scheduler list here")
     args = p.parse_args(argv)
+    args.python, args.src = os.path.abspath(args.python), os.path.abspath(args.src)  # pytest runs in src
     tests = list(args.tests or (TEN if args.all else SUBSET))
     with tempfile.TemporaryDirectory(prefix="dask-suite-") as tmp:
         if args.keep:

@@ -9,7 +9,9 @@ On the **scheduler**, :func:`dask_setup` installs the :class:`JobPlugin`
 (jobs/DAGs, ``dag`` points) and starts a session the way ``Monitor.start()``
 does (:func:`.session.start`): the :class:`MetricsWorkerPlugin` is registered
 on the scheduler under its stable name, so every worker, present or future,
-samples from the moment it connects. All settings come from the
+is sampled from when it connects (its host's agent, started by the first worker
+of the host, samples ~0.1 s later; the worker's start does not wait for it).
+All settings come from the
 ``influx-metrics`` Dask config, i.e. from environment variables such as
 ``DASK_INFLUX_METRICS__SINK=udp``: the scheduler's own environment for its
 ``dag`` points, and each worker's own environment for its samples (its
