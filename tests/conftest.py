@@ -101,7 +101,7 @@ def cluster():
     """A real LocalCluster (2 worker processes x 2 threads), one per test module."""
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as c:
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as c:
         yield c
 
 
@@ -167,7 +167,7 @@ def _monitored_run(influxd, tmp_path_factory, into: str, sink: str, **settings):
     run = uuid.uuid4().hex[:10]
     spool = tmp_path_factory.mktemp("spool")
     with (
-        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         monitor = Monitor(

@@ -74,7 +74,7 @@ def private_tmp_cluster(tmp_path, monkeypatch):
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the scheduler runs in this process
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster:
         yield cluster
 
 

@@ -448,7 +448,7 @@ def test_two_workers_sharing_the_replayed_h200_end_to_end(tmp_path, monkeypatch,
         monkeypatch.setenv(key, value)  # the workers' agent imports the replay (the workers inherit this)
     monkeypatch.setenv("DASK_DISTRIBUTED__DIAGNOSTICS__NVML", "False")
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         pids = client.run(os.getpid)

@@ -71,7 +71,7 @@ def test_two_workers_sharing_one_gpu_keep_their_own_numbers(tmp_path):
     from dask_influx_metrics import Monitor
 
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as admin,
     ):
         w0, w1 = sorted(admin.scheduler_info()["workers"])

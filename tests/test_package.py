@@ -20,7 +20,7 @@ from dask_influx_metrics import Monitor, query
 assert dask_influx_metrics.__file__.startswith(sys.prefix), dask_influx_metrics.__file__
 from distributed import Client, LocalCluster
 spool = tempfile.mkdtemp()
-with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, \
+with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster, \
         Client(cluster) as client:
     monitor = Monitor(client, sink="spool", spool_directory=spool, gpu_source="simulated", gpu_count=1)
     monitor.attach(polling_interval=50)

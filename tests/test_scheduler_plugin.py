@@ -17,7 +17,7 @@ def slow(x, delay=0.3):
 
 @pytest.fixture(scope="module")
 def small_cluster():
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as c:
         yield c
 
 

@@ -177,7 +177,7 @@ def test_short_tasks_read_their_time_weighted_share_on_a_cluster(tmp_path):
     from dask_influx_metrics import Monitor
 
     with (
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         monitor = Monitor(client, sink="spool", spool_directory=str(tmp_path), gpu_source="simulated", gpu_count=1)

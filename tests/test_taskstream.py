@@ -58,7 +58,7 @@ def spilling_cluster():
     with (
         dask.config.set(spill),
         LocalCluster(
-            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None, memory_limit="200MiB"
+            n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0", memory_limit="200MiB"
         ) as cluster,
     ):
         yield cluster

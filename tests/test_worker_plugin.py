@@ -39,7 +39,7 @@ def test_teardown_with_a_frozen_influxdb_never_blocks_the_event_loops(tmp_path):
     # a server that accepts connections and never answers: every write hangs until its timeout
     with (
         socket.create_server(("127.0.0.1", 0), backlog=128) as frozen,
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         url = "http://127.0.0.1:%d" % frozen.getsockname()[1]
@@ -88,7 +88,7 @@ def wait_for(predicate, timeout=10.0, what="condition"):
 def test_an_extra_sample_for_a_graph_after_idleness_not_between_back_to_back_short_tasks(mode):
     with (
         socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as receiver,
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         receiver.bind(("127.0.0.1", 0))
@@ -210,7 +210,7 @@ def test_a_cluster_starts_without_waiting_for_its_agent_and_monitor_start_waits_
     }
     boot = {"distributed.scheduler.preload": ["dask_influx_metrics.preload"], **settings}
     with dask.config.set(boot):
-        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
             plugin = cluster.scheduler.plugins[JOBS_PLUGIN]
             assert set(plugin.destinations) == {"scheduler"}, "the cluster is up, its agent not sampling yet"
             held_agents.set()
@@ -220,7 +220,7 @@ def test_a_cluster_starts_without_waiting_for_its_agent_and_monitor_start_waits_
             assert len(plugin.destinations) == 2, "sampled once the agent is up"
     held_agents.clear()
     with dask.config.set(settings):
-        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
             with Client(cluster) as client:
                 monitor = Monitor(client)
                 monitor.attach(polling_interval=100, tracking=["tasks"])
