@@ -20,5 +20,6 @@ MODULES = (
     "taskstream",
     "hostonce",
     "gpm",
+    "clusterlife",
     "hostcost",
 )

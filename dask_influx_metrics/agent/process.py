@@ -245,7 +245,7 @@ class Agent:
             self._woken = True
         view = self.workers.views.get(worker_id)
         if view is None or not view.snapshot().executing:
-            self.sampler.wake()
+            self.sampler.wake(urgent=why != "task")  # arriving or leaving: the worker waits for this sample
 
     def idle_for_good(self) -> bool:
         """Whether the session may be over here: no worker left to sample. A worker always registers before it
