@@ -143,24 +143,37 @@ def on_stop(server, fn: Callable[[], None]) -> Callable[[], None]:
     """Call ``fn()`` when ``server`` stops (its ``stop()``, which ``close()`` calls too: a server stopped, then
     closed calls it twice), before Dask's own stop; returns the undo. An exception from ``fn`` is logged, never
     in the way of the stop."""
-    covered = vars(server).get("stop")  # another hook's, else None: the class's method
-    original = server.stop
 
-    def stop(*args, **kwargs):
-        try:
-            fn()
-        except Exception:
-            logger.exception("influx-metrics: stopping with %s failed", type(server).__name__)
-        return original(*args, **kwargs)
+    def cover(original, live):
+        def stop(*args, **kwargs):
+            if live():
+                try:
+                    fn()
+                except Exception:
+                    logger.exception("influx-metrics: stopping with %s failed", type(server).__name__)
+            return original(*args, **kwargs)
 
-    server.stop = stop
+        return stop
+
+    return _cover(server, "stop", cover)
+
+
+def _cover(obj, name: str, cover) -> Callable[[], None]:
+    """Set ``obj.<name>`` on the instance to ``cover(original, live)``: a method Dask calls on itself, seen
+    through ours. Returns the undo, which puts back what it covered or, covered since by another, makes
+    ``live()`` False so ours stops acting (the other keeps calling through it)."""
+    covered = vars(obj).get(name)  # another cover's, else None: the class's method
+    state = {"live": True}
+    mine = cover(getattr(obj, name), lambda: state["live"])
+    setattr(obj, name, mine)
 
     def undo() -> None:
-        if vars(server).get("stop") is stop:
+        state["live"] = False
+        if vars(obj).get(name) is mine:
             if covered is None:
-                del server.stop
+                delattr(obj, name)
             else:
-                server.stop = covered
+                setattr(obj, name, covered)
 
     return undo
 
@@ -242,24 +255,13 @@ def tap_execute_digests(worker, append) -> Callable[[], None]:
     """Also ``append((prefix, activity, unit, amount))``, on the event loop, for each execute digest the
     worker adds from now on; returns the undo (which puts back what it covered, or, with a tap set over
     ours since, only stops ours)."""
-    covered = vars(worker).get("digest_metric")  # another tap's, else None: the class's method
-    original = worker.digest_metric
-    live = True
 
-    def digest_metric(name, value):
-        original(name, value)
-        if live and type(name) is tuple and len(name) == 5 and name[0] == "execute":
-            append((name[2], name[3], name[4], value))
+    def cover(original, live):
+        def digest_metric(name, value):
+            original(name, value)
+            if live() and type(name) is tuple and len(name) == 5 and name[0] == "execute":
+                append((name[2], name[3], name[4], value))
 
-    worker.digest_metric = digest_metric
+        return digest_metric
 
-    def undo() -> None:
-        nonlocal live
-        live = False
-        if vars(worker).get("digest_metric") is digest_metric:
-            if covered is None:
-                del worker.digest_metric
-            else:
-                worker.digest_metric = covered
-
-    return undo
+    return _cover(worker, "digest_metric", cover)
