@@ -21,5 +21,9 @@ MODULES = (
     "hostonce",
     "gpm",
     "clusterlife",
+    "hostreads",
+    "sessiontag",
+    "live",
     "hostcost",
+    "accounting",
 )

@@ -92,7 +92,7 @@ def run(quick: bool) -> list[dict]:
     rows = []
     with (
         common.influxd() as server,
-        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         for dag_tag in (True, False):

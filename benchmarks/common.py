@@ -21,7 +21,14 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")
 ROW_KEYS = ("name", "what", "measured", "unit", "baseline", "ratio", "target", "met", "notes")
-TAGS = {"host": socket.gethostname(), "worker": "tcp://127.0.0.1:40000", "job": "1", "dag": "3"}
+# what the writers tag every point with (the session id has its real length: 29 characters)
+TAGS = {
+    "host": socket.gethostname(),
+    "worker": "tcp://127.0.0.1:40000",
+    "job": "1",
+    "dag": "3",
+    "session": "20261128T153000-000001-3fa9c2",
+}
 
 
 # -- result rows ---------------------------------------------------------------
@@ -247,7 +254,8 @@ def simulated_worker(
         gpus = NvmlDevices(fields)
     else:
         gpus = SimulatedDevices(gpu_count, fields)
-    info = {"address": TAGS["worker"], "pid": os.getpid(), "tags": {"host": TAGS["host"], "worker": TAGS["worker"]}}
+    own = {k: TAGS[k] for k in ("host", "worker", "session")}
+    info = {"address": TAGS["worker"], "pid": os.getpid(), "tags": own}
     view = WorkerView("bench", info, snapshot, fields, offset=lambda: 0.0)
     view.uuids = gpus.resolve(view)
     refresh = 0.0 if interval_ms is None else refresh_seconds(config.Settings.resolve({}).host_refresh, interval_ms)

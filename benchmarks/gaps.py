@@ -116,7 +116,7 @@ def run(quick: bool = False) -> list[dict]:
             "@50 ms, all metrics (in-process)": {"interval_ms": 50},
             "@200 ms, without host/process reads": {"tracking": no_psutil_tracking()},
         }
-    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as cluster, Client(cluster) as client:
+    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0") as cluster, Client(cluster) as client:
         client.gather(client.map(gil_heavy, [0.2, 0.2], pure=False))  # warm up the worker
         idle = summary([gap_run(client, idle_duration, busy=False)])
         runs = common.alternate(

@@ -115,7 +115,7 @@ def _cluster(gpus: int, n: int, ledgers: str):
     workers = {i: {"cls": Nanny, "options": {"nthreads": 1, "env": visible(i)}} for i in range(n)}
     try:
         with (
-            SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}) as c,
+            SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": ":0"}}) as c,
             Client(c) as client,
         ):
             client.wait_for_workers(n)
@@ -225,7 +225,7 @@ def gap_after_kill(address: str) -> float:
 
     folder = tempfile.mkdtemp()
     with (
-        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=4, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         m = Monitor(

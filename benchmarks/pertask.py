@@ -74,7 +74,7 @@ def transitions(rounds: int = 3) -> dict:
     variants = {"default (agent)": {}, "sampler_mode=thread": {"sampler_mode": "thread"}}
     with (
         common.Drain() as rx,
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
 

@@ -38,7 +38,7 @@ def pairs(n: int, after_array: int = 0, seconds: float | None = None, control: b
 
     sizes = (2000, 3000, 750)
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         workload.monitored(client, (1000,), 50, work=workload.short_tasks)  # warm-up

@@ -92,7 +92,7 @@ def run(quick: bool = False) -> list[dict]:
 
     rounds, n = (1, 10_000) if quick else (2, 100_000)
     with (
-        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         one_run(client, 2000, VARIANTS["task-stream on"])  # warm-up: imports, plugin pickles

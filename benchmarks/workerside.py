@@ -93,7 +93,7 @@ def measure(seconds: float, rounds: int) -> dict:
     address = "%s:%d" % receiver.getsockname()
     try:
         with (
-            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
             Client(cluster) as client,
         ):
             [pid] = client.run(os.getpid).values()

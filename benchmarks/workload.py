@@ -215,7 +215,7 @@ def run(quick: bool = False) -> list[dict]:
     if common.has_sampler_mode():
         short_modes["on @50 ms, sampler_mode=thread"] = {"interval_ms": 50, "sampler_mode": "thread"}
     with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         monitored(client, sizes, 200)  # warm-up: imports, plugin pickles, BLAS
@@ -232,7 +232,7 @@ def run(quick: bool = False) -> list[dict]:
         )
     launch_rounds, steps = (3, LAUNCHES // 4) if quick else (LAUNCH_ROUNDS, LAUNCHES)
     with (
-        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         monitored(client, (steps // 10,), 50, work=launch_bound, gpus=1)  # warm-up

@@ -24,6 +24,7 @@ Example
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 from typing import Callable
 
@@ -265,3 +266,78 @@ def tap_execute_digests(worker, append) -> Callable[[], None]:
         return digest_metric
 
     return _cover(worker, "digest_metric", cover)
+
+
+# --- worker: heartbeat metrics ------------------------------------------------------------
+# Worker.metrics (name -> fn(worker), a public Worker(metrics=...) parameter kept as a plain dict) is
+# called at each heartbeat; what it returns lands in the scheduler's WorkerState.metrics[name]. A core
+# metric of the same name (Dask's own GPU figures when its NVML sees a device) wins over ours, and an
+# entry that raises is left out of that heartbeat. Without it the dashboard page gets no figures and
+# Dask's GPU charts stay blank where its NVML is off. Checked: distributed 2026.8.0, 2026.7.1.
+def add_heartbeat_metric(worker, name: str, fn: Callable) -> None:
+    worker.metrics[name] = fn
+
+
+def remove_heartbeat_metric(worker, name: str, fn: Callable) -> None:
+    """Remove ``name`` if it is still ``fn`` (another plugin may have replaced it)."""
+    if worker.metrics.get(name) is fn:
+        del worker.metrics[name]
+
+
+# Scheduler.workers[address] (WorkerState: host, last_seen: the scheduler's time of its latest
+# heartbeat, metrics: what that heartbeat carried). Without it the dashboard page has nothing to show.
+# Checked: distributed 2026.8.0, 2026.7.1.
+def heartbeats(scheduler, name: str) -> list[tuple[str, float, object]]:
+    """``(address, last_seen, metrics[name] or None)`` per worker, as of its latest heartbeat."""
+    return [(address, ws.last_seen, ws.metrics.get(name)) for address, ws in list(scheduler.workers.items())]
+
+
+# --- scheduler: the dashboard ---------------------------------------------------------------
+# distributed.dashboard.scheduler builds one BokehTornado from its `applications` table (path ->
+# doc(scheduler, extra, doc)) when the scheduler starts, after --preload modules are imported; its
+# "More" menu lists the memoized template_variables(scheduler)["plots"], and /individual-plots.json
+# the app_paths of the first BokehTornado in scheduler.http_application.applications. A plugin
+# attached to a running scheduler (Monitor.attach) comes too late for the table, so a page is added to
+# the running BokehTornado the way its __init__ adds each one: an ApplicationContext in _applications
+# and bokeh's per-application routes (page, websocket, metadata, autoload, static). Without it the
+# GPU-per-job page is missing from the dashboard. Checked: distributed 2026.8.0 (bokeh 3.9), 2026.7.1.
+def add_dashboard_page(scheduler, path: str, doc: Callable) -> bool:
+    """Serve ``doc(scheduler, extra, document)`` at ``path`` on the scheduler's running dashboard, list it
+    in the "More" menu and in ``/individual-plots.json``; False when the scheduler has no dashboard (no
+    bokeh, or ``dashboard=False``). Adding a path twice keeps the first."""
+    try:
+        from bokeh.application import Application
+        from bokeh.application.handlers.document_lifecycle import DocumentLifecycleHandler
+        from bokeh.application.handlers.function import FunctionHandler
+        from bokeh.server.contexts import ApplicationContext
+        from bokeh.server.tornado import BokehTornado, create_static_handler
+        from bokeh.server.urls import per_app_patterns
+        from bokeh.server.views.ws import WSHandler
+        from distributed.dashboard.scheduler import template_variables
+    except ImportError:
+        return False
+    http = getattr(scheduler, "http_application", None)
+    tornado = next((a for a in getattr(http, "applications", ()) if isinstance(a, BokehTornado)), None)
+    if tornado is None:
+        return False
+    if path in tornado._applications:
+        return True
+    variables = template_variables(scheduler)  # memoized: the very dict every page's menu reads
+    extra = {"prefix": tornado.prefix + "/", **variables}
+    app = Application(FunctionHandler(functools.partial(doc, scheduler, extra)), DocumentLifecycleHandler())
+    context = ApplicationContext(app, url=path)
+    context._loop = tornado._loop
+    routes = [(tornado.prefix + path + p[0], p[1], {"application_context": context}) for p in per_app_patterns]
+    websocket = next(r[0] for r in routes if r[0].endswith("/ws"))
+    for route in routes:
+        route[2]["bokeh_websocket_path"] = websocket
+        if issubclass(route[1], WSHandler):
+            route[2].update(compression_level=None, mem_level=None)
+    tornado._applications[path] = context
+    tornado.add_handlers(r".*", [*routes, create_static_handler(tornado.prefix, path, app)])
+    name = " ".join(path.strip("/").split("-")[1:]).title().replace("Gpu", "GPU")
+    plots = variables["plots"]
+    if not any(p["url"] == path.strip("/") for p in plots):
+        plots.append({"url": path.strip("/"), "name": name})
+        plots.sort(key=lambda p: p["name"])
+    return True

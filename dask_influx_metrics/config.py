@@ -6,9 +6,9 @@ default, the parser that validates it, the unit and a line of doc. Everything
 else is derived from that table: the defaults registered with ``dask.config``
 when the package is imported (:func:`register_defaults`; read from the table where a
 reset of dask.config dropped them: :func:`value`), the :class:`Settings` fields, :data:`KWARGS`,
-the shipped ``influx-metrics.yaml`` (:func:`defaults_yaml`) and the docs/settings.md
-settings table (:func:`settings_table_markdown`); ``tests/test_config.py``
-checks that the file and docs/settings.md say what the table says.
+the shipped ``influx-metrics.yaml`` and the docs/settings.md settings table
+(:mod:`.configdocs`); ``tests/test_config.py`` checks that the file and
+docs/settings.md say what the table says.
 
 Environment variables (``DASK_INFLUX_METRICS__SINK=udp``) and YAML files
 override the defaults the usual Dask way. Per-call overrides travel to
@@ -94,6 +94,16 @@ SETTINGS: tuple[Setting, ...] = (
         "field, so the series count does not grow with the number of DAGs (job stays a tag)",
     ),
     Setting(
+        "session-tag",
+        "session_tag",
+        True,
+        parsers.boolean,
+        "",
+        "true: session (the monitoring session's id) is a tag of every point, so readers select one session "
+        "exactly; false: a string field, so each session adds no series (readers then find a session by its "
+        "field: InfluxQL and the spool exactly, Flux by its time range)",
+    ),
+    Setting(
         "telegraf.address",
         "telegraf_address",
         None,
@@ -146,6 +156,15 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         "InfluxDB 2.x/3.x token (sent as 'Authorization: Token ...')",
         secret=True,
+    ),
+    Setting(
+        "influxdb.create-database",
+        "create_database",
+        True,
+        parsers.boolean,
+        "",
+        "http sink: when a write answers 'database not found', create it (CREATE DATABASE on /query, "
+        "InfluxDB 1.x, as Telegraf does) and write again; false: never (the lines go to undelivered/)",
     ),
     Setting("influxdb.batch-size", "batch_size", 5000, parsers.positive_int, "lines", "size of one HTTP write"),
     Setting("influxdb.timeout", "http_timeout", 5, parsers.seconds, "s", "time limit per HTTP request"),
@@ -235,6 +254,41 @@ SETTINGS: tuple[Setting, ...] = (
         "ms",
         "host counters are read on the samples nearest to every this many ms; samples in between "
         "repeat the last host reading (at most the polling interval: every sample)",
+    ),
+    Setting(
+        "accounting.interval",
+        "accounting_interval",
+        10,
+        parsers.seconds,
+        "s",
+        "the per-job accounting totals (tracking name accounting) are written this often, at a job's end on "
+        "the host and at the session's end, each point carrying the totals so far",
+    ),
+    Setting(
+        "accounting.retention",
+        "accounting_retention",
+        300,
+        parsers.seconds,
+        "s",
+        "a job's accounting rows stay (rewritten at every interval, and on the Prometheus endpoint) this long "
+        "after it last ran on the host; then they are dropped (its totals are in the points written)",
+    ),
+    Setting(
+        "prometheus.port",
+        "prometheus_port",
+        None,
+        parsers.optional_port,
+        "",
+        "the host's sampling agent serves /metrics (Prometheus text format: per-job counters, per-GPU and "
+        "per-worker gauges) on this TCP port; null = off. Needs prometheus_client (the prometheus extra)",
+    ),
+    Setting(
+        "prometheus.address",
+        "prometheus_address",
+        "0.0.0.0",
+        parsers.text,
+        "",
+        "the address the /metrics endpoint binds (0.0.0.0: every interface; 127.0.0.1: this machine only)",
     ),
 )
 
@@ -338,6 +392,15 @@ class Settings(_Fields):
         """The (measurement, field) pairs this tracking list turns on."""
         return schema.fields_for(self.tracking)
 
+    @property
+    def field_tags(self) -> tuple:
+        """The tags written as string fields instead (``dag-tag: false``, ``session-tag: false``).
+
+        >>> Settings.resolve({"dag-tag": False, "session-tag": False}).field_tags
+        ('dag', 'session')
+        """
+        return ("dag",) * (not self.dag_tag) + (schema.SESSION,) * (not self.session_tag)
+
     @classmethod
     def resolve(cls, overrides: dict | None = None) -> "Settings":
         """Read ``influx-metrics.*`` from dask.config with ``overrides`` on top, and validate it.
@@ -431,44 +494,3 @@ def overrides_from_kwargs(**kwargs) -> dict:
         if "spool" not in sinks:
             out["sink"] = sinks + ["spool"]
     return out
-
-
-# --- documents derived from the table ----------------------------------------------------------------
-def _yaml_value(value) -> str:
-    import yaml
-
-    return yaml.safe_dump(value, default_flow_style=True).removesuffix("...\n").strip()
-
-
-def _doc(setting: Setting) -> str:
-    return f"{setting.doc} ({setting.unit})" if setting.unit else setting.doc
-
-
-_YAML_HEADER = """\
-# Defaults for dask-influx-metrics. Every key can be set with dask.config,
-# a YAML file in ~/.config/dask/, or an environment variable such as
-# DASK_INFLUX_METRICS__SINK=udp. Monitor(...) and attach(...) override per call.
-# Generated from dask_influx_metrics/config.py (SETTINGS) by config.defaults_yaml(); edit it there.
-"""
-
-
-def defaults_yaml() -> str:
-    """The text of ``influx-metrics.yaml``: every default with its doc as a comment."""
-    lines, section = [_YAML_HEADER + "influx-metrics:"], ""
-    for s in SETTINGS:
-        parent, _, leaf = s.key.rpartition(".")
-        if parent != section:
-            lines.append(f"  {parent}:")
-            section = parent
-        indent = "    " if parent else "  "
-        lines.append(f"{indent}{leaf}: {_yaml_value(s.default)}".ljust(31) + f"# {_doc(s)}")
-    return "\n".join(lines) + "\n"
-
-
-def settings_table_markdown() -> str:
-    """The docs/settings.md table: key (keywords), default, unit, meaning."""
-    rows = ["| key (keywords) | default | unit | meaning |", "|---|---|---|---|"]
-    for s in SETTINGS:
-        keywords = ", ".join(f"`{k}`" for k in s.kwargs)
-        rows.append(f"| `{s.key}` ({keywords}) | `{_yaml_value(s.default)}` | {s.unit} | {s.doc} |")
-    return "\n".join(rows) + "\n"

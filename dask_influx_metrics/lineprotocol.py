@@ -405,3 +405,17 @@ def _fill(templates: list, values: list, texts: list) -> Optional[list]:
             return None
         args[i] = value
     return (b"\n".join(templates) % tuple(args)).split(b"\n")
+
+
+def tags_as_fields(point: Point, names) -> Point:
+    """``point`` with its tags ``names`` written as string fields instead (setting ``dag-tag: false``:
+    ``dag`` leaves the series key, so new DAGs add no series).
+
+    >>> tags_as_fields(Point("gpu", {"job": "1", "dag": "2"}, {"utilization_gpu": 5.0}, 1), ("dag",))
+    Point(measurement='gpu', tags={'job': '1'}, fields={'utilization_gpu': 5.0, 'dag': '2'}, time_ns=1)
+    """
+    moved = {n: point.tags[n] for n in names if n in point.tags}
+    if not moved:
+        return point
+    tags = {k: v for k, v in point.tags.items() if k not in moved}
+    return point._replace(tags=tags, fields={**point.fields, **moved})

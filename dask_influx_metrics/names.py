@@ -1,8 +1,13 @@
 """Names the scheduler, the workers, the agent and the client agree on (plugin names, the task
-annotation, the event topic and the kinds of report sent on it)."""
+annotation, the event topic and the kinds of report sent on it, session ids)."""
 
+import calendar
 import enum
+import re
+import secrets
 import socket
+import time
+from typing import Optional
 
 JOBS_PLUGIN = "influx-metrics-jobs"  # the scheduler plugin
 WORKER_PLUGIN = "influx-metrics"  # the worker plugin
@@ -13,6 +18,8 @@ CUSTOM_METRIC = "custom-metric"  # a report's "what": a custom metric failed or 
 DESTINATIONS = "destinations"  # a report's "what": where a worker's samples go (sinks.destinations)
 PRELOAD = "preload"  # a report's "what" (from the scheduler): --preload could not start monitoring, and why
 NEW_JOB_OP = "influx-metrics-new-job"  # the client's stream op behind Monitor.new_job()
+LIVE_METRIC = "influx_metrics"  # a worker's heartbeat entry (Worker.metrics): its live figures
+DASHBOARD_PAGE = "/individual-gpu-jobs"  # the scheduler dashboard's page ("GPU Jobs" in its "More" menu)
 
 
 class GpuState(str, enum.Enum):
@@ -39,3 +46,33 @@ class GpmState(str, enum.Enum):
 def agent_role() -> str:
     """The host agent's name in sinks, spool folders and ``delivery`` points: ``agent-<host>``."""
     return f"agent-{socket.gethostname()}"
+
+
+_SESSION_ID = re.compile(r"^(\d{8}T\d{6})-(\d{6})(?:-[0-9a-f]+)?$")
+
+
+def new_session_id(started: float) -> str:
+    """A session id: the start (UTC, to the microsecond, so ids sort by start) and 24 random bits, so two
+    schedulers starting in the same microsecond still differ. 29 characters: the tag ``,session=<id>``
+    adds 38 bytes to a line (the field ``,session="<id>"`` 40).
+
+    >>> len(new_session_id(1795255200.25)), new_session_id(1795255200.25)[:22]
+    (29, '20261121T100000-250000')
+    """
+    micro = int(round(started * 1e6)) % 1_000_000
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(int(started))) + f"-{micro:06d}-{secrets.token_hex(3)}"
+
+
+def session_start_ns(session_id: str) -> Optional[int]:
+    """The start time (epoch ns) a session id names; None for another name (a spool folder renamed by hand).
+
+    >>> session_start_ns("20261121T100000-250000-3fa9c2"), session_start_ns("20261121T100000-000001")
+    (1795255200250000000, 1795255200000001000)
+    >>> session_start_ns("nightly") is None
+    True
+    """
+    m = _SESSION_ID.match(str(session_id))
+    if m is None:
+        return None
+    seconds = calendar.timegm(time.strptime(m.group(1), "%Y%m%dT%H%M%S"))
+    return seconds * 10**9 + int(m.group(2)) * 1000

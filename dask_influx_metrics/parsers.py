@@ -83,6 +83,16 @@ positive_int = number("a positive integer", integer=True)
 _datagram_bytes = number("'auto' or a number of bytes from 1 to 65507", maximum=65507, integer=True)
 
 
+_port = number("null (off) or a TCP port from 1 to 65535", maximum=65535, integer=True)
+
+
+def optional_port(value) -> int | None:
+    """A TCP port, or None (null, "", "off", "none": off)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none", "off")):
+        return None
+    return _port(value)
+
+
 def max_datagram(value):
     """``auto`` (None: 65507 bytes when Telegraf is on loopback, else 1472) or a size in bytes."""
     return None if value in (AUTO, None) else _datagram_bytes(value)

@@ -54,15 +54,19 @@ class Field(NamedTuple):
 # Measurements
 GPU = "gpu"
 HOST = "host"
+DISK = "disk"
 WORKER = "worker"
 CUSTOM = "custom"
 DAG = "dag"
 TASK = "task"
 ACTIVITY = "activity"
 DELIVERY = "delivery"
+ACCOUNTING = "accounting"
+IDLE_JOB = "idle"  # the job tag of an accounting point's idle row: no job's
 
+SESSION = "session"  # the tag (or, with session-tag: false, the field) naming the monitoring session
 # Tags on every worker point, in this order.
-COMMON_TAGS = ("host", "worker", "job", "dag")
+COMMON_TAGS = ("host", "worker", "job", "dag", SESSION)
 # Extra tags on per-device points (gpu, and per-device custom metrics).
 DEVICE_TAGS = ("index", "nvml_index", "uuid", "name")
 
@@ -76,6 +80,9 @@ TAGS = {
     "dag": "DAG number(s) of the tasks executing at sample time, ascending and "
     "comma-joined; '0' when the worker is idle (a string field instead with the setting dag-tag: false). "
     "Host points: as job, '0' only when no worker of the host runs a task",
+    SESSION: "the monitoring session's id (made at start(): its UTC start time to the microsecond and 6 random "
+    "hex digits, e.g. 20261121T100000-000001-3fa9c2), on every point of every measurement, so sessions "
+    "sharing one database stay apart (a string field instead with the setting session-tag: false)",
     "index": "device index as the worker sees it (0 = first of CUDA_VISIBLE_DEVICES)",
     "nvml_index": "physical device index as NVML numbers it (the same on every worker of the host)",
     "uuid": "device UUID (GPU-..., MIG-...; SIM-... for simulated devices)",
@@ -87,21 +94,39 @@ TAGS = {
     "('thread-cpu', 'thread-noncpu', 'disk-read', custom context_meter labels, ...; never fixed here)",
     "unit": "activity points: the activity's unit as Dask names it ('seconds', 'bytes', 'count')",
     "sink": "delivery points: the sink the counters are of ('udp', 'http' or 'spool')",
+    "since": "accounting points: when the row began counting (Unix ns); a restarted one begins again from 0",
+    "path": "disk points: the mount point of a filesystem the host's workers write to (as Telegraf's disk input)",
 }
 
 # The tags each measurement carries, besides the extra ``influx-metrics.tags``.
 MEASUREMENT_TAGS = {
     GPU: COMMON_TAGS + DEVICE_TAGS,
     HOST: COMMON_TAGS,
+    DISK: COMMON_TAGS + ("path",),  # a measurement of its own: readers rely on one host series per host
     WORKER: COMMON_TAGS,
     CUSTOM: COMMON_TAGS + DEVICE_TAGS,  # device tags on per-device custom metrics only
-    DAG: ("host", "job"),  # dag and status are fields: one series per job, however many DAGs
+    DAG: ("host", "job", SESSION),  # dag and status are fields: one series per job, however many DAGs
     TASK: COMMON_TAGS + ("prefix", "state"),
     # Dask's digests are per prefix, not per task, so activity points have no dag (see docs/data-contract.md).
-    ACTIVITY: ("host", "worker", "job", "prefix", "activity", "unit"),
+    ACTIVITY: ("host", "worker", "job", SESSION, "prefix", "activity", "unit"),
     # worker = the sending role: a worker address, "scheduler", or the host's sampling agent
-    DELIVERY: ("host", "worker", "sink"),
+    DELIVERY: ("host", "worker", SESSION, "sink"),
+    # worker = the sender (the host's agent; a worker address in thread mode); job = a number or "idle";
+    # uuid = the GPU (absent on a job's CPU row). Never dag, task or key: series = rows (docs/attribution.md).
+    ACCOUNTING: ("host", "worker", "job", SESSION, "uuid", "since"),
 }
+
+# accounting: per (host, GPU, job) totals since ``since``, monotonic (docs/attribution.md); own: x the job's share
+_ACCOUNTING = (
+    ("gpu_seconds", "s", "time the job had tasks executing on a worker using the GPU (idle row: time no job had)"),
+    ("busy_seconds", "s", "the job's own utilization_gpu / 100 x each window, summed (idle row: no job's)"),
+    ("sm_active_seconds", "s", "the job's own sm_active / 100 x each window, summed (GPM only)"),
+    ("tensor_active_seconds", "s", "the job's own pipe_tensor_active / 100 x each window, summed (GPM only)"),
+    ("energy_joules", "J", "its part of the energy counter's delta (jobs and the idle row add up to it)"),
+    ("memory_peak_bytes", "bytes", "most GPU memory the process trees of the workers running the job held"),
+    ("memory_byte_seconds", "bytes x s", "that memory x each window, summed (mean: over gpu_seconds)"),
+    ("cpu_seconds", "s", "the CPU row (no uuid): CPU time of the host's workers while they ran its tasks"),
+)
 
 _FIELDS = (
     Field(GPU, "utilization_gpu", float, "%", "time a kernel ran over the last sample period (NVML utilization.gpu)"),
@@ -225,6 +250,9 @@ _FIELDS = (
         "(0 when none ran a kernel); a job's own figures on a shared GPU are the device's scaled by it",
     ),
     Field(HOST, "cpu_percent", float, "%", "whole-host CPU use since the previous sample (all cores = 100)"),
+    Field(HOST, "cpu_percent_core_max", float, "%", "the busiest core's CPU use over that window (one core = 100)"),
+    Field(HOST, "cpu_percent_core_min", float, "%", "the idlest core's CPU use over that window (one core = 100)"),
+    Field(HOST, "cpu_count", int, "count", "logical CPUs online: the cores the per-core figures cover"),
     Field(HOST, "memory_used", int, "bytes", "host memory in use (psutil virtual_memory.used)"),
     Field(HOST, "memory_total", int, "bytes", "host memory capacity"),
     Field(HOST, "memory_used_percent", float, "%", "host memory in use, percent"),
@@ -232,6 +260,15 @@ _FIELDS = (
     Field(HOST, "disk_write_bytes", int, "bytes", "cumulative bytes written to all disks (counter)"),
     Field(HOST, "net_recv_bytes", int, "bytes", "cumulative bytes received on all interfaces (counter)"),
     Field(HOST, "net_sent_bytes", int, "bytes", "cumulative bytes sent on all interfaces (counter)"),
+    Field(HOST, "net_recv_lo_bytes", int, "bytes", "cumulative bytes received on loopback interfaces (counter)"),
+    Field(HOST, "net_sent_lo_bytes", int, "bytes", "cumulative bytes sent on loopback interfaces (counter)"),
+    Field(HOST, "net_recv_ext_bytes", int, "bytes", "cumulative bytes received on the other interfaces (counter)"),
+    Field(HOST, "net_sent_ext_bytes", int, "bytes", "cumulative bytes sent on the other interfaces (counter)"),
+    Field(
+        DISK, "used_percent", float, "%", "space in use, once a second: used / (used + free to non-root) x 100 (psutil)"
+    ),
+    Field(DISK, "used", int, "bytes", "filesystem space in use (size - free)"),
+    Field(DISK, "total", int, "bytes", "filesystem size"),
     Field(WORKER, "tasks", int, "count", "tasks executing (including seceded) at sample time"),
     Field(WORKER, "running", str, "JSON", "JSON list of the executing task keys (tuples become lists)"),
     Field(WORKER, "cpu_percent", float, "%", "worker process CPU since the previous sample (one core = 100)"),
@@ -321,9 +358,12 @@ _FIELDS = (
         "count",
         "failed sends: UDP socket errors, failed HTTP requests (unreachable, 5xx, auth)",
     ),
+    *(Field(ACCOUNTING, name, float, unit, meaning) for name, unit, meaning in _ACCOUNTING),
 )
 FIELDS: dict[tuple[str, str], Field] = {(f.measurement, f.name): f for f in _FIELDS}
 DELIVERY_FIELDS = tuple(f.name for f in _FIELDS if f.measurement == DELIVERY)
+ACCOUNTING_FIELDS = tuple(name for name, _, _ in _ACCOUNTING)
+_ACCOUNTED = ("utilization_gpu", "power_draw", "total_energy_consumption", "worker_memory_used", "worker_gpu_share")
 
 
 def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
@@ -348,20 +388,6 @@ def tag_field_collisions(extra_tags=(), custom_fields=()) -> list[str]:
     )
 
 
-def tags_as_fields(point: Point, names) -> Point:
-    """``point`` with its tags ``names`` written as string fields instead (setting ``dag-tag: false``:
-    ``dag`` leaves the series key, so new DAGs add no series).
-
-    >>> tags_as_fields(Point("gpu", {"job": "1", "dag": "2"}, {"utilization_gpu": 5.0}, 1), ("dag",))
-    Point(measurement='gpu', tags={'job': '1'}, fields={'utilization_gpu': 5.0, 'dag': '2'}, time_ns=1)
-    """
-    moved = {n: point.tags[n] for n in names if n in point.tags}
-    if not moved:
-        return point
-    tags = {k: v for k, v in point.tags.items() if k not in moved}
-    return point._replace(tags=tags, fields={**point.fields, **moved})
-
-
 # Custom metrics land in the ``custom`` measurement, one float field per metric
 # name; per-device metrics carry the device tags.
 CUSTOM_FIELD_TYPE = float
@@ -380,7 +406,9 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "host-cpu": ((HOST, "cpu_percent"),),
     "host-mem": ((HOST, "memory_used"), (HOST, "memory_used_percent")),
     "disk-io": ((HOST, "disk_read_bytes"), (HOST, "disk_write_bytes")),
-    "net-io": ((HOST, "net_recv_bytes"), (HOST, "net_sent_bytes")),
+    "net-io": tuple((HOST, f"net_{d}{k}_bytes") for k in ("", "_lo", "_ext") for d in ("recv", "sent")),
+    "cpu-cores": ((HOST, "cpu_percent_core_max"), (HOST, "cpu_percent_core_min"), (HOST, "cpu_count")),
+    "disk-usage": ((DISK, "used_percent"), (DISK, "used"), (DISK, "total")),
     "worker-cpu": ((WORKER, "cpu_percent"),),
     "worker-mem": ((WORKER, "rss"), (WORKER, "managed_bytes")),
     "worker-gpu-mem": ((GPU, "worker_memory_used"),),
@@ -396,24 +424,10 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
     "gpm": tuple(
         (GPU, f)
         for f in (
-            "gr_engine_active",
-            "sm_active",
-            "sm_occupancy",
-            "pipe_tensor_active",
-            "pipe_tensor_hmma_active",
-            "pipe_tensor_imma_active",
-            "pipe_tensor_dfma_active",
-            "pipe_tensor_dmma_active",
-            "dram_active",
-            "pipe_fp64_active",
-            "pipe_fp32_active",
-            "pipe_fp16_active",
-            "pipe_int_active",
-            "pcie_tx_bytes",
-            "pcie_rx_bytes",
-            "nvlink_tx_bytes",
-            "nvlink_rx_bytes",
-        )
+            "gr_engine_active sm_active sm_occupancy pipe_tensor_active pipe_tensor_hmma_active pipe_tensor_imma_active "
+            "pipe_tensor_dfma_active pipe_tensor_dmma_active dram_active pipe_fp64_active pipe_fp32_active "
+            "pipe_fp16_active pipe_int_active pcie_tx_bytes pcie_rx_bytes nvlink_tx_bytes nvlink_rx_bytes"
+        ).split()
     ),
     "worker-gpu-util": (
         (GPU, "worker_utilization_gpu"),
@@ -424,6 +438,12 @@ TRACKING: dict[str, tuple[tuple[str, str], ...]] = {
         (TASK, n) for n in ("key", "start", "duration", "compute", "transfer", "disk_read", "disk_write", "nbytes")
     ),
     "fine-metrics": ((ACTIVITY, "value"), (ACTIVITY, "jobs")),
+    # the agent's per-job totals (docs/attribution.md), and the readings they are made of
+    "accounting": (
+        *((ACCOUNTING, n) for n in ACCOUNTING_FIELDS),
+        *((GPU, n) for n in _ACCOUNTED),
+        (WORKER, "cpu_percent"),
+    ),
 }
 # The gpu fields that say how busy the GPU's compute was. On a GPU several workers (or other processes)
 # share, a job's own figure is the device's scaled by its worker's ``worker_gpu_share``
@@ -454,23 +474,6 @@ def fields_for(tracking) -> frozenset[tuple[str, str]]:
     chosen = {pair for name in tracking for pair in TRACKING[name]}
     measurements = {m for m, _ in chosen}
     return frozenset(chosen | {p for p in ALWAYS if p[0] in measurements})
-
-
-def not_recorded(what: str, names, otherwise: str) -> str:
-    """Why a reader found no ``what``, with the tracking names that record it: the one wording of
-    every empty answer (``frame.attrs["why"]``), so the CLI's errors and the report's empty sections
-    agree. An unknown name raises (as :func:`fields_for`): the hint stays true.
-
-    >>> not_recorded("task stream", ["task-stream"], "no task finished in range")
-    'no task stream recorded: add `task-stream` to tracking (or tracking=None: every metric), or no task finished in range'
-    >>> not_recorded("X", ["compute-util", "gpm", "worker-gpu-mem"], "no GPU").split(" to ")[0]
-    'no X recorded: add `compute-util`, `gpm` or `worker-gpu-mem`'
-    """
-    names = list(names)
-    fields_for(names)
-    quoted = [f"`{n}`" for n in names]
-    listed = ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
-    return f"no {what} recorded: add {listed} to tracking (or tracking=None: every metric), or {otherwise}"
 
 
 # NVML's clock-event reason bits in ``clocks_event_reasons`` (nvidia-smi's names, shortened).

@@ -32,8 +32,10 @@ from panels import (  # noqa: E402
     HELD_IDLE_MINUTES,
     INFLUXQL,
     LOSS_MINUTES,
+    SESSION,
     field,
     panels,
+    session_variable,
     variable,
 )
 
@@ -51,7 +53,8 @@ def sample_ms() -> dict:
     util = field(schema.GPU, "utilization_gpu").name
     query = (
         f'SELECT round(median("step")) FROM (SELECT elapsed("{util}", 1ms) AS "step" FROM "{schema.GPU}" '
-        f'WHERE "host" =~ /^$host$/ AND $timeFilter GROUP BY "host", "worker", "index") WHERE $timeFilter'
+        f'WHERE {SESSION} AND "host" =~ /^$host$/ AND $timeFilter GROUP BY "host", "worker", "index") '
+        "WHERE $timeFilter"
     )
     return {
         "name": "sample_ms",
@@ -70,7 +73,8 @@ def dashboard() -> dict:
     tag_values = 'SHOW TAG VALUES FROM "{m}" WITH KEY = "{k}"'
     annotation = (
         f'SELECT "{field(schema.DAG, "event").name}", "{field(schema.DAG, "tasks").name}", '
-        f'"job", "dag" FROM "{schema.DAG}" WHERE "job" =~ /^$job$/ AND "dag" =~ /^$dag$/ AND $timeFilter'
+        f'"job", "dag" FROM "{schema.DAG}" WHERE {SESSION} AND "job" =~ /^$job$/ AND "dag" =~ /^$dag$/ '
+        "AND $timeFilter"
     )
     return {
         "uid": UID,
@@ -85,13 +89,17 @@ def dashboard() -> dict:
         "graphTooltip": 1,
         "templating": {
             "list": [
-                variable("host", tag_values.format(m=schema.WORKER, k="host")),
-                variable("worker", tag_values.format(m=schema.WORKER, k="worker") + ' WHERE "host" =~ /^$host$/'),
-                variable("job", tag_values.format(m=schema.DAG, k="job"), regex_all=True),
+                session_variable(),
+                variable("host", tag_values.format(m=schema.WORKER, k="host") + f" WHERE {SESSION}"),
+                variable(
+                    "worker",
+                    tag_values.format(m=schema.WORKER, k="worker") + f' WHERE {SESSION} AND "host" =~ /^$host$/',
+                ),
+                variable("job", tag_values.format(m=schema.DAG, k="job") + f" WHERE {SESSION}", regex_all=True),
                 variable(
                     "dag",
                     f'SELECT DISTINCT("{field(schema.DAG, "dag").name}") FROM "{schema.DAG}" '
-                    'WHERE "job" =~ /^$job$/ AND $timeFilter',
+                    f'WHERE {SESSION} AND "job" =~ /^$job$/ AND $timeFilter',
                     regex_all=True,
                 ),
                 sample_ms(),
@@ -207,7 +215,7 @@ def held_idle_rule() -> dict:
 def dropped_rule() -> dict:
     """Points dropped or refused by any sender's sink within the window: one alert per sender and sink."""
     dropped, refused = schema.DELIVERY_FIELDS[1:3]
-    senders = '"host", "worker", "sink"'
+    senders = '"host", "worker", "sink", "session"'  # counters restart with each session's senders
     lost = (
         f'SELECT sum("{dropped}") + sum("{refused}") AS "lost" FROM (SELECT '
         f'non_negative_difference("{dropped}") AS "{dropped}", non_negative_difference("{refused}") AS "{refused}" '

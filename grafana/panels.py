@@ -22,7 +22,10 @@ UNITS = {
     "mJ": "short",
 }
 
-HOST_WORKER = '"host" =~ /^$host$/ AND "worker" =~ /^$worker$/'
+# One session (the variable: the latest by default; job and DAG numbers restart in each). A prefix match:
+# ids have one length, and an empty value (points without a session tag) matches every point.
+SESSION = '"session" =~ /^$session/'
+HOST_WORKER = f'{SESSION} AND "host" =~ /^$host$/ AND "worker" =~ /^$worker$/'
 JOB = f'"job" =~ {jobtags.influxql_regex("$job")}'  # activity points have no dag
 JOB_DAG = f'{JOB} AND "dag" =~ {jobtags.influxql_regex("$dag")}'
 SAMPLES = f"{HOST_WORKER} AND {JOB_DAG}"
@@ -45,6 +48,24 @@ def field(measurement: str, name: str) -> schema.Field:
 
 def unit(f: schema.Field) -> str:
     return UNITS.get(f.unit, "short")
+
+
+def session_variable() -> dict:
+    """The session: one at a time, newest first (ids sort by start), so the latest is chosen."""
+    return {
+        "name": "session",
+        "label": "session",
+        "type": "query",
+        "datasource": INFLUXQL,
+        "query": f'SHOW TAG VALUES FROM "{schema.DELIVERY}" WITH KEY = "{schema.SESSION}"',
+        "refresh": 2,
+        "multi": False,
+        "includeAll": False,
+        "sort": 2,
+        "description": "the monitoring session (newest first; job and DAG numbers restart at 1 in each). "
+        "Empty where the points carry no session tag (written before sessions were tagged, or with "
+        "session-tag: false): then every session is shown",
+    }
 
 
 def variable(name: str, query: str, regex_all: bool = False) -> dict:
@@ -228,14 +249,15 @@ def delivery_panels() -> list[list[tuple[dict, int]]]:
     def rates(*names: str) -> str:
         cols = ", ".join(f'non_negative_derivative(last("{n}"), 1s) AS "{n}"' for n in names)
         return (
-            f'SELECT {cols} FROM "{schema.DELIVERY}" WHERE $timeFilter GROUP BY time($__interval), {senders} fill(none)'
+            f'SELECT {cols} FROM "{schema.DELIVERY}" WHERE {SESSION} AND $timeFilter '
+            f"GROUP BY time($__interval), {senders} fill(none)"
         )
 
     increases = ", ".join(f'non_negative_difference("{n}") AS "{n}"' for n in schema.DELIVERY_FIELDS)
     sums = ", ".join(f'sum("{n}") AS "{n}"' for n in schema.DELIVERY_FIELDS)
     totals = (
-        f'SELECT {sums} FROM (SELECT {increases} FROM "{schema.DELIVERY}" WHERE $timeFilter GROUP BY {senders}) '
-        f"WHERE $timeFilter GROUP BY {senders}"
+        f'SELECT {sums} FROM (SELECT {increases} FROM "{schema.DELIVERY}" WHERE {SESSION} AND $timeFilter '
+        f"GROUP BY {senders}) WHERE $timeFilter GROUP BY {senders}"
     )
     every = "Every sender (worker, agent or scheduler, whatever the host/worker selection), per sink; "
     return [
@@ -274,6 +296,29 @@ def delivery_panels() -> list[list[tuple[dict, int]]]:
             )
         ],
     ]
+
+
+def accounting_panel() -> tuple[dict, int]:
+    """The agents' per-job totals: each row's last point in the range (it carries the totals so far), added up
+    per job (over GPUs, hosts and ``since``: a restarted agent's rows start again from 0)."""
+    names = schema.ACCOUNTING_FIELDS
+    last = ", ".join(f'last("{n}") AS "{n}"' for n in names)
+    totals = ", ".join(
+        f'{"max" if n == "memory_peak_bytes" else "sum"}("{n}") AS "{n}"' for n in names if n != "memory_byte_seconds"
+    )
+    rows = '"host", "worker", "job", "uuid", "since"'
+    query = (
+        f'SELECT {totals} FROM (SELECT {last} FROM "{schema.ACCOUNTING}" WHERE "host" =~ /^$host$/ AND {JOB} '
+        f"AND $timeFilter GROUP BY {rows}) WHERE $timeFilter GROUP BY \"job\""
+    )
+    return table(
+        "GPU accounting per job (the agents' running totals)",
+        "Per job (idle: no job's), over its GPUs: time it ran on them (gpu_seconds), its own kernel, SM-active and "
+        "tensor-active time (on a shared GPU: its share), its part of the GPUs' energy counters (jobs and idle add "
+        "up to the devices'), the most GPU memory its workers held (bytes) and its workers' CPU seconds. Each "
+        "point carries the totals so far: a lost point costs nothing.",
+        query,
+    ), 24
 
 
 def several(
@@ -404,7 +449,7 @@ def panels() -> list[dict]:
     dags = (
         f'SELECT "{field(schema.DAG, "dag").name}", "{field(schema.DAG, "status").name}", "{duration.name}", '
         f'"{field(schema.DAG, "tasks").name}", "{field(schema.DAG, "label").name}" '
-        f"FROM \"{schema.DAG}\" WHERE \"job\" =~ /^$job$/ AND \"dag\" =~ /^$dag$/ "
+        f"FROM \"{schema.DAG}\" WHERE {SESSION} AND \"job\" =~ /^$job$/ AND \"dag\" =~ /^$dag$/ "
         f"AND \"event\" = 'end' AND $timeFilter GROUP BY \"job\""
     )
     rows = [
@@ -425,14 +470,20 @@ def panels() -> list[dict]:
             ),
         ],
         *gpu_panels(),
+        [accounting_panel()],
         *depth_panels(),
         [
             (timeseries("Running tasks per worker", tasks, "max", SAMPLES, ["worker"], "$tag_worker", stack=True), 12),
             (timeseries("Worker memory (RSS)", rss, "max", SAMPLES, ["worker"], "$tag_worker"), 12),
         ],
         [
-            (timeseries("Host CPU", host_cpu, "mean", '"host" =~ /^$host$/', ["host"], "$tag_host"), 12),
-            (timeseries("Host memory used", host_mem, "mean", '"host" =~ /^$host$/', ["host"], "$tag_host"), 12),
+            (timeseries("Host CPU", host_cpu, "mean", f'{SESSION} AND "host" =~ /^$host$/', ["host"], "$tag_host"), 12),
+            (
+                timeseries(
+                    "Host memory used", host_mem, "mean", f'{SESSION} AND "host" =~ /^$host$/', ["host"], "$tag_host"
+                ),
+                12,
+            ),
         ],
         [(table("DAGs (ended)", "One row per DAG that ended in the time range.", dags), 24)],
         [

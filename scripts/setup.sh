@@ -13,6 +13,9 @@ apt_for() {  # apt_for COMMAND PACKAGE [APT-GET OPTION...]: install the Debian p
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@" "$package" >/dev/null
 }
 apt_for influxd influxdb
+# Prometheus for tests/test_accounting_cluster.py (started on a free loopback port with its own config and
+# storage; never the system service); without the exporters it recommends.
+apt_for prometheus prometheus --no-install-recommends
 apt_for chromium chromium  # headless, for tests/test_report.py: the HTML report as a person sees it
 # `docker-compose config` checks deploy/compose in tests/test_deploy.py (no engine needed): Debian's
 # docker-compose (1.29.2 on Debian 12), without the Docker engine it recommends.

@@ -11,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD_DASK=2026.7.1
 DASK_TESTS=(tests/test_dask_private.py tests/test_jobs.py tests/test_monitor.py tests/test_monitor_analysis.py
-            tests/test_preload.py tests/test_agent.py tests/test_taskstream.py tests/test_worker_plugin.py)
+            tests/test_preload.py tests/test_agent.py tests/test_taskstream.py tests/test_worker_plugin.py
+            tests/test_summary_nodes.py tests/test_worker_heartbeat.py tests/test_dashboard.py)
 VERSIONS='import sys, dask, distributed
 print(f"Python {sys.version.split()[0]}, dask {dask.__version__}, distributed {distributed.__version__}")'
 
@@ -20,15 +21,15 @@ bash scripts/setup.sh
 .venv/bin/ruff check .           # lint (pyproject.toml [tool.ruff])
 .venv/bin/ruff format --check .  # and formatting
 if [ "$#" -gt 0 ]; then
-  exec .venv/bin/python -m pytest -q "$@"
+  exec .venv/bin/python -m pytest -q -rs "$@"
 fi
-.venv/bin/python -m pytest -q
+.venv/bin/python -m pytest -q -rs   # -rs: every skip printed with its reason
 
 OLD=".venv-dask$OLD_DASK"
 [ -x "$OLD/bin/python" ] || python3 -m venv "$OLD"
 "$OLD/bin/python" -m pip install -q --disable-pip-version-check -e ".[report]" pytest nvidia-ml-py \
   "dask[distributed,array]==$OLD_DASK" "distributed==$OLD_DASK"
 "$OLD/bin/python" -c "$VERSIONS"
-"$OLD/bin/python" -m pytest -q "${DASK_TESTS[@]}"
+"$OLD/bin/python" -m pytest -q -rs "${DASK_TESTS[@]}"
 
 exec bash scripts/dask-suite.sh  # distributed's own tests, monitored: ~2 min on 2 cores

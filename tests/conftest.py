@@ -55,6 +55,8 @@ def dask_processes(tmp_path):
                     "--port",
                     "0",
                     "--no-dashboard",
+                    "--dashboard-address",
+                    ":0",  # its HTTP server binds one even without the dashboard: never the busy 8787
                     "--scheduler-file",
                     str(file),
                 ],

@@ -17,7 +17,7 @@ import re
 
 import pandas as pd
 
-from dask_influx_metrics.client.query import flux as F
+from dask_influx_metrics.client.query import fluxtext as F
 
 
 class _Row(dict):
@@ -27,6 +27,7 @@ class _Row(dict):
 
 def _predicate(text: str):
     expr = re.sub(r'(r\["\w+"\]) =~ /(.*?)/', r'_match(\1, r"\2")', re.sub(r"\br\.(\w+)", r'r["\1"]', text))
+    expr = re.sub(r'not exists (r\["\w+"\])', r"\1 is None", expr)
     code = compile(expr, "<flux filter>", "eval")
     return lambda r: eval(code, {"_match": lambda v, rx: v is not None and re.search(rx, v) is not None}, {"r": r})
 
@@ -54,6 +55,8 @@ def _part(rows: list[_Row], flux: str) -> pd.DataFrame:
             if m.group(1) in frame
             else frame.iloc[:0]
         )
+    if "limit(n: 1)" in flux and (m := re.search(r"group\(columns: \[(.*?)\]\)", flux)):
+        return _edges(frame, flux, re.findall(r'"(\w+)"', m.group(1)))
     if "first()" in flux or "last()" in flux:
         return pd.DataFrame({"_time": [frame["_time"].min() if "first()" in flux else frame["_time"].max()]})
     if "max()" in flux:
@@ -72,6 +75,21 @@ def _part(rows: list[_Row], flux: str) -> pd.DataFrame:
     for t in tags:
         wide[t] = wide[t].astype(object).where(wide[t] != "<no tag>", None)
     return wide[[c for c in keep_cols if c in wide.columns]]
+
+
+def _edges(frame: pd.DataFrame, flux: str, by: list) -> pd.DataFrame:
+    """``[first() or last() |>] keep |> group(columns: by) |> sort(_time) |> limit(n: 1)``: the first (with
+    ``desc: true`` the last) time of each group; a group column a row lacks is null."""
+    last = "desc: true" in flux
+    if "first()" in flux or "last()" in flux:  # each series' edge point first (as storage does)
+        series = [c for c in frame.columns if c not in ("_value", "_time")]
+        frame = frame.fillna({c: "<none>" for c in series}).sort_values("_time")
+        frame = frame.groupby(series).tail(1) if last else frame.groupby(series).head(1)
+        frame = frame.replace("<none>", None)
+    keyed = frame.reindex(columns=by + ["_time"]).astype({c: object for c in by})
+    keyed = keyed.fillna({c: "<none>" for c in by})
+    edges = keyed.groupby(by)["_time"].agg("max" if last else "min").reset_index()
+    return edges.replace("<none>", None)
 
 
 def _datatype(values: pd.Series) -> str:

@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_quick_benchmarks_run(tmp_path):
     out = tmp_path / "bench.json"
-    only = "sampler,encode,memory,query,hostonce"
+    only = "sampler,encode,memory,query,hostonce,live"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--only", only, "--output", str(out)],
         cwd=ROOT,
@@ -22,7 +22,7 @@ def test_quick_benchmarks_run(tmp_path):
     result = json.loads(out.read_text())
     assert not result["crashed"]
     names = {r["name"] for r in result["rows"]}
-    assert names == {"sampler", "encode", "memory", "query", "hostonce"}
+    assert names == {"sampler", "encode", "memory", "query", "hostonce", "live"}
     assert all(r["measured"] is not None for r in result["rows"])
 
 

@@ -94,8 +94,12 @@ def test_summary(sources):
     args, kwargs = sources["influxql"]
     rows = json.loads(ok("summary", "--job", 1, "--format", "json", *args).stdout)
     expected = query.connect(**kwargs).summary(job=1)
-    assert len(rows) == len(expected) and {r["resource"] for r in rows} == {"gpu", "cpu"}
+    assert len(rows) == len(expected) and {r["resource"] for r in rows} == {"gpu", "cpu", "memory", "disk", "network"}
     assert {r["job"] for r in rows} == {1}  # only job 1's rows: no whole-session ones beside them
+    node = json.loads(ok("summary", "--job", 1, "--resource", "cpu,network", "--format", "json", *args).stdout)
+    assert {r["resource"] for r in node} == {"cpu", "network"} and all(r["host"] for r in node)
+    assert all(r["core_max"] >= r["core_min"] for r in node if r["resource"] == "cpu")
+    assert all(r["lo_sent_bytes"] >= 0 and r["core_max"] is None for r in node if r["resource"] == "network")
     table = ok("summary", *args).stdout.splitlines()  # the whole session's rows say so
     rows = [re.match(r"\s*(\S+)\s+(tcp://\S+|all workers)\s+(\S+)", line).groups() for line in table[1:]]
     assert table[0].split()[2] == "job" and {job for _, _, job in rows} == {"all", "1", "2"}

@@ -7,7 +7,7 @@ import dask.config
 import pytest
 import yaml
 
-from dask_influx_metrics import config
+from dask_influx_metrics import config, configdocs
 from dask_influx_metrics.config import Settings, overrides_from_kwargs
 from dask_influx_metrics.parsers import parse_address
 
@@ -162,22 +162,24 @@ def test_hyphenated_keys_set_from_environment_variables(monkeypatch):
 # --- one declaration per setting: the YAML file, docs/settings.md and the keywords come from config.SETTINGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGENERATE = (
-    'regenerate: python -c "from dask_influx_metrics import config; '
-    'print(config.defaults_yaml(), end=\'\')" > dask_influx_metrics/influx-metrics.yaml'
+    'regenerate: python -c "from dask_influx_metrics import configdocs; '
+    'print(configdocs.defaults_yaml(), end=\'\')" > dask_influx_metrics/influx-metrics.yaml'
 )
 
 
 def test_shipped_yaml_is_generated_from_the_table():
     with open(os.path.join(ROOT, "dask_influx_metrics", "influx-metrics.yaml")) as f:
         text = f.read()
-    assert text == config.defaults_yaml(), REGENERATE
+    assert text == configdocs.defaults_yaml(), REGENERATE
     assert yaml.safe_load(text) == config.DEFAULTS
 
 
 def test_docs_settings_table_is_generated_from_the_table():
     with open(os.path.join(ROOT, "docs", "settings.md")) as f:
         section = f.read()
-    assert config.settings_table_markdown() in section, "paste config.settings_table_markdown() into docs/settings.md"
+    assert configdocs.settings_table_markdown() in section, (
+        "paste configdocs.settings_table_markdown() into docs/settings.md"
+    )
 
 
 def test_every_setting_is_an_attribute_a_keyword_and_a_default():

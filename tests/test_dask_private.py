@@ -9,10 +9,14 @@ every Dask release ``pyproject.toml`` allows.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import subprocess
+import sys
 import time
 import tokenize
+import urllib.request
 
 import distributed
 import pytest
@@ -24,7 +28,8 @@ from dask_influx_metrics import _dask
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "dask_influx_metrics")
 PRIVATE = re.compile(
     r"_send_to_scheduler|stream_handlers|protocol(\.|import)pickle|register_worker_plugin|submitting_task"
-    r"|worker_plugins|worker\.(state|scheduler_delay|plugins)\b|digests_total|digest_metric"
+    r"|worker_plugins|worker\.(state|scheduler_delay|plugins|metrics)\b|digests_total|digest_metric"
+    r"|\.last_seen\b|ws\.metrics|_applications|template_variables|http_application"
 )
 RECORDER = "test-dask-private-recorder"
 OP = "test-dask-private-op"
@@ -341,6 +346,141 @@ def test_a_scheduler_stopping_runs_the_hook_whether_closed_or_only_stopped():
         assert seen_at_stop == 1, "stop() alone ran the hook"
         assert undone, "the undo left the hook on the scheduler"
         assert closed == ["closed"], "close() ran the hook (once: nothing stopped it before), not the undone one"
+
+
+HEARTBEAT = "test-dask-private-heartbeat"
+
+
+def _add_heartbeat_metrics(dask_worker) -> None:
+    dask_worker.influx_test_metrics = {
+        HEARTBEAT: lambda worker: {"address": worker.address},
+        "managed_bytes": lambda worker: "ours",  # a core metric of that name: Dask's wins
+        HEARTBEAT + "-fails": lambda worker: {}[0],  # raises: left out
+    }
+    for name, fn in dask_worker.influx_test_metrics.items():
+        _dask.add_heartbeat_metric(dask_worker, name, fn)
+
+
+def _remove_heartbeat_metrics(dask_worker) -> bool:
+    for name, fn in dask_worker.influx_test_metrics.items():
+        _dask.remove_heartbeat_metric(dask_worker, name, fn)
+        _dask.remove_heartbeat_metric(dask_worker, name, fn)  # twice: no error
+    return not any(n.startswith(HEARTBEAT) for n in dask_worker.metrics)
+
+
+def _heartbeats(dask_scheduler=None, name=HEARTBEAT) -> list:
+    return [(a, seen, m) for a, seen, m in _dask.heartbeats(dask_scheduler, name)]
+
+
+def _core(dask_scheduler=None) -> list:
+    return [
+        (ws.metrics.get("managed_bytes"), HEARTBEAT + "-fails" in ws.metrics) for ws in dask_scheduler.workers.values()
+    ]
+
+
+def test_heartbeat_metrics_reach_the_scheduler(client):
+    with dask_contract(
+        "Worker.metrics (called at each heartbeat into WorkerState.metrics, core metrics first) or "
+        "WorkerState.last_seen",
+        "the dashboard page gets no figures from the workers and Dask's GPU charts stay blank",
+    ):
+        client.run(_add_heartbeat_metrics)
+        try:
+            beats = poll(lambda: all(b[2] is not None for b in client.run_on_scheduler(_heartbeats)))
+            assert beats, client.run_on_scheduler(_heartbeats)
+            beats = client.run_on_scheduler(_heartbeats)
+            assert all(m == {"address": a} and isinstance(seen, float) for a, seen, m in beats), beats
+            first = dict((a, seen) for a, seen, _ in beats)
+            later = poll(lambda: all(s > first[a] for a, s, _ in client.run_on_scheduler(_heartbeats)), 5)
+            assert later, "last_seen does not advance with the heartbeats"
+            assert all(isinstance(b, int) and not failed for b, failed in client.run_on_scheduler(_core))
+        finally:
+            assert all(client.run(_remove_heartbeat_metrics).values())
+
+
+PAGE = "/individual-test-dask-private"
+
+
+def _page_doc(scheduler, extra, doc):
+    from bokeh.models import Div
+
+    doc.add_root(Div(text=f"page of {scheduler.address}; plots {len(extra['plots'])}"))
+
+
+def _dashboard(base: str) -> dict:
+    with urllib.request.urlopen(base + "/individual-plots.json", timeout=30) as r:
+        listed = json.load(r)
+    with urllib.request.urlopen(base + PAGE, timeout=30) as r:
+        page = r.read().decode()
+    with urllib.request.urlopen(base + "/status", timeout=30) as r:
+        menu = r.read().decode()
+    return {"listed": listed.get("Individual Test Dask Private"), "page": page, "menu": menu}
+
+
+def _check_dashboard(base: str) -> None:
+    got = _dashboard(base)
+    assert got["listed"] == PAGE, got["listed"]
+    assert "<script" in got["page"] and PAGE.strip("/") + "/ws" in got["page"] or "bokeh" in got["page"], got["page"][
+        :500
+    ]
+    assert f'href="{PAGE.strip("/")}">Test Dask Private<' in got["menu"], "not in the More menu"
+    assert got["menu"].count(f'href="{PAGE.strip("/")}"') == 1, "listed twice"
+
+
+async def _add_page(dask_scheduler=None) -> list:
+    return [_dask.add_dashboard_page(dask_scheduler, PAGE, _page_doc) for _ in range(2)]
+
+
+def test_a_dashboard_page_joins_a_running_scheduler():
+    from distributed import Client, LocalCluster
+
+    pytest.importorskip("bokeh")
+    with dask_contract(
+        "the scheduler's BokehTornado (_applications, routes), template_variables or /individual-plots.json",
+        "the GPU Jobs page is missing from the dashboard of a scheduler Monitor.attach() joins",
+    ):
+        with (
+            LocalCluster(n_workers=0, processes=False, dashboard_address="127.0.0.1:0") as cluster,
+            Client(cluster) as c,
+        ):
+            assert c.run_on_scheduler(_add_page) == [True, True]
+            _check_dashboard(f"http://127.0.0.1:{cluster.scheduler.http_server.port}")
+        with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as c:
+            assert c.run_on_scheduler(_add_page) == [False, False]  # no dashboard: nothing to add to
+
+
+PRELOAD = """
+from dask_influx_metrics import _dask
+from test_dask_private import PAGE, _page_doc
+
+async def dask_setup(scheduler):
+    _dask.add_dashboard_page(scheduler, PAGE, _page_doc)
+"""
+
+
+def test_a_dashboard_page_from_a_scheduler_preload(tmp_path):
+    from distributed import Client
+
+    pytest.importorskip("bokeh")
+    (tmp_path / "page_preload.py").write_text(PRELOAD)
+    scheduler_file = tmp_path / "scheduler.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.path.dirname(__file__)])}
+    dask = os.path.join(os.path.dirname(sys.executable), "dask")
+    command = [dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", "127.0.0.1:0"]
+    command += ["--preload", "page_preload", "--scheduler-file", str(scheduler_file)]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with dask_contract(
+            "a --preload's dask_setup runs before the dashboard's pages can be added to",
+            "`dask scheduler --preload dask_influx_metrics.preload` serves no GPU Jobs page",
+        ):
+            poll(lambda: scheduler_file.exists() and scheduler_file.read_text().strip(), 60)
+            with Client(scheduler_file=str(scheduler_file), timeout=30) as c:
+                port = c.scheduler_info()["services"]["dashboard"]
+            _check_dashboard(f"http://127.0.0.1:{port}")
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def code_lines(path) -> dict:

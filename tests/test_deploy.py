@@ -207,21 +207,29 @@ def _compose_commands() -> list[list[str]]:
 def test_compose_config_passes_with_one_profiles_variables(profile, tmp_path):
     """Compose itself (``config``: interpolation and its schema, no engine needed) on a .env that
     sets only this profile's variables; its ports are what :func:`_compose` renders."""
+    for command, rendered in _compose_config(_filled(profile), tmp_path):
+        ours = _compose(profile)
+        for name in ours.keys() & rendered.keys():
+            assert _published(rendered[name]) == _published(ours[name]), (command, name)
+
+
+def _compose_config(values: dict, tmp_path) -> list[tuple[list, dict]]:
+    """``(command, services)`` of Compose itself (``config``: interpolation and its schema, no engine needed)
+    on a .env holding ``values``, for each Compose program here."""
     env_file = tmp_path / ".env"
-    env_file.write_text("".join(f"{k}={v}\n" for k, v in _filled(profile).items()))
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    out = []
     for command in _compose_commands():
-        out = subprocess.run(
+        done = subprocess.run(
             [*command, "--env-file", str(env_file), "-f", COMPOSE, "config"],
             env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
             capture_output=True,
             text=True,
             timeout=120,
         )
-        assert out.returncode == 0, f"{command}: {out.stderr}"
-        rendered = yaml.safe_load(out.stdout)["services"]
-        ours = _compose(profile)
-        for name in ours.keys() & rendered.keys():
-            assert _published(rendered[name]) == _published(ours[name]), (command, name)
+        assert done.returncode == 0, f"{command}: {done.stderr}"
+        out.append((command, yaml.safe_load(done.stdout)["services"]))
+    return out
 
 
 def _published(service: dict) -> set[tuple]:
@@ -255,6 +263,7 @@ def test_compose_profiles_and_grafana_login():
         "influxdb3": ["influxdb3"],
         "telegraf3": ["influxdb3"],
         "grafana3": ["influxdb3"],
+        "prometheus": ["prometheus"],
     }
     with open(COMPOSE) as f:
         raw = yaml.safe_load(f)["services"]
@@ -393,7 +402,10 @@ def test_kubernetes_example_runs_the_image_the_docs_build():
 
 
 def test_kubernetes_manifests_validate_strictly():
-    files = [os.path.join(K8S, n) for n in ("influxdb.yaml", "telegraf.yaml", "grafana.yaml", "dask-example.yaml")]
+    files = [
+        os.path.join(K8S, n)
+        for n in ("influxdb.yaml", "telegraf.yaml", "grafana.yaml", "dask-example.yaml", "dask-podmonitor.yaml")
+    ]
     out = subprocess.run(
         [_tool("kubernetes-validate"), "--strict", *files], capture_output=True, text=True, timeout=300
     )
@@ -449,6 +461,54 @@ def test_kubernetes_telegraf_port_admits_dask_pods_only_and_grafana_needs_a_logi
     env = {e["name"]: e for e in docs["Deployment", "grafana"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["GF_AUTH_ANONYMOUS_ENABLED"]["value"] == "false"
     assert env["GF_SECURITY_ADMIN_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "influxdb-auth"
+
+
+AGENT_PORT = 9847  # the agents' /metrics in the deploy examples (setting prometheus.port)
+
+
+def test_prometheus_profile_scrapes_the_agents_with_a_valid_config(tmp_path):
+    """The compose profile `prometheus` runs a pinned Prometheus on loopback with deploy/prometheus's scrape
+    config (checked by Prometheus's own promtool) scraping the agent port the workers are told to serve."""
+    services = _compose("influxdb2", COMPOSE_PROFILES="influxdb2,prometheus")
+    prometheus = services["prometheus"]
+    assert _published(prometheus) == {("127.0.0.1", "9090", 9090, "tcp")}
+    config = os.path.join(DEPLOY, "prometheus", "prometheus.yml")
+    assert "../prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in prometheus["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    promtool = shutil.which("promtool") or _absent("promtool not found (scripts/setup.sh installs Debian's prometheus)")
+    out = subprocess.run([promtool, "check", "config", config], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    with open(config) as f:
+        (job,) = yaml.safe_load(f)["scrape_configs"]
+    assert job["metrics_path"] == "/metrics" and job["job_name"] != "dask_job"
+    assert [t.rsplit(":", 1)[1] for c in job["static_configs"] for t in c["targets"]] == [str(AGENT_PORT)]
+    assert "host.docker.internal:host-gateway" in prometheus["extra_hosts"]
+    both = {**_filled("influxdb2"), "COMPOSE_PROFILES": "influxdb2,prometheus"}
+    for command, rendered in _compose_config(both, tmp_path):  # Compose itself, both profiles at once
+        assert "prometheus" in rendered, command
+
+
+def test_kubernetes_workers_serve_metrics_for_annotations_and_the_podmonitor():
+    """dask-example's worker pods serve the agent's /metrics on a named port; the prometheus.io annotations
+    and dask-podmonitor.yaml (Prometheus operator) both point at it."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _k8s_docs()}
+    pod = docs["Deployment", "dask-worker"]["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["DASK_INFLUX_METRICS__PROMETHEUS__PORT"] == str(AGENT_PORT)
+    (port,) = [p for p in c["ports"] if p["containerPort"] == AGENT_PORT]
+    notes = pod["metadata"]["annotations"]
+    assert notes == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(AGENT_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    with open(os.path.join(K8S, "dask-podmonitor.yaml")) as f:
+        (monitor,) = [d for d in yaml.safe_load_all(f) if d]
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == port["name"] and endpoint["path"] == "/metrics"
 
 
 # -- the kustomization, rendered by the real kustomize (kubectl's built-in, v5) -------------------

@@ -1,13 +1,15 @@
 """Where samples go: sink auto, destinations recorded per worker, the old dask-metrics flow, private spool."""
 
 import os
+import socket
 import stat
 import time
 
 import pytest
 from distributed import Client
+from polling import wait_until
 
-from dask_influx_metrics import Monitor
+from dask_influx_metrics import Monitor, query
 from dask_influx_metrics.config import Settings
 from dask_influx_metrics.sinks import make_sink
 from dask_influx_metrics.sinks.spool import spool_files
@@ -146,3 +148,35 @@ def test_refused_udp_is_counted_and_reachable_from_the_client(client, mode):
         ), counts
     finally:
         monitor.shutdown()
+
+
+def test_attach_again_before_shutdown_leaks_no_spool_and_delivery_after_stop_says_where(private_tmp_cluster, tmp_path):
+    """Issue 45 item 5: shutdown() deletes the temporary spool of sessions attached before the last attach();
+    delivery() after stop() says the session stopped, and its senders' last counters are read back."""
+    spool = tmp_path / f"dask-influx-metrics-{os.getuid()}"
+    with Client(private_tmp_cluster) as client:
+        monitor = Monitor(client, gpu_source="simulated")
+        monitor.attach(polling_interval=50, tracking=["compute-util"])
+        first = monitor.start()
+        assert sum(client.gather(client.map(inc, range(20)))) == sum(range(1, 21))
+        assert len(monitor.delivery()) == 2  # running: each worker's sink counters
+        monitor.stop()
+        with pytest.raises(
+            RuntimeError, match=rf"session {first['id']} stopped at .*`delivery` points.*spool -> .*query\(\)\.delivery"
+        ):
+            monitor.delivery()
+        assert {"scheduler", f"agent-{socket.gethostname()}"} <= set(monitor.query().delivery()["worker"])
+
+        def agent_sent() -> int:  # the agent's final counters: written as it exits, just after stop() returned
+            with query.connect(spool, session=first["id"]) as db:
+                last = db.delivery()
+            return int(last.loc[last["worker"] == f"agent-{socket.gethostname()}", "points_sent"].iloc[0])
+
+        wait_until(lambda: agent_sent() > 0, what="the agent's final delivery counters")
+        monitor.attach(polling_interval=50, tracking=["compute-util"])  # again, before shutdown()
+        second = monitor.start()
+        client.submit(inc, 1).result()
+        monitor.stop()
+        assert spool_files(spool / first["id"]) and spool_files(spool / second["id"])
+        monitor.shutdown()
+    assert spool_files(spool) == []

@@ -171,15 +171,19 @@ def substitute(query: str, values: dict[str, list[str] | str], since: str = "now
     return query
 
 
-def variable_values(influxd, dash: dict, database: str, since: str = "now() - 1h") -> dict:
+def variable_values(influxd, dash: dict, database: str, since: str = "now() - 1h", chosen=None) -> dict:
     """Each variable's values, in order (later variables use earlier ones), as Grafana reads them: the
-    first column of each row (SHOW TAG VALUES: ``value``)."""
+    first column of each row (SHOW TAG VALUES: ``value``); ``chosen``: a single-value variable's choice
+    among its values (Grafana's default: the first in its sort order)."""
     values: dict[str, list[str] | str] = {}
     for var in dash["templating"]["list"]:
         rows = influxd.query(substitute(var["query"], values, since), db=database)
         assert rows, f"variable {var['name']}: no values"
         found = sorted({str(r["value"] if "value" in r else [v for k, v in r.items() if k != "time"][0]) for r in rows})
-        if var["multi"]:
+        if var["name"] in (chosen or {}):
+            assert chosen[var["name"]] in found, (var["name"], found)
+            values[var["name"]] = chosen[var["name"]]
+        elif var["multi"]:
             values[var["name"]] = found
         else:
             (values[var["name"]],) = found
@@ -215,7 +219,7 @@ def test_every_query_returns_rows(monitored, name):
     """Every query but sampling health's (the sinks' counters; test_delivery_panels) on a real run."""
     influxd = monitored.influxd
     dash = _dashboards()[name]
-    values = variable_values(influxd, dash, monitored.database)
+    values = variable_values(influxd, dash, monitored.database, chosen={"session": monitored.session["id"]})
     failures = []
     for where, q in _queries(dash):
         if _is_delivery(q) or any(f'"{name}"' in q for name in NOT_SIMULATED):
@@ -232,7 +236,13 @@ def test_task_panels_return_rows(influxd):
 
     database = influxd.create_database("grafana_tasks")
     task_points.write_influxd(influxd, database)
-    values = {"host": ["node1"], "worker": task_points.WORKERS, "job": ["1", "2"], "dag": ["1", "2", "3"]}
+    values = {
+        "session": "",
+        "host": ["node1"],
+        "worker": task_points.WORKERS,
+        "job": ["1", "2"],
+        "dag": ["1", "2", "3"],
+    }
     panels = [
         p
         for p in _dashboards()["dask-influx-metrics.json"]["panels"]
@@ -366,7 +376,7 @@ def _run(influxd, database, panel_title, values, since=SINCE):
 
 
 def _gpu_values(influxd, database) -> dict:
-    values = {"host": ["node1"], "worker": [WORKER, OTHER], "job": ["1", "2"], "dag": ["1", "2"]}
+    values = {"session": "", "host": ["node1"], "worker": [WORKER, OTHER], "job": ["1", "2"], "dag": ["1", "2"]}
     (var,) = [v for v in _dashboards()["dask-influx-metrics.json"]["templating"]["list"] if v["name"] == "sample_ms"]
     (row,) = influxd.query(substitute(var["query"], values, SINCE), db=database)
     return {**values, "sample_ms": str(row["round"])}
@@ -441,7 +451,7 @@ def test_delivery_panels(influxd):
     """Sampling health: rates per sender and sink, totals over the range across a sender restart."""
     database = influxd.create_database("grafana_delivery")
     influxd.write(_delivery_lines(), db=database)
-    values = {"host": ["node1"], "worker": ["x"], "job": ["1"], "dag": ["1"]}  # ignored: every sender counts
+    values = {"session": "", "host": ["node1"], "worker": ["x"], "job": ["1"], "dag": ["1"]}  # every sender counts
     sent = _run(influxd, database, "Points sent per second, per sender and sink", values)
     assert {(r["worker"], r["sink"]) for r in sent} == {("tcp://127.0.0.1:1001", "udp"), ("scheduler", "http")}
     assert {r["points_sent"] for r in sent if r["sink"] == "udp"} == {10}  # 100 points per 10 s
@@ -454,3 +464,20 @@ def test_delivery_panels(influxd):
     assert (totals["udp"]["points_sent"], totals["udp"]["points_dropped"]) == (1200, 30)
     # http: 0..250 before the restart, 50..300 after it (the step across the reset is left out)
     assert (totals["http"]["points_sent"], totals["http"]["points_refused"]) == (250 + 300, 2)
+
+
+def test_the_session_variable_keeps_sessions_apart(influxd):
+    """Two sessions' senders in one database: the session variable lists them newest first (Grafana's
+    default: the latest), and the panels count one session's points only."""
+    database = influxd.create_database("grafana_sessions")
+    first, second = "20240501T120000-000001-aaaaaa", "20240501T130000-000001-bbbbbb"
+    lines = [line.replace(",sink=", f",session={s},sink=", 1) for s in (first, second) for line in _delivery_lines()]
+    influxd.write(lines, db=database)
+    (var,) = [v for v in _dashboards()["dask-influx-metrics.json"]["templating"]["list"] if v["name"] == "session"]
+    assert var["sort"] == 2 and not var["multi"] and not var["includeAll"]  # alphabetical, descending: newest first
+    assert sorted((r["value"] for r in influxd.query(var["query"], db=database)), reverse=True) == [second, first]
+    totals = "Sampling health: points per sender and sink in the time range"
+    for session in (first, second):
+        values = {"session": session, "host": ["node1"], "worker": ["x"], "job": ["1"], "dag": ["1"]}
+        rows = {r["sink"]: r for r in _run(influxd, database, totals, values)}
+        assert (rows["udp"]["points_sent"], rows["http"]["points_refused"]) == (1200, 2)  # not 2400 and 4

@@ -290,6 +290,9 @@ def test_held_idle_rule_fires_only_for_a_gpu_held_idle_all_window(influxd, dag_t
     }
 
 
+SESSION = "20240501T120000-000001-abcdef"
+
+
 def _delivery_lines() -> list[str]:
     """20 minutes of sink counters every 10 s: one sender drops points in the last 5 minutes, one
     dropped long before, one restarts in the window (counters back to 0), one is refused by the server."""
@@ -304,7 +307,7 @@ def _delivery_lines() -> list[str]:
         }
         for (host, worker, sink), (sent, dropped, refused) in counters.items():
             lines.append(
-                f"delivery,host={host},worker={worker},sink={sink} points_sent={sent}i,"
+                f"delivery,host={host},worker={worker},session={SESSION},sink={sink} points_sent={sent}i,"
                 f"points_dropped={dropped}i,points_refused={refused}i,points_spooled=0i,errors=0i {t}"
             )
     return lines
@@ -313,9 +316,9 @@ def _delivery_lines() -> list[str]:
 def test_dropped_rule_fires_only_for_senders_that_lost_points_in_the_window(influxd):
     database = influxd.create_database("alerts_delivery")
     influxd.write(_delivery_lines(), db=database)
-    assert evaluate(_rules()["dask-samples-dropped"], influxd, database) == {
-        frozenset({("host", "n1"), ("worker", "w1"), ("sink", "udp")}),
-        frozenset({("host", "n2"), ("worker", "w3"), ("sink", "http")}),
+    assert evaluate(_rules()["dask-samples-dropped"], influxd, database) == {  # per session: counters restart
+        frozenset({("host", "n1"), ("worker", "w1"), ("sink", "udp"), ("session", SESSION)}),
+        frozenset({("host", "n2"), ("worker", "w3"), ("sink", "http"), ("session", SESSION)}),
     }
 
 

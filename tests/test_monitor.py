@@ -317,9 +317,13 @@ def test_readers_take_only_the_sessions_own_series(client, influxd, fresh_db, tm
     assert [os.path.basename(p) for p in paths] == ["worker_0.csv", "worker_1.csv", "workers.csv"]
     assert all(max(p) < 999 for p in db.get_peaks("host-cpu", per_job=False))
     assert all(max(p) < 999 for p in db.get_peaks("compute-util", per_job=False))
-    assert any("'celery@host'" in n and "not a worker of this session" in n for n in db.notes)
-    # without the session's record: only Dask addresses are workers
+    assert not any("celery@host" in n for n in db.notes)  # not in the session: never read
+    # without the session's record: the latest session with an id (the foreign points have none)
     with query.connect(influxd.url, fresh_db) as plain:
+        assert sorted(plain.workers()) == ours
+        assert any("the latest of 2" in n and "'unnamed'" in n for n in plain.notes)
+    # every session: only Dask addresses are workers
+    with query.connect(influxd.url, fresh_db, session="all") as plain:
         assert sorted(plain.workers()) == ours
         assert any("'celery@host'" in n and "not a Dask worker address" in n for n in plain.notes)
         assert (plain.host_tables()[socket.gethostname()]["host-cpu"] < 999).all()

@@ -12,10 +12,14 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 
 import pytest
 from distributed import Client
+
+from dask_influx_metrics import Monitor
+from dask_influx_metrics.names import DASHBOARD_PAGE
 
 DASK = os.path.join(os.path.dirname(sys.executable), "dask")
 
@@ -56,6 +60,15 @@ def _wait_file(path, proc, log_path, timeout=30.0) -> None:
         time.sleep(0.05)
 
 
+def wait_until_value(fn, timeout: float, what: str):
+    """``fn()`` once it is truthy (``AssertionError`` naming ``what`` after ``timeout`` s)."""
+    deadline = time.monotonic() + timeout
+    while not (value := fn()):
+        assert time.monotonic() < deadline, f"no {what} in {timeout} s"
+        time.sleep(0.1)
+    return value
+
+
 def test_preload_monitors_cluster_from_boot(influxd, tmp_path):
     run = uuid.uuid4().hex
     env = _env(influxd, run)
@@ -74,7 +87,8 @@ def test_preload_monitors_cluster_from_boot(influxd, tmp_path):
                         "127.0.0.1",
                         "--port",
                         "0",
-                        "--no-dashboard",
+                        "--dashboard-address",
+                        "127.0.0.1:0",  # a free port: never the busy 8787
                         "--scheduler-file",
                         scheduler_file,
                     ],
@@ -103,8 +117,14 @@ def test_preload_monitors_cluster_from_boot(influxd, tmp_path):
         with Client(scheduler_file=scheduler_file, timeout=30) as client:
             client.wait_for_workers(1, timeout=30)
             futures = client.map(lambda x: time.sleep(0.2) or x * 2, range(6))
+            # the dashboard's GPU Jobs page, fed by the worker's heartbeats while the tasks run
+            live = wait_until_value(lambda: [r for r in Monitor(client).live() if r["util"]], 30, "live figures")
+            assert live[0]["job"] == 1 and live[0]["gpus"] == 1, live
             assert sum(client.gather(futures)) == 30
             worker = next(iter(client.scheduler_info()["workers"]))
+            port = client.scheduler_info()["services"]["dashboard"]
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/individual-plots.json", timeout=30) as r:
+                assert DASHBOARD_PAGE in json.load(r).values()
 
         where = f"WHERE \"run\" = '{run}'"
         gpu = influxd.wait_for(f'SELECT * FROM "gpu" {where} AND "worker" = \'{worker}\'', 1, timeout=30)

@@ -136,15 +136,26 @@ def test_total_mem_is_bytes(stores):
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_summary(stores, kind):
     s = stores[kind].summary()
-    assert set(s["resource"]) == {"gpu", "cpu"}
+    assert set(s["resource"]) == {"gpu", "cpu", "memory", "disk", "network"}  # tracking=None: every metric
     whole = s[s["job"].isna() & (s["resource"] == "gpu")]
     mine, every = whole[whole["worker_index"].notna()], whole[whole["worker"] == "all workers"]
     assert len(mine) == 2 and (mine["devices"] == 2).all()
     assert ((whole["unused_device_hours"] >= 0) & (whole["unused_device_hours"] <= whole["device_hours"])).all()
     # simulated GPUs are each worker's own: counting each physical GPU once adds the workers' figures up
     assert every["devices"].tolist() == [4] and every["device_hours"].sum() == pytest.approx(mine["device_hours"].sum())
-    assert ((s["above_20"] >= s["above_40"]) & (s["above_40"] >= s["above_80"])).all()
+    shares = s.dropna(subset=["above_20"])  # network rows have no level to share out
+    assert ((shares["above_20"] >= shares["above_40"]) & (shares["above_40"] >= shares["above_80"])).all()
     assert set(s["job"].dropna()) == {1, 2}
+
+
+def test_node_rows_read_alike_from_influxdb_and_the_spool(stores):
+    """Issue 47: cpu, memory, disk and network rows, the disk measurement's usage included."""
+    node = [stores[k].summary().query("resource != 'gpu'").reset_index(drop=True) for k in ("influxql", "spool")]
+    pd.testing.assert_frame_equal(*node, check_dtype=False)
+    disk = node[0][node[0]["resource"] == "disk"]
+    assert (disk["max"] > 0).all() and (disk["write_bytes"] >= 0).all()
+    cpu = node[0][node[0]["resource"] == "cpu"]
+    assert (cpu["core_max"] >= cpu["core_min"]).all() and (cpu["devices"] > 0).all()
 
 
 def test_bad_questions_name_what_exists(stores):

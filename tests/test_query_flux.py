@@ -22,7 +22,11 @@ from fake_influx2 import ANSWERS, HOSTILE, JOBS, T0, FakeInflux, T, W, answer, c
 
 from dask_influx_metrics import lineprotocol, query  # noqa: E402
 from dask_influx_metrics.client.query import QueryError, Store  # noqa: E402
-from dask_influx_metrics.client.query import flux as F
+from dask_influx_metrics.client.query import fluxtext as F
+from dask_influx_metrics.client.query.fluxcsv import read_annotated_csv  # noqa: E402
+from dask_influx_metrics.schema import ACCOUNTING, ACCOUNTING_FIELDS, MEASUREMENT_TAGS, Point
+
+ACCOUNTING_BY = MEASUREMENT_TAGS[ACCOUNTING]
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +61,14 @@ def spool_store(tmp_path):
         ("tcp___10.0.0.1_1234", lambda p: p.measurement != "dag"),
         ("scheduler", lambda p: p.measurement == "dag"),
     ):
-        path = tmp_path / "20240501T120000-000001" / folder
+        path = tmp_path / SID / folder
         path.mkdir(parents=True)
         lines = lineprotocol.encode_many(p for p in points() if keep(p))
         (path / "spool-1-000000.lp").write_bytes(b"\n".join(lines) + b"\n")
     return query.connect(tmp_path)
+
+
+SID = "20240501T120000-000001"  # a session of a version before the ids had random digits
 
 
 # --- the Flux text -------------------------------------------------------------------
@@ -98,6 +105,12 @@ def _all_queries() -> dict[str, str]:
         out[f"max-busy-dagfield-{name}"] = F.flux_max_query(
             "b", "gpu", 'my "metric"', ["worker", "job"], [W], 2, busy=True, dag_field=True, **kw
         )
+        for last in (False, True):
+            for field in (False, True):
+                keys = ["session", "host", "worker", "job"]
+                out[f"session-{last}-{field}-{name}"] = F.flux_session_query("b", keys, last=last, field=field, **kw)
+        out[f"unnamed-{name}"] = F.flux_frame_query("b", "gpu", ["utilization_gpu"], W, tags={"session": ""})
+        out[f"last-{name}"] = F.flux_last_query("b", "accounting", list(ACCOUNTING_FIELDS), list(ACCOUNTING_BY), **kw)
     out["buckets"] = F.BUCKETS_QUERY
     return out
 
@@ -136,13 +149,13 @@ def test_read_annotated_csv_types():
 ,,0,2024-05-01T12:00:00.000000001Z,007,1,1.5,true,"a,""b"" c"
 ,,0,2024-05-01T12:00:00Z,1e3,,,false,
 """)
-    frame = F.read_annotated_csv(text)
+    frame = read_annotated_csv(text)
     assert list(frame.columns) == ["_time", "index", "n", "x", "ok", "s"]
     assert frame["_time"].dtype == "int64" and list(frame["_time"]) == [T0, T0 - 1]
     assert list(frame["index"]) == ["007", "1e3"]  # tags that look like numbers stay strings
     assert frame["n"].iloc[0] == 1 and pd.isna(frame["n"].iloc[1]) and pd.isna(frame["x"].iloc[1])
     assert list(frame["ok"]) == [True, False] and frame["s"].iloc[0] == 'a,"b" c' and pd.isna(frame["s"].iloc[1])
-    assert F.read_annotated_csv("").empty and F.read_annotated_csv("\r\n").empty
+    assert read_annotated_csv("").empty and read_annotated_csv("\r\n").empty
 
 
 @pytest.mark.parametrize(
@@ -154,7 +167,7 @@ def test_read_annotated_csv_types():
 )
 def test_error_table_raises(text):
     with pytest.raises(QueryError, match=r"failed to read: boom\nmy query"):
-        F.read_annotated_csv(ANSWERS["host"].rstrip("\r\n") + "\r\n\r\n" + text, "my query")
+        read_annotated_csv(ANSWERS["host"].rstrip("\r\n") + "\r\n\r\n" + text, "my query")
 
 
 # --- through influxdb-client and the fake server -------------------------------------
@@ -169,10 +182,16 @@ def test_requests_the_client_sends(fake):
     assert request["headers"]["Authorization"] == "Token my-token"
     assert request["body"]["dialect"]["annotations"] == ["datatype", "group", "default"]
     assert request["body"]["dialect"]["dateTimeFormat"] == "RFC3339Nano"
+    # the session: its tag, then (the canned points have none) a session field; then the frame (only points
+    # without a session id: all of them, as before sessions were tagged)
+    window = {"tags": {"run": "r1"}, "start_ns": T0, "stop_ns": None}
     assert fake.queries() == [
         F.BUCKETS_QUERY,
+        F.flux_session_query("dask_metrics", ["session"], **window),
+        F.flux_session_query("dask_metrics", ["session"], field=True, **window),
         F.flux_frame_query("dask_metrics", "gpu", ["utilization_gpu", "memory_used"], W, 2, {"run": "r1"}, start_ns=T0),
     ]
+    assert any("carry no session id" in n for n in db.notes)
     assert len(frame) == 6
 
 
@@ -207,7 +226,11 @@ def test_store_on_flux_equals_spool(fake, spool_store):
     a, b = flux.worker_tables(metrics=metrics), spool_store.worker_tables(metrics=metrics)
     assert list(a) == list(b) == [W] and len(a[W]) == 3
     pd.testing.assert_frame_equal(a[W], b[W], check_dtype=False)
-    pd.testing.assert_frame_equal(flux.dags(), spool_store.dags(), check_dtype=False)
+    # points without a session id: the spool's is its folder's name, InfluxDB's "unnamed"
+    assert list(flux.dags()["session"]) == ["unnamed"] * 2 and list(spool_store.dags()["session"]) == [SID] * 2
+    pd.testing.assert_frame_equal(
+        flux.dags().drop(columns="session"), spool_store.dags().drop(columns="session"), check_dtype=False
+    )
     assert list(flux.dags()["status"]) == ["ok", "erred"] and flux.dags()["label"].iloc[1] == 'client "2" x'
     server = flux.peaks("compute-util", per_job=True, server=True)
     pd.testing.assert_frame_equal(
@@ -334,4 +357,53 @@ def test_dag_as_a_field_is_found_and_read(fake):
         '    |> map(fn: (r) => ({r with _value: r["memory_used"]}))\n'
         '    |> group(columns: ["worker", "index", "job"])\n    |> max()\n'
         '    |> keep(columns: ["worker", "index", "job", "_value"])\n'
+    )
+
+
+# --- accounting: each row's last values, as InfluxDB 2.x answers flux_last_query --------------------
+ACCOUNTING_POINTS = [  # two points of a GPU row (the last carries the totals), a CPU row, an idle row
+    Point(
+        ACCOUNTING,
+        {"host": "n", "worker": "agent-n", "job": "1", "uuid": "GPU-1", "since": "5"},
+        {"gpu_seconds": 1.0, "busy_seconds": 0.5},
+        T0,
+    ),
+    Point(
+        ACCOUNTING,
+        {"host": "n", "worker": "agent-n", "job": "1", "uuid": "GPU-1", "since": "5"},
+        {"gpu_seconds": 2.0, "busy_seconds": 1.5, "energy_joules": 300.0},
+        T[1],
+    ),
+    Point(ACCOUNTING, {"host": "n", "worker": "agent-n", "job": "1", "since": "5"}, {"cpu_seconds": 4.25}, T[1]),
+    Point(
+        ACCOUNTING,
+        {"host": "n", "worker": "agent-n", "job": "idle", "uuid": "GPU-1", "since": "5"},
+        {"gpu_seconds": 7.0, "busy_seconds": 0.0, "energy_joules": 700.0},
+        T[1],
+    ),
+]
+LAST_ANSWER = crlf("""
+#datatype,string,long,string,string,string,string,string,double,double,double,double
+#group,false,false,false,false,false,false,false,false,false,false,false
+#default,_result,,,,,,,,,,
+,result,table,host,worker,job,uuid,since,busy_seconds,cpu_seconds,energy_joules,gpu_seconds
+,,0,n,agent-n,1,,5,,4.25,,
+,,0,n,agent-n,1,GPU-1,5,1.5,,300,2
+,,0,n,agent-n,idle,GPU-1,5,0,,700,7
+""")
+
+
+def test_accounting_reads_alike_from_flux_and_the_spool(fake, tmp_path):
+    fake.answer = lambda flux: (200, LAST_ANSWER) if "last()" in flux else answer(flux)
+    folder = tmp_path / "20240501T120000-000001" / "agent-n"
+    folder.mkdir(parents=True)
+    (folder / "spool-1-000000.lp").write_bytes(b"\n".join(lineprotocol.encode_many(ACCOUNTING_POINTS)) + b"\n")
+    with _connect(fake) as flux, query.connect(tmp_path) as spool:
+        theirs, ours = flux.accounting(), spool.accounting()
+    pd.testing.assert_frame_equal(theirs, ours)
+    assert ours.loc[ours["uuid"].eq("GPU-1") & ours["job"].eq(1), "busy_seconds"].item() == 1.5
+    (sent,) = [q for q in fake.queries() if "last()" in q]
+    assert (
+        'r._measurement == "accounting"' in sent
+        and 'group(columns: ["host", "worker", "job", "session", "uuid", "since"])' in sent
     )

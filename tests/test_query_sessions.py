@@ -1,6 +1,7 @@
 """One database, two sessions with different tracking lists and both kinds of custom metric:
 every reader (InfluxQL on a real influxd, Flux on a fake 2.x computing from the same points, the
-spool) answers each session alone, and alike."""
+spool) answers each session alone, and alike; with no options it reads the latest and says so
+(issue 45), ``session=`` reaches the other, and a DAG row never mixes sessions."""
 
 from __future__ import annotations
 
@@ -15,13 +16,17 @@ DAY = 86_400 * 10**9
 A0 = 1_714_564_800_000_000_000  # 2024-05-01T12:00:00Z
 B0 = A0 + DAY
 W1, W2, W3 = "tcp://10.0.0.1:1", "tcp://10.0.0.2:1", "tcp://10.0.0.3:1"
-SESSIONS = {"a": "20240501T120000-000001", "b": "20240502T120000-000002"}
+SESSIONS = {"a": "20240501T120000-000001-a1b2c3", "b": "20240502T120000-000002-d4e5f6"}
+
+
+def _tagged(points: list[Point], session: str) -> list[Point]:
+    return [p._replace(tags={**p.tags, "session": session}) for p in points]
 
 
 def _dags(t0: int, jobs) -> list[Point]:
     out = []
     for j in jobs:
-        tags, dag = {"job": str(j)}, {"dag": str(j)}
+        tags, dag = {"host": "sched", "job": str(j)}, {"dag": str(j)}
         out.append(
             Point("dag", tags, {**dag, "status": "running", "event": "submit", "tasks": 2, "label": "x"}, t0 + j)
         )
@@ -43,7 +48,7 @@ def session_a() -> list[Point]:
             out.append(Point("custom", tags, {"queue": float(k + 10 * w)}, t))
             out.append(Point("host", tags, {"cpu_percent": 5.0 * k}, t))
             out.append(Point("worker", tags, {"tasks": k}, t))
-    return out + _dags(A0, [1, 2])
+    return _tagged(out + _dags(A0, [1, 2]), SESSIONS["a"])
 
 
 def session_b() -> list[Point]:
@@ -58,7 +63,7 @@ def session_b() -> list[Point]:
                 out.append(Point("gpu", {**tags, "index": str(g), "uuid": f"G{w}{g}", "name": "Sim"}, fields, t))
             out.append(Point("custom", tags, {"queue": float(100 + k)}, t))
             out.append(Point("worker", tags, {"tasks": 1}, t))
-    return out + _dags(B0, [1])
+    return _tagged(out + _dags(B0, [1]), SESSIONS["b"])
 
 
 def _spool(root, name: str, points: list[Point]) -> None:
@@ -70,34 +75,70 @@ def _spool(root, name: str, points: list[Point]) -> None:
             (path / "spool-1-000000.lp").write_bytes(b"\n".join(lineprotocol.encode_many(mine)) + b"\n")
 
 
-@pytest.fixture(scope="module")
-def two_sessions(influxd, tmp_path_factory):
+def _sources(influxd, tmp_path_factory, name: str, a: list[Point], b: list[Point]):
+    """The points of sessions a and b in a fresh database, a fake 2.x and a spool root (a folder each)."""
     pytest.importorskip("influxdb_client")
     from fake_influx2 import FakeInflux
     from flux_points import answer_from
 
-    db = influxd.create_database("two_sessions")
-    points = session_a() + session_b()
-    influxd.write(b"\n".join(lineprotocol.encode_many(points)), db=db)
-    root = tmp_path_factory.mktemp("spools")
-    _spool(root, SESSIONS["a"], session_a())
-    _spool(root, SESSIONS["b"], session_b())
+    db = influxd.create_database(name)
+    influxd.write(b"\n".join(lineprotocol.encode_many(a + b)), db=db)
+    root = tmp_path_factory.mktemp(name)
+    _spool(root, SESSIONS["a"], a)
+    _spool(root, SESSIONS["b"], b)
     fake = FakeInflux()
-    fake.answer = answer_from(points)
-    yield {"url": influxd.url, "db": db, "spool": root, "flux": fake.url}
+    fake.answer = answer_from(a + b)
+    return fake, {"url": influxd.url, "db": db, "spool": root, "flux": fake.url}
+
+
+@pytest.fixture(scope="module")
+def two_sessions(influxd, tmp_path_factory):
+    fake, sources = _sources(influxd, tmp_path_factory, "two_sessions", session_a(), session_b())
+    yield sources
+    fake.stop()
+
+
+def _untagged(points: list[Point]) -> list[Point]:
+    return [p._replace(tags={k: v for k, v in p.tags.items() if k != "session"}) for p in points]
+
+
+def _as_field(points: list[Point]) -> list[Point]:
+    return [lineprotocol.tags_as_fields(p, ("session",)) for p in points]
+
+
+@pytest.fixture(scope="module")
+def untagged(influxd, tmp_path_factory):
+    """The same two sessions as written before sessions were tagged."""
+    fake, sources = _sources(influxd, tmp_path_factory, "untagged", _untagged(session_a()), _untagged(session_b()))
+    yield sources
+    fake.stop()
+
+
+@pytest.fixture(scope="module")
+def session_fields(influxd, tmp_path_factory):
+    """The same two sessions written with session-tag: false (the id a field)."""
+    fake, sources = _sources(
+        influxd, tmp_path_factory, "session_fields", _as_field(session_a()), _as_field(session_b())
+    )
+    yield sources
     fake.stop()
 
 
 WINDOWS = {"a": (A0, B0 - 1), "b": (B0, B0 + DAY)}
 
 
-def _open(two_sessions, kind: str, session: str) -> query.Store:
-    start, stop = (t / 1e9 for t in WINDOWS[session])
+def _connect(two_sessions, kind: str, **options) -> query.Store:
     if kind == "spool":
-        return query.connect(two_sessions["spool"], session=SESSIONS[session], start=start, stop=stop)
+        return query.connect(two_sessions["spool"], **options)
     if kind == "flux":
-        return query.connect(two_sessions["flux"], "dask_metrics", language="flux", start=start, stop=stop, timeout=5)
-    return query.connect(two_sessions["url"], two_sessions["db"], start=start, stop=stop)
+        return query.connect(two_sessions["flux"], "dask_metrics", language="flux", timeout=5, **options)
+    return query.connect(two_sessions["url"], two_sessions["db"], **options)
+
+
+def _open(two_sessions, kind: str, session: str) -> query.Store:
+    """One session by its time range (as before sessions were tagged): the same answers as by its id."""
+    start, stop = (t / 1e9 for t in WINDOWS[session])
+    return _connect(two_sessions, kind, start=start, stop=stop)
 
 
 KINDS = ["influxql", "flux", "spool"]
@@ -173,3 +214,107 @@ def test_a_metric_of_the_other_session(two_sessions, kind):
             r"\['mem-util', 'tasks', 'power', 'queue'\] \(in ",
         ):
             b.worker_tables(metrics=["compute-util"])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_options_read_the_latest_session_and_say_so(two_sessions, kind):
+    with _connect(two_sessions, kind) as db:
+        assert db.workers() == [W2, W3] and db.jobs() == [1]
+        dags = db.dags()
+        assert list(dags["dag"]) == [1] and set(dags["session"]) == {SESSIONS["b"]}
+        assert dags["submitted"].iloc[0].value == B0 + 1 and dags["ended"].iloc[0].value == B0 + 3 * 10**9 + 1
+        assert db.metrics() == ["mem-util", "tasks", "power", "queue"]
+        note = [n for n in db.notes if "session" in n]
+        assert len(note) == 1 and f"read session {SESSIONS['b']!r}, the latest of 2" in note[0]
+        assert SESSIONS["a"] in note[0] and "session=" in note[0]
+        assert f"session {SESSIONS['b']!r}" in db.scope() or kind == "spool"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("which", [SESSIONS["a"], 2, "2"])
+def test_session_reaches_the_other(two_sessions, kind, which):
+    with _connect(two_sessions, kind, session=which) as db, _open(two_sessions, kind, "a") as by_time:
+        assert db.workers() == [W1, W2] and db.jobs() == [1, 2]
+        assert list(db.dags()["dag"]) == [1, 2] and set(db.dags()["session"]) == {SESSIONS["a"]}
+        for worker, table in db.worker_tables().items():  # timestamp: from the first sample, not the window's start
+            other = by_time.worker_tables()[worker]
+            pd.testing.assert_frame_equal(table.drop(columns="timestamp"), other.drop(columns="timestamp"))
+        assert db.get_peaks("queue") == by_time.get_peaks("queue")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_all_sessions_and_a_dag_row_never_mixes_them(two_sessions, kind):
+    with _connect(two_sessions, kind, session="all") as db:
+        assert db.workers() == [W1, W2, W3] and db.jobs() == [1, 2]
+        dags = db.dags()
+        assert list(zip(dags["session"], dags["dag"])) == [(SESSIONS["a"], 1), (SESSIONS["a"], 2), (SESSIONS["b"], 1)]
+        for start, row in zip((A0, A0, B0), dags.itertuples()):  # each DAG's submit and end from its own session
+            assert start < row.submitted.value < row.ended.value < start + DAY
+        assert list(db.dags(job=1)["session"]) == [SESSIONS["a"], SESSIONS["b"]]
+        assert any("read all 2 sessions" in n for n in db.notes)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sessions_lists_them_newest_first(two_sessions, kind):
+    with _connect(two_sessions, kind) as db:
+        listing = db.sessions()
+    assert list(listing.columns) == ["index", "session", "start", "end", "workers", "jobs", "hosts"]
+    assert listing[["index", "session", "workers", "jobs"]].values.tolist() == [
+        [1, SESSIONS["b"], 2, 1],
+        [2, SESSIONS["a"], 2, 2],
+    ]
+    assert [t.value for t in listing["start"]] == [B0 + 2000, A0 + 1000]  # the ids' microseconds
+    assert [t.value for t in listing["end"]] == [B0 + 3 * 10**9 + 1, A0 + 3 * 10**9 + 2]
+    assert list(listing["hosts"]) == [2, 2]  # n2 (or n1) and the scheduler's
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_unknown_session(two_sessions, kind):
+    if kind == "spool":
+        with pytest.raises(query.QueryError, match=r"session 'nope' not in .*sessions: \['2024"):
+            _connect(two_sessions, kind, session="nope")
+    else:  # no question is asked for a named session: reading says what is there
+        with _connect(two_sessions, kind, session="nope") as db:
+            with pytest.raises(query.QueryError, match=r"session 'nope'.*sessions \(newest first\) \['2024050"):
+                db.worker_tables()
+    with pytest.raises(query.QueryError, match=r"no session 3 in .*2 session\(s\), 1 = the latest"):
+        _connect(two_sessions, kind, session=3)
+
+
+@pytest.mark.parametrize("kind", ["influxql", "flux"])
+def test_points_without_a_session_are_one_unnamed_session_and_its_dags_do_not_mix(untagged, kind):
+    with _connect(untagged, kind) as db:
+        assert db.workers() == [W1, W2, W3] and db.jobs() == [1, 2]
+        assert any("carry no session id" in n and "'unnamed'" in n and "start=/stop=" in n for n in db.notes)
+        dags = db.dags()  # DAG 1 twice (two runs): each end pairs with the submit before it
+        assert list(zip(dags["session"], dags["dag"])) == [("unnamed", 1), ("unnamed", 2), ("unnamed", 1)]
+        for start, row in zip((A0, A0, B0), dags.itertuples()):
+            assert start < row.submitted.value < row.ended.value < start + DAY
+        assert db.sessions()[["index", "session", "workers", "jobs"]].values.tolist() == [[1, "unnamed", 3, 2]]
+    with _connect(untagged, kind, session="unnamed") as db:
+        assert db.workers() == [W1, W2, W3]
+
+
+def test_a_tagged_session_after_untagged_points_is_the_latest(influxd):
+    db = influxd.create_database("mixed_sessions")
+    influxd.write(b"\n".join(lineprotocol.encode_many(_untagged(session_a()) + session_b())), db=db)
+    with query.connect(influxd.url, db) as store:
+        assert store.workers() == [W2, W3] and any("the latest of 2" in n and "'unnamed'" in n for n in store.notes)
+    with query.connect(influxd.url, db, session="unnamed") as store:
+        assert store.workers() == [W1, W2] and list(store.dags()["dag"]) == [1, 2]
+        assert "session 'unnamed'" in store.scope()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_session_written_as_a_field(session_fields, kind):
+    with _connect(session_fields, kind) as db:
+        assert db.workers() == [W2, W3] and db.jobs() == [1] and list(db.dags()["dag"]) == [1]
+        assert db.metrics() == ["mem-util", "tasks", "power", "queue"]  # the session field is no metric
+        assert any(f"read session {SESSIONS['b']!r}, the latest of 2" in n for n in db.notes)
+        assert db.sessions()[["index", "session", "workers", "jobs"]].values.tolist() == [
+            [1, SESSIONS["b"], 2, 1],
+            [2, SESSIONS["a"], 2, 2],
+        ]
+    with _connect(session_fields, kind, session=SESSIONS["a"]) as db:
+        assert db.workers() == [W1, W2] and db.jobs() == [1, 2]
+        assert kind != "flux" or any("Flux reads it by its time range" in n for n in db.notes)

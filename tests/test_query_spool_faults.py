@@ -17,8 +17,11 @@ W = "tcp://10.0.0.1:1"
 T0 = 1_714_564_800_000_000_000
 
 
+SID = "20240501T120000-000001"  # the session of every point here (its spool folder's name)
+
+
 def _lines(n: int, start: int = 0) -> list[bytes]:
-    tags = {"host": "h", "worker": W, "job": "1", "dag": "1", "index": "0"}
+    tags = {"host": "h", "worker": W, "job": "1", "dag": "1", "index": "0", "session": SID}
     return lineprotocol.encode_many(
         Point("gpu", tags, {"utilization_gpu": float(k)}, T0 + k * 10**8) for k in range(start, start + n)
     )
@@ -114,24 +117,27 @@ def test_a_partial_write_stays_refused_on_disk_until_a_replay_writes_it(influxd,
         fallback=SpoolSink(role / "undelivered"),
         refused=role / "refused",
     )
-    lines = _lines(30) + [b"host,host=h,worker=%s cpu_percent=5.0 %d" % (W.encode(), T0)]
+    lines = _lines(30) + [b"host,host=h,session=%s,worker=%s cpu_percent=5.0 %d" % (SID.encode(), W.encode(), T0)]
     sink.send(lines)
     sink.close()
     assert (sink.points_written, sink.points_refused, sink.points_failed) == (1, 30, 0)
     refused = role / "refused"
     assert list(read_lines(refused)) == lines[:30]
     with query.connect(influxd.url, fresh_db, undelivered=session) as db:
-        assert "30 sample(s) under " + str(refused) in db.notes[0]
-        assert "InfluxDB refused them; its reasons: " + str(refused / "reasons.txt") in db.notes[0]
+        # the session read, named: the foreign point has no session id (one "unnamed" session, older)
+        assert f"read session '{SID}', the latest of 2" in db.notes[0]
+        assert "30 sample(s) under " + str(refused) in db.notes[-1]
+        assert "InfluxDB refused them; its reasons: " + str(refused / "reasons.txt") in db.notes[-1]
     again = replay_folders(session, influxd.url, fresh_db)  # the conflict is still there: nothing is lost
     assert again == {"files": 1, "lines": 30, "written": 0, "refused": 30, "kept": 0}
     assert sorted(read_lines(refused)) == sorted(lines[:30])
     with query.connect(influxd.url, fresh_db, undelivered=session) as db:
-        assert len(db.notes) == 1
+        assert len([n for n in db.notes if "sample(s) under" in n]) == 1
     influxd.query("DROP MEASUREMENT gpu", db=fresh_db)  # the foreign point goes, and its field type with it
     assert replay_folders(session, influxd.url, fresh_db)["written"] == 30
     with query.connect(influxd.url, fresh_db, undelivered=session) as db:
-        assert db.get_peaks("compute-util", per_job=False) == [[29]] and db.notes == []
+        assert db.get_peaks("compute-util", per_job=False) == [[29]]
+        assert not any("sample(s) under" in n for n in db.notes)
     assert spool_files(session) == [] and not (refused / "reasons.txt").exists()
 
 
@@ -215,8 +221,9 @@ def test_a_spool_root_read_without_a_session_says_which_one(tmp_path):
     _undelivered_only(older, [W])
     _undelivered_only(newer, [W])
     note = (
-        f"read session '{newer.name}', the latest of 2 under '{tmp_path}' (the others: ['{older.name}']); "
-        "choose one with session= (CLI: --session)"
+        f"read session '{newer.name}', the latest of 2 in spool root '{tmp_path}' (the 1 other(s), newest first: "
+        f"['{older.name}']); choose with session= (CLI: --session): an id, an index from the latest (2 = the one "
+        'before), or "all"'
     )
     with query.connect(tmp_path) as db:
         assert db.notes[0] == note

@@ -92,7 +92,7 @@ def test_report_content(spool_store, tmp_path):
     # "was the GPU busy" per task prefix, below the per-job table: job 1's matmul ran 14 of its 20
     # sample windows on a busy GPU (80 %), load all (tests/test_tasks.py)
     job1 = body.split('id="job-1"')[1].split('id="job-2"')[0]
-    busy = job1.split("Per task prefix")[1].split("</table>")[0]
+    busy = job1.split("Per task prefix")[1].split("</table>")[0].replace("<wbr>", "")  # headers wrap at "_"
     assert "<th>mean_memory_delta</th>" in busy and job1.index("Per task prefix") > job1.index("Was the GPU busy")
     assert re.findall(r"<td>(matmul|load)</td>\s*<td>(\d+)</td>\s*<td>[^<]*</td>\s*<td>([^<]*)</td>", busy) == [
         ("matmul", "4", "56"),
@@ -179,6 +179,30 @@ def test_demo_report_in_headless_chromium(demo_report, tmp_path):
     assert os.path.getsize(demo_report) > 1_000_000  # BokehJS inline
 
 
+WIDTH_PROBE = """<script>window.addEventListener("load", function () { setTimeout(function () {
+  var page = document.body.getBoundingClientRect().right - parseFloat(getComputedStyle(document.body).paddingRight);
+  var wide = Array.from(document.querySelectorAll("table.data")).filter(function (t) {
+    return t.getBoundingClientRect().right > page + 0.5; }).map(function (t) { return t.previousElementSibling ?
+    t.previousElementSibling.textContent.slice(0, 60) : "?"; });
+  document.body.insertAdjacentHTML("beforeend", '<pre id="probe-width">' + document.documentElement.scrollWidth +
+    " " + window.innerWidth + " " + JSON.stringify(wide) + "</pre>");
+}, 2000); });</script>"""
+
+
+def test_demo_report_fits_1400_px_without_a_horizontal_scrollbar(demo_report, tmp_path):
+    """Issue 45: every table fits the page's column in a 1400 px window (headers wrap at their underscores)."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs Debian's chromium)")
+    probed = tmp_path / "width.html"
+    probed.write_text(
+        demo_report.read_text(encoding="utf-8").replace("</body>", WIDTH_PROBE + "</body>", 1), encoding="utf-8"
+    )
+    dom = _chromium("--virtual-time-budget=10000", "--window-size=1400,2400", "--dump-dom", probed.as_uri()).stdout
+    scroll, inner, wide = re.search(r'<pre id="probe-width">(\d+) (\d+) (.*?)</pre>', dom).groups()
+    assert int(scroll) <= int(inner) == 1400 and wide == "[]", (scroll, inner, wide)
+    assert "<details><summary>" in dom  # a job's smaller activities are folded below its top ones
+
+
 def test_timelines_start_at_0_and_equal_lines_differ():
     """Utilization on 0-100, memory from 0, and two GPUs with equal readings drawn with different dashes."""
     import math
@@ -205,3 +229,23 @@ def test_timelines_start_at_0_and_equal_lines_differ():
     assert len(dashes) == 2 and dashes[0] != dashes[1]
     mem = reportfigs.timeline(tables, data, 1, "total-mem", "GPU memory used (GiB)")
     assert mem.y_range.start == 0 and math.isnan(mem.y_range.end)  # the top follows the data
+
+
+def test_one_node_table_per_node_for_the_session_and_each_job(tmp_path):
+    """Issue 47: each node's cpu (with the core spread), memory, disk and network; bytes in MiB
+    (tests/node_points.py: node-a runs jobs 1 and 2, node-b job 2)."""
+    import node_points as NP
+
+    from dask_influx_metrics.client import report
+
+    with query.connect(NP.write_spool(tmp_path / "nodes")) as db:
+        text = open(db.report(tmp_path / "r.html"), encoding="utf-8").read()
+        tables = report.node_tables(db.summary(), 1)
+    assert text.count("<h4>node node-a</h4>") == 3 and text.count("<h4>node node-b</h4>") == 2
+    job2 = text.split('id="job-2"')[1]
+    assert "Node resources while the job ran" in job2 and job2.index("node node-a") < job2.index("node node-b")
+    (a,) = tables.values()
+    assert list(tables) == ["node-a"] and list(a["resource"]) == ["cpu", "disk", "memory", "network"]
+    cpu, disk = a.iloc[0], a.iloc[1]
+    assert (cpu["core_max"], cpu["mean"], cpu["devices"], disk["max"]) == (100, 50, 2, 70)
+    assert (disk["read_MiB"], disk["write_MiB"], a.iloc[3]["lo_sent_MiB"]) == (10, 20, 30)

@@ -107,7 +107,7 @@ def test_idle_processes_spool_within_the_flush_interval_and_the_scheduler_writes
         finally:
             m.stop()
             m.shutdown()
-    assert health[0].tags | {"host": "h"} == {"host": "h", "worker": "scheduler", "sink": "spool"}
+    assert health[0].tags | {"host": "h"} == {"host": "h", "worker": "scheduler", "sink": "spool", "session": session}
     assert set(health[0].fields) == {"points_sent", "points_dropped", "points_refused", "points_spooled", "errors"}
     folders = [tmp_path / "spool" / session] + [p for p in (tmp_path / "spool" / session).iterdir()]
     assert len(folders) >= 3 and all(oct(f.stat().st_mode & 0o777) == "0o700" for f in folders)

@@ -25,6 +25,7 @@ def test_all_fields_with_schema_types():
     src = HostSource(ALL)
     host, worker = src.read(HOST), src.read(WORKER)
     optional = {"disk_read_bytes", "disk_write_bytes"}  # containers may have no disk counters
+    optional |= {"cpu_percent_core_max", "cpu_percent_core_min"}  # read in the clock tick it was primed in
     assert set(host) - optional == {n for m, n in ALL if m == HOST} - optional
     assert set(worker) == {"cpu_percent", "rss"}
     for measurement, fields in ((HOST, host), (WORKER, worker)):
@@ -127,10 +128,14 @@ def test_procfs_values_equal_psutils_definitions():
     assert mem["memory_total"] == vm.total
     assert abs(mem["memory_used"] - vm.used) < 64 << 20  # read a moment apart: other processes allocate
     assert abs(mem["memory_used_percent"] - vm.percent) <= 1.0
-    busy, total = reader.cpu_busy_total()
+    (busy, total), cores = reader.cpu_times(cores=True)
+    assert len(cores) == psutil.cpu_count()
     p_busy, p_total = host_mod._busy_total(psutil.cpu_times())
     assert 0 <= p_total - total < 1.0 * psutil.cpu_count() and 0 <= p_busy - busy < 1.0 * psutil.cpu_count()
-    for ours, theirs in ((reader.disk(), psutil.disk_io_counters()), (reader.net(), psutil.net_io_counters())):
+    for ours, theirs in (
+        (reader.disk(), psutil.disk_io_counters(nowrap=False)),
+        (reader.net(), psutil.net_io_counters(nowrap=False)),
+    ):
         if theirs is None:
             continue
         names = [n for n in ours]
@@ -216,3 +221,77 @@ def test_refresh_falls_on_the_sample_nearest_to_the_setting():
     assert host_mod.refresh_seconds(200, 50) == pytest.approx(0.175)  # every 4th sample at 50 ms
     assert host_mod.refresh_seconds(200, 100) == pytest.approx(0.15)  # every 2nd
     assert host_mod.refresh_seconds(200, 200) == host_mod.refresh_seconds(200, 1000) == 0.0  # every sample
+
+
+# --- issue 47: the spread across cores, the network split loopback / external ----------------------
+def _spin_pinned(core: int, seconds: float) -> None:
+    os.sched_setaffinity(0, {core})  # this thread only
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@needs_proc
+@pytest.mark.parametrize("procfs", [True, False])
+def test_a_thread_pinned_to_one_core_reads_100_there_as_psutil_does(procfs):
+    import threading
+
+    core = psutil.cpu_count() - 1
+    src = HostSource(
+        frozenset({(HOST, "cpu_percent"), (HOST, "cpu_percent_core_max"), (HOST, "cpu_count")}), procfs=procfs
+    )
+    psutil.cpu_percent(percpu=True)
+    spinner = threading.Thread(target=_spin_pinned, args=(core, 0.4))
+    spinner.start()
+    spinner.join()
+    ours, theirs = src.read(HOST), psutil.cpu_percent(percpu=True)
+    assert ours["cpu_count"] == psutil.cpu_count() == len(theirs)
+    assert ours["cpu_percent_core_max"] >= 95 and theirs[core] >= 95  # the pinned core, whatever else ran
+    assert (
+        abs(ours["cpu_percent_core_max"] - max(theirs)) <= 5
+        and abs(ours["cpu_percent"] - sum(theirs) / len(theirs)) <= 5
+    )
+    assert "cpu_percent_core_min" not in ours  # not asked for
+
+
+def test_core_spread_from_per_core_times(monkeypatch):
+    per_core = iter(
+        [
+            [CpuTimes(0, 0, 0, 100, 0, 0, 0, 0, 0, 0), CpuTimes(0, 0, 0, 100, 0, 0, 0, 0, 0, 0)],  # primed
+            [CpuTimes(90, 0, 10, 100, 0, 0, 0, 0, 0, 0), CpuTimes(0, 0, 5, 195, 0, 0, 0, 0, 0, 0)],  # 100 %, 5 %
+        ]
+    )
+    totals = iter([CpuTimes(0, 0, 0, 200, 0, 0, 0, 0, 0, 0), CpuTimes(90, 0, 15, 295, 0, 0, 0, 0, 0, 0)])
+    monkeypatch.setattr(host_mod.psutil, "cpu_times", lambda percpu=False: next(per_core if percpu else totals))
+    fields = frozenset((HOST, f) for f in ("cpu_percent", "cpu_percent_core_max", "cpu_percent_core_min", "cpu_count"))
+    assert HostSource(fields, procfs=False).read(HOST) == {
+        "cpu_percent": 52.5,
+        "cpu_percent_core_max": 100.0,
+        "cpu_percent_core_min": 5.0,
+        "cpu_count": 2,
+    }
+
+
+def test_loopback_by_the_kernels_flag_else_by_name(tmp_path):
+    from dask_influx_metrics.sampling.sources.procfs import is_loopback
+
+    for name, flags in (("lo", "0x9"), ("eth0", "0x1003"), ("weird", "0x49")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "flags").write_text(flags + "\n")
+    assert [is_loopback(n, sys_net=str(tmp_path)) for n in ("lo", "eth0", "weird")] == [True, False, True]
+    assert is_loopback("Loopback Pseudo-Interface 1", sys_net=str(tmp_path)) and not is_loopback("wlan0", str(tmp_path))
+
+
+@needs_proc
+def test_network_split_equals_psutils_per_interface_counters():
+    from dask_influx_metrics.sampling.sources.procfs import is_loopback
+
+    nics = psutil.net_io_counters(pernic=True, nowrap=False)
+    ours = ProcReader(os.getpid()).net()
+    for fields in (ours, HostSource(frozenset((HOST, f) for f in ours), procfs=False).read(HOST)):
+        for kind, lo in (("lo", True), ("ext", False)):
+            for d, attr in (("recv", "bytes_recv"), ("sent", "bytes_sent")):
+                theirs = sum(getattr(c, attr) for n, c in nics.items() if is_loopback(n) == lo)
+                assert 0 <= fields[f"net_{d}_{kind}_bytes"] - theirs < 1 << 20  # read a moment apart: only grow
+        assert fields["net_recv_bytes"] == fields["net_recv_lo_bytes"] + fields["net_recv_ext_bytes"]
+    assert any(is_loopback(n) for n in nics)  # lo is there

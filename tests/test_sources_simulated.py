@@ -42,6 +42,7 @@ def test_idle_reads_idle():
         "power_draw": 60.0,
         "temperature_gpu": 35.0,
         "clocks_current_sm": 210.0,
+        "total_energy_consumption": 1_000_000,  # the counter, in the first reading (as NVML's)
     }
     for name, value in r.fields.items():
         assert type(value) is FIELDS[GPU, name].type, name
@@ -199,3 +200,22 @@ def test_short_tasks_read_their_time_weighted_share_on_a_cluster(tmp_path):
     truth = 100 * tasks["duration"].astype(float).sum() / (gpu["hours"] * 3600)
     assert len(tasks) == 20 and 9 < truth < 15, truth
     assert gpu["mean"] == pytest.approx(truth, rel=0.10), (gpu["mean"], truth)
+
+
+def test_energy_counter_adds_power_times_time_and_comes_like_nvmls():
+    """The counter (mJ) integrates power_draw over the time between reads; it is written at the first read,
+    then every 10 s (slowfields.COUNTER_INTERVAL_S) and on a final read, as the agent reads NVML's."""
+    w, now = Worker(nthreads=1), [100.0]
+    src = SimulatedGpuSource(1, ALL, w, clock=lambda: now[0])
+    first = src.read()[0].fields["total_energy_consumption"]
+    w.set(executing=1)
+    powers, counters = [], []
+    for _ in range(60):  # 12 s at 200 ms
+        now[0] += 0.2
+        fields = src.read()[0].fields
+        powers.append(fields["power_draw"])
+        counters.append(fields.get("total_energy_consumption"))
+    assert [i for i, c in enumerate(counters) if c is not None] == [49]  # 10 s after the first
+    assert counters[49] - first == pytest.approx(sum(p * 0.2 for p in powers[:50]) * 1000, abs=1)
+    now[0] += 0.2
+    assert "total_energy_consumption" in src.read(final=True)[0].fields

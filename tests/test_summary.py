@@ -134,3 +134,75 @@ def test_a_gap_counts_a_few_intervals_at_most():
     (whole,) = summary.summarize([t], per_job=False).itertuples()
     assert whole.hours == pytest.approx((summary.CAP_INTERVALS * 0.5 + 40 * 0.5) / 3600)
     assert whole.mean == pytest.approx(100 * 0.5 / 21.5)  # the first reading stands for one interval
+
+
+# --- node rows (issue 47): tests/node_points.py, two nodes, hand-computed answers -------------------
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory):
+    import node_points as NP
+
+    from dask_influx_metrics import query
+
+    with query.connect(NP.write_spool(tmp_path_factory.mktemp("nodes"))) as db:
+        yield db
+
+
+def _node(frame, worker, resource, job):
+    rows = frame[
+        (frame["worker_index"] == worker)
+        & (frame["resource"] == resource)
+        & (frame["job"].isna() if job is None else frame["job"] == job)
+    ]
+    assert len(rows) == 1
+    return rows.iloc[0]
+
+
+def test_node_rows_per_job_are_the_hosts_figures_in_the_jobs_windows(nodes):
+    import node_points as NP
+
+    s, mib, hour = nodes.summary(), NP.MIB, NP.STEP / 1e9 / 3600
+    cpu = _node(s, 0, "cpu", 1)  # node-a while job 1 ran: 10 samples, one core of two busy
+    assert (cpu["samples"], cpu["mean"], cpu["core_max"], cpu["core_min"], cpu["devices"]) == (10, 50, 100, 0, 2)
+    assert cpu["device_hours"] == pytest.approx(2 * 10 * hour) and cpu["host"] == "node-a"
+    assert _node(s, 0, "cpu", None)["mean"] == pytest.approx((20 * 50 + 10 * 5) / 30)
+    assert _node(s, 0, "memory", 1)[["mean", "max"]].tolist() == [40, 40]
+    disk = _node(s, 0, "disk", 1)  # the fullest of node-a's filesystems; 1 MiB read, 2 written per window
+    assert (disk["max"], disk["read_bytes"], disk["write_bytes"]) == (70, 10 * mib, 20 * mib)
+    net = _node(s, 0, "network", 2)
+    assert net[["lo_sent_bytes", "lo_recv_bytes", "ext_sent_bytes", "ext_recv_bytes"]].tolist() == [
+        45 * mib,
+        45 * mib,
+        15 * mib,
+        15 * mib,
+    ]
+    assert _node(s, 0, "disk", None)["read_bytes"] == 29 * mib  # every window after the first
+    # every worker of a host: its host's rows
+    pd.testing.assert_frame_equal(
+        s[s["worker_index"] == 0]
+        .drop(columns=["worker_index", "worker"])
+        .query("resource != 'gpu'")
+        .reset_index(drop=True),
+        s[s["worker_index"] == 1]
+        .drop(columns=["worker_index", "worker"])
+        .query("resource != 'gpu'")
+        .reset_index(drop=True),
+    )
+
+
+def test_a_counter_that_went_back_leaves_its_window_out_and_says_so(nodes):
+    import node_points as NP
+
+    s = nodes.summary()
+    b = _node(s, 2, "disk", 2)  # node-b, job 2: 15 windows, the one at its reboot left out
+    assert (b["read_bytes"], b["max"], b["host"]) == (14 * NP.MIB, 30, "node-b")
+    assert _node(s, 2, "network", None)["ext_sent_bytes"] == 28 * NP.MIB
+    notes = [n for n in nodes.notes if "went back" in n]
+    assert [n.split(":")[0] for n in notes] == ["host node-b"] * 2  # one for the disk totals, one for the network's
+    assert "host.disk_read_bytes 1x, host.disk_write_bytes 1x" in notes[0] and "network totals" in notes[1]
+
+
+def test_node_rows_without_cores_leave_core_hours_out():
+    t = _table(**{"host-cpu": [50.0, 50.0, 50.0], summary.CORE_MAX: [100.0] * 3})
+    cpu = summary.summarize([t], per_job=False, hosts={"tcp://a:1": t}).query("resource == 'cpu'").iloc[0]
+    assert cpu["core_max"] == 100 and pd.isna(cpu["devices"]) and np.isnan(cpu["device_hours"])
+    assert np.isnan(cpu["core_min"])

@@ -12,7 +12,7 @@ import task_points as P
 
 from dask_influx_metrics import query
 from dask_influx_metrics.client import tasks as T
-from dask_influx_metrics.client.query import flux as F
+from dask_influx_metrics.client.query import fluxtext as F
 
 TASKS = [
     [1, "matmul", 4, 0, 2.0, 0.5],

@@ -7,7 +7,8 @@ credentials) and ``agent.lock`` already locked on an inherited descriptor, so
 no moment passes without a holder. Each tick it lists the workers registered in
 the run folder (:mod:`.workers`), takes their task snapshots, writes its beat
 (:mod:`..snapshot`: the snapshots it used, its sink's counters, what it
-reports), samples every GPU the workers use once, the host once and each worker
+reports, and every half second each worker's latest figures for the dashboard,
+:mod:`..sampling.live`), samples every GPU the workers use once, the host once and each worker
 process (:mod:`.collect`), and sends to its one sink (UDP to the node's
 Telegraf, HTTP, spool: ``sink: auto`` decided from its settings), with the points
 the workers left in their outboxes (:mod:`..outbox`: custom metrics, task stream):
@@ -38,14 +39,17 @@ from .. import runfolder
 from ..config import Settings, public
 from ..names import GpuState, agent_role
 from ..reports import Reporter
+from ..sampling import accounting
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
+from ..sampling.live import LIVE_S, LiveFigures
 from ..sampling.sampler import Sampler
-from ..sampling.sources.host import HostSource, refresh_seconds
+from ..sampling.sources.host import host_sources
 from ..sampling.view import WorkerView
-from ..schema import GPU, HOST
+from ..schema import GPU, SESSION
 from ..sinks import HEALTH_INTERVAL, health_points, make_sink
 from ..snapshot import BEAT_BYTES, BeatReader, SnapshotBuffer, write_beat
+from . import prometheus
 from .workers import FolderWorkers
 
 logger = logging.getLogger(__name__)
@@ -70,12 +74,18 @@ class Agent:
         self.report = Reporter(self._keep)
         self.previous = self._predecessor()  # counters of an agent that died before this one
         self.gpus, self.gpu_state, self.gpu_why = open_gpus(settings, report=self.report.once)
-        host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
-        refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
-        self.host = HostSource(host_fields, refresh=refresh) if host_fields else None
-        self.collector = HostCollector(settings.fields, self.gpus, self.host)
+        host, disks = host_sources(settings)
+        tags = {"host": socket.gethostname(), "worker": agent_role(), SESSION: session}
+        self.accounting = accounting.from_settings(settings, tags, report=self.report.once, serve=True)
+        # the run folder's filesystem too (/dev/shm: the snapshots, outboxes), beside the workers' own
+        self.collector = HostCollector(
+            settings.fields, self.gpus, host, disks, paths=(folder,), accounting=self.accounting
+        )
+        labels = {"host": tags["host"], "session": session}
+        self.endpoint = prometheus.serve(settings, self.accounting, labels, self.report.once)
         self.workers = FolderWorkers(folder, self._view)
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
+        self.figures, self._figured = LiveFigures(), -LIVE_S  # the beat's ``live``: each worker's latest figures
         self.sink = make_sink(settings, role=agent_role(), session=session, report=self.report.once)
         self.beat = SnapshotBuffer.create(BEAT_BYTES, path=os.path.join(folder, runfolder.BEAT))
         self.sampler = Sampler(
@@ -83,7 +93,7 @@ class Agent:
             self,
             interval=settings.polling_interval / 1000.0,
             name="influx-metrics-agent",
-            field_tags=() if settings.dag_tag else ("dag",),
+            field_tags=settings.field_tags,
         )
         self._left: list[WorkerView] = []
         self._outgoing: list[bytes] = []  # lines of the workers' outboxes, sent with the sample's own
@@ -94,7 +104,7 @@ class Agent:
         self._beat_at = 0.0
         self._health_at, self._health_tags = (
             0.0,
-            {**settings.tags, "host": socket.gethostname(), "worker": agent_role()},
+            {**settings.tags, "host": socket.gethostname(), "worker": agent_role(), SESSION: session},
         )
 
     def _keep(self, event: dict) -> None:
@@ -157,7 +167,7 @@ class Agent:
         now = time.time()
         if now - self._health_at >= HEALTH_INTERVAL:
             self._health_at = now
-            lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9))
+            lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9), self.settings.field_tags)
         self.sink.send(lines)
         self.sink.flush()
         self.workers.sent()
@@ -184,6 +194,12 @@ class Agent:
             w.snapshot.refresh()
         self.write_beat()
         points = self.collector.collect(live + self._left, now_ns, final=bool(self._left))
+        if (now := time.monotonic()) - self._figured >= LIVE_S:
+            self._figured = now
+            self.figures.update(live, points, now, self.collector.shared)
+            self.figures.account(self.accounting.live() if self.accounting is not None else None)
+        else:
+            self.figures.observe(points, now)
         for uuid, users in self.collector.shared.items():
             addresses = [w.address for w in users]
             self.report.once(
@@ -213,6 +229,7 @@ class Agent:
             len(self.found),
             len(self.workers.foreign),
             self.sampler.origin,
+            self.figures.version,
             next(iter(self.workers.views), None),
         )
         fast = (acked, idle)  # changes every sample while tasks run: a line of its own, cheap to decode
@@ -228,6 +245,8 @@ class Agent:
                     "foreign": self.workers.foreign,
                     "counters": self._counters + self.previous,
                     "reports": self.reports,
+                    "live": self.figures.entries,
+                    "acct": self.figures.accounting,
                 },
                 separators=(",", ":"),
             ).encode()
@@ -256,6 +275,10 @@ class Agent:
     def close(self, remove: bool) -> None:
         """Last sample's lines out, sink closed; the run folder removed when ``remove``."""
         self.sampler.stop()
+        if self.accounting is not None:  # the last totals: no later point carries them
+            accounting.repeat(self.accounting.close(), self.send, self.settings.field_tags)
+        if self.endpoint is not None:
+            self.endpoint.close()
         self._health_at = 0.0
         while True:  # what the outboxes still hold (a backlog in parts, paced), and the last delivery counts
             self._outgoing = self.workers.outgoing()

@@ -57,6 +57,27 @@ def cli():
 
 @cli.command()
 @format_option
+@store_options
+def sessions(open_store, fmt):
+    """Monitoring sessions in the source, newest first.
+
+    Columns: index (what --session takes: 1 = the latest), session (its
+    id; "unnamed": points written before sessions were tagged), start, end,
+    and how many workers, jobs and hosts wrote points. Job and DAG numbers
+    restart at 1 in each session; every other command reads one session.
+
+    \b
+    Example:
+      dask-influx-metrics sessions --source http://127.0.0.1:8086
+      dask-influx-metrics jobs --session 2 --source http://127.0.0.1:8086
+    """
+    db = open_store()
+    db.session_note = ""  # which one a reading command would read: not this listing's business
+    emit(found(db, db.sessions(), "sessions"), fmt)
+
+
+@cli.command()
+@format_option
 @click.option(
     "--gpus",
     is_flag=True,
@@ -156,27 +177,77 @@ def peaks(open_store, metric, per_job, workers, job, client_side, fmt):
 @per_job_option
 @workers_option
 @click.option("--job", type=int, metavar="N", help="Only job N's rows (see `jobs`), no whole-session rows.")
+@click.option(
+    "--resource",
+    "resources",
+    metavar="R[,R]",
+    help="Only these resources' rows: gpu, cpu, memory, disk, network (default: all).",
+)
 @format_option
 @store_options
-def summary(open_store, per_job, workers, job, fmt):
-    """GPU and host-CPU utilization per worker: over the whole session (job
-    "all"; empty in csv, null in json) and per job.
+def summary(open_store, per_job, workers, job, resources, fmt):
+    """GPU utilization per worker and its node's CPU, memory, disk and network:
+    over the whole session (job "all"; empty in csv, null in json) and per job.
 
-    Mean and max (%), share of samples above 20/40/80% and at 100%, device
-    hours and unused device hours. Each worker's rows are its own view of the
-    GPUs it uses; the last gpu rows, worker "all workers", count each physical
-    GPU once (two workers sharing a GPU: its hours once).
+    gpu and cpu: mean and max (%), share of samples above 20/40/80% and at
+    100%, device hours and unused device hours. Each worker's gpu rows are its
+    own view of the GPUs it uses; the last gpu rows, worker "all workers",
+    count each physical GPU once (two workers sharing a GPU: its hours once).
+    The node rows (cpu, memory, disk, network; column host) are the worker's
+    host's: cpu adds core_max/core_min (the busiest and idlest core, % of one
+    core) and counts cores (devices, CPU core-hours); memory the host memory in
+    use (%); disk the fullest of the workers' filesystems (%) and the bytes
+    read and written; network the bytes sent and received on loopback (lo_)
+    and external (ext_) interfaces. The table leaves out columns without a
+    figure; csv and json hold every column.
 
     \b
     Example:
-      dask-influx-metrics summary --job 1 --format csv --source http://127.0.0.1:8086
+      dask-influx-metrics summary --job 1 --resource cpu,network --format csv --source http://127.0.0.1:8086
     """
     frame = open_store().summary(per_job=per_job, workers=workers, job=job)
+    if resources:
+        wanted = [r.strip() for r in resources.split(",") if r.strip()]
+        unknown = sorted(set(wanted) - {"gpu", "cpu", "memory", "disk", "network"})
+        if unknown:
+            raise click.UsageError(f"unknown resource(s) {unknown}; known: gpu, cpu, memory, disk, network")
+        frame = frame[frame["resource"].isin(wanted)].reset_index(drop=True)
     if fmt == "table":  # name the whole-session rows, and the all-workers ones' index (pandas would print <NA>)
         frame = frame.assign(
             job=frame["job"].astype("string").fillna("all"),
             worker_index=frame["worker_index"].astype("string").fillna("-"),
+        ).dropna(axis=1, how="all")
+    emit(frame, fmt)
+
+
+@cli.command()
+@job_option
+@format_option
+@store_options
+def accounting(open_store, job, fmt):
+    """Per-job GPU accounting: the sampling agents' running totals (tracking name accounting).
+
+    One row per job and GPU (host, uuid), per job and host (CPU: uuid empty),
+    per job (totals: host and uuid empty) and the idle rows (job "idle": no
+    job's). Columns: gpu_seconds, busy_seconds, sm_active_seconds,
+    tensor_active_seconds, energy_joules, memory_peak_bytes,
+    memory_mean_bytes, cpu_seconds. A lost point costs no total: each
+    carries the totals so far.
+
+    \b
+    Example:
+      dask-influx-metrics accounting --job 2 --format csv --source http://127.0.0.1:8086
+    """
+    db = open_store()
+    frame = _recorded(db, db.accounting(job=job))
+    if fmt != "json":  # name the idle and total rows (pandas would print <NA>)
+        frame = frame.assign(
+            job=frame["job"].astype("string").fillna("idle"),
+            host=frame["host"].astype("string").fillna("all" if fmt == "table" else ""),
+            uuid=frame["uuid"].astype("string").fillna("-" if fmt == "table" else ""),
         )
+    else:
+        frame = frame.assign(job=frame["job"].astype(object).where(frame["job"].notna(), "idle"))
     emit(frame, fmt)
 
 

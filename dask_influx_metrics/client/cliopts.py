@@ -113,7 +113,12 @@ _STORE_OPTIONS = {  # parameter name -> its option
         show_default=True,
         help="Query language for a URL source (flux needs influxdb-client).",
     ),
-    "session": click.option("--session", metavar="NAME", help="Spool session folder to read (default: the latest)."),
+    "session": click.option(
+        "--session",
+        metavar="ID|N|all",
+        help="The monitoring session to read: its id, N (1 = the latest, 2 = the one before: see `sessions`) or "
+        "all. Default: the latest in the time range and tags (a note names it when there are others).",
+    ),
     "tags": click.option(
         "--tag",
         "tags",
@@ -168,7 +173,7 @@ def _connect(source=None, database=None, username=None, password=None, token=Non
             password=password,
             token=token,
             retention_policy=retention_policy,
-            **{k: v for k, v in kw.items() if k != "session"},
+            **kw,
         )
     login = _configured(database, username, password, token, retention_policy)
     return query.connect(source or default_source(), login.pop("database"), **login, **kw)

@@ -33,7 +33,10 @@ import pandas as pd
 
 from .. import schema
 from . import peaks as _peaks
+from . import summary as _summary
 from . import tables as _tables
+
+DISK_COLUMNS = ["host", "worker", "job", "dag", "path", "used_percent", "used", "total"]
 
 
 class HostQuestions:
@@ -130,6 +133,34 @@ class HostQuestions:
         where, empty = self.hosts(), pd.DataFrame(columns=["time", "job", "dag", "worker", *fields])
         series = {h: self.host_series(h, fields) for h in {where.get(w) for w in workers} - {None}}
         return {w: series.get(where.get(w), empty) for w in workers}
+
+    def disk_points(self) -> pd.DataFrame:
+        """Every ``disk`` point in range written by this Store's workers (one per filesystem and host reading):
+        ``time`` and :data:`DISK_COLUMNS`."""
+        if getattr(self, "_disk_points", None) is None:
+            points = self.backend.points(schema.DISK, DISK_COLUMNS)
+            if not points.empty:
+                points = points[points["worker"].map(self.ours).astype(bool)].reset_index(drop=True)
+            self._disk_points = points
+        return self._disk_points
+
+    def node_tables(self, workers) -> dict[str, pd.DataFrame] | None:
+        """``{worker: its host's table}`` (:meth:`host_tables`) of what the summary's node rows read: the host
+        metrics of :data:`.summary.HOST_METRICS` present and, column :data:`.summary.DISK_USAGE`, the fullest
+        of the workers' filesystems at each host reading; None when the workers recorded no host metric."""
+        names = [n for n in _summary.HOST_METRICS if n in self.metrics()]
+        if not names:
+            return None
+        tables = self.host_tables_by_worker(workers, names)
+        disks = self.disk_points()
+        for table in {id(t): t for t in tables.values()}.values():
+            mine = disks[disks["host"] == table.attrs["host"]] if not disks.empty else disks
+            if not mine.empty and not table.empty:
+                fullest = mine.groupby("time", as_index=False).agg(used_percent=("used_percent", "max"))
+                usage = _tables.Metric(_summary.DISK_USAGE, schema.DISK, "used_percent", "%")
+                times = table.index.as_unit("ns").asi8
+                table[_summary.DISK_USAGE] = _tables.host_part(times, fullest, [usage], "")[usage.name].to_numpy()
+        return tables
 
     def host_peaks(self, metric, per_job: bool, chosen, job, server: bool) -> pd.DataFrame:
         """Peaks of a host metric: per host (server- or client-side), then one row set per worker."""

@@ -18,6 +18,7 @@ Example
 
 from __future__ import annotations
 
+import datetime as _dt
 import logging
 import os
 import shutil
@@ -32,9 +33,6 @@ from ..worker import custom
 
 logger = logging.getLogger(__name__)
 CLUSTER = "cluster"  # query(source=CLUSTER): read the workers' spool through the cluster
-# s: a worker stamps samples with its clock plus Dask's estimate of the scheduler's offset (ms off), so
-# its last sample, taken as sampling stops, can be stamped just after the session's stop: read that far
-CLOCK_SLACK = 0.05
 # settings never logged: secrets, and what may carry them (a user:password@ URL) or name a user
 _PRIVATE = {s.key for s in SETTINGS if s.secret} | {"influxdb.url", "influxdb.username"}
 
@@ -114,7 +112,8 @@ class Monitor:
         payload = _dask.dumps(metrics) if metrics else b""
         if state:
             self.client.run_on_scheduler(_on_scheduler, action="detach")
-        self.client.register_plugin(JobPlugin(overrides, payload), name=JOBS_PLUGIN)
+        temporary = state["temporary_spool"] if state else ()  # the earlier sessions' files: shutdown() deletes them
+        self.client.register_plugin(JobPlugin(overrides, payload, temporary_spool=temporary), name=JOBS_PLUGIN)
         self._attached = (overrides, payload)
         return resolved
 
@@ -232,11 +231,26 @@ class Monitor:
         "points_sent", "points_dropped", "refused", ...}]}``. ``refused`` counts datagrams a
         loopback Telegraf address refused (nothing listened); see docs/sinks.md.
 
+        Once the session has stopped there are none: a ``RuntimeError`` says so, and where its senders wrote
+        their last counters (``delivery`` points, with the samples: ``monitor.query().delivery()``).
+
         >>> monitor.delivery()  # doctest: +SKIP
         {'tcp://127.0.0.1:4012': [{'kind': 'udp', 'points_sent': 120, 'points_dropped': 0, ...}]}
         """
         from ..worker.plugin import delivery_counters
 
+        state = self._state()
+        if state["session"] is None:
+            last = state["last_session"]
+            if last is None:
+                raise RuntimeError(f"no monitoring session has run on {self.client.scheduler.address}; start() one")
+            where = sorted({scheduler_session.describe(d) for d in (state.get("destinations") or {}).values()})
+            stopped = _dt.datetime.fromtimestamp(last["stop"], _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+            raise RuntimeError(
+                f"the monitoring session {last['id']} stopped at {stopped}: no sink counts any more. Its senders "
+                f"wrote their last counters as `delivery` points when they stopped, with the samples "
+                f"({'; '.join(where) or 'no destination recorded'}): read them with monitor.query().delivery()"
+            )
         return self.client.run(delivery_counters)
 
     def request_metrics(self) -> list:
@@ -258,8 +272,8 @@ class Monitor:
         can see it, else the InfluxDB they wrote to (credentials from this
         reader's settings), else their spool through the cluster (copied here
         over Dask comms, see :mod:`dask_influx_metrics.client.clusterspool`;
-        ``source="cluster"`` forces that), narrowed to the session's time range
-        (from the last :meth:`clear_metrics`) and extra tags.
+        ``source="cluster"`` forces that), narrowed to the session (its id, from
+        the last :meth:`clear_metrics` on) and extra tags.
         ``source`` (a URL or spool folder) and ``kwargs`` go to
         :func:`~dask_influx_metrics.query.connect` instead. Samples the HTTP
         sink kept on disk (the spool's ``undelivered/`` and ``refused/``, when
@@ -282,11 +296,10 @@ class Monitor:
         if session is None:
             raise RuntimeError("no monitoring session has run yet; start() one first")
         reader = Settings.resolve({**state["overrides"], **self._settings})  # credentials: this reader's own
-        stop = session.get("stop")
-        options = {
+        options = {  # no stop: the session's id bounds it (its last samples and counters come after stop())
             "start": session.get("cleared") or session["start"],
-            "stop": stop + CLOCK_SLACK if stop is not None else None,
             "tags": reader.tags or None,
+            "session": session["id"],  # its own points only, in a database that holds others too
         }
         args = (source,) if source is not None else self._where(state, session, reader, options)
         own = sorted(w for w in state.get("destinations") or {} if w != "scheduler")
@@ -382,6 +395,16 @@ class Monitor:
         """
         return self.query(**kwargs).get_peaks(metric, workers=workers, per_job=per_job)
 
+    def accounting(self, job=None, **kwargs):
+        """Per-job GPU accounting: busy, SM- and tensor-active GPU-seconds, energy, GPU memory and CPU seconds
+        per job and GPU, per job, and the idle rows, from the agents' running totals (tracking name
+        ``accounting``); ``kwargs`` choose the source as :meth:`query` does. See
+        :meth:`dask_influx_metrics.query.Store.accounting`.
+
+        >>> monitor.accounting(job=1)  # doctest: +SKIP
+        """
+        return self.query(**kwargs).accounting(job=job)
+
     def peak_memory(self, workers=None) -> list:
         """The first dask-metrics API: peak ``mem-util`` per GPU, ``[[12, 8], [4, 0]]``.
 
@@ -438,6 +461,21 @@ class Monitor:
             )
         tidy = peaks.from_tables(tables, metric, per_job)
         return peaks.to_lists(tidy, per_job, [t.attrs["worker_index"] for t in tables])
+
+    # --- live ------------------------------------------------------------
+    def live(self) -> list[dict]:
+        """Each job's figures now, as the dashboard's GPU Jobs page shows them (``job``, ``label``, ``util``,
+        ``sm``, ``mem``, ``gpus``, ``busy_s``, ``energy_j``, ``dags``; None: not known): docs/dashboard.md."""
+        from .livetable import on_scheduler
+
+        state = self.client.run_on_scheduler(on_scheduler)
+        return state["jobs"] if state else []
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: the live per-job table and a link to the dashboard page."""
+        from .livetable import to_html
+
+        return to_html(self.client)
 
     # --- introspection ---------------------------------------------------
     def jobs(self) -> dict:

@@ -7,7 +7,9 @@ GPU-hours, each physical GPU counted once), then per
 job its DAGs, GPU utilization and memory timelines per worker and GPU with the job's busy
 intervals shaded, peaks, utilization summary per worker, GPU use per DAG, the activity
 breakdown (Dask's fine performance metrics) and the slowest task prefixes. "Was the GPU busy": per
-job and DAG, then per task prefix. A section without
+job and DAG, then per task prefix; one table per node of its CPU (with the spread across cores), memory,
+disk and network, for the session and each job. "GPU accounting": the sampling agents' running totals per
+job and GPU (busy and SM-active GPU-seconds, energy, memory, CPU; :mod:`.accounting`). A section without
 data says why. Figures: :mod:`.reportfigs`; the numbers: :mod:`.summary`, :mod:`.peaks`, :mod:`.tasks`.
 """
 
@@ -19,10 +21,9 @@ import os
 
 import pandas as pd
 
-from ..schema import not_recorded
 from . import reportfigs as figs
 from . import summary as _summary
-from .tables import MIB, device_columns
+from .tables import MIB, device_columns, not_recorded
 
 GIB = 2.0**30
 TIMELINES = {"compute-util": ("GPU utilization (%)", 1.0), "total-mem": ("GPU memory used (GiB)", GIB)}
@@ -40,15 +41,44 @@ SUMMARY_COLUMNS = [
     "unused_device_hours",
     "held_idle_device_hours",
 ]
+ACCOUNTING = (
+    "GPU accounting: the sampling agents' running totals per job and GPU (busy, SM-active and tensor-active "
+    "GPU-seconds: the job's own; energy; its workers' GPU memory; CPU seconds), per job (host all) and the idle "
+    "rows (no job's)"
+)
+# The node tables (one per node): its cpu, memory, disk and network rows; bytes shown in MiB.
+NODE_RESOURCES = ("cpu", "memory", "disk", "network")
+NODE_COLUMNS = [
+    "resource",
+    "samples",
+    "hours",
+    "mean",
+    "max",
+    "above_80",
+    "core_max",
+    "core_min",
+    "devices",
+    "device_hours",
+    "unused_device_hours",
+    *_summary.COUNTERS["disk"],
+    *_summary.COUNTERS["network"],
+]
+NODE_HEADING = (
+    "one table per node; % of the node (cpu: mean over all cores = 100, core_max / core_min: the highest "
+    "reading of the busiest / idlest core, % of one core; devices: cores, device_hours: CPU core-hours; disk: "
+    "the fullest of the workers' filesystems), MiB read, written, sent and received in the windows counted"
+)
 SLOWEST = 10
+TOP_ACTIVITIES = 10  # per job: the activities that took the most time; the rest folded below them
 BUSIEST = 15  # task prefixes per job in "was the GPU busy", most GPU-covered task time first
 STYLE = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1200px;padding:1em 2em;color:#222}
 h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:2px solid #2ca02c;padding-bottom:.2em;margin-top:2em}
 h3{margin:1.2em 0 .4em}p.scope{color:#555;margin-top:0}p.why{color:#8a6d3b;background:#fcf8e3;padding:.4em .8em}
-table.data{border-collapse:collapse;font-size:.85em;margin:.4em 0}
-table.data th,table.data td{border-bottom:1px solid #ddd;padding:.2em .6em;text-align:right}
-table.data th{background:#f4f4f4}nav a{margin-right:1em}
+table.data{border-collapse:collapse;font-size:.85em;margin:.4em 0;max-width:100%}
+table.data th,table.data td{border-bottom:1px solid #ddd;padding:.2em .6em;text-align:right;overflow-wrap:break-word}
+table.data th{background:#f4f4f4;vertical-align:bottom}nav a{margin-right:1em}
+details{margin:.2em 0 .8em}details summary{cursor:pointer;color:#555}
 """
 
 
@@ -68,9 +98,11 @@ def _table(frame: pd.DataFrame, why: str = "") -> str:
         for c in frame.columns
         if isinstance(frame[c].dtype, pd.DatetimeTZDtype)
     }
-    return frame.assign(**times).to_html(
+    text = frame.assign(**times).to_html(
         index=False, border=0, classes="data", na_rep="-", float_format=lambda v: f"{v:.4g}"
     )
+    head, end, rest = text.partition("</thead>")  # a long column name wraps at its underscores: fits 1400 px
+    return head.replace("_", "_<wbr>") + end + rest
 
 
 def _attempt(fn, *args, **kw):
@@ -100,12 +132,7 @@ def collect(db) -> dict:
         "dags": db.dags(),
         "gpus": _attempt(db.gpus) if "gpu" in db.fields() else pd.DataFrame(),
         "tables": tables,
-        "summary": _summary.summarize(
-            list(tables.values()),
-            hosts=db.host_tables_by_worker(list(tables), [_summary.CPU_METRIC])
-            if _summary.CPU_METRIC in wanted
-            else None,
-        )
+        "summary": _summary.summarize(list(tables.values()), hosts=db.node_tables(list(tables)))
         if has_util
         else pd.DataFrame(),
         "peaks": pd.concat([p for p in peaks if not p.empty]) if any(not p.empty for p in peaks) else pd.DataFrame(),
@@ -113,6 +140,7 @@ def collect(db) -> dict:
         "activity": db.activity(),
         "gpu": db.gpu_during_tasks(),
         "prefix_gpu": db.gpu_per_prefix(),
+        "accounting": _attempt(db.accounting),
     }
 
 
@@ -174,11 +202,55 @@ def _overview(data: dict) -> str:
     ]
     parts += [f"<tr><th>{_text(k)}</th><td style=\"text-align:left\">{_text(v)}</td></tr>" for k, v in facts]
     parts.append("</table><h3>Jobs</h3>" + _table(job_overview(data), "no job ran: no busy samples"))
+    parts.append(f"<h3 id=\"accounting\">{ACCOUNTING}</h3>" + _table(_accounting(data["accounting"])))
     parts.append("<h3>Workers</h3>" + _table(pd.DataFrame(list(data["workers"].items()), columns=["index", "address"])))
     if not data["gpus"].empty:
         parts.append("<h3>GPUs</h3>" + _table(data["gpus"]))
+    parts.append(f"<h3>Nodes ({NODE_HEADING})</h3>" + _nodes(data["summary"], None))
     parts += [_why("note: " + n) for n in data["notes"]]
     return "\n".join(parts)
+
+
+def _accounting(frame: pd.DataFrame, job=None) -> pd.DataFrame:
+    """The accounting rows for reading (of ``job``): idle and total rows named, memory in GiB, energy in Wh."""
+    if frame.empty:
+        return frame
+    if job is not None:
+        frame = frame[frame["job"] == job]
+    out = frame.assign(
+        job=frame["job"].astype("string").fillna("idle"),
+        host=frame["host"].astype("string").fillna("all"),
+        uuid=frame["uuid"].astype("string").fillna("-"),
+        energy_wh=frame["energy_joules"] / 3600.0,
+        memory_peak_gib=frame["memory_peak_bytes"] / GIB,
+        memory_mean_gib=frame["memory_mean_bytes"] / GIB,
+    )
+    columns = ["job", "host", "uuid", "gpu_seconds", "busy_seconds", "sm_active_seconds", "tensor_active_seconds"]
+    columns += ["energy_wh", "memory_peak_gib", "memory_mean_gib", "cpu_seconds"]
+    return out[[c for c in columns if out[c].notna().any() or c in ("job", "host", "uuid")]]
+
+
+def node_tables(summary: pd.DataFrame, job) -> dict[str, pd.DataFrame]:
+    """``{node: table}``: the node rows of ``job`` (None: the whole session), one row per resource, the
+    columns with a figure, bytes in MiB (every worker of a node holds its node's rows: the first's are shown)."""
+    if summary.empty or "host" not in summary:
+        return {}
+    rows = summary[summary["resource"].isin(NODE_RESOURCES) & summary["host"].notna()]
+    rows = rows[rows["job"].isna() if job is None else rows["job"] == job]
+    out = {}
+    for host, part in rows.groupby("host", sort=True):
+        part = part[part["worker"] == part["worker"].iloc[0]][NODE_COLUMNS].dropna(axis=1, how="all")
+        counted = [c for c in part.columns if c.endswith("_bytes")]
+        part = part.assign(**{c: part[c] / MIB for c in counted}).rename(columns={c: c[:-6] + "_MiB" for c in counted})
+        out[host] = part
+    return out
+
+
+def _nodes(summary: pd.DataFrame, job) -> str:
+    tables = node_tables(summary, job)
+    if not tables:
+        return _why(not_recorded("host readings", ["host-cpu", "host-mem", "disk-io"], "none counted for this job"))
+    return "\n".join(f"<h4>node {_text(host)}</h4>" + _table(table) for host, table in tables.items())
 
 
 def _peaks(frame: pd.DataFrame, job: int) -> pd.DataFrame:
@@ -221,11 +293,17 @@ def _job(data: dict, job: int, figures: dict) -> str:
     summary = data["summary"]
     mine = _of_job(summary, job)
     parts += [
+        "<h3>GPU accounting (the agents' running totals)</h3>",
+        _table(_accounting(data["accounting"], job), data["accounting"].attrs.get("why", "no accounting rows")),
         "<h3>Peaks</h3>",
         _table(_peaks(data["peaks"], job), NO_GPU),
         "<h3>Utilization while the job ran (per worker: its own view of each GPU it uses; worker '-': all "
         "workers, each physical GPU once)</h3>",
-        _table(mine[SUMMARY_COLUMNS] if not mine.empty else mine, NO_UTILIZATION),
+        _table(
+            mine.loc[mine["resource"].isin(["gpu", "cpu"]), SUMMARY_COLUMNS] if not mine.empty else mine, NO_UTILIZATION
+        ),
+        f"<h3>Node resources while the job ran ({NODE_HEADING})</h3>",
+        _nodes(summary, job),
         "<h3>Was the GPU busy? Utilization, and where collected SM active, SM occupancy, tensor and DRAM activity, "
         "during its tasks (job, then each DAG): the job's own (on a shared GPU, scaled by its workers' share of "
         "the GPU's kernel time, worker_gpu_share), and the whole device's (device_: every process on it)</h3>",
@@ -237,21 +315,40 @@ def _job(data: dict, job: int, figures: dict) -> str:
             data["prefix_gpu"].attrs.get("why", "no task of this job finished in range"),
         ),
     ]
-    activity = data["activity"]
-    mine = _of_job(activity, job)
-    parts.append("<h3>Where worker time went (Dask fine performance metrics)</h3>")
-    if not mine.empty:
-        seconds = mine[mine["unit"] == "seconds"]
-        if not seconds.empty:
-            figures[f"job{job}-activity"] = figs.bars(seconds, job, "seconds")
-            parts.append(f"{{{{job{job}-activity}}}}")
-    parts.append(_table(mine, data["activity"].attrs.get("why", "no activity recorded for this job")))
+    parts.append(_activity(_of_job(data["activity"], job), job, figures, data["activity"].attrs.get("why")))
     tasks = data["tasks"]
     mine = _of_job(tasks, job).head(SLOWEST)
     parts += [
         f"<h3>Slowest task prefixes (by total execution time, top {SLOWEST})</h3>",
         _table(mine, data["tasks"].attrs.get("why", "no task of this job finished in range")),
     ]
+    return "\n".join(parts)
+
+
+def _activity(mine: pd.DataFrame, job: int, figures: dict, why) -> str:
+    """Where the job's worker time went: the :data:`TOP_ACTIVITIES` that took the most seconds (bars and rows;
+    the rest of the seconds as one more bar, so the bars add up), then the rest folded: smaller ones, and
+    those Dask counts in other units (bytes, counts)."""
+    parts = ["<h3>Where worker time went (Dask fine performance metrics)</h3>"]
+    if mine.empty:
+        return parts[0] + _table(mine, why or "no activity recorded for this job")
+    seconds = mine[mine["unit"] == "seconds"].sort_values("value", ascending=False, kind="stable")
+    top, rest = seconds.head(TOP_ACTIVITIES), seconds.iloc[TOP_ACTIVITIES:]
+    if not top.empty:
+        other = {"prefix": "other", "activity": f"{len(rest)} more", "value": rest["value"].sum()}
+        figures[f"job{job}-activity"] = figs.bars(
+            pd.concat([top, pd.DataFrame([other])]) if len(rest) else top, job, "seconds"
+        )
+        parts.append(f"{{{{job{job}-activity}}}}")
+    others = mine[mine["unit"] != "seconds"]
+    if top.empty:
+        top, others = others.head(TOP_ACTIVITIES), others.iloc[TOP_ACTIVITIES:]
+    parts.append(_table(top))
+    if len(rest) + len(others):
+        parts.append(
+            f"<details><summary>{len(rest) + len(others)} more row(s): {len(rest)} smaller in seconds, "
+            f"{len(others)} in other units (bytes, counts)</summary>{_table(pd.concat([rest, others]))}</details>"
+        )
     return "\n".join(parts)
 
 

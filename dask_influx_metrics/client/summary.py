@@ -1,4 +1,4 @@
-"""Utilization summaries: the figures an operator uses to find wasted GPUs.
+"""Utilization summaries: the figures an operator uses to find wasted GPUs, and each node's resources.
 
 One row per worker, job and resource (``gpu``: all GPUs of the worker pooled,
 ``cpu``: the host's CPU): ``samples``, ``devices``, ``hours`` (wall time the
@@ -6,6 +6,21 @@ samples cover), ``mean`` and ``max`` utilization (%),
 ``above_20``/``above_40``/``above_80`` and ``at_100`` (share of the time, 0-1),
 ``device_hours`` (the device time the samples cover), ``unused_device_hours``
 (device_hours x (1 - mean / 100)) and ``held_idle_device_hours``.
+
+**Node resources** (the host's, as the ``cpu`` rows; ``host`` names the node): ``cpu``
+rows also hold ``core_max`` and ``core_min``, the highest reading of the busiest
+and of the idlest core (% of one core: one core pinned while the rest idle reads
+``core_max`` 100 and ``mean`` 100 / cores), and count cores (``devices``: the
+host's logical CPUs, so ``device_hours`` are CPU core-hours; NaN for data
+without ``cpu_count``); ``memory`` rows the host memory in use (``mean``,
+``max``, shares of the time above 20/40/80 % and at 100 %); ``disk`` rows the
+fullest of the workers' filesystems (``mean``, ``max`` % in use) and
+``read_bytes``/``write_bytes``; ``network`` rows ``lo_sent_bytes``,
+``lo_recv_bytes`` (loopback interfaces), ``ext_sent_bytes``, ``ext_recv_bytes``
+(the others). Bytes are the counters' increase over the windows the rows cover
+(:func:`deltas`: each reading's window, as the time weights below; a counter that
+went back, a reboot or a device gone, leaves its window out, said in
+``frame.attrs["notes"]``). Columns a resource has no figure for are NaN.
 
 **Time-weighted** (:func:`weights`): samples are not evenly spaced (the sampler
 also wakes at task starts, so a short-task workload puts most samples where
@@ -72,6 +87,22 @@ GPU_METRIC = "compute-util"
 ALL = "all workers"  # the worker of the rows that count each physical GPU once
 GPUS = "gpus"  # table.attrs: {device index: the physical GPU, "host/uuid"}
 CPU_METRIC = "host-cpu"
+# The host columns the node rows read (table metric names), besides CPU_METRIC.
+CORE_MAX, CORE_MIN, CORES = (f"host.{f}" for f in ("cpu_percent_core_max", "cpu_percent_core_min", "cpu_count"))
+MEMORY_METRIC = "host.memory_used_percent"
+DISK_USAGE = "disk.used_percent"  # a host table's column: the fullest filesystem's at each host reading
+COUNTERS = {  # resource -> {summary column: the host counter it is the increase of}
+    "disk": {"read_bytes": "host.disk_read_bytes", "write_bytes": "host.disk_write_bytes"},
+    "network": {f"{k}_{d}_bytes": f"host.net_{d}_{k}_bytes" for k in ("lo", "ext") for d in ("sent", "recv")},
+}
+HOST_METRICS = (
+    CPU_METRIC,
+    CORE_MAX,
+    CORE_MIN,
+    CORES,
+    MEMORY_METRIC,
+    *(c for cs in COUNTERS.values() for c in cs.values()),
+)
 # Held GPU memory: the worker's own first, the whole device's where a sample lacks it.
 MEMORY_METRICS = ("worker-gpu-mem", "total-mem")
 THRESHOLDS = (20, 40, 80)
@@ -94,7 +125,13 @@ COLUMNS = [
     "device_hours",
     "unused_device_hours",
     "held_idle_device_hours",
+    "core_max",
+    "core_min",
+    *COUNTERS["disk"],
+    *COUNTERS["network"],
+    "host",
 ]
+NODE_ONLY = ("device_hours", "unused_device_hours", "held_idle_device_hours")  # NaN on memory, disk, network rows
 
 
 def interval_seconds(table: pd.DataFrame) -> float:
@@ -231,12 +268,14 @@ def _once(spans: pd.DataFrame) -> dict:
 
 def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | None = None) -> pd.DataFrame:
     """Utilization summary rows for ``tables`` (whole session, and per job when ``per_job``);
-    ``hosts``: ``{worker: host table}``, where the cpu rows come from (see the module docstring)."""
-    rows, spans = [], []
+    ``hosts``: ``{worker: host table}``, where the cpu and other node rows come from (see the module docstring)."""
+    rows, spans, notes = [], [], []
     for own in tables:
         who = {"worker_index": own.attrs.get("worker_index", 0), "worker": own.attrs.get("worker", "")}
+        node = hosts.get(who["worker"]) if hosts is not None else None
+        who["host"] = node.attrs.get("host", pd.NA) if node is not None else pd.NA
         for resource, metric in (("gpu", GPU_METRIC), ("cpu", CPU_METRIC)):
-            table = own if hosts is None or resource == "gpu" else hosts.get(who["worker"])
+            table = own if hosts is None or resource == "gpu" else node
             if table is None:
                 continue
             jobs = jobtags.distinct(table.loc[jobtags.counting(table), "job"].unique()) if per_job else []
@@ -248,23 +287,95 @@ def summarize(tables: list[pd.DataFrame], per_job: bool = True, hosts: dict | No
             held = held_memory(table, cols) if resource == "gpu" else None
             if resource == "gpu":
                 spans.append(_spans(table, cols, seconds, held))
-            rows.append({**who, "job": pd.NA, "resource": resource, **_row(util, held, seconds)})
+            extra = _cores if resource == "cpu" else lambda table, mask, row: row
+            rows.append({**who, "job": pd.NA, "resource": resource, **extra(table, None, _row(util, held, seconds))})
             for job in jobs:
                 mask = jobtags.counts_for(table, job).to_numpy()
-                rows.append(
-                    {
-                        **who,
-                        "job": job,
-                        "resource": resource,
-                        **_row(util[mask], None if held is None else held[mask], seconds[mask]),
-                    }
-                )
+                row = _row(util[mask], None if held is None else held[mask], seconds[mask])
+                rows.append({**who, "job": job, "resource": resource, **extra(table, mask, row)})
+        if node is not None:
+            rows += _node_rows(node, who, per_job, notes)
     frame = pd.DataFrame(rows, columns=COLUMNS)
     frame["job"] = frame["job"].astype("Int64")
     frame = frame.sort_values(["worker_index", "resource", "job"], na_position="first", kind="stable")
     if spans and all(s is not None for s in spans):
         frame = pd.concat([frame, _all_workers(pd.concat(spans, ignore_index=True), per_job)], ignore_index=True)
-    return frame.reset_index(drop=True)
+    frame = frame.reset_index(drop=True).astype({"devices": "Int64"})
+    frame.attrs["notes"] = list(dict.fromkeys(notes))
+    return frame
+
+
+def _cores(table: pd.DataFrame, mask, row: dict) -> dict:
+    """A cpu ``row`` with the core spread (the highest per-sample reading of the busiest and the idlest core)
+    and the cores: ``devices`` = the host's logical CPUs, ``device_hours`` CPU core-hours (NaN: not recorded)."""
+    part = table if mask is None else table[mask]
+    spread = {
+        c: part[m].max() if m in part.columns else np.nan for c, m in (("core_max", CORE_MAX), ("core_min", CORE_MIN))
+    }
+    cores = float(table[CORES].max()) if CORES in table.columns else np.nan
+    return {
+        **row,
+        **{k: float(v) for k, v in spread.items()},
+        "devices": cores,
+        "device_hours": row["device_hours"] * cores,
+        "unused_device_hours": row["unused_device_hours"] * cores,
+    }
+
+
+def deltas(table: pd.DataFrame, column: str) -> tuple[np.ndarray, int]:
+    """The increase of counter ``column`` over the window of each row (from the previous reading), and how many
+    times it went back (a reboot, a device or interface gone, a wrap: that window is left out, NaN). As the
+    time weights (:func:`weights`): a window longer than :data:`CAP_INTERVALS` regular steps (a gap) counts
+    the capped share of its increase; the first reading has no window (NaN).
+
+    >>> t = pd.DataFrame({"timestamp": np.append(np.arange(30.0), 59.0), "c": np.append(np.arange(30.0), 59.0) * 10})
+    >>> t.loc[10, "c"] = 5.0  # it went back: that window is left out, the next counts from it
+    >>> d, back = deltas(t, "c"); d[[0, 1, 10, 11, 30]].tolist(), back  # the 30 s gap counts 3 s of its 300
+    ([nan, 10.0, nan, 105.0, 30.0], 1)
+    """
+    values = table[column].to_numpy(dtype=float)
+    seconds = table["timestamp"].to_numpy(dtype=float)
+    out = np.full(len(values), np.nan)
+    valid = np.flatnonzero(~np.isnan(values))
+    if len(valid) < 2:
+        return out, 0
+    weight = weights(seconds, values[:, None], first=interval_seconds(table))[valid[1:], 0]
+    steps, rise = np.diff(seconds[valid]), np.diff(values[valid])
+    share = np.where(steps > 0, np.minimum(1.0, weight / np.where(steps > 0, steps, 1.0)), 1.0)
+    out[valid[1:]] = np.where(rise >= 0, rise * share, np.nan)
+    return out, int((rise < 0).sum())
+
+
+def _node_rows(table: pd.DataFrame, who: dict, per_job: bool, notes: list) -> list[dict]:
+    """The memory, disk and network rows of a worker's node (its host table), whole session then per job."""
+    jobs = jobtags.distinct(table.loc[jobtags.counting(table), "job"].unique()) if per_job else []
+    masks = [(pd.NA, slice(None))] + [(job, jobtags.counts_for(table, job).to_numpy()) for job in jobs]
+    seconds, first = table["timestamp"].to_numpy(dtype=float), interval_seconds(table)
+    rows = []
+    for resource, level in (("memory", MEMORY_METRIC), ("disk", DISK_USAGE), ("network", None)):
+        counters = {n: c for n, c in COUNTERS.get(resource, {}).items() if c in table.columns}
+        timed = level if level in table.columns else next(iter(counters.values()), None)
+        if timed is None:
+            continue
+        values = table[timed].to_numpy(dtype=float)[:, None]
+        time = weights(seconds, values, first=first)
+        increase, went_back = {}, []
+        for name, column in counters.items():
+            increase[name], back = deltas(table, column)
+            went_back += [f"{column} {back}x"] if back else []
+        if went_back:
+            notes.append(
+                f"host {table.attrs.get('host', '?')}: counters went back (a reboot, a device or interface gone, a "
+                f"wrap): {', '.join(went_back)}; those windows are left out of the {resource} totals"
+            )
+        for job, mask in masks:
+            row = _row(values[mask], None, time[mask])
+            if timed != level:  # counters only: no level to average
+                row.update({k: float("nan") for k in ("mean", "max", *[f"above_{t}" for t in THRESHOLDS], "at_100")})
+            row.update({k: float("nan") for k in ("devices", *NODE_ONLY)})
+            row.update({n: float(np.nansum(d[mask])) for n, d in increase.items()})
+            rows.append({**who, "job": job, "resource": resource, **row})
+    return rows
 
 
 def _all_workers(spans: pd.DataFrame, per_job: bool) -> pd.DataFrame:

@@ -108,11 +108,18 @@ def resolve(names: Iterable[str], custom: Iterable[str] = ()) -> list[Metric]:
     missing = unknown(names, custom)
     if missing:
         known = sorted(schema.TRACKING) + sorted(
-            f"{m}.{f}" for m, f in schema.FIELDS if _numeric(m, f) and m != schema.DAG
+            f"{m}.{f}" for m, f in schema.FIELDS if _numeric(m, f) and m not in (schema.DAG, schema.DISK)
         )
         raise ValueError(
             f"unknown metric(s) {missing}; known: {known}"
             + (f"; custom metrics in this data: {sorted(custom)}" if custom else "")
+        )
+    per_path = [m.name for m in out if m.measurement == schema.DISK]
+    if per_path:  # one series per filesystem: no column of a worker's table
+        raise ValueError(
+            f"{per_path}: the disk measurement holds one series per filesystem, not a table column; read "
+            "the fullest filesystem per job and node in the summary's disk rows (db.summary()), every "
+            "reading with db.disk_points()"
         )
     seen: dict[str, Metric] = {}
     for m in out:
@@ -128,10 +135,11 @@ def default_metrics(available: dict[str, list[str]]) -> list[Metric]:
     >>> [m.name for m in default_metrics({"gpu": ["utilization_gpu", "memory_total"], "custom": ["x"]})]
     ['compute-util', 'x']
     """
-    out = []
+    out, seen = [], set()
     for name in schema.TRACKING:
-        for m in _tracking_metrics(name):
-            if m.field in available.get(m.measurement, ()):
+        for m in _tracking_metrics(name):  # a field by its first name (accounting lists the fields it reads)
+            if m.field in available.get(m.measurement, ()) and (m.measurement, m.field) not in seen:
+                seen.add((m.measurement, m.field))
                 out.append(m)
     out.extend(Metric(f, schema.CUSTOM, f, "") for f in sorted(available.get(schema.CUSTOM, ())))
     return out
@@ -305,3 +313,20 @@ def table_metrics(table: pd.DataFrame) -> list[str]:
         if name not in out:
             out.append(name)
     return out
+
+
+def not_recorded(what: str, names, otherwise: str) -> str:
+    """Why a reader found no ``what``, with the tracking names that record it: the one wording of
+    every empty answer (``frame.attrs["why"]``), so the CLI's errors and the report's empty sections
+    agree. An unknown name raises (as :func:`fields_for`): the hint stays true.
+
+    >>> not_recorded("task stream", ["task-stream"], "no task finished in range")
+    'no task stream recorded: add `task-stream` to tracking (or tracking=None: every metric), or no task finished in range'
+    >>> not_recorded("X", ["compute-util", "gpm", "worker-gpu-mem"], "no GPU").split(" to ")[0]
+    'no X recorded: add `compute-util`, `gpm` or `worker-gpu-mem`'
+    """
+    names = list(names)
+    schema.fields_for(names)
+    quoted = [f"`{n}`" for n in names]
+    listed = ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
+    return f"no {what} recorded: add {listed} to tracking (or tracking=None: every metric), or {otherwise}"

@@ -36,6 +36,7 @@ import pandas as pd
 from .. import jobtags, schema
 from . import shares
 from .summary import weights
+from .tables import not_recorded
 
 TASK_COLUMNS = list(schema.MEASUREMENT_TAGS[schema.TASK]) + [f for m, f in schema.FIELDS if m == schema.TASK]
 ACTIVITY_COLUMNS = list(schema.MEASUREMENT_TAGS[schema.ACTIVITY]) + [
@@ -70,10 +71,10 @@ PREFIX_DEVICE = (UTIL, "sm_active", "sm_occupancy", "pipe_tensor_active")
 MEMORY = "worker_memory_used"
 PREFIX_GPU = ["job", "dag", "prefix", "tasks", "gpu_s", "mean_utilization_gpu", "mean_memory_delta", "max_memory_delta"]
 
-NO_TASK_STREAM = schema.not_recorded("task stream", ["task-stream"], "no task finished in range")
-NO_FINE_METRICS = schema.not_recorded("fine performance metrics", ["fine-metrics"], "no task ran in range")
-NO_GPU = schema.not_recorded("GPU utilization", ["compute-util"], "the workers saw no GPU")
-NO_GPU_SAMPLES = schema.not_recorded("GPU samples", ["compute-util", "gpm", "worker-gpu-mem"], "the workers saw no GPU")
+NO_TASK_STREAM = not_recorded("task stream", ["task-stream"], "no task finished in range")
+NO_FINE_METRICS = not_recorded("fine performance metrics", ["fine-metrics"], "no task ran in range")
+NO_GPU = not_recorded("GPU utilization", ["compute-util"], "the workers saw no GPU")
+NO_GPU_SAMPLES = not_recorded("GPU samples", ["compute-util", "gpm", "worker-gpu-mem"], "the workers saw no GPU")
 NO_OWN_GPU = (
     "no GPU sample of the task's workers' own GPUs (index 0) under their worker tags: {workers} used no GPU, "
     "or `worker-gpu-mem` was off on GPUs another worker sampled"

@@ -62,7 +62,15 @@ def report(db, out_dir) -> str:
 
     import pandas as pd
 
-    parts = [f"workers: {db.worker_map()}", "", "DAGs:", db.dags().to_string(index=False), ""]
+    dags = db.dags()
+    session = dags["session"].iloc[0] if len(dags) else "-"
+    parts = [
+        f"workers: {db.worker_map()}",
+        "",
+        f"DAGs of session {session}:",
+        dags.drop(columns="session").to_string(index=False),
+        "",
+    ]
     peaks = db.peaks("total-mem", per_job=True)
     table = peaks.assign(peak_MiB=peaks["peak"] / 2**20).pivot_table(
         index=["worker_index", "job"], columns="device", values="peak_MiB"
@@ -161,7 +169,7 @@ def _run(args) -> int:
     )
     print(f"run {run}: {'UDP -> ' + args.telegraf_address if online else 'InfluxDB not reachable; spooling to disk'}")
     with (
-        LocalCluster(n_workers=args.workers, threads_per_worker=2, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=args.workers, threads_per_worker=2, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):
         monitor = Monitor(

@@ -14,9 +14,14 @@ The rules (README "What a number means"):
   Only where the workers have no rows of their own (no ``gpu`` or ``worker``
   field tracked, or no GPU found) does each worker get its own copy (tagged
   with its own jobs).
+* The ``disk`` readings (space in use on the filesystems the workers write to: each worker's
+  ``local_directory`` and the collector's own ``paths``, each filesystem once) are written when
+  they are read (once a second), once, with the ``host`` point's time and tags and a ``path`` tag.
 * **Per-worker** readings (the worker process's CPU and RSS, its tasks, the GPU
   memory its process tree holds and, on a GPU several workers use, its share of
   the GPU's kernel time) carry that worker's own tags.
+* **Accounting** (tracking name ``accounting``): each sample's readings also feed the per-job totals of
+  :class:`.accounting.Accounting` (``accounting``), whose points come with the sample's when due.
 * Every point of a worker is timed on the scheduler's clock through that
   worker's steadied offset (so a worker's points of one sample share their
   time: its table's row); host points through the median of the workers'
@@ -47,7 +52,7 @@ Example
 from __future__ import annotations
 
 from .. import jobtags
-from ..schema import GPU, HOST, WORKER, Point
+from ..schema import DISK, GPU, HOST, WORKER, Point
 
 
 def union_tags(workers) -> tuple[str, str]:
@@ -66,10 +71,14 @@ class HostCollector:
     (:class:`.workers.WorkerView`) has ``id``, ``pid``, ``tags``, ``uuids``, ``snapshot()``,
     ``offset()`` and ``read()`` (its ``worker`` fields). ``collect(..., final=True)``: the last sample
     of some of the workers (they leave): the GPUs' counters are read now, whenever they were last.
+    ``disks``: the :class:`.sources.disks.DiskUsage` of the ``disk`` fields, or None; it reads the
+    filesystems of ``paths`` and of each worker's ``local_directory``.
+    ``accounting``: the per-job totals (:class:`.accounting.Accounting`) these samples feed, or None.
     """
 
-    def __init__(self, fields: frozenset, gpus, host):
-        self.gpus, self.host = gpus, host
+    def __init__(self, fields: frozenset, gpus, host, disks=None, paths=(), accounting=None):
+        self.gpus, self.host, self.disks, self.paths = gpus, host, disks, tuple(paths)
+        self.accounting = accounting
         self._gpu_fields = any(m == GPU for m, _ in fields)
         self._host_each = not any(m in (GPU, WORKER) for m, _ in fields)  # a worker has no other rows
         self._per_worker_gpu = any(m == GPU and f.startswith("worker_") for m, f in fields)
@@ -77,6 +86,7 @@ class HostCollector:
         # Tags change only with a worker's snapshot (the same object while it is idle): made once per snapshot.
         self._tags: dict = {}  # worker id -> (its snapshot, its tags, {(uuid, index): its gpu points' tags})
         self._union: tuple = ((), None)  # (the snapshots, the host point's job and dag)
+        self._devices: dict = {}  # uuid -> its device tags (accounting)
 
     def _own(self, w) -> tuple:
         snap, cached = w.snapshot(), self._tags.get(w.id)
@@ -89,29 +99,48 @@ class HostCollector:
             return []
         points = []
         own, times = {}, {}
+        feed = [] if self.accounting is not None else None  # (worker id, address, snapshot, its fields)
         for w in workers:
             own[w.id] = self._own(w)
             times[w.id] = now_ns + int(w.offset() * 1e9)
             fields = w.read()
             if fields:
                 points.append(Point(WORKER, own[w.id][1], fields, times[w.id]))
+            if feed is not None:
+                feed.append((w.id, w.tags["worker"], own[w.id][0], fields))
         if len(self._tags) > len(workers):  # some left
             self._tags = {w.id: own[w.id] for w in workers}
         shared_ns = sorted(times.values())[len(workers) // 2]  # the host's points: the median offset
+        devices = [] if feed is not None else None  # (uuid, device fields, device tags, [(worker id, own)])
         if self.gpus is not None and self._gpu_fields:
-            points += self._gpu_points(workers, own, times, final)
+            points += self._gpu_points(workers, own, times, final, devices)
         if self.host is not None:
             fields = self.host.read(HOST)
             if fields and (self._host_each or not points):  # no worker has rows of its own (no GPU found)
                 points += [Point(HOST, own[w.id][1], dict(fields), times[w.id]) for w in workers]
             elif fields:
-                snaps = tuple(own[w.id][0] for w in workers)
-                if len(snaps) != len(self._union[0]) or any(a is not b for a, b in zip(snaps, self._union[0])):
-                    self._union = (snaps, {**workers[0].tags, **dict(zip(("job", "dag"), union_tags(workers)))})
-                points.append(Point(HOST, self._union[1], fields, shared_ns))
+                points.append(Point(HOST, self._union_tags(workers, own), fields, shared_ns))
+        if self.disks is not None and self.disks.due():
+            points += self._disk_points(workers, own, shared_ns)
+        if feed is not None:
+            points += self.accounting.update(now_ns, shared_ns, devices, feed, final)
         return points
 
-    def _gpu_points(self, workers, own, times, final) -> list[Point]:
+    def _union_tags(self, workers, own) -> dict:
+        """The host point's tags: the first worker's, with the jobs and DAGs of every worker (made once per change)."""
+        snaps = tuple(own[w.id][0] for w in workers)
+        if len(snaps) != len(self._union[0]) or any(a is not b for a, b in zip(snaps, self._union[0])):
+            self._union = (snaps, {**workers[0].tags, **dict(zip(("job", "dag"), union_tags(workers)))})
+        return self._union[1]
+
+    def _disk_points(self, workers, own, shared_ns: int) -> list[Point]:
+        """One ``disk`` point per filesystem of ``paths`` and the workers' ``local_directory``, with the host
+        point's tags and time, when the filesystems are read (once a second: ``disks.due()``)."""
+        union = self._union_tags(workers, own)
+        paths = self.paths + tuple(getattr(w, "local_directory", None) for w in workers)
+        return [Point(DISK, {**union, **r.tags}, r.fields, shared_ns) for r in self.disks.read(paths)]
+
+    def _gpu_points(self, workers, own, times, final, devices=None) -> list[Point]:
         users: dict[str, list] = {}
         for w in workers:
             for index, uuid in enumerate(w.uuids):
@@ -121,12 +150,23 @@ class HostCollector:
         points = []
         for uuid, ws in users.items():
             device = self.gpus.read(uuid)
+            readers = [] if devices is not None else None
             for w, i in ws:
                 mine = self.gpus.read_worker(uuid, w.pid, len(ws) > 1) if self._per_worker_gpu else {}
+                if readers is not None:
+                    readers.append((w.id, mine))
                 if device or mine:
                     _, tags, by_device = own[w.id]
                     gpu_tags = by_device.get((uuid, i)) or by_device.setdefault(
                         (uuid, i), {**tags, **self.gpus.tags(uuid, i)}
                     )
                     points.append(Point(GPU, gpu_tags, {**device, **mine}, times[w.id]))
+            if readers is not None:
+                devices.append((uuid, device, self._device_tags(uuid, ws[0][1]), readers))
         return points
+
+    def _device_tags(self, uuid: str, index: int) -> dict:
+        tags = self._devices.get(uuid)
+        if tags is None:
+            tags = self._devices[uuid] = self.gpus.tags(uuid, index)
+        return tags

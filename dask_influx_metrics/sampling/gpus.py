@@ -29,6 +29,7 @@ class SimulatedDevices:
         self._count, self._fields = count, fields
         self._by_uuid: dict[str, tuple] = {}  # uuid -> (source, position)
         self._readings: dict = {}  # id(source) -> this sample's readings
+        self._final = False  # this sample is a worker's last: the counters are read now
 
     def resolve(self, worker) -> list[str]:
         source = SimulatedGpuSource(self._count, self._fields, worker.snapshot, pid=worker.pid)
@@ -40,12 +41,12 @@ class SimulatedDevices:
         return {"index": str(index), "uuid": uuid, "name": NAME}
 
     def start_sample(self, final: bool = False) -> None:
-        self._readings = {}
+        self._readings, self._final = {}, final
 
     def read(self, uuid: str) -> dict:
         source, i = self._by_uuid[uuid]
         if id(source) not in self._readings:
-            self._readings[id(source)] = source.read()
+            self._readings[id(source)] = source.read(self._final)
         readings = self._readings[id(source)]
         return dict(readings[i].fields) if readings else {}
 

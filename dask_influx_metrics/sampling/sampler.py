@@ -32,7 +32,7 @@ from typing import Callable
 
 from .. import lineprotocol
 from ..reports import Once
-from ..schema import Point, tags_as_fields
+from ..schema import Point
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class Sampler:
         """Take one sample now and return its points (does not send)."""
         points = self.collect(time.time_ns())
         if self._field_tags:
-            return [tags_as_fields(p, self._field_tags) for p in points]
+            return [lineprotocol.tags_as_fields(p, self._field_tags) for p in points]
         return points
 
     def sample_and_send(self) -> int:

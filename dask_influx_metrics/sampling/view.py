@@ -15,8 +15,8 @@ from .sources.tasks import TaskSource
 
 
 class WorkerView:
-    """One worker: ``snapshot`` (``refresh()`` per sample, then ``snapshot()``), its tags and
-    ``worker`` fields. ``offset()``: seconds to add to this host's time (default: the worker's
+    """One worker: ``snapshot`` (``refresh()`` per sample, then ``snapshot()``), its tags, its
+    ``local_directory`` and ``worker`` fields. ``offset()``: seconds to add to this host's time (default: the worker's
     published clock-offset estimate, steadied)."""
 
     def __init__(
@@ -24,6 +24,7 @@ class WorkerView:
     ):
         self.id, self.info = worker_id, info
         self.address, self.pid, self.visible = info["address"], int(info["pid"]), info.get("visible")
+        self.local_directory = info.get("local_directory")  # where it spills: its filesystem's usage is read
         self.tags = dict(info["tags"])
         self.snapshot = snapshot
         self.offset = offset or SteadyOffset(lambda: snapshot().scheduler_delay)

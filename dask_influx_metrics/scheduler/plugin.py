@@ -27,12 +27,25 @@ import socket
 import time
 
 from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
 
 from .. import _dask, lineprotocol, schema
 from ..config import Settings
-from ..names import ANNOTATION, CUSTOM_METRIC, DESTINATIONS, EVENT_TOPIC, JOBS_PLUGIN, NEW_JOB_OP, SHARED_GPU
+from ..names import (
+    ANNOTATION,
+    CUSTOM_METRIC,
+    DESTINATIONS,
+    EVENT_TOPIC,
+    JOBS_PLUGIN,
+    LIVE_METRIC,
+    NEW_JOB_OP,
+    SHARED_GPU,
+    new_session_id,
+)
 from ..sinks import HealthWriter, destinations, make_sink
+from . import dashboard
 from .jobs import JobBook
+from .livestate import POLL_S, LiveState
 
 logger = logging.getLogger(__name__)
 
@@ -42,31 +55,49 @@ class JobPlugin(SchedulerPlugin):
 
     name = JOBS_PLUGIN
 
-    def __init__(self, overrides: dict, worker_payload: bytes):
+    def __init__(self, overrides: dict, worker_payload: bytes, temporary_spool=()):
         self.overrides = dict(overrides)
         self.worker_payload = worker_payload  # pickled custom metrics, opened on workers only
         self.session: dict | None = None
         self.last_session: dict | None = None
         self.book = JobBook(self.overrides.get("job-type", "client"))
         self.sink = None
+        self._field_tags: tuple = ()  # tags the dag points write as fields (Settings.field_tags)
         self.health = None  # writes the scheduler sink's delivery counters every ~10 s
         self.shared_gpus: dict[tuple, set] = {}  # (host, uuid) -> worker addresses
         self.destinations: dict[str, dict] = {}  # worker address (or "scheduler") -> where its samples go
-        self.spooled: dict[str, bool] = {}  # spool folders written since attach (or the last clear) -> temporary
+        # spool folders written since attach (or the last clear) -> temporary; ``temporary_spool``: those of the
+        # plugin this one replaces (attach() again), so shutdown() still deletes them
+        self.spooled: dict[str, bool] = dict.fromkeys(temporary_spool, True)
+        self.live: LiveState | None = None  # the dashboard page's state: the workers' heartbeat figures
 
     # --- plugin life cycle -------------------------------------------------
     async def start(self, scheduler) -> None:
         self.scheduler = scheduler
         self._wrapper = _dask.wrap_update_graph(scheduler)
         _dask.add_stream_handler(scheduler, NEW_JOB_OP, self._handle_new_job)
-        # the session's threads and files end with the scheduler, also one stopped and never closed
-        self._unhook = _dask.on_stop(scheduler, self.stop_session)
+        self.live = LiveState()
+        try:
+            dashboard.install(scheduler)
+        except Exception as e:  # a Dask or Bokeh that moved what _dask relies on: the page is missing, not the monitor
+            logger.warning("influx-metrics: cannot add the GPU Jobs page to the dashboard: %r", e)
+        self._poll = PeriodicCallback(self._take_heartbeats, POLL_S * 1000)
+        self._poll.start()
+        # the poll, the session's threads and files end with the scheduler, also one stopped and never closed
+        self._unhook = _dask.on_stop(scheduler, self._stopped)
+
+    def _take_heartbeats(self) -> None:
+        self.live.update(_dask.heartbeats(self.scheduler, LIVE_METRIC), time.time())
+
+    def _stopped(self) -> None:
+        self._poll.stop()
+        self.stop_session()
 
     async def close(self) -> None:
         _dask.unwrap_update_graph(self.scheduler, self._wrapper)
         _dask.remove_stream_handler(self.scheduler, NEW_JOB_OP, self._handle_new_job)
         self._unhook()
-        self.stop_session()
+        self._stopped()
 
     # --- session -----------------------------------------------------------
     def start_session(self, overrides: dict | None = None) -> dict:
@@ -76,15 +107,17 @@ class JobPlugin(SchedulerPlugin):
             raise RuntimeError(f"monitoring session {self.session['id']} is already running; stop() it first")
         settings = Settings.resolve(self.overrides if overrides is None else overrides)
         started = time.time()
-        sid = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started)) + f"-{int(started * 1e6) % 1000000:06d}"
+        sid = new_session_id(started)
         self.book = JobBook(settings.job_type)
         self.session = {"id": sid, "start": started, "job_type": settings.job_type}
+        self.live = LiveState()
         self.sink = make_sink(settings, role="scheduler", session=sid)
         self.destinations = {}
         self._record("scheduler", {"host": socket.gethostname(), **destinations(settings, sid, "scheduler")})
-        self._tags = {**settings.tags, "host": socket.gethostname()}
+        self._tags = {**settings.tags, "host": socket.gethostname(), schema.SESSION: sid}
+        self._field_tags = settings.field_tags
         self._last_ns = 0
-        self.health = HealthWriter(self.sink, {**self._tags, "worker": "scheduler"})
+        self.health = HealthWriter(self.sink, {**self._tags, "worker": "scheduler"}, field_tags=self._field_tags)
         return dict(self.session)
 
     def stop_session(self) -> dict | None:
@@ -186,7 +219,7 @@ class JobPlugin(SchedulerPlugin):
         # nanosecond would overwrite each other. Times strictly increase (+1 ns on a collision).
         self._last_ns = max(int(t * 1e9), self._last_ns + 1)
         point = schema.Point(schema.DAG, {**self._tags, "job": str(dag.job)}, fields, self._last_ns)
-        self.sink.send(lineprotocol.encode_many([point]))
+        self.sink.send(lineprotocol.encode_many([lineprotocol.tags_as_fields(point, self._field_tags)]))
 
     def log_event(self, topic, msg) -> None:
         """Collect the workers' shared-GPU reports (``Monitor.jobs()["shared_gpus"]``), destinations and the

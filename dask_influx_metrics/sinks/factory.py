@@ -39,6 +39,7 @@ def make_sink(settings, role: str, session: str, report=None) -> Sink:
             batch_size=settings.batch_size,
             timeout=settings.http_timeout,
             flush_interval=settings.flush_interval,
+            create_database=settings.create_database,
         )
         fallback = (  # beside a spool sink, the lines are on disk already
             None

@@ -12,6 +12,9 @@ that header; ``url`` and every log line show the address without them.
 InfluxDB 3 answers 400 to lines that put a tag and a field of the same name in
 one table; those go to the fallback like any refused batch.
 
+A write answered ``404 database not found`` (a fresh InfluxDB 1.x) creates the
+database once and is posted again (:mod:`.createdb`; ``create_database=False``: never).
+
 ``send`` only appends to a bounded in-memory queue (``max_pending`` lines,
 default ``2 * batch_size``: about 3 MB at 5000 lines of ~300 bytes) and returns; a thread posts batches of up to
 ``batch_size`` lines when a batch is full or ``flush_interval`` seconds after
@@ -59,6 +62,7 @@ import requests
 
 from .. import credentials, lineparse
 from .base import Sink
+from .createdb import create_database
 from .paths import REASONS_FILE
 from .spool import SpoolSink
 
@@ -90,6 +94,7 @@ class HttpOptions:
     timeout: float = 5.0
     flush_interval: float = 1.0
     max_pending: Optional[int] = None
+    create_database: bool = True
 
 
 class HttpSink:
@@ -111,6 +116,8 @@ class HttpSink:
     ):
         url, username, password = credentials.take(url, options.username, options.password)  # user:password@ out
         self.url = write_url(url)
+        self.query_url = url.rstrip("/") + "/query"  # CREATE DATABASE, once, when a write finds none
+        self.create_database = options.create_database
         self.params = {"db": database, "precision": "ns"}
         if options.retention_policy:
             self.params["rp"] = options.retention_policy
@@ -254,6 +261,8 @@ class HttpSink:
                 logger.info("HTTP sink: writing to %s again", self.url)
                 self._failure = None
             return
+        if r.status_code == 404 and "database not found" in _reason(r) and self._create_database():
+            return self._post(batch)  # once: the database is there now
         if r.status_code == 413 and len(batch) > 1:
             return self._split(batch)
         if r.status_code in REFUSED_STATUS:
@@ -265,6 +274,14 @@ class HttpSink:
         self._give_up(
             batch, f"HTTP {r.status_code} {kind} from {self.url}: {_reason(r)[:500]}", f"HTTP {r.status_code}"
         )
+
+    def _create_database(self) -> bool:
+        """``CREATE DATABASE`` once per sink (:func:`.createdb.create_database`); True when it was created."""
+        if not self.create_database:
+            return False
+        self.create_database = False
+        auth_header = {k: v for k, v in self.headers.items() if k == "Authorization"}
+        return create_database(self._session, self.query_url, self.params["db"], auth_header, self.auth, self.timeout)
 
     def _split(self, batch: list[bytes]) -> None:
         """HTTP 413 (a body limit, e.g. a proxy's): post each half, and send smaller batches from now on."""

@@ -53,14 +53,16 @@ from ..clock import SteadyOffset
 from ..config import Settings, public
 from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN, agent_role
 from ..reports import Reporter
+from ..sampling import accounting
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus
+from ..sampling.live import LIVE_S, LiveFigures
 from ..sampling.sampler import Sampler
-from ..sampling.sources.host import HostSource, refresh_seconds
+from ..sampling.sources.host import host_sources
 from ..sampling.view import WorkerView
-from ..schema import GPU, HOST
+from ..schema import GPU, SESSION
 from ..sinks import HealthWriter, destinations, make_sink
-from . import extras, taskstream
+from . import extras, heartbeat, taskstream
 from .custom import CustomSource
 from .registry import CachedSnapshot, TaskRegistry
 
@@ -81,9 +83,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.worker_payload = worker_payload
         self.session = dict(session)
         self.link = None  # sampler.mode agent: the link to the host's agent
-        self.sampler = self.sink = self.gpus = self.extras = self.tasks = None
+        self.sampler = self.sink = self.gpus = self.extras = self.tasks = self.accounting = None
         self._untap = None  # takes the tap off Dask's digests (fine metrics)
         self._joining = None  # waits for the agent's first sample of this worker (sampler.mode agent)
+        self._heartbeat = self.figures = None  # the live figures on the worker's heartbeat; thread mode: its own
         self.closed = False
 
     def setup(self, worker):
@@ -95,7 +98,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.registry = TaskRegistry(_dask.worker_nthreads(worker), managed_bytes=managed, brief=brief)
         self._reseed()
         self.snapshot = CachedSnapshot(self.registry)
-        self.base_tags = {**settings.tags, "host": socket.gethostname(), "worker": worker.address}
+        self.base_tags = {
+            **settings.tags,
+            "host": socket.gethostname(),
+            "worker": worker.address,
+            SESSION: self.session["id"],
+        }
         self.report = Reporter(self._event, worker=worker.address, host=self.base_tags["host"])
         # Dask's clock-offset estimate, steadied: it jumps by tens of ms while tasks hold the GIL
         self.offset = SteadyOffset(functools.partial(_dask.worker_clock_offset, worker))
@@ -103,9 +111,27 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self.tasks = taskstream.TaskStream(settings.fields, self.base_tags, self.offset)
             if self.tasks.fine is not None:  # Dask's execute digests, as it adds them
                 self._untap = _dask.tap_execute_digests(worker, self.tasks.fine.added.append)
+        self._heartbeat = heartbeat.Heartbeat(worker, self._live)
         if settings.sampler_mode == "agent":
             return self._join_agent()  # awaited by Dask: registered (the agent launched) when setup returns
         self._sample_in_process()
+
+    def _live(self) -> dict | None:
+        """This worker's heartbeat entry (:mod:`.heartbeat`): from its agent's beat, or its own sampler's."""
+        host = self.base_tags["host"]
+        if self.link is not None:
+            return heartbeat.from_beat(self.link.beat(), self.link.id, host, time.monotonic())
+        figures, sampler = self.figures, self.sampler
+        entry = figures.entries.get("self") if figures is not None else None
+        if entry is None or sampler is None or self.sink is None:
+            return None
+        age = round(time.monotonic() - self._figured, 2)
+        entry = {
+            **entry,
+            "agent": [host, os.getpid(), sampler.samples, age],
+            "sinks": heartbeat.sinks(self.sink.counters()),
+        }
+        return entry if figures.accounting is None else {**entry, "acct": figures.accounting}
 
     def _reseed(self) -> None:
         """The registry from the worker's own state: at setup, and when the agent's record is given up."""
@@ -129,6 +155,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             "settings": public(self.settings),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "nthreads": self.registry.nthreads,
+            "local_directory": self.worker.local_directory,  # its spill folder is inside: the agent reads its disk
         }
         try:
             link = await _off_loop(AgentLink, config, info, self.registry.snapshot(), self.report)
@@ -170,7 +197,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._make_extras()
             collect = _refreshing(self.snapshot, self.extras.collect) if self.custom else self.extras.collect
             # never started: the link's thread runs it, into the outbox the agent sends
-            self.sampler = Sampler(collect, link.outbox, field_tags=() if self.settings.dag_tag else ("dag",))
+            self.sampler = Sampler(collect, link.outbox, field_tags=self.settings.field_tags)
             link.every(extras.interval(self.settings, self.custom), self.sampler.sample_and_send)
 
     def _publish(self) -> None:
@@ -214,6 +241,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             "pid": os.getpid(),
             "tags": self.base_tags,
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "local_directory": self.worker.local_directory,
         }
         self.view = WorkerView("self", info, self.snapshot, settings.fields, offset=self.offset)
         found = {"gpu": state.value, "devices": [], "why": why}
@@ -224,23 +252,34 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 found.update(gpu="error", why=f"{type(e).__name__}: {e}")
             if gpm := gpm_found(self.gpus, self.view.uuids, self.report.once):
                 found["gpm"] = gpm
-        host_fields = frozenset(f for f in settings.fields if f[0] == HOST)
-        refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
-        host = HostSource(host_fields, refresh=refresh) if host_fields else None
-        self.collector = HostCollector(settings.fields, self.gpus, host)
+        self.accounting = accounting.from_settings(
+            settings,
+            {"host": self.base_tags["host"], "worker": self.worker.address, SESSION: self.session["id"]},
+            report=self.report.once,
+        )
+        if settings.prometheus_port is not None:
+            self.report.once(
+                "prometheus",
+                "prometheus.port: /metrics is served by the host's sampling agent "
+                "(sampler.mode: agent); this worker samples in-process and serves none",
+            )
+        self.collector = HostCollector(settings.fields, self.gpus, *host_sources(settings), accounting=self.accounting)
+        self.figures, self._figured = LiveFigures(), -LIVE_S
         self._record_destinations(self.worker.address, found)
         self._make_extras()
         self.sink = make_sink(
             self.settings, role=self.worker.address, session=self.session["id"], report=self.report.once
         )
         self.health = HealthWriter(
-            self.sink, {**self.settings.tags, "host": self.base_tags["host"], "worker": self.worker.address}
+            self.sink,
+            {k: self.base_tags[k] for k in (*self.settings.tags, "host", "worker", SESSION)},
+            field_tags=self.settings.field_tags,
         )
         self.sampler = Sampler(
             self._collect_all,
             self.sink,
             settings.polling_interval / 1000.0,
-            field_tags=() if self.settings.dag_tag else ("dag",),
+            field_tags=self.settings.field_tags,
         )
         self.sampler.start()
 
@@ -277,7 +316,14 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     def _collect_all(self, now_ns: int) -> list:
         self.snapshot.refresh()
-        return self.collector.collect([self.view], now_ns, final=self.closed) + self.extras.collect(now_ns)
+        points = self.collector.collect([self.view], now_ns, final=self.closed)
+        if (now := time.monotonic()) - self._figured >= LIVE_S:
+            self._figured = now
+            self.figures.update([self.view], points, now)
+            self.figures.account(self.accounting.live() if self.accounting is not None else None)
+        else:
+            self.figures.observe(points, now)
+        return points + self.extras.collect(now_ns)
 
     def _devices(self) -> list:
         """``(device tags, handle)`` per GPU this worker uses, for per-device custom metrics."""
@@ -292,6 +338,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.closed = True
         if self._untap is not None:
             self._untap()
+        if self._heartbeat is not None:
+            self._heartbeat.close()
         link, self.link = self.link, None
         if link is not None:
             self._ticker.stop()
@@ -310,6 +358,8 @@ class MetricsWorkerPlugin(WorkerPlugin):
             link.leave()
         if sampler is not None:  # thread mode: one more sample, the counters too
             sampler.stop(final_sample=True)
+            if self.accounting is not None:  # the last totals: no later point carries them
+                accounting.repeat(self.accounting.close(), self.sink.send, self.settings.field_tags)
             self.health.stop()
             self.sink.close()
         if self.extras is not None:

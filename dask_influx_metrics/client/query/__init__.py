@@ -3,11 +3,17 @@
 >>> from dask_influx_metrics import query                                    # doctest: +SKIP
 >>> db = query.connect("http://127.0.0.1:8086", database="dask_metrics")     # doctest: +SKIP
 >>> db = query.connect("/tmp/dask-influx-metrics-1000")   # a spool: the latest session  # doctest: +SKIP
+>>> db.sessions()                              # every session there, newest first  # doctest: +SKIP
 >>> db.workers(), db.jobs(), db.dags(job=2)                                  # doctest: +SKIP
 >>> tables = db.worker_tables(job=2, metrics=["mem-util", "compute-util"])  # doctest: +SKIP
 >>> db.peaks("total-mem", per_job=True)        # tidy DataFrame, computed by the server  # doctest: +SKIP
 >>> db.get_peaks("total-mem", workers=[0, 1])  # the old tool's list shapes  # doctest: +SKIP
 >>> db.close()                                 # or: with query.connect(...) as db:  # doctest: +SKIP
+
+A database holds many monitoring sessions, and job and DAG numbers restart at 1
+in each: a Store reads one, by default the latest, named in ``db.notes`` when
+there are others; ``session=`` picks another (an id, ``"all"``, or ``2`` for the
+one before the latest), and ``db.sessions()`` lists them (:mod:`.sessions`).
 
 Workers are numbered by address in natural order (``tcp://10.0.0.9:1`` before
 ``tcp://10.0.0.10:1``); ``db.worker_map()`` gives index -> address, and every
@@ -21,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 
+from . import sessions
 from .base import QueryError, ReadOptions, pending_notes, to_ns
 from .store import Store
 
@@ -35,7 +42,7 @@ def connect(source, database: str = "dask_metrics", **options) -> "Store":
     """Open collected metrics: an InfluxDB URL (``http(s)://...``) or a spool folder.
 
     ``options`` are the keywords of :class:`~.base.ReadOptions`: ``start``/``stop``, ``tags``, ``session``
-    (a spool's), ``language`` (``"flux"``: ``database`` is the bucket), credentials, ``org``, ``timeout``,
+    (default: the latest in range; an id, ``"all"`` or an index from the latest, see :mod:`.sessions`), ``language`` (``"flux"``: ``database`` is the bucket), credentials, ``org``, ``timeout``,
     ``undelivered``, ``workers``. Raises :class:`QueryError` naming the URL or folder when it cannot be
     read. The :class:`Store` holds HTTP connections: ``close()`` it, or use it as ``with connect(...) as db:``.
 
@@ -75,5 +82,16 @@ def connect(source, database: str = "dask_metrics", **options) -> "Store":
         from .spool import SpoolBackend
 
         backend = SpoolBackend(source, read)
+    try:
+        note = sessions.select(backend, read.session)
+    except BaseException:
+        backend.close()
+        raise
     backend.notes.extend(pending_notes(read.undelivered) if read.undelivered is not None else ())  # http(s) only
-    return Store(backend, origin_ns=read.start_ns, workers=read.workers, undelivered=read.undelivered)
+    return Store(
+        backend,
+        origin_ns=read.start_ns,
+        workers=read.workers,
+        undelivered=read.undelivered,
+        session_note=note,
+    )

@@ -7,9 +7,12 @@ it answers ``fields()``, ``tag_values(key)``, ``first_time()``, ``last_time()``,
 ``host`` and ``worker=None``, every worker's points of that host and their
 ``worker``: how the one ``host`` series of a host is read),
 ``max_by(measurement, field, by, workers, job, busy)`` (``busy``: samples
-with ``dag != "0"`` only), ``dag_points()`` and ``points(measurement, columns)``
-(every point: ``time`` and the named tags or fields, e.g. ``task`` points), all within its time range
-(``start_ns``, ``stop_ns``) and ``tags``; ``describe()`` names what it reads,
+with ``dag != "0"`` only), ``dag_points()``, ``points(measurement, columns)``
+(every point: ``time`` and the named tags or fields, e.g. ``task`` points) and
+``last_by(measurement, fields, by)`` (per distinct value of the tags ``by``, each field's last value:
+the ``accounting`` totals), all within its time range (``start_ns``, ``stop_ns``) and ``tags``, and in
+its one session (``session_rows(detail)`` lists the sessions its source holds, ``select_session(id)``
+narrows it to one: :mod:`.sessions`); ``describe()`` names what it reads,
 ``notes`` lists what its answers should be read with (skipped lines,
 undelivered samples), ``widened()`` is the same source without range and
 tags, and ``close()`` releases its connections. Everything else is built on those in
@@ -34,6 +37,8 @@ from ... import schema
 # Measurements that hold worker samples, and those whose points carry device tags.
 SAMPLE_MEASUREMENTS = (schema.GPU, schema.HOST, schema.WORKER, schema.CUSTOM)
 DEVICE_MEASUREMENTS = (schema.GPU, schema.CUSTOM)
+# Where a session's points are looked for: every measurement a session writes (delivery: even one that ran nothing).
+SESSION_MEASUREMENTS = (*SAMPLE_MEASUREMENTS, schema.TASK, schema.ACTIVITY, schema.DAG, schema.DELIVERY)
 
 
 class Backend(Protocol):
@@ -44,8 +49,11 @@ class Backend(Protocol):
     start_ns: Optional[int]
     stop_ns: Optional[int]
     notes: list[str]
+    session: Optional[str]  # the session read ("" the points without one); None: every session
 
     def describe(self) -> str: ...
+    def session_rows(self, detail: bool = False) -> pd.DataFrame: ...
+    def select_session(self, session: str) -> None: ...
     def widened(self) -> "Backend": ...
     def fields(self) -> dict[str, list[str]]: ...
     def tag_values(self, key: str) -> list[str]: ...
@@ -62,6 +70,7 @@ class Backend(Protocol):
     def max_by(self, measurement: str, field: str, by: tuple, workers=None, job=None, busy=False) -> pd.DataFrame: ...
     def dag_points(self) -> pd.DataFrame: ...
     def points(self, measurement: str, columns: list[str]) -> pd.DataFrame: ...
+    def last_by(self, measurement: str, fields: list[str], by: tuple) -> pd.DataFrame: ...
     def close(self) -> None: ...
 
 
@@ -101,8 +110,10 @@ class ReadOptions:
     which it passes on to the backend and the :class:`~.store.Store`.
 
     ``language``: ``"influxql"`` (InfluxDB 1.x, 2.x through DBRP, 3.x) or ``"flux"`` (2.x, 1.8+; needs
-    ``influxdb-client``; the database is then the bucket, e.g. ``dask_metrics/autogen``). ``session``: a
-    spool's session folder (default: the latest). ``tags``: extra tags every point read carries;
+    ``influxdb-client``; the database is then the bucket, e.g. ``dask_metrics/autogen``). ``session``: the
+    monitoring session to read: an id (a spool's session folder), ``"all"``, or an index from the latest
+    (``1``, ``"2"``); default: the latest, named in ``notes`` when there are others (:mod:`.sessions`).
+    ``tags``: extra tags every point read carries;
     ``start``/``stop``: datetime, ISO string or epoch seconds. Credentials (``username``/``password``,
     ``token``, or ``http://user:password@host``) travel only in the ``Authorization`` header; URLs shown
     anywhere carry none, nor does this object's ``repr``. ``org``: Flux's organization; ``timeout``: s per
@@ -117,7 +128,7 @@ class ReadOptions:
     """
 
     language: str = "influxql"
-    session: Optional[str] = None
+    session: Any = None
     tags: Optional[dict] = None
     start: Any = None
     stop: Any = None
@@ -140,7 +151,16 @@ class ReadOptions:
 
 
 # Tags read as strings, never numbers ("1,2" or "01" must survive).
-TAG_DTYPES = {"job": str, "dag": str, "index": str, "worker": str, "host": str, "uuid": str, "name": str}
+TAG_DTYPES = {
+    "job": str,
+    "dag": str,
+    "index": str,
+    "worker": str,
+    "host": str,
+    "uuid": str,
+    "name": str,
+    schema.SESSION: str,
+}
 
 
 def empty_frame(fields, device: bool) -> pd.DataFrame:
@@ -179,6 +199,22 @@ def pending_notes(folder) -> list[str]:
             f"`dask-influx-metrics replay {os.fspath(folder)} --source URL`"
         )
     return notes
+
+
+def missing_database(message: str, undelivered) -> str:
+    """``message`` (a database or bucket not found), and where the samples are instead: the undelivered copy
+    of an HTTP sink that could not write them there (``undelivered``: its spool folder), when it holds any.
+
+    >>> missing_database("database 'x' not found", None)
+    "database 'x' not found; an http sink creates a 1.x database when it first writes (influxdb.create-database); on 2.x map the database to a bucket (DBRP, deploy/README.md)"
+    """
+    pending = pending_notes(undelivered) if undelivered is not None else []
+    if pending:
+        return f"{message}; the samples are not lost: " + "; ".join(pending)
+    return (
+        f"{message}; an http sink creates a 1.x database when it first writes (influxdb.create-database); "
+        "on 2.x map the database to a bucket (DBRP, deploy/README.md)"
+    )
 
 
 def kept_lines(folder, measurement: str, field: str) -> list[str]:

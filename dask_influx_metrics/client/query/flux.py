@@ -5,258 +5,46 @@ On 1.8 the bucket is ``database/retention-policy`` and the token
 (``pip install dask-influx-metrics[flux]``). Each question is one Flux script,
 built by a pure ``flux_*_query`` function and filtered on the server (time
 range, worker, job, extra tags); answers come back as annotated CSV, read
-column-wise here so times keep their nanoseconds and tag values stay strings.
-
->>> string('a"b\\\\c${d}')
-'"a\\\\"b\\\\\\\\c\\\\${d}"'
->>> print(flux_tag_values_query("db/rp", "job", {"run": "x"}, start_ns=5, stop_ns=None))
-from(bucket: "db/rp")
-    |> range(start: time(v: 5), stop: 1d)
-    |> filter(fn: (r) => (r._measurement == "gpu" or r._measurement == "host" or r._measurement == "worker" or r._measurement == "custom") and r["run"] == "x")
-    |> keep(columns: ["job"])
-    |> group()
-    |> distinct(column: "job")
-<BLANKLINE>
+column-wise (:mod:`.fluxcsv`) so times keep their nanoseconds and tag values stay strings.
+The scripts come from :mod:`.fluxtext`.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Optional
 
 import pandas as pd
 
-from ... import credentials, jobtags, schema
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, QueryError, ReadOptions, empty_frame, widened
-
-DAG_COLUMNS = ["time", "job", "dag", "status", "event", "tasks", "label", "duration"]
-
-
-# --- Flux text (pure) ----------------------------------------------------------
-_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
-
-
-def string(value) -> str:
-    """A Flux string literal: backslash, quote, newline, CR, tab and ``${`` (interpolation) escaped."""
-    return '"' + str(value).translate(_ESCAPES).replace("${", "\\${") + '"'
-
-
-def _array(items) -> str:
-    return "[" + ", ".join(string(i) for i in items) + "]"
-
-
-def _any_of(column: str, values) -> str:
-    terms = [f"{column} == {string(v)}" for v in values]
-    return terms[0] if len(terms) == 1 else "(" + " or ".join(terms) + ")"
-
-
-def predicate(measurements, tags=None, fields=None, workers=None, job: Optional[int] = None, busy: bool = False) -> str:
-    """The body of ``filter(fn: (r) => ...)``; ``job`` matches inside comma-joined lists ("1,2").
-
-    ``busy`` keeps busy samples only (``r.dag != "0"``).
-    """
-    terms = [_any_of("r._measurement", measurements)]
-    if fields is not None:
-        terms.append(_any_of("r._field", fields))
-    terms += [f"r[{string(k)}] == {string(v)}" for k, v in sorted((tags or {}).items())]
-    if workers is not None:
-        terms.append(_any_of("r.worker", workers))
-    if job is not None:
-        terms.append(f"r.job =~ {jobtags.flux_regex(job)}")
-    if busy:
-        terms.append(jobtags.FLUX_BUSY)
-    return " and ".join(terms)
+from ... import credentials, schema
+from .base import (
+    DEVICE_MEASUREMENTS,
+    SAMPLE_MEASUREMENTS,
+    QueryError,
+    ReadOptions,
+    empty_frame,
+    missing_database,
+    widened,
+)
+from .fluxcsv import read_annotated_csv
+from .fluxtext import (
+    BUCKETS_QUERY,
+    DAG_COLUMNS,
+    flux_dag_query,
+    flux_fields_query,
+    flux_first_time_query,
+    flux_frame_query,
+    flux_last_query,
+    flux_last_time_query,
+    flux_max_query,
+    flux_points_query,
+    flux_session_query,
+    flux_tag_values_query,
+)
+from .sessions import SESSION, select_in_tags
 
 
-def _source(bucket: str, start_ns: Optional[int], stop_ns: Optional[int], where: str) -> str:
-    # Flux's range needs a start and its stop is exclusive (InfluxQL's `time <= stop` is not):
-    # stop + 1 ns. Without a stop: a day past the server's now(), so samples stamped by a
-    # scheduler whose clock runs ahead of the server's still count.
-    start = f"time(v: {int(start_ns or 0)})"
-    stop = "1d" if stop_ns is None else f"time(v: {int(stop_ns) + 1})"
-    return (
-        f"from(bucket: {string(bucket)})\n    |> range(start: {start}, stop: {stop})\n"
-        f"    |> filter(fn: (r) => {where})\n"
-    )
-
-
-def _pipe(*steps: str) -> str:
-    return "".join(f"    |> {s}\n" for s in steps)
-
-
-def flux_fields_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
-    """Field keys of each sample measurement, as (measurement, field) rows.
-
-    Each part is ``schema.fieldKeys`` spelled out (keep/group/distinct, which
-    2.x pushes down to one storage tag-values read): older Flux, as in
-    InfluxDB 1.8, has no ``influxdata/influxdb/schema`` package.
-    """
-    parts = [
-        _source(bucket, start_ns, stop_ns, predicate([m], tags))
-        + _pipe(
-            'keep(columns: ["_field"])',
-            "group()",
-            'distinct(column: "_field")',
-            f"map(fn: (r) => ({{measurement: {string(m)}, field: r._value}}))",
-        )
-        for m in SAMPLE_MEASUREMENTS
-    ]
-    return "union(tables: [\n" + ",\n".join(p.rstrip("\n") for p in parts) + ",\n])\n"
-
-
-def flux_tag_values_query(bucket, key, tags=None, start_ns=None, stop_ns=None) -> str:
-    """Distinct values of tag ``key`` on sample points, in column ``_value``."""
-    return _source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags)) + _pipe(
-        f"keep(columns: {_array([key])})", "group()", f"distinct(column: {string(key)})"
-    )
-
-
-def flux_first_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
-    """The earliest sample's ``_time``: first point of each series, then the earliest of those."""
-    return _source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags)) + _pipe(
-        "first()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"])', "limit(n: 1)"
-    )
-
-
-def flux_last_time_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
-    """The latest sample's ``_time`` (as :func:`flux_first_time_query`, from the other end)."""
-    return _source(bucket, start_ns, stop_ns, predicate(SAMPLE_MEASUREMENTS, tags)) + _pipe(
-        "last()", 'keep(columns: ["_time"])', "group()", 'sort(columns: ["_time"], desc: true)', "limit(n: 1)"
-    )
-
-
-def flux_frame_query(
-    bucket, measurement, fields, worker, job=None, tags=None, start_ns=None, stop_ns=None, dag_field=False, host=None
-) -> str:
-    """One worker's samples, one row per (time, series): pivot merges the fields of each series.
-
-    Tables are series (one per tag set, so per device ``index`` and per job/DAG
-    tags); ``pivot`` drops ``_field`` from the group key, so the fields of one
-    series meet in one table and one row per time. ``dag_field``: ``dag`` is a
-    field (``dag-tag: false``), read with the others. ``host`` (``worker=None``): every
-    worker's points of that host, with their ``worker`` tag.
-    """
-    tag_cols = ["job", "dag"] + (["index"] if measurement in DEVICE_MEASUREMENTS else []) + (["worker"] if host else [])
-    where = predicate(
-        [measurement],
-        {**(tags or {}), **({"host": host} if host else {})},
-        fields=list(fields) + (["dag"] if dag_field else []),
-        workers=None if worker is None else [worker],
-        job=job,
-    )
-    return _source(bucket, start_ns, stop_ns, where) + _pipe(
-        'pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
-        f"keep(columns: {_array(['_time'] + tag_cols + list(fields))})",
-    )
-
-
-def flux_max_query(
-    bucket,
-    measurement,
-    field,
-    by,
-    workers=None,
-    job=None,
-    tags=None,
-    start_ns=None,
-    stop_ns=None,
-    busy=False,
-    dag_field=False,
-) -> str:
-    """Server-side ``max`` of one field per group of tags ``by`` (of busy samples with ``busy``), in ``_value``.
-
-    With ``busy`` and ``dag_field`` (``dag`` is a field, ``dag-tag: false``) the
-    field and ``dag`` are pivoted into one row per point before the busy filter.
-    """
-    last = _pipe(f"group(columns: {_array(by)})", "max()", f"keep(columns: {_array(list(by) + ['_value'])})")
-    if busy and dag_field:
-        where = predicate([measurement], tags, fields=[field, "dag"], workers=workers, job=job)
-        value = f"r[{string(field)}]"
-        return (
-            _source(bucket, start_ns, stop_ns, where)
-            + _pipe(
-                'pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
-                f"filter(fn: (r) => {jobtags.FLUX_BUSY} and exists {value})",
-                f"map(fn: (r) => ({{r with _value: {value}}}))",
-            )
-            + last
-        )
-    where = predicate([measurement], tags, fields=[field], workers=workers, job=job, busy=busy)
-    return _source(bucket, start_ns, stop_ns, where) + last
-
-
-def flux_dag_query(bucket, tags=None, start_ns=None, stop_ns=None) -> str:
-    """The scheduler's ``dag`` points, fields pivoted into columns."""
-    return _source(bucket, start_ns, stop_ns, predicate([schema.DAG], tags)) + _pipe(
-        'pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
-        f"keep(columns: {_array(['_time'] + DAG_COLUMNS[1:])})",
-    )
-
-
-def flux_points_query(bucket, measurement, columns, tags=None, start_ns=None, stop_ns=None) -> str:
-    """Every point of ``measurement``, fields pivoted into columns, ``columns`` (tags or fields) kept."""
-    return _source(bucket, start_ns, stop_ns, predicate([measurement], tags)) + _pipe(
-        'pivot(rowKey: ["_time"], columnKey: ["_field"], valueColumn: "_value")',
-        f"keep(columns: {_array(['_time'] + list(columns))})",
-        "group()",
-    )
-
-
-BUCKETS_QUERY = 'buckets()\n    |> keep(columns: ["name"])\n'
-
-
-# --- annotated CSV -> DataFrame -----------------------------------------------
-def _column(values: pd.Series, datatype: str) -> pd.Series:
-    values = values.where(values != "")  # empty cell = null
-    if datatype.startswith("dateTime"):
-        times = pd.to_datetime(values, utc=True, format="ISO8601")
-        # RFC3339Nano drops trailing zeros: without a sub-microsecond digit pandas picks a coarser unit
-        return (
-            pd.Series(pd.DatetimeIndex(times).as_unit("ns").asi8, index=values.index) if times.notna().all() else times
-        )
-    if datatype in ("double", "long", "unsignedLong"):
-        return pd.to_numeric(values).astype(float) if datatype == "double" else pd.to_numeric(values)
-    if datatype == "boolean":
-        return values.map({"true": True, "false": False})
-    return values  # strings stay object columns, as the InfluxQL backend's read_csv(dtype=str) gives
-
-
-def _table(rows: list, query: str) -> Optional[pd.DataFrame]:
-    annotations = {r[0]: r for r in rows if r and r[0].startswith("#")}
-    body = [r for r in rows if not (r and r[0].startswith("#"))]
-    if not body:
-        return None
-    header, data = body[0], body[1:]
-    if [c for c in header if c] == ["error", "reference"]:  # a failure after the answer began
-        at = header.index("error")
-        message = data[0][at] if data and len(data[0]) > at else "unknown error"
-        raise QueryError(f"InfluxDB failed the Flux query: {message}\n{query}")
-    types = annotations.get("#datatype", [])
-    frame = pd.DataFrame(data, columns=header, dtype=object)
-    out = {
-        c: _column(frame.iloc[:, j], types[j] if j < len(types) else "string")
-        for j, c in enumerate(header)
-        if c not in ("", "result", "table")
-    }
-    return pd.DataFrame(out, index=frame.index)
-
-
-def read_annotated_csv(text: str, query: str = "") -> pd.DataFrame:
-    """All tables of a Flux CSV answer as one frame (tags as str, times as int ns, nulls as NaN).
-
-    Tables with a new schema start after a blank line with their own
-    annotations and header; an ``error,reference`` table raises QueryError.
-    """
-    tables, block = [], []
-    for row in [*csv.reader(io.StringIO(text)), []]:
-        if row:
-            block.append(row)
-        elif block:
-            tables.append(_table(block, query))
-            block = []
-    tables = [t for t in tables if t is not None and not t.empty]
-    return pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+def _iso(ns: int) -> str:
+    return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat().replace("+00:00", "Z")
 
 
 # --- the backend ---------------------------------------------------------------
@@ -277,6 +65,9 @@ class FluxBackend:
         self.url, self.bucket, self.org = url.rstrip("/"), bucket, options.org
         self.tags, self.start_ns, self.stop_ns = dict(options.tags or {}), options.start_ns, options.stop_ns
         self.notes: list[str] = []
+        self.undelivered = options.undelivered  # named when the bucket is missing
+        self.session: Optional[str] = None  # the session read (sessions.select), None: any
+        self._asked = (self.start_ns, self.stop_ns)  # the range asked for (a session's may narrow it)
         self._dag_field: Optional[bool] = None  # whether samples carry dag as a field (dag-tag: false)
         self._client = influxdb_client.InfluxDBClient(
             url=self.url, token=token, org=self.org, timeout=int(options.timeout * 1000)
@@ -305,7 +96,7 @@ class FluxBackend:
 
     def widened(self):
         """The same source without time range or tags (to say what it holds)."""
-        return widened(self)
+        return widened(self, _asked=(None, None))
 
     # --- transport ---------------------------------------------------------
     def _query(self, query: str) -> pd.DataFrame:
@@ -337,10 +128,59 @@ class FluxBackend:
         names = sorted(names["name"].dropna()) if "name" in names else []
         # on 1.8 buckets are "db/rp" and "db" alone means the default retention policy
         if names and self.bucket not in names and not any(n.startswith(self.bucket + "/") for n in names):
-            raise QueryError(f"bucket {self.bucket!r} not found at {self.url}; buckets: {names}")
+            raise QueryError(
+                missing_database(f"bucket {self.bucket!r} not found at {self.url}; buckets: {names}", self.undelivered)
+            )
 
     def _window(self) -> dict:
         return {"tags": self.tags, "start_ns": self.start_ns, "stop_ns": self.stop_ns}
+
+    # --- sessions (see .sessions) -------------------------------------------
+    def session_rows(self, detail: bool = False, only: Optional[str] = None) -> pd.DataFrame:
+        """What sessions the points in range and tags (any session; ``only``: that one) belong to:
+        ``session`` ("" for none) and ``first`` (ns); with ``detail`` per ``host``, ``worker`` and ``job``
+        too, and ``last``. Where ``session`` is a field (``session-tag: false``), from its values."""
+        tags = {k: v for k, v in self.tags.items() if k != SESSION}
+        rows = self._session_rows(detail, False, {**tags, **({SESSION: only} if only else {})})
+        if rows.empty or rows["session"].ne("").all():
+            return rows
+        by_field = self._session_rows(detail, True, tags)  # the points without a session tag: a field?
+        if only:
+            by_field = by_field[by_field["session"] == only]
+        return by_field if not by_field.empty else rows
+
+    def _session_rows(self, detail: bool, field: bool, tags: dict) -> pd.DataFrame:
+        keys = [SESSION, "host", "worker", "job"] if detail else [SESSION]
+        start, stop = self._asked  # not a session's range (session-tag: false)
+        window = {"tags": tags, "start_ns": start, "stop_ns": stop}
+        frames = []
+        for last in (False, True)[: 2 if detail else 1]:
+            data = self._query(flux_session_query(self.bucket, keys, last=last, field=field, **window))
+            if data.empty or "_time" not in data.columns:
+                return pd.DataFrame(columns=keys + ["first"] + (["last"] if detail else []))
+            data = data.rename(columns={"_time": "last" if last else "first", **({"_value": SESSION} if field else {})})
+            data = data.reindex(columns=keys + ["last" if last else "first"])
+            frames.append(data.assign(**{k: data[k].astype(object).where(data[k].notna(), "") for k in keys}))
+        if not detail:
+            return frames[0]
+        return frames[0].merge(frames[1], on=keys, how="outer")
+
+    def select_session(self, session: str) -> None:
+        """Read only ``session``: a tag filter, or where it is a field (``session-tag: false``) its time range."""
+        if session and self.session_rows(only=session).empty:  # not a tag: a field?
+            span = self._session_rows(True, True, {k: v for k, v in self.tags.items() if k != SESSION})
+            span = span[span["session"] == session]
+            if not span.empty:
+                first, last = int(span["first"].min()), int(span["last"].max())
+                self.start_ns = max(first, self.start_ns or first)
+                self.stop_ns = min(last, self.stop_ns if self.stop_ns is not None else last)
+                self.session = session
+                self.notes.append(
+                    f"session {session!r} is a field here (session-tag: false): Flux reads it by its time range, "
+                    f"{_iso(first)} to {_iso(last)}; what another session wrote within it is read too"
+                )
+                return
+        select_in_tags(self, session)
 
     # --- what exists -------------------------------------------------------
     def fields(self) -> dict[str, list[str]]:
@@ -439,7 +279,7 @@ class FluxBackend:
             return empty
         data = data.rename(columns={"_value": "max"}).dropna(subset=["max"])
         for t in by:  # a tag some series lack groups as "" (as InfluxQL's GROUP BY does)
-            data[t] = data[t].fillna("").astype(str) if t in data.columns else ""
+            data[t] = data[t].astype(object).fillna("").astype(str) if t in data.columns else ""
         return data[by + ["max"]].sort_values(by, kind="stable").reset_index(drop=True)
 
     def dag_points(self) -> pd.DataFrame:
@@ -455,3 +295,11 @@ class FluxBackend:
         data = self._query(flux_points_query(self.bucket, measurement, columns, **self._window()))
         data = data.rename(columns={"_time": "time"}).reindex(columns=["time"] + list(columns))
         return data.sort_values("time", kind="stable").reset_index(drop=True)
+
+    def last_by(self, measurement: str, fields: list[str], by: tuple) -> pd.DataFrame:
+        """Each field's last value per distinct value of the tags ``by`` (a tag a series lacks: "")."""
+        data = self._query(flux_last_query(self.bucket, measurement, list(fields), list(by), **self._window()))
+        data = data.reindex(columns=list(by) + list(fields))
+        for t in by:
+            data[t] = data[t].astype(object).fillna("").astype(str)
+        return data.reset_index(drop=True)

@@ -21,7 +21,19 @@ import pandas as pd
 import requests
 
 from ... import credentials, jobtags, schema
-from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, ReadOptions, empty_frame, widened
+from ...names import session_start_ns
+from .base import (
+    DEVICE_MEASUREMENTS,
+    SAMPLE_MEASUREMENTS,
+    SESSION_MEASUREMENTS,
+    TAG_DTYPES,
+    QueryError,
+    ReadOptions,
+    empty_frame,
+    missing_database,
+    widened,
+)
+from .sessions import SESSION, select_in_tags
 
 logger = logging.getLogger(__name__)
 INVENTORY_TAGS = ("worker", "job")  # what the first question groups by: workers, jobs, and (with them) fields
@@ -119,6 +131,8 @@ class InfluxQLBackend:
         self.url, self.database, self.rp = url.rstrip("/"), database, options.retention_policy
         self.tags, self.start_ns, self.stop_ns = dict(options.tags or {}), options.start_ns, options.stop_ns
         self.timeout, self.page_rows = options.timeout, int(page_rows)
+        self.undelivered = options.undelivered  # named when the database is missing
+        self.session: Optional[str] = None  # the session read (sessions.select), None: any
         self._session = requests.Session()
         self._session.headers.update(credentials.auth_header(username, password, options.token))
         self.notes: list[str] = []
@@ -154,7 +168,8 @@ class InfluxQLBackend:
             raise QueryError(f"cannot reach InfluxDB at {self.url}: {e}") from None
         if r.status_code >= 400:
             text = r.text.strip().replace("\n", " ")
-            raise QueryError(f"InfluxDB at {self.url} refused {q!r} (HTTP {r.status_code}): {text}")
+            message = f"InfluxDB at {self.url} refused {q!r} (HTTP {r.status_code}): {text}"
+            raise QueryError(missing_database(message, self.undelivered) if "database not found" in text else message)
         return r
 
     def _json(self, q: str) -> list[dict]:
@@ -162,7 +177,10 @@ class InfluxQLBackend:
         out = []
         for result in body.get("results", []):
             if "error" in result:
-                raise QueryError(f"InfluxDB at {self.url}: {result['error']} in {q!r}")
+                message = f"InfluxDB at {self.url}: {result['error']} in {q!r}"
+                raise QueryError(
+                    missing_database(message, self.undelivered) if "database not found" in message else message
+                )
             out.extend(result.get("series", []))
         return out
 
@@ -180,10 +198,58 @@ class InfluxQLBackend:
         series = self._json("SHOW DATABASES")
         names = [row[0] for s in series for row in s.get("values", [])]
         if names and self.database not in names:
-            raise QueryError(f"database {self.database!r} not found at {self.url}; databases: {sorted(names)}")
+            raise QueryError(
+                missing_database(
+                    f"database {self.database!r} not found at {self.url}; databases: {sorted(names)}", self.undelivered
+                )
+            )
 
     def _where(self, **kw) -> str:
         return where_clause(self.tags, self.start_ns, self.stop_ns, **kw)
+
+    # --- sessions (see .sessions) -------------------------------------------
+    def select_session(self, session: str) -> None:
+        """Read only ``session`` (a tag, or a field with ``session-tag: false``: ``WHERE`` reads either)."""
+        select_in_tags(self, session)
+
+    def session_rows(self, detail: bool = False) -> pd.DataFrame:
+        """What sessions the points in range and tags (any session) belong to: ``session`` ("" for none) and
+        ``first`` (ns) per measurement; with ``detail`` per ``host``, ``worker`` and ``job`` too, and ``last``.
+        One ``LIMIT 1`` per series group and end; where ``session`` is a field (``session-tag: false``) its
+        values are asked with ``DISTINCT`` (every point read) and each session's groups one by one."""
+        tags = {k: v for k, v in self.tags.items() if k != SESSION}
+        where = where_clause(tags, self.start_ns, self.stop_ns)
+        rows = self._edges(where, (SESSION, "host", "worker", "job") if detail else (SESSION,), detail)
+        if rows.empty or not rows["field"].notna().any():
+            return rows.drop(columns="field")
+        names = ", ".join(ident(m) for m in SESSION_MEASUREMENTS)
+        answer = self._json(f"SELECT DISTINCT({ident(SESSION)}) FROM {names} {where}")
+        values = sorted({row[1] for x in answer for row in x.get("values", [])} - {None, ""})
+        if not detail:
+            return pd.DataFrame({"session": values, "first": [session_start_ns(v) or 0 for v in values]})
+        parts = []
+        for value in values:
+            mine = where_clause({**tags, SESSION: value}, self.start_ns, self.stop_ns)
+            parts.append(self._edges(mine, ("host", "worker", "job"), True).assign(session=value))
+        return pd.concat(parts, ignore_index=True).drop(columns="field") if parts else rows.iloc[:0]
+
+    def _edges(self, where: str, keys: tuple, last: bool) -> pd.DataFrame:
+        """The first (and ``last``) point's time of each series group ``keys`` of the session measurements;
+        ``field``: the ``session`` field of the first point, where there is one."""
+        names = ", ".join(ident(m) for m in SESSION_MEASUREMENTS)
+        group = ", ".join(ident(k) for k in keys)
+        found: dict[tuple, dict] = {}
+        for order, column in (("ASC", "first"), ("DESC", "last"))[: 2 if last else 1]:
+            for s in self._json(f"SELECT * FROM {names} {where} GROUP BY {group} ORDER BY time {order} LIMIT 1"):
+                if not s.get("values"):
+                    continue
+                tags = {k: s.get("tags", {}).get(k) or "" for k in keys}
+                row = found.setdefault((s["name"], *tags.values()), {"measurement": s["name"], **tags, "field": None})
+                row[column] = int(s["values"][0][0])
+                if column == "first" and SESSION in s["columns"]:
+                    row["field"] = s["values"][0][s["columns"].index(SESSION)]
+        columns = ["measurement", *keys, "first", *(["last"] if last else []), "field"]
+        return pd.DataFrame(list(found.values()), columns=columns)
 
     # --- what exists -------------------------------------------------------
     def fields(self) -> dict[str, list[str]]:
@@ -339,16 +405,25 @@ class InfluxQLBackend:
     def dag_points(self) -> pd.DataFrame:
         """The scheduler's ``dag`` points: time, job, dag, status, event, tasks, label, duration."""
         where = where_clause({k: v for k, v in self.tags.items()}, self.start_ns, self.stop_ns)
-        dtype = {**TAG_DTYPES, "status": str, "event": str, "label": str, DAG_FIELD: str, "status" + FIELD_SUFFIX: str}
+        dtype = {
+            **TAG_DTYPES,
+            "status": str,
+            "event": str,
+            "label": str,
+            DAG_FIELD: str,
+            "status" + FIELD_SUFFIX: str,
+            SESSION: str,
+        }
         frame = self._csv(
-            f'SELECT "event", "tasks", "label", "duration", "job", "dag", "status" FROM "dag" {where}', dtype=dtype
+            f'SELECT "event", "tasks", "label", "duration", "job", "dag", "status", "session" FROM "dag" {where}',
+            dtype=dtype,
         )
         if "dag" in frame.columns and frame["dag"].isna().any():
             # dag and status are fields, tags in points written before they were: where one shard holds
             # both, "dag" names the field. Ask for both (InfluxDB 1.x casts).
             q = (
                 f'SELECT "event", "tasks", "label", "duration", "job", {tag_or_field("dag")}, '
-                f'{tag_or_field("status")} FROM "dag" {where}'
+                f'{tag_or_field("status")}, "session" FROM "dag" {where}'
             )
             frame = _from_field(_from_field(self._csv(q, dtype=dtype), "dag"), "status")
         return frame
@@ -361,3 +436,16 @@ class InfluxQLBackend:
             dtype={c: str for c in columns if c in schema.MEASUREMENT_TAGS.get(measurement, ())},
         )
         return frame.reindex(columns=["time"] + list(columns))
+
+    def last_by(self, measurement: str, fields: list[str], by: tuple) -> pd.DataFrame:
+        """Server-side ``last(field)`` of each field ``GROUP BY by``: one row per group, columns ``by`` + fields
+        (a tag a series lacks: "")."""
+        select = ", ".join(f"last({ident(f)}) AS {ident(f)}" for f in fields)
+        q = f"SELECT {select} FROM {ident(measurement)} {self._where()} GROUP BY {', '.join(map(ident, by))}"
+        rows = []
+        for s in self._json(q):
+            tags = s.get("tags", {})
+            for row in s.get("values", []):
+                values = dict(zip(s["columns"], row))
+                rows.append({**{t: tags.get(t, "") for t in by}, **{f: values.get(f) for f in fields}})
+        return pd.DataFrame(rows, columns=list(by) + list(fields))

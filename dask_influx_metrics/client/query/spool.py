@@ -3,9 +3,9 @@
 A spool root holds one folder per monitoring session
 (``<root>/<session>/<worker>/spool-*.lp``, the scheduler's ``dag`` points
 under ``<root>/<session>/scheduler/``). Point ``connect`` at the root (the
-latest session is read, or the one named by ``session=``) or at one session's
-folder. Each worker's files are parsed only when that worker is asked about,
-then kept.
+latest session is read, or the one ``session=`` names: see :mod:`.sessions`)
+or at one session's folder. Each worker's files are parsed only when that
+worker is asked about, then kept.
 
 A line that does not parse is skipped, counted and named (``file:line``) in
 :attr:`SpoolBackend.notes` and a log warning; an unterminated last line (a
@@ -25,12 +25,14 @@ import pandas as pd
 
 from ... import jobtags, lineparse, schema
 from ...lineparse import split_lines
+from ...names import session_start_ns
 from ...sinks.paths import REFUSED_DIR, UNDELIVERED_DIR
 from ...sinks.spool import spool_files
 from .base import DEVICE_MEASUREMENTS, SAMPLE_MEASUREMENTS, TAG_DTYPES, QueryError, ReadOptions, empty_frame, widened
+from .sessions import SESSION
 
 logger = logging.getLogger(__name__)
-WORKER_MEASUREMENTS = (*SAMPLE_MEASUREMENTS, schema.TASK, schema.ACTIVITY)  # what a worker's tables read
+WORKER_MEASUREMENTS = (*SAMPLE_MEASUREMENTS, schema.DISK, schema.TASK, schema.ACTIVITY)  # what a worker's points are
 
 SCHEDULER_DIR = "scheduler"
 
@@ -132,57 +134,99 @@ class SpoolBackend:
     """Reads a spool folder; see :func:`dask_influx_metrics.query.connect`."""
 
     language = "spool"
-    picked = None  # which session of a spool root was read, when none was named
 
     def __init__(self, path, options: ReadOptions = ReadOptions()):
-        path, session = os.fspath(path), options.session
+        path = os.fspath(path)
         if not os.path.isdir(path):
             raise QueryError(f"spool folder {path!r} does not exist")
-        if session is None and _is_session(path):
-            self.path = path
-        else:
-            found = sessions(path)
-            if not found:
-                raise QueryError(f"no spooled samples under {path!r} (expected <session>/<worker>/spool-*.lp)")
-            if session is not None and session not in found:
-                raise QueryError(f"session {session!r} not in {path!r}; sessions: {found}")
-            self.path = os.path.join(path, session or found[-1])
-            if session is None and len(found) > 1:  # say which one: the latest may be another run's
-                self.picked = (
-                    f"read session {found[-1]!r}, the latest of {len(found)} under {path!r} (the "
-                    f"others: {found[:-1]}); choose one with session= (CLI: --session)"
-                )
-                logger.warning("spool: %s", self.picked)
-        self.session = os.path.basename(self.path)
+        # a session's folder, or a root of them (every session until select_session: .sessions decides)
+        self.root, found = (
+            (None, [path]) if _is_session(path) else (path, [os.path.join(path, s) for s in sessions(path)])
+        )
+        if not found:
+            raise QueryError(f"no spooled samples under {path!r} (expected <session>/<worker>/spool-*.lp)")
         self.tags, self.start_ns, self.stop_ns = dict(options.tags or {}), options.start_ns, options.stop_ns
         self._cache: dict[str, dict[str, pd.DataFrame]] = {}
         self._workers: dict[str, dict[str, pd.DataFrame]] | None = None  # worker -> measurement -> its points
         self.skipped: dict[str, list[str]] = {}  # folder -> "file:line: why" of each corrupt line
         self.undelivered: dict[str, dict] = {}  # folder -> points read from its undelivered/ and refused/
-        # one folder per sampling process: a host's agent (every worker of the host), a worker's own
-        # (custom metrics, the task stream), or a worker of versions before the agent
+        self._read(found)
+
+    def _read(self, folders: list[str]) -> None:
+        """Read the sessions in ``folders``: one folder per sampling process in each, a host's agent (every
+        worker of the host), a worker's own (custom metrics, the task stream), or a worker of versions before
+        the agent; the scheduler's ``dag`` points apart."""
+        self.folders = folders
+        self.path = folders[0] if len(folders) == 1 else self.root
+        self.session = os.path.basename(folders[0]) if len(folders) == 1 else None  # None: every session
         self._paths = [
-            os.path.join(self.path, n)
-            for n in sorted(os.listdir(self.path))
-            if n != SCHEDULER_DIR and os.path.isdir(os.path.join(self.path, n))
+            os.path.join(f, n)
+            for f in folders
+            for n in sorted(os.listdir(f))
+            if n != SCHEDULER_DIR and os.path.isdir(os.path.join(f, n))
         ]
 
     def close(self) -> None:
         """Nothing to release: files are read whole and closed."""
 
     def describe(self) -> str:
-        return f"spool session {self.session!r} ({self.path})"
+        if len(self.folders) == 1:
+            return f"spool session {os.path.basename(self.folders[0])!r} ({self.folders[0]})"
+        return f"spool root {self.root!r}"
 
     def widened(self) -> "SpoolBackend":
         """The same session without time range or tags (to say what it holds)."""
         return widened(self, _cache={}, _workers=None, skipped={}, undelivered={})
 
+    # --- sessions (see .sessions) -------------------------------------------
+    def session_rows(self, detail: bool = False) -> pd.DataFrame:
+        """The sessions here (one folder each) with points in range and tags: ``session`` and ``first`` (ns);
+        with ``detail`` per ``host``, ``worker`` and ``job`` too, and ``last``. Files are read only for the
+        details, a range, tags, or a folder whose name is no session id (then what its name says is ``first``)."""
+        folders = [os.path.join(self.root, s) for s in sessions(self.root)] if self.root else self.folders[:1]
+        narrowed = self.tags or self.start_ns is not None or self.stop_ns is not None
+        rows = []
+        for folder in folders:
+            sid = os.path.basename(folder)
+            if not detail and not narrowed and session_start_ns(sid) is not None:
+                rows.append({SESSION: sid, "first": session_start_ns(sid)})
+                continue
+            one = widened(self, _cache={}, _workers=None, skipped={}, undelivered={})
+            one._read([folder])
+            one.tags, one.start_ns, one.stop_ns = self.tags, self.start_ns, self.stop_ns
+            frames = [f for w in one._worker_frames() for f in w.values() if not f.empty]
+            frames += [f for f in [one.dag_points()] if not f.empty]
+            for f in frames:
+                keys = [k for k in ("host", "worker", "job") if k in f.columns]
+                for key, group in f.groupby(keys, dropna=False) if keys else [((), f)]:
+                    key = key if isinstance(key, tuple) else (key,)
+                    rows.append(
+                        {
+                            SESSION: sid,
+                            **dict(zip(keys, key)),
+                            "first": group["time"].min(),
+                            "last": group["time"].max(),
+                        }
+                    )
+        columns = [SESSION, "host", "worker", "job", "first", "last"] if detail else [SESSION, "first"]
+        return pd.DataFrame(rows).reindex(columns=columns)
+
+    def select_session(self, session: str) -> None:
+        """Read only ``session``'s folder."""
+        found = {
+            os.path.basename(f): f
+            for f in ([os.path.join(self.root, s) for s in sessions(self.root)] if self.root else self.folders)
+        }
+        if session not in found:
+            where = self.root or os.path.dirname(self.folders[0])
+            raise QueryError(f"session {session!r} not in {where!r}; sessions: {sorted(found)}")
+        self._read([found[session]])
+
     @property
     def notes(self) -> list[str]:
         """One line per thing the answers should be read with: corrupt lines skipped, undelivered samples read."""
         skipped = [s for lines in self.skipped.values() for s in lines]
-        out = [self.picked] if self.picked else []
-        out += [f"skipped {len(skipped)} corrupt spool line(s): {_first(skipped)}"] if skipped else []
+        out = [f"skipped {len(skipped)} corrupt spool line(s): {_first(skipped)}"] if skipped else []
         undelivered = sum(kept[UNDELIVERED_DIR] for kept in self.undelivered.values())
         if undelivered:
             out.append(f"{undelivered} sample(s) came from {UNDELIVERED_DIR}/ (not delivered over HTTP at the time)")
@@ -312,15 +356,43 @@ class SpoolBackend:
         return grouped.rename("max").reset_index()
 
     def dag_points(self) -> pd.DataFrame:
-        folder = os.path.join(self.path, SCHEDULER_DIR)
-        if not os.path.isdir(folder):
-            return pd.DataFrame()
-        points, self.skipped[folder], _ = read_points(folder)
-        return self._filter(_long(points, schema.DAG))
+        """The scheduler's ``dag`` points of every session read, each with its ``session`` (from its folder
+        where the points carry none: written before sessions were tagged)."""
+        parts = []
+        for session in self.folders:
+            folder = os.path.join(session, SCHEDULER_DIR)
+            if not os.path.isdir(folder):
+                continue
+            points, self.skipped[folder], _ = read_points(folder)
+            frame = _long(points, schema.DAG)
+            if not frame.empty:
+                named = frame[SESSION] if SESSION in frame.columns else pd.Series(None, index=frame.index, dtype=object)
+                parts.append(frame.assign(**{SESSION: named.fillna(os.path.basename(session))}))
+        return self._filter(pd.concat(parts, ignore_index=True)) if parts else pd.DataFrame()
 
     def points(self, measurement: str, columns: list[str]) -> pd.DataFrame:
-        """Every point of ``measurement`` in range, from every worker: ``time`` and ``columns``."""
-        frames = [f[measurement] for f in self._worker_frames() if measurement in f and not f[measurement].empty]
+        """Every point of ``measurement`` in range, from every worker (``delivery``: every sender's folder, the
+        scheduler's too): ``time`` and ``columns``."""
+        if measurement == schema.DELIVERY:
+            senders = self._paths + [os.path.join(f, SCHEDULER_DIR) for f in self.folders]
+            every = [self._frames(f) for f in senders if os.path.isdir(f)]
+        else:
+            every = list(self._worker_frames())
+        frames = [f[measurement] for f in every if measurement in f and not f[measurement].empty]
         frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
         frame = frame.reindex(columns=["time"] + list(columns))
         return frame.sort_values("time", kind="stable").reset_index(drop=True)
+
+    def last_by(self, measurement: str, fields: list[str], by: tuple) -> pd.DataFrame:
+        """Per distinct value of the tags ``by`` (a tag a point lacks: ""), each field's last value in range,
+        from every sender's folder (not only workers': the agent writes ``accounting`` points)."""
+        frames = [
+            f[measurement] for f in map(self._frames, self._paths) if not f.get(measurement, pd.DataFrame()).empty
+        ]
+        frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if frame.empty:
+            return pd.DataFrame(columns=list(by) + list(fields))
+        frame = frame.reindex(columns=["time", *by, *fields]).sort_values("time", kind="stable")
+        frame[list(by)] = frame[list(by)].astype(object).fillna("").astype(str)  # a tag a point lacks: ""
+        last = frame.groupby(list(by), sort=True)[list(fields)].last()  # each column's last non-null value
+        return last.reset_index()[list(by) + list(fields)]

@@ -10,11 +10,13 @@ from typing import Callable, Optional
 import pandas as pd
 
 from ... import jobtags, schema
+from .. import accounting as _accounting
 from .. import peaks as _peaks
 from .. import summary as _summary
 from .. import tables as _tables
 from ..hosts import HostQuestions
 from ..tasks import TaskQuestions
+from . import sessions as _sessions
 from .base import DEVICE_MEASUREMENTS, Backend, QueryError, kept_lines, pending_notes
 
 _DASK_ADDRESS = re.compile(r"^[A-Za-z][\w+.-]*://")  # a worker tag Dask wrote (scheme://...)
@@ -34,6 +36,7 @@ def _iso(ns: int) -> str:
     return pd.Timestamp(int(ns), unit="ns", tz="UTC").isoformat().replace("+00:00", "Z")
 
 
+DAG_POINT_COLUMNS = ("time", "job", "dag", "status", "event", "tasks", "label", "duration", "session")
 # why GPU samples are missing, said wherever a reader finds none
 NO_GPU = (
     "the workers reported no GPU (NVML missing, no device visible, CUDA_VISIBLE_DEVICES empty, or "
@@ -55,8 +58,12 @@ class Store(TaskQuestions, HostQuestions):
     #: workers fetched at once by :meth:`worker_tables`
     parallel = 4
 
-    def __init__(self, backend: Backend, origin_ns: Optional[int] = None, workers=None, undelivered=None):
+    def __init__(
+        self, backend: Backend, origin_ns: Optional[int] = None, workers=None, undelivered=None, session_note=""
+    ):
         self.backend = backend
+        #: which session was read, among which (``connect``'s :func:`.sessions.select`); "" when it is the only one
+        self.session_note = session_note
         self.undelivered = undelivered  # a spool folder whose undelivered/ and refused/ samples are not in InfluxDB
         self._origin_ns = origin_ns
         self._own = None if workers is None else set(workers)  # the session's workers, when known
@@ -75,7 +82,8 @@ class Store(TaskQuestions, HostQuestions):
         """One line per thing to read the answers with: corrupt spool lines skipped (file:line), samples taken
         from (or kept in) ``undelivered/`` or ``refused/``, series skipped, custom metrics that failed on the workers."""
         return (
-            list(self.backend.notes)
+            ([self.session_note] if self.session_note else [])
+            + list(self.backend.notes)
             + self._skipped
             + [_failed(name, f) for name, f in sorted(self.failed_metrics.items())]
         )
@@ -100,16 +108,25 @@ class Store(TaskQuestions, HostQuestions):
         return "; ".join(k for k in dict.fromkeys(found) if k)
 
     def scope(self) -> str:
-        """Where this Store looks, in words: the source, the time range and the tags."""
+        """Where this Store looks, in words: the source, the session, the time range and the tags."""
         b = self.backend
         when = ", ".join(
             f"{word} {_iso(ns)}" for word, ns in (("from", b.start_ns), ("to", b.stop_ns)) if ns is not None
         )
+        tags = {k: v for k, v in sorted(b.tags.items()) if k != _sessions.SESSION}
+        session = b.session is not None and b.language != "spool"  # a spool names its session's folder
         return (
             f"in {b.describe()}"
+            + (f", session {_sessions.name(b.session)!r}" if session else "")
             + (f" {when}" if when else ", at any time")
-            + (f", tags {dict(sorted(b.tags.items()))}" if b.tags else "")
+            + (f", tags {tags}" if tags else "")
         )
+
+    def sessions(self) -> pd.DataFrame:
+        """Every session the source holds within the time range and tags (whichever this Store reads), newest
+        first: ``index`` (1 = the latest; what ``connect(session=...)`` takes), ``session``, ``start``, ``end``,
+        and how many ``workers``, ``jobs`` and ``hosts`` wrote points (see :mod:`.sessions`)."""
+        return _sessions.table(self.backend.session_rows(detail=True), self.ours)
 
     def not_found(self, what: str = "samples") -> str:
         """One line: ``what`` was not found in :meth:`scope`, and what the source holds outside it."""
@@ -129,8 +146,11 @@ class Store(TaskQuestions, HostQuestions):
                 there += f": if only GPU metrics were tracked, {NO_GPU}"
         else:
             there = f"the source holds samples from {_iso(first)} to {_iso(last)}"
-            for key in sorted(self.backend.tags):
+            for key in sorted(k for k in self.backend.tags if k != _sessions.SESSION):
                 there += f", {key} in {wide.tag_values(key)}"
+            if self.backend.session is not None:
+                found = _sessions.order(wide.session_rows())
+                there += f", sessions (newest first) {[_sessions.name(s) for s in found[::-1]][:10]}"
         return f"no {what} {self.scope()}; {there}"
 
     def __enter__(self) -> "Store":
@@ -188,33 +208,64 @@ class Store(TaskQuestions, HostQuestions):
         return self._origin_ns
 
     def dags(self, job: Optional[int] = None) -> pd.DataFrame:
-        """One row per DAG: ``dag``, ``job``, ``status``, ``submitted``, ``ended``, ``duration`` (s), ``tasks``, ``label``."""
+        """One row per DAG: ``dag``, ``job``, ``status``, ``submitted``, ``ended``, ``duration`` (s), ``tasks``,
+        ``label``, ``session``. A row never mixes sessions: each end belongs to the latest submission of its
+        DAG before it in its session (so also where a session without id, ``unnamed``, holds several runs)."""
         points = self.backend.dag_points()
-        cols = ["dag", "job", "status", "submitted", "ended", "duration", "tasks", "label"]
+        points = points[[c for c in points.columns if c in DAG_POINT_COLUMNS]]  # not extra tags (a "run" tag)
+        cols = ["dag", "job", "status", "submitted", "ended", "duration", "tasks", "label", "session"]
         if points.empty:
             return pd.DataFrame(columns=cols)
-        points = points.assign(time=pd.to_datetime(points["time"], unit="ns", utc=True))
-        submit = points[points["event"] == "submit"].drop_duplicates("dag").set_index("dag")
-        end = points[points["event"] == "end"].drop_duplicates("dag", keep="last").set_index("dag")
+        session = points["session"] if "session" in points.columns else pd.Series(None, index=points.index)
+        points = points.assign(
+            time=pd.to_numeric(points["time"]).astype("int64"),
+            session=session.astype(object).where(session.notna(), "").astype(str),
+            dag=pd.to_numeric(points["dag"]).astype(int),
+        ).sort_values("time", kind="stable")
+        submit = points[points["event"] == "submit"]
+        submit = submit.assign(_nth=submit.groupby(["session", "dag"]).cumcount())
+        end = pd.merge_asof(
+            points[points["event"] == "end"].drop(columns=["job", "tasks", "label"], errors="ignore"),
+            submit[["time", "session", "dag", "_nth"]].rename(columns={"time": "submit_time"}),
+            left_on="time",
+            right_on="submit_time",
+            by=["session", "dag"],
+        ).dropna(subset=["_nth"])
+        key = ["session", "dag", "_nth"]
+        end = end.assign(_nth=end["_nth"].astype(int)).drop_duplicates(key, keep="last").set_index(key)
+        submit = submit.set_index(key)
         out = pd.DataFrame(
             {
                 "job": submit["job"].astype(int),
                 "status": end["status"].reindex(submit.index).fillna("running"),
-                "submitted": submit["time"],
-                "ended": end["time"].reindex(submit.index),
+                "submitted": pd.to_datetime(submit["time"], unit="ns", utc=True),
+                "ended": pd.to_datetime(end["time"].reindex(submit.index), unit="ns", utc=True),
                 "duration": pd.to_numeric(end["duration"].reindex(submit.index)),
                 "tasks": pd.to_numeric(submit["tasks"]).astype(int),
                 "label": submit["label"],
             }
-        )
-        out.index = out.index.astype(int)
-        out = out.rename_axis("dag").reset_index().sort_values("dag", kind="stable").reset_index(drop=True)
+        ).reset_index()
+        out = out.sort_values(["session", "submitted", "dag"], kind="stable").reset_index(drop=True)
+        out["session"] = out["session"].map(_sessions.name)
         if job is not None:
             jobs = sorted(out["job"].unique().tolist())
             if int(job) not in jobs:
                 raise ValueError(f"job {job} has no DAGs; jobs: {jobs} ({self.scope()})")
             out = out[out["job"] == int(job)].reset_index(drop=True)
         return out[cols]
+
+    def delivery(self) -> pd.DataFrame:
+        """Each sender's last ``delivery`` counters in range (a stopped session's: its final ones): ``host``,
+        ``worker`` (the sender: a worker address, ``scheduler`` or ``agent-<host>``), ``sink``, ``time`` and
+        the counters (:data:`~dask_influx_metrics.schema.DELIVERY_FIELDS`, cumulative since the sender started)."""
+        keys = ["host", "worker", "sink"]
+        points = self.backend.points(schema.DELIVERY, [*keys, *schema.DELIVERY_FIELDS])
+        columns = [*keys, "time", *schema.DELIVERY_FIELDS]
+        if points.dropna(subset=["time"]).empty:
+            return pd.DataFrame(columns=columns)
+        last = points.sort_values("time", kind="stable").groupby(keys, dropna=False).tail(1)
+        last = last.assign(time=pd.to_datetime(pd.to_numeric(last["time"]), unit="ns", utc=True))
+        return last[columns].sort_values(keys, kind="stable").reset_index(drop=True)
 
     # --- selections --------------------------------------------------------
     def _select_workers(self, workers) -> list[tuple[int, str]]:
@@ -356,6 +407,25 @@ class Store(TaskQuestions, HostQuestions):
             tidy = tidy[tidy["job"] == job].reset_index(drop=True)
         return tidy
 
+    def accounting(self, job: Optional[int] = None) -> pd.DataFrame:
+        """Per-job GPU accounting from the samplers' running totals (tracking name ``accounting``): one row per
+        job and GPU, per job and host (CPU), per job (totals), and the idle rows (``job`` <NA>); see
+        :mod:`dask_influx_metrics.client.accounting`. With a time range, each total's increase within it."""
+        fields, by = list(_accounting.FIELDS), _accounting.BY
+        last = self.backend.last_by(schema.ACCOUNTING, fields, by)
+        before = None
+        if self.backend.start_ns is not None and not last.empty:  # rows that began before the range
+            earlier = self.backend.widened()
+            earlier.tags, earlier.stop_ns = dict(self.backend.tags), self.backend.start_ns - 1
+            before = earlier.last_by(schema.ACCOUNTING, fields, by)
+        out = _accounting.table(_accounting.increase(last, before))
+        if job is not None:
+            known = sorted(j for j in out["job"].dropna().unique())
+            if job not in known:
+                raise ValueError(f"job {job!r} has no accounting rows; jobs: {known} ({self.scope()})")
+            out = out[out["job"] == job].reset_index(drop=True)
+        return out
+
     def get_peaks(self, metric: str = "mem-util", workers=None, per_job: bool = True, **kw) -> list:
         """The old ``get_peaks`` shapes: ``[{job: [peak per GPU]}, ...]`` or ``[[peak per GPU], ...]``.
 
@@ -372,21 +442,21 @@ class Store(TaskQuestions, HostQuestions):
         return _peaks.to_lists(tidy, per_job, [i for i, _ in chosen])
 
     def summary(self, per_job: bool = True, workers=None, job: Optional[int] = None) -> pd.DataFrame:
-        """GPU and host-CPU utilization per worker (and per job): see :mod:`dask_influx_metrics.client.summary`;
-        the host CPU rows of a worker are its host's (:meth:`host_tables`). With ``job``: that job's rows only
-        (``per_job`` then does not matter)."""
-        names = [n for n in (_summary.GPU_METRIC, _summary.CPU_METRIC, *_summary.MEMORY_METRICS) if n in self.metrics()]
-        if not {_summary.GPU_METRIC, _summary.CPU_METRIC} & set(names):
-            raise ValueError(f"a summary needs compute-util or host-cpu; present: {self.metrics()}")
-        tables = self.worker_tables(
-            job=job, metrics=[n for n in names if n != _summary.CPU_METRIC] or names, workers=workers
-        )
-        hosts = (
-            self.host_tables_by_worker(list(tables), [_summary.CPU_METRIC], job)
-            if _summary.CPU_METRIC in names
-            else None
-        )
+        """GPU utilization per worker and its node's CPU, memory, disk and network (and per job): see
+        :mod:`dask_influx_metrics.client.summary`; the node rows of a worker are its host's (:meth:`node_tables`).
+        With ``job``: that job's rows only (``per_job`` then does not matter)."""
+        present = self.metrics()
+        names = [n for n in (_summary.GPU_METRIC, *_summary.MEMORY_METRICS) if n in present]
+        nodes = [n for n in _summary.HOST_METRICS if n in present]
+        if _summary.GPU_METRIC not in names and not nodes:
+            raise ValueError(
+                f"a summary needs compute-util or a host metric (host-cpu, host-mem, ...); present: {present}"
+            )
+        tables = self.worker_tables(job=job, metrics=names or nodes[:1], workers=workers)
+        hosts = self.node_tables(list(tables)) if nodes else None
         frame = _summary.summarize(list(tables.values()), per_job=per_job or job is not None, hosts=hosts)
+        for note in frame.attrs.get("notes", []):
+            self.skip_note(note)
         return frame if job is None else frame[frame["job"] == job].reset_index(drop=True)
 
     def to_csv(

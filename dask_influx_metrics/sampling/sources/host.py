@@ -21,9 +21,11 @@ builds them on every read). The ``worker`` fields are read every time.
 ``cpu_percent`` (host) is computed per source from ``psutil.cpu_times()``
 deltas, exactly as ``psutil.cpu_percent(interval=None)`` does but without its
 module-wide "previous call" state, which every caller in the process shares
-(several workers in one process would shorten each other's window). Both CPU
-percentages are primed at construction, so the first read covers the time
-since then. Host ``cpu_percent``: all cores = 100; worker: one core = 100.
+(several workers in one process would shorten each other's window); the
+per-core max and min likewise from the same read's per-core times
+(``psutil.cpu_percent(percpu=True)``'s figures). Both CPU percentages are
+primed at construction, so the first read covers the time since then. Host
+``cpu_percent``: all cores = 100; per core and worker: one core = 100.
 
 Example
 -------
@@ -41,17 +43,18 @@ import time
 import psutil
 
 from ...reports import Once
-from ...schema import FIELDS, HOST, WORKER
+from ...schema import DISK, FIELDS, HOST, WORKER
 from . import procfs as procfs_mod
+from .disks import REFRESH_S, DiskUsage
 
 logger = logging.getLogger(__name__)
 
 # (measurement, group) -> fields one psutil call provides
 _GROUPS = {
-    (HOST, "cpu"): ("cpu_percent",),
+    (HOST, "cpu"): ("cpu_percent", "cpu_percent_core_max", "cpu_percent_core_min", "cpu_count"),
     (HOST, "memory"): ("memory_used", "memory_total", "memory_used_percent"),
     (HOST, "disk"): ("disk_read_bytes", "disk_write_bytes"),
-    (HOST, "net"): ("net_recv_bytes", "net_sent_bytes"),
+    (HOST, "net"): tuple(f"net_{d}{k}_bytes" for k in ("", "_lo", "_ext") for d in ("recv", "sent")),
     (WORKER, "cpu"): ("cpu_percent",),
     (WORKER, "memory"): ("rss",),
 }
@@ -67,10 +70,53 @@ def refresh_seconds(host_refresh_ms: float, polling_interval_ms: float) -> float
     return 0.0 if host_refresh_ms <= polling_interval_ms else (host_refresh_ms - polling_interval_ms / 2) / 1000.0
 
 
+def host_sources(settings) -> tuple:
+    """``(HostSource, DiskUsage)`` of a sampler's ``host`` and ``disk`` fields (``settings``: a
+    :class:`~...config.Settings`), each None when none is asked for: the host counters at the host refresh
+    rate, the filesystems at most once a second (:data:`.disks.REFRESH_S`)."""
+    refresh = refresh_seconds(settings.host_refresh, settings.polling_interval)
+    host = frozenset(f for f in settings.fields if f[0] == HOST)
+    disk = frozenset(f for f in settings.fields if f[0] == DISK)
+    return (
+        HostSource(host, refresh=refresh) if host else None,
+        DiskUsage(disk, refresh_seconds(max(settings.host_refresh, 1000 * REFRESH_S), settings.polling_interval))
+        if disk
+        else None,
+    )
+
+
+def _psutil_cores() -> list:
+    """The cores' ``[(name, busy, total)]`` from ``psutil.cpu_times(percpu=True)`` (seconds), as :func:`.procfs.per_core`."""
+    return [(i, *_busy_total(t)) for i, t in enumerate(psutil.cpu_times(percpu=True))]
+
+
 def _busy_total(times) -> tuple[float, float]:
     """(busy, total) CPU seconds as psutil counts them (guest time is in user)."""
     total = sum(times) - getattr(times, "guest", 0) - getattr(times, "guest_nice", 0)
     return total - times.idle - getattr(times, "iowait", 0), total
+
+
+def _core_spread(cores: list, last: list | None) -> dict:
+    """The busiest and idlest core's CPU % since ``last`` and the online cores, from ``cores`` (both
+    ``[(name, busy, total)]``: :func:`.procfs.per_core`); none while the online cores changed.
+
+    >>> _core_spread([("cpu0", 110, 200), ("cpu1", 10, 200)], [("cpu0", 10, 100), ("cpu1", 10, 100)])
+    {'cpu_count': 2, 'cpu_percent_core_max': 100.0, 'cpu_percent_core_min': 0.0}
+    """
+    hi, lo = -1.0, 2.0  # shares of the window, 0-1
+    if last is not None and len(last) == len(cores):
+        for (name, busy, total), (was, busy0, total0) in zip(cores, last):
+            if name == was and total > total0:
+                share = (busy - busy0) / (total - total0)
+                hi, lo = max(hi, share), min(lo, share)
+    if hi < 0:
+        return {"cpu_count": len(cores)}
+    hi, lo = min(max(hi, 0.0), 1.0), min(max(lo, 0.0), 1.0)
+    return {
+        "cpu_count": len(cores),
+        "cpu_percent_core_max": round(100.0 * hi, 1),
+        "cpu_percent_core_min": round(100.0 * lo, 1),
+    }
 
 
 class HostSource:
@@ -94,7 +140,9 @@ class HostSource:
         self._once = Once()
         self._process = process
         self._last_cpu = None  # (busy, total) at the previous read
-        self._last_percent = 0.0
+        self._last_percent: dict = {"cpu_percent": 0.0}  # the previous cpu reading
+        self._cores = any(n != "cpu_percent" for n in self._groups.get((HOST, "cpu"), ()))  # per-core figures
+        self._last_cores = None  # the cores' [(name, busy, total)] at the previous read
         self._last_proc = None  # (process CPU seconds, monotonic) at the previous read (procfs)
         self._proc = None
         if procfs and procfs_mod.available():
@@ -120,33 +168,49 @@ class HostSource:
         }
 
     def _host_cpu(self) -> dict:
-        busy, total = self._proc.cpu_busy_total() if self._proc else _busy_total(psutil.cpu_times())
+        if self._proc:
+            (busy, total), cores = self._proc.cpu_times(self._cores)
+        else:
+            busy, total = _busy_total(psutil.cpu_times())
+            cores = _psutil_cores() if self._cores else None
         if self._last_cpu is None:  # priming (at start, or on taking over the host): no window yet
-            self._last_cpu = (busy, total)
+            self._last_cpu, self._last_cores = (busy, total), cores
+            if cores:
+                self._last_percent = {**self._last_percent, "cpu_count": len(cores)}
             return {}
         d_total = total - self._last_cpu[1]
         if d_total <= 0:  # same clock tick: keep the window open
-            return {"cpu_percent": self._last_percent}
+            return self._last_percent
         d_busy = min(max(busy - self._last_cpu[0], 0.0), d_total)
-        self._last_percent = round(100.0 * d_busy / d_total, 1)
         self._last_cpu = (busy, total)
-        return {"cpu_percent": self._last_percent}
+        out = {"cpu_percent": round(100.0 * d_busy / d_total, 1)}
+        if cores is not None:
+            out.update(_core_spread(cores, self._last_cores))
+            self._last_cores = cores
+        self._last_percent = out
+        return out
 
     def _host_memory(self) -> dict:
         vm = psutil.virtual_memory()
         return {"memory_used": vm.used, "memory_total": vm.total, "memory_used_percent": vm.percent}
 
     def _host_disk(self) -> dict:
-        io = psutil.disk_io_counters()
+        io = psutil.disk_io_counters(nowrap=False)
         if io is None:
             raise RuntimeError("psutil.disk_io_counters() returned None (no disks visible)")
         return {"disk_read_bytes": io.read_bytes, "disk_write_bytes": io.write_bytes}
 
     def _host_net(self) -> dict:
-        io = psutil.net_io_counters()
-        if io is None:
-            raise RuntimeError("psutil.net_io_counters() returned None (no interfaces)")
-        return {"net_recv_bytes": io.bytes_recv, "net_sent_bytes": io.bytes_sent}
+        nics = psutil.net_io_counters(pernic=True, nowrap=False)
+        if not nics:
+            raise RuntimeError("psutil.net_io_counters() found no interfaces")
+        out = dict.fromkeys(_GROUPS[HOST, "net"], 0)
+        for name, io in nics.items():
+            kind = "_lo" if procfs_mod.is_loopback(name) else "_ext"
+            for k in ("", kind):
+                out[f"net_recv{k}_bytes"] += io.bytes_recv
+                out[f"net_sent{k}_bytes"] += io.bytes_sent
+        return out
 
     def _worker_cpu(self) -> dict:
         if self._proc is None:

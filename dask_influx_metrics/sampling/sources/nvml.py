@@ -344,7 +344,7 @@ class NvmlDevices:
         fields = self._fields(dev, dev.plans[1], pids)
         if dev.procs is not None and (shared or _others(processes, pids)):
             if "procutil" not in dev.results:
-                dev.results["procutil"] = dev.procs.read()
+                dev.results["procutil"] = dev.procs.read(force=self._final, busy=_busy(dev.results.get("utilization")))
             per_pid = dev.results["procutil"]
             if per_pid is not None:  # a window ended this sample
                 pids = self._ancestry.tree(pid, per_pid)
@@ -451,6 +451,11 @@ class NvmlDevices:
             if dev.gpm_reader is not None:
                 dev.gpm_reader.close()
         self._devices = {}
+
+
+def _busy(utilization) -> bool | None:
+    """Whether this sample's utilization result (NVML's, when read) says a kernel ran; None: not read."""
+    return None if utilization is None else getattr(utilization, "gpu", 0) > 0
 
 
 def _others(processes, pids) -> bool:

@@ -11,6 +11,15 @@ second call on, always passing the newest timestamp seen (never 0 again).
 
 The call is slow (~2 ms per GPU on an H100, the recording's ``timing_us``), so
 it is made at most every ``interval_s`` (1 s) per device unless ``force``.
+
+**Shares that start with the work.** The driver lists a process only once it
+has taken a per-process sample of it, which can trail the kernels' start by up
+to its own sampling period: an answer that lists nobody while the device read
+busy since the previous answer (``busy``) does not mean "nobody ran", only
+"not sampled yet". Such a window is not closed: the next answer covers it too
+(at most :data:`DEFER_READS` answers in a row; a forced read, a worker's or
+the session's last, always closes it), so a job whose kernels begin between
+two reads gets its share of them instead of 0.
 ``nvmlDeviceGetProcessesUtilizationInfo`` (driver 550+) is used where the driver
 has it, else ``nvmlDeviceGetProcessUtilization``; both give the same figures.
 
@@ -34,6 +43,7 @@ from ...reports import Once
 logger = logging.getLogger(__name__)
 
 READ_INTERVAL_S = 1.0
+DEFER_READS = 1  # answers listing nobody while the device was busy that may be left for the next one
 _CALLS = ("nvmlDeviceGetProcessesUtilizationInfo", "nvmlDeviceGetProcessUtilization")  # best first
 
 
@@ -42,7 +52,10 @@ class ProcessUtilization:
 
     ``read()`` returns ``{pid: (sm_util, mem_util)}`` (a pid absent ran nothing:
     0 %), or None when there is no window to report: the first call, too soon
-    after the previous read, an NVML error this time, or no support.
+    after the previous read, an NVML error this time, no support, or an answer
+    listing nobody while ``busy`` (the device's utilization was > 0 at some
+    sample since the last window: the driver has not sampled the process yet;
+    see the module docstring). ``busy`` is told at every sample (None: unknown).
     ``clock`` (monotonic seconds) paces the reads; ``wall`` (Unix seconds) gives
     "now" when the first answer is empty.
     """
@@ -63,6 +76,8 @@ class ProcessUtilization:
         self._unsupported = (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound, nvml.NVMLError_NoPermission)
         self._last_seen = 0  # us; never 0 again after the first answer
         self._read_at: float | None = None
+        self._busy = False  # the device read busy at a sample since the last window closed
+        self._deferred = 0  # answers in a row that listed nobody while the device was busy
         self._once = Once()
         if not self._calls:
             self._say_once(
@@ -73,9 +88,10 @@ class ProcessUtilization:
     def supported(self) -> bool:
         return bool(self._calls)
 
-    def read(self, force: bool = False) -> dict[int, tuple[float, float]] | None:
+    def read(self, force: bool = False, busy: bool | None = None) -> dict[int, tuple[float, float]] | None:
         if not self._calls:
             return None
+        self._busy = self._busy or bool(busy)
         now = self._clock()
         if not force and self._read_at is not None and now - self._read_at < self._interval:
             return None
@@ -97,7 +113,12 @@ class ProcessUtilization:
         newest = max((s.timeStamp for s in samples), default=0)
         self._last_seen = max(self._last_seen, newest) or int(self._wall() * 1e6)
         if first:  # the driver's whole buffer, stale: only where "now" is
+            self._busy = False
             return None
+        if not samples and self._busy and not force and self._deferred < DEFER_READS:
+            self._deferred += 1  # busy, but nobody listed yet: the next answer covers this window too
+            return None
+        self._busy, self._deferred = False, 0
         return _mean_per_pid(samples)
 
     def _call(self):

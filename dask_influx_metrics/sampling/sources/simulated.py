@@ -24,6 +24,9 @@ memory is **as now**:
 * ``temperature_gpu`` moves 30 % of the way per read towards ``35 + 45 * u`` C
   (starting at 35), like a heat sink
 * ``clocks_current_sm = 1410 MHz`` when ``u > 0``, else ``210 MHz``
+* ``total_energy_consumption`` (mJ): a counter that adds ``power_draw`` x the time since the previous
+  read, starting at 1e6 mJ; like NVML's, it is in the reading of the first read, then every
+  :data:`~.slowfields.COUNTER_INTERVAL_S` and on a final read (a worker's or the session's last)
 
 The same seed and the same tasks give the same readings.
 
@@ -47,6 +50,7 @@ from typing import Callable, NamedTuple
 
 from ...schema import GPU, Reading
 from ...snapshot import Snapshot
+from .slowfields import COUNTER_INTERVAL_S
 
 NAME = "Simulated GPU"
 BASE_MIB = 400.0
@@ -55,6 +59,7 @@ COOL_C, HOT_C = 35.0, 80.0
 BUSY_MHZ, IDLE_MHZ = 1410.0, 210.0
 JITTER = 0.08  # at most this fraction below 100 % * busy
 SMOOTHING = 0.3  # fraction of the way to the target temperature per read
+ENERGY_START_MJ = 1_000_000  # the energy counter's value before the first read
 _MIB = float(2**20)
 
 
@@ -116,6 +121,9 @@ class SimulatedGpuSource:
         self._handles = [SimulatedHandle(i, simulated_uuid(i, pid=pid)) for i in range(count)]
         self._tags = [{"index": str(i), "uuid": h.uuid, "name": NAME} for i, h in enumerate(self._handles)]
         self._clock, self._last = clock, None  # (time, busy seconds) at the previous read
+        self._energy = [float(ENERGY_START_MJ)] * count  # mJ so far, per device
+        self._energy_at: float | None = None  # time of the previous read (the counter's integration)
+        self._energy_due = None  # when the counter is written next (None: at the next read)
 
     def _busy(self, snap: Snapshot) -> float:
         """The worker's busy share since the previous read; at a read where that is unknown, now."""
@@ -126,12 +134,20 @@ class SimulatedGpuSource:
             return min(1.0, snap.executing / snap.nthreads) if snap.nthreads > 0 else 0.0
         return min(1.0, max(0.0, (total - last[1]) / ((now - last[0]) * snap.nthreads)))
 
-    def read(self) -> list[Reading]:
-        """One ``gpu`` reading per simulated device."""
+    def read(self, final: bool = False) -> list[Reading]:
+        """One ``gpu`` reading per simulated device; ``final``: the energy counter is in it, whenever it
+        was last."""
         if not self._want or not self._handles:
             return []
         snap = self._snapshot()
+        now = self._clock()
         busy = self._busy(snap)
+        dt, self._energy_at = (0.0 if self._energy_at is None else max(0.0, now - self._energy_at)), now
+        counter = "total_energy_consumption" in self._want and (
+            final or self._energy_due is None or now >= self._energy_due
+        )
+        if counter:
+            self._energy_due = now + COUNTER_INTERVAL_S
         count = len(self._handles)
         used = min(self._total, BASE_MIB + snap.managed_bytes / _MIB / count)
         want = self._want
@@ -151,6 +167,9 @@ class SimulatedGpuSource:
                 "temperature_gpu": round(self._temp[i], 2),
                 "clocks_current_sm": BUSY_MHZ if u > 0 else IDLE_MHZ,
             }
+            self._energy[i] += values["power_draw"] * dt * 1000.0  # W x s -> mJ
+            if counter:
+                values["total_energy_consumption"] = int(self._energy[i])
             readings.append(Reading(GPU, dict(self._tags[i]), {k: v for k, v in values.items() if k in want}))
         return readings
 
