@@ -116,7 +116,8 @@ def test_preload_monitors_cluster_from_boot(influxd, tmp_path):
             )
         with Client(scheduler_file=scheduler_file, timeout=30) as client:
             client.wait_for_workers(1, timeout=30)
-            futures = client.map(lambda x: time.sleep(0.2) or x * 2, range(6))
+            # long enough for the agent to sample them: the worker's start does not wait for the agent
+            futures = client.map(lambda x: time.sleep(1.0) or x * 2, range(6))
             # the dashboard's GPU Jobs page, fed by the worker's heartbeats while the tasks run
             live = wait_until_value(lambda: [r for r in Monitor(client).live() if r["util"]], 30, "live figures")
             assert live[0]["job"] == 1 and live[0]["gpus"] == 1, live
