@@ -239,7 +239,7 @@ def test_one_node_table_per_node_for_the_session_and_each_job(tmp_path):
     from dask_influx_metrics.client import report
 
     with query.connect(NP.write_spool(tmp_path / "nodes")) as db:
-        text = open(db.report(tmp_path / "r.html"), encoding="utf-8").read()
+        text = pathlib.Path(db.report(tmp_path / "r.html")).read_text(encoding="utf-8")
         tables = report.node_tables(db.summary(), 1)
     assert text.count("<h4>node node-a</h4>") == 3 and text.count("<h4>node node-b</h4>") == 2
     job2 = text.split('id="job-2"')[1]
