@@ -156,7 +156,8 @@ def test_disk_and_network_bytes_of_a_job_match_psutils_counters(session):
     disk = _row(frame, "disk", 2)
     for name, theirs in seen["disk"].items():
         print(f"{name}: ours {disk[name]:.0f}, psutil {theirs}")
-        assert theirs >= 64 * MIB and disk[name] == pytest.approx(theirs, rel=0.02)
+        # host-wide counters: other processes' I/O lands in both windows, which differ by up to a sample
+        assert theirs >= 64 * MIB and disk[name] >= 64 * MIB and disk[name] == pytest.approx(theirs, rel=0.1)
 
 
 def test_disk_usage_of_the_workers_filesystems(session):
