@@ -20,6 +20,7 @@ MODULES = (
     "taskstream",
     "hostonce",
     "gpm",
+    "clusterlife",
     "hostreads",
     "sessiontag",
     "live",

@@ -3,7 +3,12 @@
 >>> from dask_influx_metrics import Monitor, custom_metric
 """
 
-from . import config as _config  # noqa: F401  (registers the influx-metrics defaults with dask.config)
+import os as _os
+
+from . import config as _config
+
+if _os.environ.get(_config.AGENT_ENV) is None:  # the host agent reads no Dask config, and starts without Dask
+    _config.register_defaults()  # dask.config answers for influx-metrics.*
 
 __all__ = ["Monitor", "custom_metric"]
 __version__ = "0.1.0"

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import logging
 from typing import Callable
 
 from distributed.protocol import pickle as _pickle
+
+logger = logging.getLogger(__name__)
 
 # --- scheduler: the client's graph stream ------------------------------------
 # Scheduler.stream_handlers["update-graph"] receives the client's raw message;
@@ -130,6 +133,52 @@ def _raise_worker_error(replies: dict, what: str) -> None:
         )
 
 
+# --- scheduler: its end ---------------------------------------------------------
+# Server.stop(): what a scheduler runs as it ends, from close() and also alone (a scheduler ended with
+# stop() and never closed, as distributed's own test_nanny.py::test_scheduler_file does); a
+# SchedulerPlugin's close() runs only from close(). Overridden on the instance, as a method Dask
+# calls on itself (self.stop()). Without it a stopped scheduler leaves the session's threads
+# (delivery health, the spool's flush timer, the HTTP sink's writer) and open files behind.
+# Checked: distributed 2026.8.0, 2026.7.1.
+def on_stop(server, fn: Callable[[], None]) -> Callable[[], None]:
+    """Call ``fn()`` when ``server`` stops (its ``stop()``, which ``close()`` calls too: a server stopped, then
+    closed calls it twice), before Dask's own stop; returns the undo. An exception from ``fn`` is logged, never
+    in the way of the stop."""
+
+    def cover(original, live):
+        def stop(*args, **kwargs):
+            if live():
+                try:
+                    fn()
+                except Exception:
+                    logger.exception("influx-metrics: stopping with %s failed", type(server).__name__)
+            return original(*args, **kwargs)
+
+        return stop
+
+    return _cover(server, "stop", cover)
+
+
+def _cover(obj, name: str, cover) -> Callable[[], None]:
+    """Set ``obj.<name>`` on the instance to ``cover(original, live)``: a method Dask calls on itself, seen
+    through ours. Returns the undo, which puts back what it covered or, covered since by another, makes
+    ``live()`` False so ours stops acting (the other keeps calling through it)."""
+    covered = vars(obj).get(name)  # another cover's, else None: the class's method
+    state = {"live": True}
+    mine = cover(getattr(obj, name), lambda: state["live"])
+    setattr(obj, name, mine)
+
+    def undo() -> None:
+        state["live"] = False
+        if vars(obj).get(name) is mine:
+            if covered is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, covered)
+
+    return undo
+
+
 # --- pickling --------------------------------------------------------------------
 # distributed.protocol.pickle: pickle with a cloudpickle fallback, the format
 # Worker.plugin_add loads. Without it custom metrics defined in a notebook or as
@@ -207,27 +256,16 @@ def tap_execute_digests(worker, append) -> Callable[[], None]:
     """Also ``append((prefix, activity, unit, amount))``, on the event loop, for each execute digest the
     worker adds from now on; returns the undo (which puts back what it covered, or, with a tap set over
     ours since, only stops ours)."""
-    covered = vars(worker).get("digest_metric")  # another tap's, else None: the class's method
-    original = worker.digest_metric
-    live = True
 
-    def digest_metric(name, value):
-        original(name, value)
-        if live and type(name) is tuple and len(name) == 5 and name[0] == "execute":
-            append((name[2], name[3], name[4], value))
+    def cover(original, live):
+        def digest_metric(name, value):
+            original(name, value)
+            if live() and type(name) is tuple and len(name) == 5 and name[0] == "execute":
+                append((name[2], name[3], name[4], value))
 
-    worker.digest_metric = digest_metric
+        return digest_metric
 
-    def undo() -> None:
-        nonlocal live
-        live = False
-        if vars(worker).get("digest_metric") is digest_metric:
-            if covered is None:
-                del worker.digest_metric
-            else:
-                worker.digest_metric = covered
-
-    return undo
+    return _cover(worker, "digest_metric", cover)
 
 
 # --- worker: heartbeat metrics ------------------------------------------------------------

@@ -4,7 +4,8 @@ One table row per setting gives its config key (below ``influx-metrics``),
 the :class:`Settings` attribute, the ``Monitor``/``attach`` keywords, the
 default, the parser that validates it, the unit and a line of doc. Everything
 else is derived from that table: the defaults registered with ``dask.config``
-when the package is imported, the :class:`Settings` fields, :data:`KWARGS`,
+when the package is imported (:func:`register_defaults`; read from the table where a
+reset of dask.config dropped them: :func:`value`), the :class:`Settings` fields, :data:`KWARGS`,
 the shipped ``influx-metrics.yaml`` and the docs/settings.md settings table
 (:mod:`.configdocs`); ``tests/test_config.py`` checks that the file and
 docs/settings.md say what the table says.
@@ -28,8 +29,6 @@ import dataclasses
 import socket
 from dataclasses import field, make_dataclass
 from typing import Any, Callable, NamedTuple
-
-import dask.config
 
 from . import credentials, parsers, schema
 from .reports import clip
@@ -319,6 +318,8 @@ RENAMED = {"sampler.isolate": "sampler.mode", "sampler.host-once": "sampler.mode
 
 def _check_renamed(overrides: dict) -> None:
     """A removed setting, from an override, YAML or the environment, is an error naming its successor."""
+    import dask.config
+
     for old, new in RENAMED.items():
         given = old in overrides or old.replace("-", "_") in overrides
         if given or dask.config.get(f"influx-metrics.{old}", default=None) is not None:
@@ -345,7 +346,33 @@ def _nested(pairs) -> dict:
 
 
 DEFAULTS = {"influx-metrics": _nested((s.key, s.default) for s in SETTINGS)}
-dask.config.update_defaults(DEFAULTS)
+AGENT_ENV = "INFLUX_METRICS_SAMPLING_AGENT"  # set in the host agent's environment (worker/agentlink.py)
+_MISSING = object()
+
+
+def register_defaults() -> None:
+    """Add :data:`DEFAULTS` to dask.config, so that ``dask.config.get("influx-metrics.sink")`` answers: what
+    importing the package does, except in the host's sampling agent (:data:`AGENT_ENV` set), which reads no
+    Dask config (its settings come resolved) and starts in half the time without importing Dask."""
+    import dask.config
+
+    dask.config.update_defaults(DEFAULTS)
+
+
+def value(key: str):
+    """``influx-metrics.<key>`` from dask.config; where the key is missing, its default from :data:`SETTINGS`
+    (never None for a key whose default is not). A program or a test suite that puts back a copy of
+    dask.config taken before this package was imported drops the defaults registered above.
+
+    >>> import dask
+    >>> with dask.config.set({"influx-metrics": {}}):
+    ...     value("polling-interval"), value("sink")
+    (200, 'auto')
+    """
+    import dask.config
+
+    got = dask.config.get(f"influx-metrics.{key}", default=_MISSING)
+    return copy.deepcopy(_BY_KEY[key].default if got is _MISSING else got)
 
 
 def _invalid(key: str, problem, value) -> ValueError:
@@ -400,6 +427,8 @@ class Settings(_Fields):
         ``"telegraf.address"``) to values; ``None`` means "not given". Raises
         ``ValueError`` naming the offending key and value. No network access.
         """
+        import dask.config
+
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
         parsers.check_tags_env()
         _check_renamed(overrides)
@@ -408,7 +437,7 @@ class Settings(_Fields):
             raise ValueError(f"unknown influx-metrics setting(s) {unknown}; known: {sorted(_BY_KEY)}")
         # dask.config.get treats '-' and '_' alike, as environment variables need
         with dask.config.set({f"influx-metrics.{k}": v for k, v in overrides.items()}):
-            raw = {s.key: copy.deepcopy(dask.config.get(f"influx-metrics.{s.key}", default=None)) for s in SETTINGS}
+            raw = {s.key: value(s.key) for s in SETTINGS}
         values = {s.attr: _parse(s, raw[s.key]) for s in SETTINGS}
         # "configured": set by the user (YAML, environment, override) rather than left at the null default
         configured = tuple(k for k in ("telegraf.address", "influxdb.url", "spool.directory") if raw[k] is not None)
@@ -479,7 +508,7 @@ def overrides_from_kwargs(**kwargs) -> dict:
         raise TypeError(f"unknown setting(s) {unknown}; known: {sorted(KWARGS)}")
     out = {KWARGS[k]: v for k, v in kwargs.items() if v is not None}
     if kwargs.get("mem_limit") is not None or kwargs.get("dump_loc") is not None:
-        sinks = parsers.as_list(out.get("sink", dask.config.get("influx-metrics.sink")))  # "auto" stays, beside spool
+        sinks = parsers.as_list(out.get("sink", value("sink")))  # "auto" stays, beside spool
         if "spool" not in sinks:
             out["sink"] = sinks + ["spool"]
     return out

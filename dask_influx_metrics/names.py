@@ -16,6 +16,7 @@ EVENT_TOPIC = "influx-metrics"  # worker and agent reports: {"worker", "what", "
 SHARED_GPU = "shared-gpu"  # a report's "what" when workers of a host use one GPU
 CUSTOM_METRIC = "custom-metric"  # a report's "what": a custom metric failed or overran ("metric", "problem")
 DESTINATIONS = "destinations"  # a report's "what": where a worker's samples go (sinks.destinations)
+PRELOAD = "preload"  # a report's "what" (from the scheduler): --preload could not start monitoring, and why
 NEW_JOB_OP = "influx-metrics-new-job"  # the client's stream op behind Monitor.new_job()
 LIVE_METRIC = "influx_metrics"  # a worker's heartbeat entry (Worker.metrics): its live figures
 DASHBOARD_PAGE = "/individual-gpu-jobs"  # the scheduler dashboard's page ("GPU Jobs" in its "More" menu)

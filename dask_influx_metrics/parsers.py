@@ -15,8 +15,6 @@ import tempfile
 from typing import Callable
 from urllib.parse import urlsplit
 
-import dask.config
-
 from . import schema
 
 SINKS = ("udp", "http", "spool")
@@ -202,6 +200,8 @@ def tags(value) -> dict:
 
 def check_tags_env() -> None:
     """Dask drops a ``DASK_INFLUX_METRICS__TAGS`` that is not a mapping; refuse it instead."""
+    import dask.config  # here: the host agent imports this module, and never Dask
+
     text = os.environ.get(TAGS_ENV)
     if text is not None and not isinstance(dask.config.interpret_value(text), (dict, type(None))):  # none: no tags
         raise ValueError(

@@ -3,8 +3,10 @@
 # Tests start their own influxd on free loopback ports; under CI=true a
 # missing influxd fails the run instead of skipping.
 # With no arguments it then runs the Dask-facing tests again on the older Dask
-# RAPIDS 26.10 pins (OLD_DASK), in a second venv (.venv-dask$OLD_DASK, git-ignored).
-# Arguments go to the main pytest run, and skip that second run.
+# RAPIDS 26.10 pins (OLD_DASK), in a second venv (.venv-dask$OLD_DASK, git-ignored), and
+# a subset of distributed's own test suite with the monitor's --preload on every scheduler
+# (scripts/dask-suite.sh, its own venv; skipped, saying why, without ../shared/data/).
+# Arguments go to the main pytest run, and skip those runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD_DASK=2026.7.1
@@ -28,4 +30,6 @@ OLD=".venv-dask$OLD_DASK"
 "$OLD/bin/python" -m pip install -q --disable-pip-version-check -e ".[report]" pytest nvidia-ml-py \
   "dask[distributed,array]==$OLD_DASK" "distributed==$OLD_DASK"
 "$OLD/bin/python" -c "$VERSIONS"
-exec "$OLD/bin/python" -m pytest -q -rs "${DASK_TESTS[@]}"
+"$OLD/bin/python" -m pytest -q -rs "${DASK_TESTS[@]}"
+
+exec bash scripts/dask-suite.sh  # distributed's own tests, monitored: ~2 min on 2 cores

@@ -7,6 +7,7 @@ The run folder and the agent process on their own: ``test_agent_link.py``; who g
 import functools
 import json
 import os
+import pathlib
 import signal
 import sys
 import threading
@@ -323,7 +324,7 @@ def test_a_run_folder_open_to_others_is_refused_at_start(client, monitor, tmp_pa
 def outbox_lines(folder, worker_id):
     """The lines a worker's outbox holds on disk (every segment)."""
     names = sorted(n for n in os.listdir(os.path.join(folder, runfolder.WORKERS)) if n.startswith(f"{worker_id}.out-"))
-    data = b"".join(open(os.path.join(folder, runfolder.WORKERS, n), "rb").read() for n in names)
+    data = b"".join(pathlib.Path(folder, runfolder.WORKERS, n).read_bytes() for n in names)
     return [line for line in data.split(b"\n") if line]
 
 

@@ -80,7 +80,9 @@ def test_workers_starting_at_once_leave_exactly_one_agent_which_exits_with_the_l
         t.start()
     for t in threads:
         t.join()
-    assert sum(len(x._agents) for x in links) == 1, "one of them started the agent"
+    assert sum(x._ready is not None for x in links) == 1, "one of them launched the agent"
+    for x in links:
+        x.started()
     wait_until(lambda: all(x.beat() for x in links), what="every worker sees the beat")
     (pid,) = {x.beat()["pid"] for x in links}
     wait_until(lambda: all(x.id in x.beat()["found"] for x in links), what="the agent sampled every worker")
@@ -215,3 +217,49 @@ def test_the_worker_thread_wakes_for_its_points_only_when_there_are_some(config)
         assert 2 <= len(runs) <= 5 and all(b - a >= 0.19 for a, b in zip(runs, runs[1:])), runs
     finally:
         w.leave()
+
+
+def test_the_agent_is_never_this_processs_child_and_nothing_is_left_to_reap(config):
+    """Issue 48: the agent outlives the worker that launched it. It is forked by a launcher that exits at once,
+    so the worker has only the launcher to reap: no un-reaped child, no ResourceWarning from a dropped Popen."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        w = link(config(), 1)
+        try:
+            w.started()
+            wait_until(lambda: w.beat() is not None, what="the agent's beat")
+            agent = psutil.Process(w.beat()["pid"])
+            assert agent.ppid() != os.getpid(), "the agent is re-parented, not this process's child"
+            assert "-m dask_influx_metrics.agent" in " ".join(agent.cmdline()), "ps shows what it is"
+            ours = [p for p in psutil.Process().children() if "dask_influx_metrics" in " ".join(p.cmdline())]
+            assert ours == [] and w._launchers == [], "the launcher was reaped"
+        finally:
+            w.leave()
+        gc.collect()
+    assert [str(x.message) for x in caught if issubclass(x.category, ResourceWarning)] == []
+
+
+def test_an_agent_whose_worker_left_before_it_was_ready_exits_at_once(config):
+    """A cluster closed while its agent still starts: the agent finds no worker and goes (it waited 30 s)."""
+    w = link(config(), 1)
+    folder = w.folder
+    w.leave()  # started() never called: nothing waits for the agent
+    wait_until(lambda: not os.path.exists(folder), timeout=10, what="the agent gone, its run folder removed")
+
+
+def test_leave_returns_once_the_agent_sampled_the_worker_not_at_its_next_tick(config, tmp_path):
+    """The agent lets a leaving worker go in the round that sampled it: a close does not wait for a tick."""
+    w = link(config(**{"polling-interval": 5000}), 1)  # the next tick is seconds away
+    try:
+        assert w.sampled(20) is not None, "the agent sampled the worker"
+        w.publisher.started("brief", 1, 7)
+        w.publisher.ended("brief")
+    finally:
+        t0 = time.monotonic()
+        w.leave()
+        took = time.monotonic() - t0
+    assert took < 4.0, f"leave waited {took:.1f} s: for a tick 5 s away"
+    assert any(p.tags["dag"] == "7" for p in points(tmp_path)), "its last sample is in the sink when leave returns"

@@ -408,3 +408,31 @@ def test_polling_interval_has_an_upper_bound():
     assert Settings.resolve({"polling-interval": 60_000}).polling_interval == 60_000
     with pytest.raises(ValueError, match=r"polling-interval must be a number of ms from 1 to 60000, got 1000000000"):
         Settings.resolve({"polling-interval": 10**9})
+
+
+def test_a_dask_config_reset_resolves_every_missing_key_to_its_default():
+    """Issue 48: a program (distributed's test suite) puts back a copy of dask.config taken before this package
+    was imported, dropping the defaults it registered: a missing key is the table's default, never None."""
+    expected = Settings.resolve()
+    saved = dask.config.config.copy()
+    try:
+        dask.config.config.pop("influx-metrics", None)
+        assert dask.config.get("influx-metrics.polling-interval", default=None) is None
+        assert Settings.resolve() == expected
+        assert Settings.resolve({"polling-interval": 50}).polling_interval == 50
+        assert config.overrides_from_kwargs(mem_limit=10)["sink"] == ["auto", "spool"]
+        assert [config.value(s.key) for s in config.SETTINGS] == [s.default for s in config.SETTINGS]
+    finally:
+        dask.config.config.clear()
+        dask.config.config.update(saved)
+
+
+def test_the_sampling_agent_imports_no_dask():
+    """The host agent starts with its settings resolved: without Dask, it is ready in half the time."""
+    import subprocess
+    import sys
+
+    code = "import sys, dask_influx_metrics.agent.process; print(sorted(m for m in sys.modules if m.split('.')[0] == 'dask'))"
+    env = {**os.environ, config.AGENT_ENV: "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

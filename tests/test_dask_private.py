@@ -320,6 +320,34 @@ def test_taps_on_dask_digests_stack_and_come_off_in_either_order():
     assert len(a) == 2 and len(b) == 2 and w.total[EXECUTE] == 9.0
 
 
+def test_a_scheduler_stopping_runs_the_hook_whether_closed_or_only_stopped():
+    import asyncio
+
+    from distributed import Scheduler
+
+    async def attempt():
+        stopped, closed = [], []
+        scheduler = await Scheduler(host="127.0.0.1", port=0, dashboard_address=":0")
+        try:
+            _dask.on_stop(scheduler, lambda: stopped.append(1))
+            scheduler.stop()  # never closed: distributed's test_nanny.py::test_scheduler_file
+            seen_at_stop = len(stopped)
+        finally:
+            await scheduler.close()
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address=":0") as scheduler:
+            _dask.on_stop(scheduler, lambda: closed.append("undone"))()
+            undone = "stop" not in vars(scheduler)
+            _dask.on_stop(scheduler, lambda: 1 / 0)  # an error is logged, never in the way of the stop
+            _dask.on_stop(scheduler, lambda: closed.append("closed"))
+        return seen_at_stop, undone, closed
+
+    with dask_contract("Server.stop() (called by close(), and alone)", "a stopped scheduler leaves our threads"):
+        seen_at_stop, undone, closed = asyncio.run(attempt())
+        assert seen_at_stop == 1, "stop() alone ran the hook"
+        assert undone, "the undo left the hook on the scheduler"
+        assert closed == ["closed"], "close() ran the hook (once: nothing stopped it before), not the undone one"
+
+
 HEARTBEAT = "test-dask-private-heartbeat"
 
 

@@ -15,6 +15,7 @@ manual jobs, written over UDP into influxd and into a spool (``documented`` belo
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 import shlex
 import subprocess
@@ -178,7 +179,7 @@ def test_readme_use_and_analyze_blocks_run(documented, doc_cluster, tmp_path, mo
         spool, session = doc_cluster[1], namespace["session"]["id"]  # a configured spool folder stays
         with query.connect(spool, session=session) as db:
             assert not db.tasks().empty and not db.activity().empty
-            report = open(db.report(tmp_path / "r.html"), encoding="utf-8").read()
+            report = pathlib.Path(db.report(tmp_path / "r.html")).read_text(encoding="utf-8")
         assert "Slowest task prefixes" in report and re.findall(r"no [\w ]+ recorded: add [^<]*", report) == []
         for command in ("tasks", "activity"):  # the CLI agrees
             result = CliRunner().invoke(cli, [command, "--source", spool, "--session", session])

@@ -1,6 +1,7 @@
 """Monitor.get_peaks / peak_memory / to_csv / peaks_from_csv / report on a real monitored LocalCluster."""
 
 import os
+import pathlib
 
 import pytest
 
@@ -44,6 +45,6 @@ def test_to_csv_then_peaks_from_csv(monitored):
 
 
 def test_report_of_the_session(monitored):
-    text = open(monitored.answers["report"], encoding="utf-8").read()
+    text = pathlib.Path(monitored.answers["report"]).read_text(encoding="utf-8")
     assert '<h2 id="job-1">Job 1</h2>' in text and '<h2 id="job-2">Job 2</h2>' in text
     assert text.count('data-root-id="') == 6  # per job: GPU utilization and memory timelines, activity

@@ -19,6 +19,7 @@ How the browser check works (Chromium prints every console message, log or error
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -70,7 +71,7 @@ def spool_store(tmp_path_factory):
 
 def test_report_content(spool_store, tmp_path):
     path = spool_store.report(tmp_path / "sub" / "r.html", title="Nightly <run>")
-    text = open(path, encoding="utf-8").read()
+    text = pathlib.Path(path).read_text(encoding="utf-8")
     assert "<title>Nightly &lt;run&gt;</title>" in text
     body = text.split("</head>\n<body>\n", 1)[1].split("<script")[0]  # the report's own HTML, up to the figures' script
     assert "http://" not in body and "https://" not in body  # nothing to fetch: no links out
@@ -106,7 +107,7 @@ def test_sections_without_data_say_why(influxd, tmp_path):
     points = [p for p in P.all_points() if p.measurement not in ("task", "activity")]
     influxd.write(lineprotocol.encode_many(points), db=database).raise_for_status()
     with query.connect(influxd.url, database=database) as db:
-        text = open(db.report(tmp_path / "r.html"), encoding="utf-8").read()
+        text = pathlib.Path(db.report(tmp_path / "r.html")).read_text(encoding="utf-8")
     assert "no task stream recorded: add `task-stream` to tracking" in text
     assert "no fine performance metrics recorded: add `fine-metrics` to tracking" in text
     busy = text.split("Per task prefix")[1].split("</h4>")[1]
@@ -238,7 +239,7 @@ def test_one_node_table_per_node_for_the_session_and_each_job(tmp_path):
     from dask_influx_metrics.client import report
 
     with query.connect(NP.write_spool(tmp_path / "nodes")) as db:
-        text = open(db.report(tmp_path / "r.html"), encoding="utf-8").read()
+        text = pathlib.Path(db.report(tmp_path / "r.html")).read_text(encoding="utf-8")
         tables = report.node_tables(db.summary(), 1)
     assert text.count("<h4>node node-a</h4>") == 3 and text.count("<h4>node node-b</h4>") == 2
     job2 = text.split('id="job-2"')[1]

@@ -111,3 +111,18 @@ def test_idle_processes_spool_within_the_flush_interval_and_the_scheduler_writes
     assert set(health[0].fields) == {"points_sent", "points_dropped", "points_refused", "points_spooled", "errors"}
     folders = [tmp_path / "spool" / session] + [p for p in (tmp_path / "spool" / session).iterdir()]
     assert len(folders) >= 3 and all(oct(f.stat().st_mode & 0o777) == "0o700" for f in folders)
+
+
+def test_tasks_carry_the_one_annotation_the_data_contract_documents(small_cluster, monitor):
+    """Issue 48: the job and DAG travel with each task as an annotation, documented as part of the contract."""
+    import pathlib
+
+    from dask_influx_metrics.names import ANNOTATION
+
+    with Client(small_cluster) as client:
+        future = client.submit(slow, 1, 0.0, key="annotated")
+        assert future.result() == 1
+        annotations = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.tasks["annotated"].annotations)
+    assert list(annotations) == [ANNOTATION] and sorted(annotations[ANNOTATION]) == ["dag", "job", "session"]
+    contract = (pathlib.Path(__file__).parent.parent / "docs" / "data-contract.md").read_text()
+    assert f'`{ANNOTATION}` (`names.ANNOTATION`), `{{"session": <session id>, "job": <int>, "dag": <int>}}`' in contract

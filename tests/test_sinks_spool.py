@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
 import re
 import threading
 import time
@@ -63,7 +64,7 @@ def test_files_hold_every_line_in_order_across_rotations(tmp_path):
     assert len(files) > 5
     assert all(re.fullmatch(r"spool-%d-\d{6}\.lp" % os.getpid(), os.path.basename(f)) for f in files)
     for f in files:
-        data = open(f, "rb").read()
+        data = pathlib.Path(f).read_bytes()
         assert data.endswith(b"\n") and (len(data) <= 64 * 1024)
     assert list(read_lines(tmp_path)) == lines
     assert [lineparse.parse(x) for x in read_lines(tmp_path)] == [lineparse.parse(x) for x in lines]

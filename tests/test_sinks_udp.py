@@ -227,6 +227,8 @@ def test_pytelegraf_points_sit_beside_ours(influxd):
     ours = UdpSink(influxd.udp_address)
     ours.send([lp.encode(Point(measurement, {"src": "ours", "host": "h1"}, {"value": 1.5, "count": 3}, BASE_NS))])
     rows = influxd.wait_for(f'SELECT * FROM "{measurement}"', 2)
+    theirs.socket.close()
+    ours.close()
     assert {(r["src"], r["host"], r["value"], r["count"]) for r in rows} == {
         ("pytelegraf", "h1", 2.5, 7),
         ("ours", "h1", 1.5, 3),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -65,7 +66,7 @@ IN_GIB = {"total-mem", "host.memory_used"}  # byte metrics are drawn in GiB (iss
 
 
 def assert_png(path):
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     assert len(data) > 1000
     assert data[:8] == PNG_MAGIC
 

@@ -180,3 +180,56 @@ def test_brief_tasks_leave_a_trace_and_a_last_sample_shows_those_that_ended_afte
         finally:
             monitor.stop()
     assert {"last", "holder"} <= running()
+
+
+@pytest.fixture
+def held_agents(monkeypatch):
+    """Workers of this process wait for their agent's "ready" until the event is set (an agent slow to start)."""
+    from dask_influx_metrics.worker.agentlink import AgentLink
+
+    gate, started = threading.Event(), AgentLink.started
+
+    def held(self, timeout=30.0):
+        gate.wait(30)
+        return started(self, timeout)
+
+    monkeypatch.setattr(AgentLink, "started", held)
+    yield gate
+    gate.set()
+
+
+def test_a_cluster_starts_without_waiting_for_its_agent_and_monitor_start_waits_for_every_sample(held_agents, tmp_path):
+    """Issue 48: a worker's start registers it and launches the agent, and does not wait for the agent to
+    sample (a Python process starting); Monitor.start() still returns only once every worker is sampled."""
+    import dask
+
+    from dask_influx_metrics.names import JOBS_PLUGIN
+
+    settings = {
+        "influx-metrics": {"sink": "spool", "spool": {"directory": str(tmp_path)}, "gpu": {"source": "simulated"}}
+    }
+    boot = {"distributed.scheduler.preload": ["dask_influx_metrics.preload"], **settings}
+    with dask.config.set(boot):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+            plugin = cluster.scheduler.plugins[JOBS_PLUGIN]
+            assert set(plugin.destinations) == {"scheduler"}, "the cluster is up, its agent not sampling yet"
+            held_agents.set()
+            deadline = time.monotonic() + 20
+            while len(plugin.destinations) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(plugin.destinations) == 2, "sampled once the agent is up"
+    held_agents.clear()
+    with dask.config.set(settings):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster:
+            with Client(cluster) as client:
+                monitor = Monitor(client)
+                monitor.attach(polling_interval=100, tracking=["tasks"])
+                starting = threading.Thread(target=lambda: setattr(monitor, "session", monitor.start()))
+                starting.start()
+                starting.join(1.5)
+                assert starting.is_alive(), "start() returned before the agent sampled the worker"
+                held_agents.set()
+                starting.join(30)
+                [worker] = client.scheduler_info()["workers"]
+                assert monitor.session["destinations"][worker]["gpu"]["gpu"] == "simulated"
+                monitor.stop()

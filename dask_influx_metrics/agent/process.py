@@ -18,7 +18,7 @@ at once (a short graph still gets a busy sample).
 
 A worker leaving removes its ``.json``; the agent samples its last snapshot,
 flushes, then removes its ``.snap``, which the worker waits for. With no worker
-left (or none registered 30 s after start, or SIGTERM) it takes ``start.lock``,
+left (also when they all left before its first look, or on SIGTERM) it takes ``start.lock``,
 checks again, flushes, closes its sink and removes the session's run folder.
 A killed agent frees ``agent.lock`` at once; a worker then starts another,
 which keeps its predecessor's counters (``Monitor.delivery()``).
@@ -55,7 +55,6 @@ from . import prometheus
 from .workers import FolderWorkers
 
 logger = logging.getLogger(__name__)
-FIRST_WORKER_S = 30.0  # an agent nobody registers with exits after this
 EXIT_CHECK_S = 0.5  # how often the agent looks whether its session is over here
 KEEP_REPORTS = 32
 COUNTERS_S = 1.0  # the sink's counters go into the beat this often
@@ -197,16 +196,23 @@ class Agent:
             self.sink.send(lines[max(0, taken - len(outgoing)) :])
         self.sink.flush()
         self.workers.sent(min(taken, len(outgoing)))
+        self._let_go()
         return taken
 
-    def collect(self, now_ns: int) -> list:
-        """One sample (the sampler's ``collect``): see the module docstring."""
-        if self._left:  # a leaving worker's last samples are in InfluxDB when its teardown returns
+    def _let_go(self) -> None:
+        """The leaving workers' last sample is out: flushed (in InfluxDB when their teardown returns), then
+        their snapshots removed, which each waits for (in the same round: a worker's close is not held up
+        until the next tick)."""
+        if self._left:
             self.sink.flush(drain=LEAVE_DRAIN_S)
-        for view in self._left:  # sampled one last time and flushed: the worker may go
+        for view in self._left:
             self.workers.forget(view.id)
             self.found.pop(view.id, None)
             view.close()
+        self._left = []
+
+    def collect(self, now_ns: int) -> list:
+        """One sample (the sampler's ``collect``): see the module docstring."""
         woken, self._woken = self._woken, False
         self._left = self.workers.refresh(changed=woken)
         live = self.workers.live()
@@ -284,13 +290,13 @@ class Agent:
             self._woken = True
         view = self.workers.views.get(worker_id)
         if view is None or not view.snapshot().executing:
-            self.sampler.wake()
+            self.sampler.wake(urgent=why != "task")  # arriving or leaving: the worker waits for this sample
 
-    def idle_for_good(self, started: float) -> bool:
-        """Whether the session is over here: every worker left (or none came)."""
-        if self.workers.views or self._left:
-            return False
-        return self.workers.ever or time.monotonic() - started > FIRST_WORKER_S
+    def idle_for_good(self) -> bool:
+        """Whether the session may be over here: no worker left to sample. A worker always registers before it
+        launches an agent, so none at all means they left (also before this agent's first look); the caller
+        checks the run folder again under ``start.lock``."""
+        return not (self.workers.views or self._left)
 
     def close(self, remove: bool) -> None:
         """Last sample's lines out, sink closed; the run folder removed when ``remove``."""
@@ -360,17 +366,20 @@ def main(stdin: int = 0) -> int:
     threading.Thread(target=_listen, args=(sock, agent), name="wake", daemon=True).start()
     agent.write_beat()
     agent.sampler.start()
-    ready.write(b"ready\n")
-    ready.close()
+    try:
+        with ready:
+            ready.write(b"ready\n")
+    except BrokenPipeError:  # the worker that launched it left before it was ready: nobody to tell
+        pass
     rescue = os.path.join(folder, runfolder.WORKERS)  # their outboxes: sent by this agent (FolderWorkers)
     stale_sessions = runfolder.remove_stale(os.path.dirname(folder), config["session"], rescue, agent.spill)
     for stale in stale_sessions:
         logger.info("removed the run folder of a session whose processes are gone: %s", stale)
-    started, remove = time.monotonic(), False
+    remove = False
     while not stop.wait(EXIT_CHECK_S):
         if not os.path.isdir(folder):
             break
-        if agent.idle_for_good(started):
+        if agent.idle_for_good():
             with runfolder.locked(folder, runfolder.START_LOCK):
                 if not runfolder.worker_files(folder):  # nobody arrived meanwhile
                     remove = True

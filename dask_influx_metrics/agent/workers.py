@@ -5,7 +5,7 @@ A worker registers in the session's host folder (:mod:`..runfolder`):
 snapshot ``workers/<id>.snap`` and its outbox (:mod:`..outbox`: the points only
 it makes, for the agent to send). :class:`FolderWorkers` looks at the folder
 once a second or when a worker woke the agent (it arrives and leaves with a
-wake), lists it again only when it changed, and checks once a second that each
+wake), and checks once a second that each
 worker's process still lives; a worker whose ``.json`` is gone is leaving (it
 waits until the agent has sampled it, sent its outbox and flushed, then the
 agent removes its files); one whose process died is forgotten, its outbox sent
@@ -42,9 +42,7 @@ class FolderWorkers:
         self._gone: list[str] = []  # dead workers whose outbox goes out with the next sends, then is removed
         self._behind: set[str] = set()  # outboxes said to hold a backlog
         self._given: list[tuple[OutboxReader, int]] = []  # each outbox's lines in the last outgoing(), in order
-        self._stamp = None
         self._checked = 0.0
-        self.ever = False  # whether any worker has registered yet
 
     def refresh(self, changed: bool = False) -> list[WorkerView]:
         """The workers leaving since the last call (their ``.json`` removed); :attr:`views` the rest.
@@ -53,13 +51,8 @@ class FolderWorkers:
         now = time.monotonic()
         if not changed and now - self._checked < LIVENESS_S:
             return []
-        try:
-            stamp = os.stat(self._dir).st_mtime_ns
-        except FileNotFoundError:
-            stamp = None
-        if stamp == self._stamp and now - self._checked < LIVENESS_S:
-            return []
-        self._stamp = stamp
+        # listed whenever woken: the folder's mtime cannot tell (two workers leaving within one tick of the
+        # kernel's coarse file clock left the same mtime, and the second waited a second for its last sample)
         left = []
         if now - self._checked >= LIVENESS_S:
             self._checked = now
@@ -75,7 +68,6 @@ class FolderWorkers:
             view = self._open(wid, files[wid])
             if view is not None:
                 self.views[wid] = view
-                self.ever = True
         return left
 
     def live(self) -> list[WorkerView]:
@@ -106,7 +98,6 @@ class FolderWorkers:
         try:
             buffer = SnapshotBuffer.open(os.path.join(self._dir, f"{wid}.snap"), BUFFER_BYTES)
         except (OSError, ValueError):  # not there yet: next time
-            self._stamp = None
             return None
         self.outboxes[wid] = OutboxReader(self._dir, wid, info.get("spill"))
         return self._make(wid, info, SnapshotReader(buffer))

@@ -13,13 +13,13 @@ tool's: a file without it is read with the old tool's job rule (every row of a
 job counts for it, :class:`~dask_influx_metrics.jobtags.Rule`), because that
 tool's ``dag`` column lagged behind the work; ours keep the busy-only rule.
 
->>> import pandas as pd, tempfile, os
+>>> import pandas as pd, pathlib, tempfile, os
 >>> t = pd.DataFrame({"job": ["1"], "dag": ["1"], "timestamp": [0.5], "x[0]": [1.0], "x[1]": [2.5]})
 >>> t.attrs = {"worker": "tcp://h:1", "worker_index": 0}
 >>> d = tempfile.mkdtemp()
 >>> [os.path.basename(p) for p in write_tables([t], d)]
 ['worker_0.csv', 'workers.csv']
->>> open(os.path.join(d, "worker_0.csv")).read().splitlines()[1]
+>>> pathlib.Path(d, "worker_0.csv").read_text().splitlines()[1]
 '1,1,0.5,"1, 2.5",tcp://h:1'
 >>> read_worker_csv(os.path.join(d, "worker_0.csv"))["x[1]"].tolist()
 [2.5]

@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import collections
 
-from dask.utils import key_split
-
 from ..schema import GPU
 
 LIVE_S = 0.5  # the entries are rebuilt at most this often (Dask's shortest heartbeat interval)
@@ -105,6 +103,8 @@ class LiveFigures:
     def _entry(self, view, readings: dict, shared) -> dict:
         running = view.snapshot().running
         jobs = collections.Counter(job for _, job, _ in running if job)
+        if running:  # Dask's own prefix rule; imported here: the agent starts without Dask (config.AGENT_ENV)
+            from dask.utils import key_split
         prefixes = collections.Counter(key_split(k) for k, _, _ in running if k is not None)
         gpus = []
         for uuid in view.uuids:

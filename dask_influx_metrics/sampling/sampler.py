@@ -6,7 +6,8 @@ than one interval behind (the process was frozen), the missed ticks are
 skipped and counted rather than fired in a burst. :meth:`Sampler.wake` asks for
 one extra sample before the next tick (a task started on a worker that the last
 sample saw idle, so a graph shorter than the interval still shows up); at most
-one extra sample per interval.
+one extra sample per interval, but for urgent wakes (a worker arriving or
+leaving, which waits for it: few).
 
 ``collect(now_ns)`` returns the sample's points, tagged and timed (the agent's
 :class:`~.collect.HostCollector`, a worker's custom metrics and task
@@ -51,6 +52,7 @@ class Sampler:
         self._field_tags = tuple(field_tags)  # tags written as fields (dag-tag: false)
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._urgent = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._once = Once()
         self.samples = 0
@@ -81,8 +83,11 @@ class Sampler:
     def start(self) -> None:
         self._thread.start()
 
-    def wake(self) -> None:
-        """Take one extra sample as soon as possible (ignored if one was taken since the last tick)."""
+    def wake(self, urgent: bool = False) -> None:
+        """Take one extra sample as soon as possible (ignored if one was taken since the last tick, unless
+        ``urgent``)."""
+        if urgent:
+            self._urgent.set()
         self._wake.set()
 
     def stop(self, timeout: float = 5.0, final_sample: bool = False) -> None:
@@ -90,6 +95,7 @@ class Sampler:
         Safe to call twice; the owner closes the sink and the sources."""
         self._stop.set()
         self._wake.set()
+        self._urgent.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if final_sample:
@@ -109,6 +115,7 @@ class Sampler:
             last = start
             cpu = time.thread_time()
             self._wake.clear()  # a wake before this sample is answered by it; one during it, after it
+            self._urgent.clear()
             self._sample_safely()
             self.costs.append(time.thread_time() - cpu)
             due += self.interval
@@ -118,9 +125,13 @@ class Sampler:
                 self.skipped += missed
                 due += missed * self.interval
             if self._wake.wait(max(0.0, due - now)) and not self._stop.is_set():
+                self._urgent.clear()
                 self._sample_safely()
                 self.extra += 1
-                self._stop.wait(max(0.0, due - time.monotonic()))
+                while self._urgent.wait(max(0.0, due - time.monotonic())) and not self._stop.is_set():
+                    self._urgent.clear()  # no other extra sample before the next tick, but urgent ones
+                    self._sample_safely()
+                    self.extra += 1
 
     def _sample_safely(self) -> None:
         try:

@@ -83,15 +83,21 @@ class JobPlugin(SchedulerPlugin):
             logger.warning("influx-metrics: cannot add the GPU Jobs page to the dashboard: %r", e)
         self._poll = PeriodicCallback(self._take_heartbeats, POLL_S * 1000)
         self._poll.start()
+        # the poll, the session's threads and files end with the scheduler, also one stopped and never closed
+        self._unhook = _dask.on_stop(scheduler, self._stopped)
 
     def _take_heartbeats(self) -> None:
         self.live.update(_dask.heartbeats(self.scheduler, LIVE_METRIC), time.time())
 
-    async def close(self) -> None:
+    def _stopped(self) -> None:
         self._poll.stop()
+        self.stop_session()
+
+    async def close(self) -> None:
         _dask.unwrap_update_graph(self.scheduler, self._wrapper)
         _dask.remove_stream_handler(self.scheduler, NEW_JOB_OP, self._handle_new_job)
-        self.stop_session()
+        self._unhook()
+        self._stopped()
 
     # --- session -----------------------------------------------------------
     def start_session(self, overrides: dict | None = None) -> dict:

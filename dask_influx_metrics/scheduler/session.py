@@ -21,12 +21,15 @@ import time
 
 from .. import _dask
 from ..names import JOBS_PLUGIN, WORKER_PLUGIN
-from ..worker.plugin import MetricsWorkerPlugin
+from ..worker.agentlink import START_TIMEOUT
+from ..worker.plugin import FOUND_TIMEOUT, MetricsWorkerPlugin
 
 logger = logging.getLogger(__name__)
 # where a user reads the scheduler's log: Dask shows its own "distributed.*" loggers at INFO
 user_log = logging.getLogger("distributed.influx_metrics")
-REPORT_TIMEOUT = 10.0  # s to wait for each worker's report of where its samples go
+# s to wait for each worker's report of where its samples go: sent once its host's agent sampled it (the agent
+# starting, then its first sample of the worker), or at once by a worker sampling itself
+REPORT_TIMEOUT = START_TIMEOUT + FOUND_TIMEOUT
 
 
 async def start(dask_scheduler, tracking=None, attached=None) -> dict:
@@ -55,6 +58,7 @@ async def start(dask_scheduler, tracking=None, attached=None) -> dict:
         plugin.stop_session()
         raise
     deadline = time.monotonic() + REPORT_TIMEOUT
+    # sampling has begun on every worker when start() returns: each reports where its samples go once sampled
     while not set(dask_scheduler.workers) <= set(plugin.destinations) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)  # the reports travel on the workers' batched streams
     for who, where in sorted(plugin.destinations.items()):

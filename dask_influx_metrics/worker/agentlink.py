@@ -2,10 +2,13 @@
 
 On :class:`AgentLink` construction the worker, under the session folder's
 ``start.lock`` (:mod:`..runfolder`), writes its task snapshot and its
-registration, and starts the agent if none holds ``agent.lock``
+registration, and launches the agent if none holds ``agent.lock``
 (``python -m dask_influx_metrics.agent``, in a session of its own so it outlives
 this worker; the lock is taken here and handed over on an inherited
-descriptor). From then on:
+descriptor). The launch does not wait for the agent: :meth:`started` does (the
+worker plugin calls it off the worker's start). The agent is forked by a short-lived
+launcher (:data:`LAUNCH`) that exits at once, so it is never the worker's child:
+nothing is left to reap when it outlives the worker. From then on:
 
 * :attr:`publisher` publishes the worker's task starts and ends (event loop, just before
   the agent's next sample: :meth:`publish_from`);
@@ -40,6 +43,7 @@ import threading
 import time
 
 from .. import runfolder
+from ..config import AGENT_ENV
 from ..outbox import BUDGET_BYTES as OUTBOX_BUDGET
 from ..outbox import Outbox
 from ..reports import Once
@@ -54,6 +58,15 @@ WATCH_IDLE_S = 1.0  # how often the others look (dead only: the relay replaces i
 STALL_MARGIN = 0.25  # s: a beat 3 intervals + this old means a hung agent
 PUBLISH_LAG_S = 0.005  # s before the agent's sample that a worker writes its changes (at most interval / 10)
 SMALL_SAID = "small.said"  # in the session folder: a worker said the run folder is smaller than needed
+LAUNCHER_EXIT_S = 5.0  # s a leaving worker waits for a launcher that has not exited yet (it exits once it forked)
+# The launcher: forks the agent and exits, so the kernel re-parents the agent (to init or a subreaper) and the
+# worker reaps only the launcher, within milliseconds. The agent keeps the launcher's stdin, stdout and the
+# agent.lock descriptor, and runs as `python -m dask_influx_metrics.agent` (what ps shows).
+LAUNCH = (
+    "import os, sys\n"
+    "if os.fork() == 0:\n"
+    "    os.execv(sys.executable, [sys.executable, '-m', 'dask_influx_metrics.agent'])\n"
+)
 _ids = itertools.count(1)
 _in_use: set[str] = set()  # ids taken in this process (several workers in one process)
 
@@ -86,9 +99,12 @@ class AgentLink:
         self.folder = runfolder.session_folder(config["session"], settings.get("run_directory"))
         self.id = str(os.getpid())
         self._dir = os.path.join(self.folder, runfolder.WORKERS)
-        self._agents: list[subprocess.Popen] = []
+        self._launchers: list[subprocess.Popen] = []  # reaped as they exit (at once: see LAUNCH)
+        self._ready = None  # the pipe the agent this worker launched says "ready" on, until started() reads it
         self._beat, self._beat_inode, self._beat_pid = None, None, None
-        self._closed = threading.Event()
+        self._closed = threading.Event()  # leaving: the watcher stops, started() and found() give up
+        self._stopped, self._stop_w = os.pipe()  # readable once stop_waiting() was called (started() waits on it)
+        self._left = False
         self._held = False  # this worker holds agent.lock (the agent is gone)
         self._checked = None  # the beat's version when a task start last looked at it (see wake())
         self._ticks = (None, None)  # (the beat reader, the schedule it gave): see _defer()
@@ -179,6 +195,11 @@ class AgentLink:
     def acked(self) -> int:
         return self._beat.acked() if self._beat is not None or self.beat() is not None else 0
 
+    def sampled(self, timeout: float) -> dict | None:
+        """:meth:`started`, then :meth:`found`: what the agent found of this worker once it sampled it."""
+        self.started()
+        return self.found(timeout)
+
     def found(self, timeout: float) -> dict | None:
         """What the agent found of this worker's GPUs (``{"gpu", "devices", "why"}``), waiting up to
         ``timeout`` s for its first sample of this worker; None if it has not sampled it by then."""
@@ -189,37 +210,68 @@ class AgentLink:
                 return beat["found"][self.id]
             if beat and self.id in beat.get("foreign", {}):
                 raise RuntimeError(beat["foreign"][self.id])
-            if time.monotonic() > deadline or self._closed.is_set():
+            if time.monotonic() > deadline:
                 return None
             self.wake("folder")
-            time.sleep(0.01)
+            if self._closed.wait(0.01):  # leaving (stop_waiting): at once
+                return None
 
     # --- starting and watching the agent --------------------------------------------------
     def _start(self, held: int) -> None:
-        """Start an agent, handing it ``held`` (our lock on ``agent.lock``); caller holds ``start.lock``."""
+        """Launch an agent, handing it ``held`` (our lock on ``agent.lock``); caller holds ``start.lock``.
+        Returns at once: :meth:`started` waits until it samples."""
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "dask_influx_metrics.agent"],
+            launcher = subprocess.Popen(
+                [sys.executable, "-S", "-c", LAUNCH],  # -S: no site-packages to look at, it only forks
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 pass_fds=(held,),
                 start_new_session=True,
+                env={**os.environ, AGENT_ENV: "1"},  # its settings come resolved: it imports no Dask
             )
-            self._agents.append(proc)
-            proc.stdin.write(json.dumps({**self.config, "folder": self.folder}).encode() + b"\n")
-            proc.stdin.close()
-            ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
-            line = proc.stdout.readline() if ready else b""
-            proc.stdout.close()
         finally:
             os.close(held)
-        if line != b"ready\n":
+        self._launchers.append(launcher)
+        self._ready = launcher.stdout
+        try:
+            launcher.stdin.write(json.dumps({**self.config, "folder": self.folder}).encode() + b"\n")
+        finally:
+            launcher.stdin.close()
+
+    def started(self, timeout: float = START_TIMEOUT) -> None:
+        """Wait up to ``timeout`` s for the agent this worker launched to say it samples (and say so if it does
+        not); returns at once when another worker launched it, and as soon as :meth:`stop_waiting` is called."""
+        pipe, self._ready = self._ready, None
+        if pipe is None:
+            return
+        with pipe:
+            ready = select.select([pipe, self._stopped], [], [], timeout)[0]
+            line = pipe.readline() if pipe in ready else b""
+        self._reap()
+        if line != b"ready\n" and not self._closed.is_set():
             self.report(
                 "agent",
-                f"the sampling agent did not start (exit code {proc.poll()}); "
-                "this host's samples are missing until it does",
+                f"the sampling agent did not start within {timeout:.0f} s or exited first (its log, on this "
+                "worker's stderr, says why); this host's samples are missing until it does",
             )
         self._follow_beat()
+
+    def stop_waiting(self) -> None:
+        """The worker is leaving: :meth:`started` and :meth:`found` return now, the watcher stops."""
+        self._closed.set()
+        self._wake.set()
+        os.write(self._stop_w, b"x")
+
+    def _reap(self, timeout: float = 0.0) -> None:
+        """Wait up to ``timeout`` s for the launchers still running (each exits once it forked its agent)."""
+        for launcher in self._launchers:
+            try:
+                launcher.wait(timeout)
+            except subprocess.TimeoutExpired:
+                if timeout:  # stuck before it forked: no agent will come of it
+                    launcher.kill()
+                    launcher.wait()
+        self._launchers = [p for p in self._launchers if p.returncode is None]
 
     def every(self, seconds: float, fn, idle=None) -> None:
         """Run ``fn()`` every ``seconds`` on the watcher thread, and once more in :meth:`leave` (it writes the
@@ -268,8 +320,8 @@ class AgentLink:
             if time.monotonic() < look:
                 continue
             n += 1
-            if self._agents:
-                self._agents = [p for p in self._agents if p.poll() is None]  # reap those that exited
+            if self._launchers:
+                self._reap()
             if not relay or time.monotonic() - looked >= WATCH_IDLE_S:
                 looked = time.monotonic()
                 self._follow_beat()
@@ -346,6 +398,7 @@ class AgentLink:
             except OSError as e:  # cannot even run it: counted like an agent that died at once
                 self.report("agent", f"cannot start the sampling agent ({type(e).__name__}: {e})")
             self._probe = os.open(os.path.join(self.folder, runfolder.AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+        self.started()
         self.gaps += 1
         self.report(
             "agent",
@@ -393,25 +446,35 @@ class AgentLink:
 
     def leave(self, timeout: float | None = None) -> None:
         """Leave the session on this host: the agent samples this worker once more (tasks no sample
-        saw) and flushes; waits up to ``timeout`` s (default 3 intervals + 2 s) for that."""
-        if self._closed.is_set():
+        saw) and flushes; waits up to ``timeout`` s (default 3 intervals + 2 s) for that. An agent that has
+        not sampled this worker yet (it is still starting) is not waited for: it has nothing of it to send."""
+        if self._left:
             return
-        self._closed.set()
-        self._wake.set()
+        self._left = True
+        self.stop_waiting()  # the watcher too, also while it waits for an agent it started
         self._watcher.join(WATCH_S * 4 + (self._every[0] if self._every else 0.0))
+        if self._ready is not None:  # never waited for: the agent finds no worker and exits
+            self._ready.close()
+            self._ready = None
+        self._reap(LAUNCHER_EXIT_S)
         if self._every is not None:  # the worker's last points, before the agent's last look
             self._every_once()
         self.outbox.close()
         self.publisher.publish()
+        beat = self.beat()
+        known = bool(beat) and self.id in beat.get("found", {})
         try:
             os.unlink(os.path.join(self._dir, f"{self.id}.json"))
         except FileNotFoundError:
             pass
         snap = os.path.join(self._dir, f"{self.id}.snap")
         deadline = time.monotonic() + (3 * self.interval + 2.0 if timeout is None else timeout)
-        while os.path.exists(snap) and time.monotonic() < deadline:
-            self.wake("folder")
-            time.sleep(0.01)
+        woke = -math.inf
+        while known and os.path.exists(snap) and (now := time.monotonic()) < deadline:
+            if now - woke >= 0.01:  # the agent answers the first at once; again in case it missed it
+                self.wake("folder")
+                woke = now
+            time.sleep(0.002)
         for fd_owner in (self._snap, self._beat and self._beat.buffer):
             if fd_owner is not None:
                 fd_owner.close()
@@ -422,7 +485,8 @@ class AgentLink:
                 pass
         if self._life is not None:
             os.close(self._life)
-        os.close(self._probe)
+        for fd in (self._probe, self._stopped, self._stop_w):
+            os.close(fd)
         self._sock.close()
         _in_use.discard(self.id)
 

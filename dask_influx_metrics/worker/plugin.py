@@ -85,6 +85,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.link = None  # sampler.mode agent: the link to the host's agent
         self.sampler = self.sink = self.gpus = self.extras = self.tasks = self.accounting = None
         self._untap = None  # takes the tap off Dask's digests (fine metrics)
+        self._joining = None  # waits for the agent's first sample of this worker (sampler.mode agent)
         self._heartbeat = self.figures = None  # the live figures on the worker's heartbeat; thread mode: its own
         self.closed = False
 
@@ -112,7 +113,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
                 self._untap = _dask.tap_execute_digests(worker, self.tasks.fine.added.append)
         self._heartbeat = heartbeat.Heartbeat(worker, self._live)
         if settings.sampler_mode == "agent":
-            return self._join_agent()  # awaited by Dask: sampling has begun when start() returns
+            return self._join_agent()  # awaited by Dask: registered (the agent launched) when setup returns
         self._sample_in_process()
 
     def _live(self) -> dict | None:
@@ -140,6 +141,11 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     # --- sampler.mode: agent --------------------------------------------------------------
     async def _join_agent(self) -> None:
+        """Register with the host's agent, launching it if missing (milliseconds: the worker's start waits for
+        this, and for a refusal). Waiting for the agent to sample this worker (its start: a Python process
+        importing this package, ~0.2 s) happens beside the worker's start (:meth:`_await_agent`): a cluster
+        does not start slower for it. ``Monitor.start()`` still returns once every worker is sampled: it
+        waits for each worker's destinations, reported after the agent's first sample of it."""
         from .agentlink import AgentLink
 
         config = {"settings": dataclasses.asdict(self.settings), "session": self.session["id"]}
@@ -173,10 +179,19 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self._publish()
         self._ticker = PeriodicCallback(self._tick, 1000)
         self._ticker.start()
+        self._joining = asyncio.ensure_future(self._await_agent(link))
+
+    async def _await_agent(self, link) -> None:
+        """Until the agent samples this worker: then where its samples go, and the worker's own points."""
         try:
-            found = await _off_loop(link.found, FOUND_TIMEOUT)
-        except RuntimeError as e:  # the agent cannot see this worker's process
-            return await self._leave_agent(str(e))
+            found = await _off_loop(link.sampled, FOUND_TIMEOUT)
+        except Exception as e:  # RuntimeError: the agent cannot see this worker's process
+            why = str(e) if isinstance(e, RuntimeError) else f"waiting for the agent failed ({type(e).__name__}: {e})"
+            if not self.closed:
+                await self._leave_agent(why)
+            return
+        if self.closed:  # torn down meanwhile: teardown leaves the agent
+            return
         self._record_destinations(agent_role(), found)
         if self.custom or self.tasks is not None:
             self._make_extras()
@@ -333,8 +348,14 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if link is not None:
             self._ticker.stop()
             link.publisher.flush()  # a deferred write now, on the loop: none runs beside leave()'s
+            link.stop_waiting()  # an agent still starting is not waited for
         sampler = self.sampler if link is None else None  # beside the agent, leave() writes the last points
-        return _off_loop(self._close, link, sampler)
+        return self._teardown(link, sampler)
+
+    async def _teardown(self, link, sampler) -> None:
+        if self._joining is not None:
+            await self._joining  # returns at once: stop_waiting()
+        await _off_loop(self._close, link, sampler)
 
     def _close(self, link, sampler) -> None:
         if link is not None:
