@@ -445,7 +445,15 @@ def test_a_dashboard_page_joins_a_running_scheduler():
         ):
             assert c.run_on_scheduler(_add_page) == [True, True]
             _check_dashboard(f"http://127.0.0.1:{cluster.scheduler.http_server.port}")
-        with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as c:
+        with (
+            LocalCluster(
+                n_workers=0,
+                processes=False,
+                dashboard_address=None,
+                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
+            ) as cluster,
+            Client(cluster) as c,
+        ):
             assert c.run_on_scheduler(_add_page) == [False, False]  # no dashboard: nothing to add to
 
 

@@ -16,6 +16,14 @@ ANNOTATED = (  # the failure message of test_spans with the monitor on, as pytes
     "AssertionError: assert {'influx_metr... 1, 'dag': 1}} == {}\n  \n  Left contains 1 more item:\n"
     "  {'influx_metrics': {'dag': 1, 'job': 1, 'session': '20261128T160157-188013'}}\n  Use -v to get more diff"
 )
+FULL_DIFF = (  # the same under CI=true: pytest shows the full diff
+    "AssertionError: assert {'influx_metr... 1, 'dag': 1}} == {}\n  \n  Left contains 1 more item:\n"
+    "  {'influx_metrics': {'dag': 1,\n                      'job': 1,\n"
+    "                      'session': '20261128T204233-518573-502144'}}\n  \n"
+    "  Full diff: (-: missing in left side, +: extra in left side)\n  - {}\n  + {\n"
+    "  +     'influx_metrics': {\n  +         'session': '20261128T204233-518573-502144',\n"
+    "  +         'job': 1,\n  +         'dag': 1,\n  +     },\n  + }"
+)
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +75,8 @@ def test_the_documented_annotation_is_the_one_difference_allowed(suite):
     other = ANNOTATED.replace("Use -v", "Right contains 1 more item:\n  {'span': {}}\n  Use -v")
     assert not suite.documented(SPANS, other), "anything beside our annotation is a failure"
     assert not suite.documented("distributed/tests/test_spans.py::test_other", ANNOTATED)
+    assert suite.documented(SPANS, FULL_DIFF), "as pytest writes it under CI=true: with the full diff"
+    assert not suite.documented(SPANS, FULL_DIFF.replace("+     },", "+     },\n  +     'span': {},")), "nor there"
 
 
 def test_every_scheduler_needs_its_session_in_the_spool(suite, tmp_path):
