@@ -1,11 +1,11 @@
-"""The documents derived from the settings table (:data:`.config.SETTINGS`): the shipped
+"""The documents derived from the settings table (:data:`.configtable.SETTINGS`): the shipped
 ``influx-metrics.yaml`` and the docs/settings.md table, kept equal to it by ``tests/test_config.py``."""
 
 from __future__ import annotations
 
 import yaml
 
-from .config import SETTINGS, Setting
+from .configtable import SETTINGS, Setting
 
 
 def _yaml_value(value) -> str:
@@ -20,7 +20,7 @@ _YAML_HEADER = """\
 # Defaults for dask-influx-metrics. Every key can be set with dask.config,
 # a YAML file in ~/.config/dask/, or an environment variable such as
 # DASK_INFLUX_METRICS__SINK=udp. Monitor(...) and attach(...) override per call.
-# Generated from dask_influx_metrics/config.py (SETTINGS) by configdocs.defaults_yaml(); edit it there.
+# Generated from dask_influx_metrics/configtable.py (SETTINGS) by configdocs.defaults_yaml(); edit it there.
 """
 
 

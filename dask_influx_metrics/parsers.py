@@ -1,4 +1,4 @@
-"""The parsers behind :data:`.config.SETTINGS`: a value as read from dask.config -> its Python value.
+"""The parsers behind :data:`.configtable.SETTINGS`: a value as read from dask.config -> its Python value.
 
 Each raises ``ValueError`` saying what the value must be; :mod:`.config` adds the
 setting's key and the value to the message.
