@@ -60,6 +60,26 @@ def test_a_spool_folder_not_visible_here_is_read_through_the_cluster(tmp_path):
     assert destinations.pick([elsewhere]) == ("spool", None)
 
 
+def test_resolve_says_where_to_read_as_a_value(tmp_path):
+    """Issue 46: one function decides where a Monitor reads (``connect``'s arguments and options), and
+    changes nothing of the caller's."""
+    from dask_influx_metrics.config import Settings
+
+    reader = Settings.resolve({"spool.directory": str(tmp_path / "reader"), "influxdb.username": "me"})
+    spool = {"sinks": ["spool"], "telegraf": None, "influxdb": None, "host": "other-host"}
+    spool["spool"] = str(tmp_path / "not-here" / "s1" / "agent-h")
+    workers = {"tcp://w:1": spool}
+    assert destinations.resolve(workers, "s1", reader) == (("cluster",), {})
+    os.makedirs(spool["spool"])
+    assert destinations.resolve(workers, "s1", reader) == ((str(tmp_path / "not-here" / "s1"),), {})
+    named = {"url": "http://influx:8086", "database": "db", "retention_policy": None}
+    udp = {"tcp://w:1": {"sinks": ["udp"], "telegraf": "t:8094", "influxdb": named, "spool": None}}
+    where = destinations.resolve(udp, "s1", reader)
+    assert where.args == ("http://influx:8086", "db") and where.options["username"] == "me"
+    assert "undelivered" not in where.options and udp["tcp://w:1"]["influxdb"] is named
+    assert named == {"url": "http://influx:8086", "database": "db", "retention_policy": None}
+
+
 def test_destinations_set_only_in_the_workers_environment_are_used_and_read(dask_processes, influxd):
     """Workers configured by environment (Telegraf and InfluxDB), the client by nothing: the samples go
     over UDP and the client reads them back from the InfluxDB the workers named."""

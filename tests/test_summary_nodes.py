@@ -168,7 +168,7 @@ def test_disk_usage_of_the_workers_filesystems(session):
     fullest = max(psutil.disk_usage(p).percent for p in (seen["local_directory"], run))
     assert _row(frame, "disk", 2)["max"] == pytest.approx(fullest, abs=1.0)
     memory = _row(frame, "memory", 2)
-    assert 0 < memory["mean"] <= memory["max"] <= 100
+    assert 0 < memory["mean"] <= memory["max"] + 1e-9 and memory["max"] <= 100  # a mean of equal values: float error
     assert abs(memory["max"] - psutil.virtual_memory().percent) < 10
     assert set(frame.loc[frame["resource"] != "gpu", "host"]) == {socket.gethostname()}
     assert summary.COLUMNS == list(frame.columns)

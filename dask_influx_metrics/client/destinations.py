@@ -19,6 +19,42 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import NamedTuple
+
+CLUSTER = "cluster"  # read the workers' spool through the cluster (:mod:`.clusterspool`)
+
+
+class Where(NamedTuple):
+    """Where a reader reads a session: ``connect(*args, **options)`` (``args == (CLUSTER,)``: through the cluster)."""
+
+    args: tuple
+    options: dict
+
+
+def resolve(destinations: dict, session: str, reader) -> Where:
+    """Where to read session ``session`` whose senders reported ``destinations`` (sender -> where), with the
+    reader's own settings ``reader`` (credentials, and its sinks where no worker reported). A value: nothing
+    of the caller's is changed."""
+    kind, influxdb = pick(destinations.values())
+    spool = os.path.join(reader.spool_directory, session)
+    if kind == "unknown":  # no worker reported: its sinks are those of this reader's settings
+        if "spool" in reader.sinks and os.path.isdir(spool):
+            return Where((spool,), {})
+        kind = "influxdb" if {"udp", "http"} & set(reader.sinks) else CLUSTER
+    if kind == "spool":
+        return Where((spool_session_folder(destinations.values()),), {})
+    if kind != "influxdb":
+        return Where((CLUSTER,), {})
+    influxdb = influxdb or {"url": reader.influxdb_url, "database": reader.database, "retention_policy": None}
+    options = {
+        "retention_policy": influxdb["retention_policy"] or reader.retention_policy,
+        "username": reader.username,
+        "password": reader.password,
+        "token": reader.token,
+    }
+    if os.path.isdir(spool):  # samples an HTTP sink kept on disk: named in the notes
+        options["undelivered"] = spool
+    return Where((influxdb["url"], influxdb["database"]), options)
 
 
 def pick(destinations) -> tuple[str, dict | None]:

@@ -30,9 +30,10 @@ from ..scheduler import session as scheduler_session
 from ..scheduler.plugin import JobPlugin
 from ..sinks import remove_spool
 from ..worker import custom
+from . import destinations
+from .destinations import CLUSTER
 
 logger = logging.getLogger(__name__)
-CLUSTER = "cluster"  # query(source=CLUSTER): read the workers' spool through the cluster
 # settings never logged: secrets, and what may carry them (a user:password@ URL) or name a user
 _PRIVATE = {s.key for s in SETTINGS if s.secret} | {"influxdb.url", "influxdb.username"}
 
@@ -63,12 +64,14 @@ class Monitor:
     ``gpu_source="simulated"``; they apply to every ``attach``.
     """
 
-    _attached = False  # whether attach() ran on this Monitor
-
     def __init__(self, client, **settings):
         self.client = client
         self._settings = overrides_from_kwargs(**settings)
         self._attached = None  # (overrides, custom metrics payload) of this Monitor's attach(): what start() runs
+        self._store = self._store_key = (
+            None  # query()'s Store, reused while _store_key (session, source, options) holds
+        )
+        self._copy = None  # the local copy of a spool read through the cluster, removed with its Store
 
     # --- old dask-metrics API --------------------------------------------
     def attach(
@@ -261,8 +264,6 @@ class Monitor:
         return self.query().worker_tables()
 
     # --- analysis (old dask-metrics API) ----------------------------------
-    _store = None  # query()'s Store, reused while _store_key (session, source, options) holds
-    _store_key = None
 
     def query(self, source=None, **kwargs):
         """A :class:`~dask_influx_metrics.query.Store` over this session's samples.
@@ -301,7 +302,12 @@ class Monitor:
             "tags": reader.tags or None,
             "session": session["id"],  # its own points only, in a database that holds others too
         }
-        args = (source,) if source is not None else self._where(state, session, reader, options)
+        if source is not None:
+            args = (source,)
+        else:
+            where = destinations.resolve(state.get("destinations") or {}, session["id"], reader)
+            args = where.args
+            options.update(where.options)
         own = sorted(w for w in state.get("destinations") or {} if w != "scheduler")
         if own:  # only the session's own series: another tool may write to the same database
             options["workers"] = tuple(own)
@@ -317,13 +323,11 @@ class Monitor:
             except query.QueryError as e:
                 if source is not None or not str(e).startswith("cannot reach"):
                     raise
-                from .destinations import unreachable
-
-                raise query.QueryError(unreachable(e, state.get("destinations") or {}, reader.configured)) from None
+                raise query.QueryError(
+                    destinations.unreachable(e, state.get("destinations") or {}, reader.configured)
+                ) from None
         self._store.failed_metrics = dict(session.get("failed_metrics") or {})
         return self._store
-
-    _copy = None  # the local copy of a spool read through the cluster, removed with its Store
 
     def _copy_spool(self, state, session) -> str:
         import tempfile
@@ -332,41 +336,6 @@ class Monitor:
 
         self._copy = tempfile.mkdtemp(prefix="dask-influx-metrics-copy-")  # 0700
         return clusterspool.fetch(self.client, state["destinations"], session["id"], self._copy)
-
-    def _where(self, state, session, reader, options) -> tuple:
-        """Where the workers sent the session's samples (see :mod:`.destinations`); adds options."""
-        from . import destinations
-
-        workers = state.get("destinations") or {}
-        kind, influxdb = destinations.pick(workers.values())
-        if kind == "unknown":  # no worker reported: its sinks are those of this reader's settings
-            spool = os.path.join(reader.spool_directory, session["id"])
-            kind = (
-                "spool"
-                if "spool" in reader.sinks and os.path.isdir(spool)
-                else ("influxdb" if {"udp", "http"} & set(reader.sinks) else "cluster")
-            )
-            if kind == "spool":
-                return (spool,)
-        if kind == "spool":
-            return (destinations.spool_session_folder(workers.values()),)
-        if kind == "influxdb":
-            influxdb = influxdb or {
-                "url": reader.influxdb_url,
-                "database": reader.database,
-                "retention_policy": reader.retention_policy,
-            }
-            options.update(
-                retention_policy=influxdb["retention_policy"] or reader.retention_policy,
-                username=reader.username,
-                password=reader.password,
-                token=reader.token,
-            )
-            spool = os.path.join(reader.spool_directory, session["id"])
-            if os.path.isdir(spool):  # samples an HTTP sink kept on disk: named in the notes
-                options["undelivered"] = spool
-            return (influxdb["url"], influxdb["database"])
-        return (CLUSTER,)
 
     def _close_store(self) -> None:
         if self._store is not None:
