@@ -30,9 +30,9 @@ import socket
 from dataclasses import field, make_dataclass
 from typing import Any
 
-from . import credentials, parsers, schema
+from . import credentials, schema, settingparsers
 from .configtable import SETTINGS, Setting
-from .reports import clip
+from .notices import clip
 
 _BY_KEY = {s.key: s for s in SETTINGS}
 RENAMED = {"sampler.isolate": "sampler.mode", "sampler.host-once": "sampler.mode"}  # removed key -> its successor
@@ -47,7 +47,7 @@ def _check_renamed(overrides: dict) -> None:
         if given or dask.config.get(f"influx-metrics.{old}", default=None) is not None:
             raise ValueError(
                 f"influx-metrics.{old} was removed; use influx-metrics.{new} "
-                f"(one of {parsers.SAMPLER_MODES}: agent, the default, samples once per host)"
+                f"(one of {settingparsers.SAMPLER_MODES}: agent, the default, samples once per host)"
             )
 
 
@@ -108,7 +108,7 @@ def _parse(setting: Setting, value):
         raise _invalid(setting.key, e, value) from None
 
 
-_FALLBACKS = {"telegraf_address": parsers.TELEGRAF_FALLBACK, "influxdb_url": parsers.INFLUXDB_FALLBACK}
+_FALLBACKS = {"telegraf_address": settingparsers.TELEGRAF_FALLBACK, "influxdb_url": settingparsers.INFLUXDB_FALLBACK}
 _Fields = make_dataclass(
     "_Fields",
     [(s.attr, Any, field(repr=not s.secret)) for s in SETTINGS]
@@ -152,7 +152,7 @@ class Settings(_Fields):
         import dask.config
 
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-        parsers.check_tags_env()
+        settingparsers.check_tags_env()
         _check_renamed(overrides)
         unknown = sorted(k for k in overrides if k.replace("_", "-") not in _BY_KEY)
         if unknown:
@@ -163,7 +163,7 @@ class Settings(_Fields):
         values = {s.attr: _parse(s, raw[s.key]) for s in SETTINGS}
         # "configured": set by the user (YAML, environment, override) rather than left at the null default
         configured = tuple(k for k in ("telegraf.address", "influxdb.url", "spool.directory") if raw[k] is not None)
-        values["sinks"] = parsers.auto_sinks(values["sinks"], configured)
+        values["sinks"] = settingparsers.auto_sinks(values["sinks"], configured)
         for attr, fallback in _FALLBACKS.items():
             if values[attr] is None or (attr == "influxdb_url" and raw["influxdb.url"] is None):
                 values[attr] = fallback
@@ -230,7 +230,7 @@ def overrides_from_kwargs(**kwargs) -> dict:
         raise TypeError(f"unknown setting(s) {unknown}; known: {sorted(KWARGS)}")
     out = {KWARGS[k]: v for k, v in kwargs.items() if v is not None}
     if kwargs.get("mem_limit") is not None or kwargs.get("dump_loc") is not None:
-        sinks = parsers.as_list(out.get("sink", value("sink")))  # "auto" stays, beside spool
+        sinks = settingparsers.as_list(out.get("sink", value("sink")))  # "auto" stays, beside spool
         if "spool" not in sinks:
             out["sink"] = sinks + ["spool"]
     return out

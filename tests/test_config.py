@@ -9,7 +9,7 @@ import yaml
 
 from dask_influx_metrics import config, configdocs
 from dask_influx_metrics.config import Settings, overrides_from_kwargs
-from dask_influx_metrics.parsers import parse_address
+from dask_influx_metrics.settingparsers import parse_address
 
 
 def test_defaults_come_from_the_shipped_yaml():

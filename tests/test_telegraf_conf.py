@@ -7,7 +7,7 @@ import re
 
 import tomllib
 
-from dask_influx_metrics.parsers import TELEGRAF_FALLBACK
+from dask_influx_metrics.settingparsers import TELEGRAF_FALLBACK
 
 CONF = os.path.join(os.path.dirname(__file__), "..", "deploy", "telegraf", "telegraf.conf")
 ENV_REF = re.compile(r"\$\{(\w+)\}")

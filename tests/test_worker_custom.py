@@ -5,7 +5,7 @@ import time
 import pytest
 
 from dask_influx_metrics.names import CUSTOM_METRIC
-from dask_influx_metrics.reports import Reporter
+from dask_influx_metrics.notices import Reporter
 from dask_influx_metrics.sampling.sampler import Sampler
 from dask_influx_metrics.schema import Point
 from dask_influx_metrics.worker.custom import CustomSource, custom_metric, validate

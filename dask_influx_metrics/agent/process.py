@@ -39,7 +39,7 @@ import time
 from .. import runfolder
 from ..config import Settings, public
 from ..names import GpuState, agent_role
-from ..reports import Reporter
+from ..notices import Reporter
 from ..sampling import accounting
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus

@@ -47,7 +47,7 @@ import threading
 import time
 
 from .. import lineprotocol
-from ..reports import Once
+from ..notices import Once
 from ..schema import ACCOUNTING, ACCOUNTING_FIELDS, IDLE_JOB, Point
 
 logger = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ import time
 from typing import Callable
 
 from .. import lineprotocol
-from ..reports import Once
+from ..notices import Once
 from ..schema import Point
 
 logger = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from distributed import Scheduler
 
 from ..config import Settings
 from ..names import EVENT_TOPIC, JOBS_PLUGIN, PRELOAD
-from ..reports import Reporter
+from ..notices import Reporter
 from . import session as _session
 from .plugin import JobPlugin
 

@@ -46,7 +46,7 @@ import time
 from typing import Optional
 
 from .. import lineparse, lineprotocol
-from ..reports import Once
+from ..notices import Once
 
 logger = logging.getLogger(__name__)
 

@@ -44,9 +44,9 @@ import time
 
 from .. import runfolder
 from ..config import AGENT_ENV
+from ..notices import Once
 from ..outbox import BUDGET_BYTES as OUTBOX_BUDGET
 from ..outbox import Outbox
-from ..reports import Once
 from ..seqlock import SnapshotBuffer
 from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher
 

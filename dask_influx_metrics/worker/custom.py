@@ -36,7 +36,7 @@ from typing import Callable
 
 from .. import schema
 from ..names import CUSTOM_METRIC
-from ..reports import Reporter, clip
+from ..notices import Reporter, clip
 from ..schema import CUSTOM, Reading
 
 

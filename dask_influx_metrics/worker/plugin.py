@@ -52,7 +52,7 @@ from .. import _dask
 from ..clock import SteadyOffset
 from ..config import Settings, public
 from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN, agent_role
-from ..reports import Reporter
+from ..notices import Reporter
 from ..sampling import accounting
 from ..sampling.collect import HostCollector
 from ..sampling.gpus import gpm_found, open_gpus

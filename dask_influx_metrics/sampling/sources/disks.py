@@ -29,7 +29,7 @@ import logging
 import os
 import time
 
-from ...reports import Once
+from ...notices import Once
 from ...schema import DISK, FIELDS, Reading
 
 logger = logging.getLogger(__name__)

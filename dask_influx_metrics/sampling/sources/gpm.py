@@ -57,7 +57,7 @@ import time
 from typing import NamedTuple
 
 from ...names import GpmState
-from ...reports import Once
+from ...notices import Once
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ import time
 
 import psutil
 
-from ...reports import Once
+from ...notices import Once
 from ...schema import DISK, FIELDS, HOST, WORKER
 from . import procfs as procfs_mod
 from .disks import REFRESH_S, DiskUsage

@@ -46,7 +46,7 @@ import logging
 from typing import Callable, NamedTuple
 
 from ...names import GpmState
-from ...reports import Once
+from ...notices import Once
 from ...schema import GPU
 from . import gpm, procutil, slowfields
 from .gpuprocs import Ancestry, host_pid_problem, tree_memory_mib

@@ -38,7 +38,7 @@ import time
 from collections import defaultdict
 from typing import Iterable, Mapping
 
-from ...reports import Once
+from ...notices import Once
 
 logger = logging.getLogger(__name__)
 

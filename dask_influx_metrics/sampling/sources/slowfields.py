@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ...reports import Once
+from ...notices import Once
 from .nvmlcalls import Call, Group
 
 logger = logging.getLogger(__name__)
