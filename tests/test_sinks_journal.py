@@ -40,7 +40,8 @@ def sink_for(server, folder, events=None, **options):
 
 def test_every_line_is_on_disk_before_it_is_posted_and_leaves_the_disk_once_posted(tmp_path):
     server = Server()
-    sink = sink_for(server, tmp_path / "undelivered", flush_interval=3600)  # posted only when drained
+    # less than a batch and an hour's flush: posted only when drained (a full batch would go at once)
+    sink = sink_for(server, tmp_path / "undelivered", flush_interval=3600, batch_size=1000)
     try:
         assert sink.take(numbered(0, 250)) == 250
         assert list(read_lines(tmp_path / "undelivered")) == numbered(0, 250), "on disk before any post"
