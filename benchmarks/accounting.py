@@ -51,7 +51,7 @@ class _Clock:
 
 class _Worker:
     def __init__(self, n: int, pid: int, gpu: int | None, jobs: tuple):
-        from dask_influx_metrics.snapshot import Snapshot
+        from dask_influx_metrics.link.snapshot import Snapshot
 
         self.id, self.pid, self.address = f"{n:03d}", pid, f"tcp://10.0.0.1:{40000 + n}"
         self.visible = None if gpu is None else str(gpu)  # None: every GPU

@@ -26,6 +26,7 @@ import time
 
 from benchmarks import common, nvmlprices
 from dask_influx_metrics import config, schema
+from dask_influx_metrics.link.snapshot import Snapshot
 from dask_influx_metrics.sampling.collect import HostCollector
 from dask_influx_metrics.sampling.sampler import Sampler
 from dask_influx_metrics.sampling.sources.gpm import FIELDS as GPM_FIELDS
@@ -33,7 +34,6 @@ from dask_influx_metrics.sampling.sources.host import HostSource, refresh_second
 from dask_influx_metrics.sampling.sources.nvml import NvmlDevices, Pace
 from dask_influx_metrics.sampling.view import WorkerView
 from dask_influx_metrics.sinks.udp import UdpSink
-from dask_influx_metrics.snapshot import Snapshot
 
 NAME = "gpm"
 GPUS = 8

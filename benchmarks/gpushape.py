@@ -40,7 +40,7 @@ METRICS = ["compute-util", "total-mem", "worker-gpu-mem", "gpu.sm_active"]
 
 class _Worker:
     def __init__(self, n: int, pid: int):
-        from dask_influx_metrics.snapshot import Snapshot
+        from dask_influx_metrics.link.snapshot import Snapshot
 
         self.id, self.pid, self.address = str(n), pid, f"tcp://127.0.0.1:{40000 + n}"
         self.tags, self.uuids, self.visible = {"host": "node", "worker": self.address}, [], None

@@ -38,7 +38,7 @@ PREFIXES = ("train-epoch-featurize-shard", "read-parquet-fused-assign", "matmul-
 
 class _View:
     def __init__(self, wid: str, address: str, uuids: list, jobs: int):
-        from dask_influx_metrics.snapshot import Snapshot
+        from dask_influx_metrics.link.snapshot import Snapshot
 
         self.id, self.address, self.uuids = wid, address, uuids
         running = tuple(((PREFIXES[i % 3] + f"-{uuid.uuid4().hex}", i), 1 + i % jobs, 10 + i) for i in range(8))

@@ -29,8 +29,8 @@ KEY = ("bench-0123456789abcdef", 0)
 
 
 def publisher(n: int = 20_000, rounds: int = 7) -> dict:
-    from dask_influx_metrics.seqlock import SnapshotBuffer
-    from dask_influx_metrics.snapshot import (
+    from dask_influx_metrics.link.seqlock import SnapshotBuffer
+    from dask_influx_metrics.link.snapshot import (
         BEAT_BYTES,
         BUFFER_BYTES,
         BeatReader,
@@ -127,7 +127,7 @@ def outbox(n: int = 20_000, batch: int = 40, rounds: int = 5) -> dict:
     import shutil
     import tempfile
 
-    from dask_influx_metrics.outbox import Outbox, OutboxReader
+    from dask_influx_metrics.link.outbox import Outbox, OutboxReader
 
     line = b"task,host=h,worker=tcp://127.0.0.1:40000,job=1,dag=1,session=s key=\"%d\",duration=0.01 %d"
     lines = [line % (i, 1_700_000_000_000_000_000 + i) for i in range(n)]

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from dask_influx_metrics.link.snapshot import Snapshot
 from dask_influx_metrics.sampling import accounting as A
 from dask_influx_metrics.schema import ACCOUNTING, IDLE_JOB
-from dask_influx_metrics.snapshot import Snapshot
 
 STEP = 0.2  # s, the polling interval
 NS = 1_000_000_000

@@ -19,8 +19,9 @@ import pytest
 from distributed import Client
 from polling import wait_until as poll_until
 
-from dask_influx_metrics import Monitor, custom_metric, lineparse, runfolder
-from dask_influx_metrics.outbox import Outbox
+from dask_influx_metrics import Monitor, custom_metric, lineparse
+from dask_influx_metrics.link import runfolder
+from dask_influx_metrics.link.outbox import Outbox
 from dask_influx_metrics.sampling.sources.simulated import simulated_uuid
 from dask_influx_metrics.sinks.spool import read_lines
 
@@ -271,7 +272,7 @@ def test_a_worker_the_agent_cannot_see_samples_in_process(client, monitor, tmp_p
     """Another PID namespace (containers sharing /dev/shm only): the agent would read another process."""
 
     def pretend(dask_worker, on: bool):
-        from dask_influx_metrics import runfolder
+        from dask_influx_metrics.link import runfolder
 
         if on:  # this worker's process "started" at tick 1: not what the agent sees
             runfolder.real_started, runfolder.started = runfolder.started, lambda pid="self": 1
@@ -302,7 +303,7 @@ def test_a_run_folder_open_to_others_is_refused_at_start(client, monitor, tmp_pa
     os.chmod(hostile, 0o777)
 
     def point_at(dask_worker, folder):
-        from dask_influx_metrics import runfolder
+        from dask_influx_metrics.link import runfolder
 
         if folder:
             runfolder.real_run_directory = runfolder.run_directory

@@ -16,10 +16,11 @@ import psutil
 import pytest
 from polling import wait_until as poll_until
 
-from dask_influx_metrics import lineparse, runfolder
+from dask_influx_metrics import lineparse
 from dask_influx_metrics.config import Settings
+from dask_influx_metrics.link import runfolder
+from dask_influx_metrics.link.snapshot import Snapshot
 from dask_influx_metrics.sinks.spool import read_lines
-from dask_influx_metrics.snapshot import Snapshot
 from dask_influx_metrics.worker.agentlink import AgentLink
 
 wait_until = functools.partial(poll_until, timeout=20.0, step=0.01)  # agents start slowly on 2 cores

@@ -2,9 +2,9 @@
 
 import json
 
+from dask_influx_metrics.link.snapshot import Snapshot
 from dask_influx_metrics.sampling.sources.tasks import TaskSource, key_json
 from dask_influx_metrics.schema import fields_for
-from dask_influx_metrics.snapshot import Snapshot
 from dask_influx_metrics.worker.registry import CachedSnapshot, TaskRegistry
 
 

@@ -15,13 +15,13 @@ from collections import Counter
 import pytest
 from fake_nvml import FakeNvml
 
+from dask_influx_metrics.link.snapshot import Snapshot
 from dask_influx_metrics.names import EVENT_TOPIC, SHARED_GPU
 from dask_influx_metrics.sampling.collect import HostCollector
 from dask_influx_metrics.sampling.sources.gpuprocs import Ancestry
 from dask_influx_metrics.sampling.sources.nvml import NvmlDevices
 from dask_influx_metrics.scheduler.plugin import JobPlugin
 from dask_influx_metrics.schema import FIELDS, GPU
-from dask_influx_metrics.snapshot import Snapshot
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
 DEVICE_WIDE = {"utilization_gpu", "memory_used", "power_draw", "clocks_event_reasons"}

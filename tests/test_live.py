@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from dask_influx_metrics.link.snapshot import Snapshot
 from dask_influx_metrics.sampling.live import SHARE_KEEP_S, UNKNOWN, LiveFigures
 from dask_influx_metrics.schema import GPU, HOST, Point
-from dask_influx_metrics.snapshot import Snapshot
 
 
 class View:

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from dask_influx_metrics.agent import prometheus as P  # noqa: E402
 from dask_influx_metrics.config import Settings  # noqa: E402
+from dask_influx_metrics.link.snapshot import Snapshot  # noqa: E402
 from dask_influx_metrics.sampling.accounting import Accounting  # noqa: E402
-from dask_influx_metrics.snapshot import Snapshot  # noqa: E402
 
 STEP = 0.2
 LABELS = {"host": "node", "session": "20261128T120000-000001"}

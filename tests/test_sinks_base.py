@@ -11,7 +11,7 @@ import pathlib
 import pytest
 
 from dask_influx_metrics import schema
-from dask_influx_metrics.outbox import Outbox
+from dask_influx_metrics.link.outbox import Outbox
 from dask_influx_metrics.sinks import FanOut, HttpOptions, HttpSink, Sink, SpoolSink, UdpSink, health_points
 from dask_influx_metrics.sinks.journal import JournaledHttpSink
 from dask_influx_metrics.sinks.replay import _KeptInFile

@@ -10,9 +10,9 @@ import time
 import psutil
 import pytest
 
+from dask_influx_metrics.link.snapshot import Snapshot
 from dask_influx_metrics.sampling.collect import HostCollector
 from dask_influx_metrics.sampling.sources.disks import DiskUsage, mount_point
-from dask_influx_metrics.snapshot import Snapshot
 
 ALL = frozenset({("disk", "used_percent"), ("disk", "used"), ("disk", "total")})
 

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
+from dask_influx_metrics.link.snapshot import Snapshot
 from dask_influx_metrics.sampling.sources.simulated import NAME, SimulatedGpuSource, SimulatedHandle
 from dask_influx_metrics.schema import FIELDS, GPU
-from dask_influx_metrics.snapshot import Snapshot
 
 ALL = frozenset(k for k in FIELDS if k[0] == GPU)
 MIB = 2**20

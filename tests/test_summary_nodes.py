@@ -16,8 +16,9 @@ import psutil
 import pytest
 from distributed import Client, LocalCluster, get_worker
 
-from dask_influx_metrics import Monitor, runfolder
+from dask_influx_metrics import Monitor
 from dask_influx_metrics.client import summary
+from dask_influx_metrics.link import runfolder
 from dask_influx_metrics.sampling.sources.disks import mount_point
 from dask_influx_metrics.sampling.sources.procfs import is_loopback
 

@@ -6,12 +6,12 @@ leave exactly one), with its settings as one JSON line on stdin (never argv:
 credentials) and ``agent.lock`` already locked on an inherited descriptor, so
 no moment passes without a holder. Each tick it lists the workers registered in
 the run folder (:mod:`.workers`), takes their task snapshots, writes its beat
-(:mod:`..snapshot`: the snapshots it used, its sink's counters, what it
+(:mod:`..link.snapshot`: the snapshots it used, its sink's counters, what it
 reports, and every half second each worker's latest figures for the dashboard,
 :mod:`..sampling.live`), samples every GPU the workers use once, the host once and each worker
 process (:mod:`.collect`), and sends to its one sink (UDP to the node's
 Telegraf, HTTP, spool: ``sink: auto`` decided from its settings), with the points
-the workers left in their outboxes (:mod:`..outbox`: custom metrics, task stream):
+the workers left in their outboxes (:mod:`..link.outbox`: custom metrics, task stream):
 the host's one sender. A datagram on
 ``agent.sock`` naming a worker whose last sample saw it idle asks for a sample
 at once (a short graph still gets a busy sample).
@@ -36,8 +36,10 @@ import sys
 import threading
 import time
 
-from .. import runfolder
 from ..config import Settings, public
+from ..link import runfolder
+from ..link.seqlock import SnapshotBuffer
+from ..link.snapshot import BEAT_BYTES, BeatReader, write_beat
 from ..names import GpuState, agent_role
 from ..notices import Reporter
 from ..sampling import accounting
@@ -48,9 +50,7 @@ from ..sampling.sampler import Sampler
 from ..sampling.sources.host import host_sources
 from ..sampling.view import WorkerView
 from ..schema import GPU, SESSION
-from ..seqlock import SnapshotBuffer
 from ..sinks import HEALTH_INTERVAL, health_points, make_sink
-from ..snapshot import BEAT_BYTES, BeatReader, write_beat
 from . import prometheus
 from .workers import FolderWorkers
 

@@ -1,8 +1,8 @@
 """The workers the agent serves, found in the run folder: one :class:`~..sampling.view.WorkerView` each.
 
-A worker registers in the session's host folder (:mod:`..runfolder`):
+A worker registers in the session's host folder (:mod:`..link.runfolder`):
 ``workers/<id>.json`` (address, pid, tags, ``CUDA_VISIBLE_DEVICES``), its task
-snapshot ``workers/<id>.snap`` and its outbox (:mod:`..outbox`: the points only
+snapshot ``workers/<id>.snap`` and its outbox (:mod:`..link.outbox`: the points only
 it makes, for the agent to send). :class:`FolderWorkers` looks at the folder
 once a second or when a worker woke the agent (it arrives and leaves with a
 wake), and checks once a second that each
@@ -19,11 +19,11 @@ import os
 import time
 from typing import Callable
 
-from .. import outbox, runfolder
-from ..outbox import OutboxReader
+from ..link import outbox, runfolder
+from ..link.outbox import OutboxReader
+from ..link.seqlock import SnapshotBuffer
+from ..link.snapshot import BUFFER_BYTES, SnapshotReader
 from ..sampling.view import WorkerView
-from ..seqlock import SnapshotBuffer
-from ..snapshot import BUFFER_BYTES, SnapshotReader
 
 logger = logging.getLogger(__name__)
 LIVENESS_S = 1.0  # how often the workers' processes are checked
@@ -111,7 +111,7 @@ class FolderWorkers:
         self._gone.append(wid)
 
     def _adopt(self) -> None:
-        """The outboxes a dead session's workers left (moved here by :func:`..runfolder.remove_stale`): sent
+        """The outboxes a dead session's workers left (moved here by :func:`..link.runfolder.remove_stale`): sent
         like a dead worker's, then removed."""
         for wid in outbox.ids(self._dir) if os.path.isdir(self._dir) else ():
             if wid.startswith(outbox.STALE) and wid not in self.outboxes:
@@ -121,7 +121,7 @@ class FolderWorkers:
 
     def outgoing(self) -> list[bytes]:
         """What every outbox holds that was not sent yet (live, leaving and dead workers'), a bounded part of
-        each (:data:`..outbox.TAKE_BYTES`): a backlog goes out over the next samples."""
+        each (:data:`..link.outbox.TAKE_BYTES`): a backlog goes out over the next samples."""
         lines, self._given = [], []
         for wid, box in self.outboxes.items():
             taken = box.take()

@@ -28,7 +28,7 @@ on the host (at most once a second), and every row at a final sample and on :met
 no total. A job's rows are dropped ``retention`` after it last ran; if it runs again, new rows (a new
 ``since``) start from 0.
 
->>> from dask_influx_metrics.snapshot import Snapshot
+>>> from dask_influx_metrics.link.snapshot import Snapshot
 >>> acc = Accounting(interval_s=10, step_s=0.5, tags={"host": "h", "worker": "agent-h"}, since_ns=0)
 >>> busy = Snapshot(((("k", 0), 7, 1),), 1, 0, 7)
 >>> for k in range(3):  # one worker running job 7 alone on its GPU at 80 %, 300 W

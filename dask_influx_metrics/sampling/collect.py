@@ -30,7 +30,7 @@ The rules (README "What a number means"):
 
 Example
 -------
->>> from dask_influx_metrics.snapshot import Snapshot
+>>> from dask_influx_metrics.link.snapshot import Snapshot
 >>> class W:
 ...     def __init__(self, i, running):
 ...         self.id, self.pid, self.tags, self.uuids = str(i), i, {"host": "h", "worker": f"w{i}"}, ["GPU-1"]

@@ -27,7 +27,7 @@ of one GPU, summed; ``mem`` MiB its workers hold; None: not known) and the GPUs 
 Example
 -------
 >>> from dask_influx_metrics.schema import Point
->>> from dask_influx_metrics.snapshot import Snapshot
+>>> from dask_influx_metrics.link.snapshot import Snapshot
 >>> class View:
 ...     id, address, uuids = "7", "tcp://w:1", ["GPU-a"]
 ...     snapshot = staticmethod(lambda: Snapshot(((("inc-1", 0), 2, 5),), 1, 0, 2))

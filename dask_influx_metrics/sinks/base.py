@@ -1,6 +1,6 @@
 """What every sink does, so that no caller asks a sink what it can do: the :class:`Sink` protocol.
 
-UdpSink, HttpSink, SpoolSink, FanOut and the worker's :class:`~dask_influx_metrics.outbox.Outbox`
+UdpSink, HttpSink, SpoolSink, FanOut and the worker's :class:`~dask_influx_metrics.link.outbox.Outbox`
 implement all of it (``send`` and ``take``: see :class:`Sink`); a sink that has nothing to do for a call does nothing.
 
 >>> from .udp import UdpSink

@@ -1,7 +1,7 @@
 """A worker's link to its host's sampling agent: register, publish, wake, watch, leave.
 
 On :class:`AgentLink` construction the worker, under the session folder's
-``start.lock`` (:mod:`..runfolder`), writes its task snapshot and its
+``start.lock`` (:mod:`..link.runfolder`), writes its task snapshot and its
 registration, and launches the agent if none holds ``agent.lock``
 (``python -m dask_influx_metrics.agent``, in a session of its own so it outlives
 this worker; the lock is taken here and handed over on an inherited
@@ -42,13 +42,13 @@ import sys
 import threading
 import time
 
-from .. import runfolder
 from ..config import AGENT_ENV
+from ..link import runfolder
+from ..link.outbox import BUDGET_BYTES as OUTBOX_BUDGET
+from ..link.outbox import Outbox
+from ..link.seqlock import SnapshotBuffer
+from ..link.snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher
 from ..notices import Once
-from ..outbox import BUDGET_BYTES as OUTBOX_BUDGET
-from ..outbox import Outbox
-from ..seqlock import SnapshotBuffer
-from ..snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher
 
 logger = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # s for an agent to start sampling (it imports this package and NVML)

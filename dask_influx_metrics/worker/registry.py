@@ -4,7 +4,7 @@ The worker plugin feeds :class:`TaskRegistry` from ``WorkerPlugin.transition``
 (on the event loop); an in-process sampler (``sampler.mode: thread``, custom
 metrics, the task stream) reads consistent snapshots under a lock, so it never
 touches the worker's own state machine. The agent reads the same snapshots from
-the worker's published copy instead (:class:`..snapshot.Publisher`).
+the worker's published copy instead (:class:`..link.snapshot.Publisher`).
 
 Example
 -------
@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Callable
 
-from ..snapshot import Snapshot
+from ..link.snapshot import Snapshot
 
 
 class TaskRegistry:

@@ -11,7 +11,7 @@ utilization, power, temperature, clock) is an **average over the time since the 
 memory is **as now**:
 
 * ``busy``: the share of the worker's threads executing tasks since the previous read, from the
-  worker's busy-time counter (:attr:`~dask_influx_metrics.snapshot.Snapshot.busy`, kept with one
+  worker's busy-time counter (:attr:`~dask_influx_metrics.link.snapshot.Snapshot.busy`, kept with one
   clock read per task start and end): exact however short the tasks. Where the worker does not count it (and at the first read),
   ``min(1, executing / nthreads)`` at the read (0 when the worker has no threads)
 * ``utilization_gpu = round(100 * busy * (1 - j))`` with ``j`` a seeded jitter
@@ -32,7 +32,7 @@ The same seed and the same tasks give the same readings.
 
 Example
 -------
->>> from dask_influx_metrics.snapshot import Snapshot
+>>> from dask_influx_metrics.link.snapshot import Snapshot
 >>> idle = lambda: Snapshot(running=(), nthreads=2, managed_bytes=0, last_job=0)
 >>> src = SimulatedGpuSource(1, frozenset({("gpu", "utilization_gpu"), ("gpu", "power_draw")}), idle)
 >>> src.read()[0].fields
@@ -48,8 +48,8 @@ import socket
 import time
 from typing import Callable, NamedTuple
 
+from ...link.snapshot import Snapshot
 from ...schema import GPU, Reading
-from ...snapshot import Snapshot
 from .slowfields import COUNTER_INTERVAL_S
 
 NAME = "Simulated GPU"

@@ -2,7 +2,7 @@
 
 Example
 -------
->>> from dask_influx_metrics.snapshot import Snapshot
+>>> from dask_influx_metrics.link.snapshot import Snapshot
 >>> src = TaskSource(frozenset({("worker", "tasks")}), lambda: Snapshot(((("x", 0), 1, 3),), 2, 0, 1))
 >>> src.read()
 {'tasks': 1}
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from ...link.snapshot import Snapshot, plain_key
 from ...schema import WORKER
-from ...snapshot import Snapshot, plain_key
 
 
 def key_json(keys) -> str:

@@ -3,8 +3,8 @@
 import itertools
 import os
 
-from dask_influx_metrics import outbox
-from dask_influx_metrics.outbox import Outbox, OutboxReader
+from dask_influx_metrics.link import outbox
+from dask_influx_metrics.link.outbox import Outbox, OutboxReader
 
 
 def lines(a, b):

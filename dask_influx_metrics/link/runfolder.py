@@ -41,9 +41,9 @@ import shutil
 import socket
 import tempfile
 
+from ..sinks.paths import safe_name
+from ..sinks.spool import make_private_dirs, private_folder
 from . import outbox
-from .sinks.paths import safe_name
-from .sinks.spool import make_private_dirs, private_folder
 
 START_LOCK, AGENT_LOCK, BEAT, SOCKET, WORKERS = "start.lock", "agent.lock", "agent.beat", "agent.sock", "workers"
 

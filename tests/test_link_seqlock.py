@@ -14,7 +14,7 @@ from tmpfs import run_in_tmpfs, why_not
 FULL = textwrap.dedent(
     """
     import errno, os, sys
-    from dask_influx_metrics.seqlock import SnapshotBuffer
+    from dask_influx_metrics.link.seqlock import SnapshotBuffer
     d = sys.argv[1]
     size = 256 << 10
     buf = SnapshotBuffer.create(size, path=os.path.join(d, "a.snap"))

@@ -51,7 +51,7 @@ import struct
 import time
 from typing import Callable, NamedTuple
 
-from . import jobtags
+from .. import jobtags
 from .seqlock import HEADER, SnapshotBuffer
 
 logger = logging.getLogger(__name__)

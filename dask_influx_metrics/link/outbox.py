@@ -54,7 +54,7 @@ import struct
 import time
 from typing import Callable
 
-from .sinks.spool import make_private_dirs
+from ..sinks.spool import make_private_dirs
 
 logger = logging.getLogger(__name__)
 

@@ -10,9 +10,8 @@ import time
 import pytest
 from polling import wait_until
 
-from dask_influx_metrics.sampling.sources.tasks import key_json
-from dask_influx_metrics.seqlock import SnapshotBuffer
-from dask_influx_metrics.snapshot import (
+from dask_influx_metrics.link.seqlock import SnapshotBuffer
+from dask_influx_metrics.link.snapshot import (
     BEAT_BYTES,
     BeatReader,
     Publisher,
@@ -22,6 +21,7 @@ from dask_influx_metrics.snapshot import (
     entry,
     write_beat,
 )
+from dask_influx_metrics.sampling.sources.tasks import key_json
 
 
 class Pair:
@@ -154,7 +154,7 @@ def test_deferred_publishing_writes_the_changes_since_the_last_write_once(pair):
 def test_an_ended_tasks_entry_is_encoded_once_however_many_writes_carry_it(pair, monkeypatch):
     """Entries are encoded at the write, not per task start; a recent task carried over several writes
     (the agent has not sampled it yet) is encoded once, a running one at each write (a few per worker)."""
-    from dask_influx_metrics import snapshot
+    from dask_influx_metrics.link import snapshot
 
     encoded = []
     monkeypatch.setattr(snapshot, "entry", lambda key, *rest: encoded.append(key) or entry(key, *rest))
@@ -307,8 +307,8 @@ def _writer_snapshot(n: int) -> bytes:
 
 WRITER = """
 import sys, time
-from dask_influx_metrics.seqlock import SnapshotBuffer
-from dask_influx_metrics.snapshot import encode_snapshot, entry
+from dask_influx_metrics.link.seqlock import SnapshotBuffer
+from dask_influx_metrics.link.snapshot import encode_snapshot, entry
 buf = SnapshotBuffer(int(sys.argv[1]), int(sys.argv[2]), writable=True)
 for it in range(int(sys.argv[3])):
     n = (it * 37) % 200
