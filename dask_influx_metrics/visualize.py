@@ -1,5 +1,1 @@
-"""Public import path: ``from dask_influx_metrics import visualize`` (lives in :mod:`.client.visualize`)."""
-
-from .client.visualize import boxes, lines  # noqa: F401
-
-__all__ = ["lines", "boxes"]
+from .client.visualize import boxes, lines  # noqa: F401  public path: from dask_influx_metrics import visualize
