@@ -290,29 +290,53 @@ class Proxy(Switchable):
         return r.status_code, r.content
 
 
-def _influx_count(influxd, db: str) -> int:
-    rows = influxd.query('SELECT count(distinct("key")) FROM "task"', db=db)
+def _influx_count(influxd, db: str, distinct: bool = True) -> int:
+    """The tasks with a point in InfluxDB (``distinct``), or its task points (a task written twice as two
+    points would count twice; the same point posted twice is one)."""
+    field = 'distinct("key")' if distinct else '"key"'
+    rows = influxd.query(f'SELECT count({field}) FROM "task"', db=db)
     return rows[0]["count"] if rows else 0
 
 
-def _http_monitor(client, proxy, db, spool_dir, polling=POLL_MS):
+def _http_monitor(client, proxy, db, spool_dir, polling=POLL_MS, **options):
     from dask_influx_metrics import Monitor
 
     monitor = Monitor(
-        client, sink="http", influxdb_url=proxy.url, database=db, spool_directory=spool_dir, flush_interval=0.2
+        client,
+        sink="http",
+        influxdb_url=proxy.url,
+        database=db,
+        spool_directory=spool_dir,
+        flush_interval=0.2,
+        **options,
     )
     monitor.attach(polling_interval=polling, tracking=TRACKING)
     return monitor, monitor.start()
 
 
-def agent_kill(client, influxd, db: str, tasks: int = 20_000, kills: int = 3) -> dict:
-    """A backlog of ``tasks`` tasks (all submitted at once), the http sink, the agent SIGKILLed ``kills`` times
-    while their points go out; then the counts in InfluxDB and how often the proxy saw each task line."""
+def _stop(client, monitor) -> None:
+    """``monitor.stop()``, then until the host's agent has exited (it closes its sink after the workers left:
+    what is still undelivered is counted after that)."""
+    pid = agent_pid(client)
+    monitor.stop()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
+def agent_kill(client, influxd, db: str, tasks: int = 20_000, kills: int = 3, batch: int = 250) -> dict:
+    """A backlog of ``tasks`` tasks (all submitted at once), the http sink (``batch`` lines a post), the agent
+    SIGKILLed ``kills`` times while their points go out; then the counts in InfluxDB and how often the proxy saw
+    each task line (a kill while a post is in flight, after InfluxDB has its lines, posts that file again)."""
     proxy = Proxy(influxd.url)
     spool_dir = tempfile.mkdtemp(prefix="faults-spool-")
     try:
         since = time.time()
-        monitor, session = _http_monitor(client, proxy, db, spool_dir)
+        monitor, session = _http_monitor(client, proxy, db, spool_dir, batch_size=batch)
         futures = client.map(work, range(tasks), key=[key(i) for i in range(tasks)], seconds=0.0)
         killed = []
         for _ in range(kills):
@@ -327,12 +351,13 @@ def agent_kill(client, influxd, db: str, tasks: int = 20_000, kills: int = 3) ->
         while _influx_count(influxd, db) < tasks and time.monotonic() - finished < 120:
             time.sleep(0.5)
         in_influx_after = time.monotonic() - finished
-        monitor.stop()
+        _stop(client, monitor)
         return {
             "scenario": "agent-kill",
             "tasks": tasks,
             "kills": len(killed),
             "in_influxdb": _influx_count(influxd, db),
+            "points_in_influxdb": _influx_count(influxd, db, distinct=False),
             "seconds_after_the_last_task": round(in_influx_after, 1),
             "posted_twice_or_more": sum(1 for k, n in proxy.posted.items() if k.startswith(b"fault-") and n > 1),
             "replay_events": _replay_events(client, since),
@@ -364,7 +389,7 @@ def influx_down(client, influxd, db: str, tasks: int = 7250, down: float = 30.0,
             time.sleep(0.25)
         complete_after = time.monotonic() - back
         said = _replay_events(client, since)
-        monitor.stop()
+        _stop(client, monitor)
         return {
             "scenario": "influx-down",
             "tasks": tasks,

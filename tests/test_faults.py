@@ -54,9 +54,12 @@ def test_a_full_run_folder_kills_nothing_garbles_nothing_and_loses_only_what_no_
 def test_an_agent_killed_three_times_under_a_backlog_loses_and_doubles_no_task_point_over_http(
     client, influxd, fresh_db
 ):
-    got = faults.agent_kill(client, influxd, fresh_db, tasks=2000, kills=3)
+    got = faults.agent_kill(client, influxd, fresh_db, tasks=2000, kills=3, batch=250)
     print(got)
-    assert got["kills"] == 3 and got["in_influxdb"] == got["tasks"] and got["posted_twice_or_more"] == 0
+    assert got["kills"] == 3 and got["in_influxdb"] == got["points_in_influxdb"] == got["tasks"]
+    # at least once: a kill after InfluxDB took a post but before the file's removal posts it again (InfluxDB
+    # keeps one copy of a point); at most the file in flight at each kill
+    assert got["posted_twice_or_more"] <= 3 * 250
     assert got["left_undelivered"] == 0 and "http-replay" in got["replay_events"], "a successor sent what was left"
 
 
