@@ -50,7 +50,8 @@ def _probe(dask_worker) -> tuple[int, int | None]:
     if getattr(plugin, "link", None) is not None:  # the host's agent samples: its beat counts
         beat = plugin.link.beat() or {}
         return beat.get("samples", 0), beat.get("pid")
-    return (plugin.sampler.samples if plugin.sampler is not None else 0), None
+    core = getattr(plugin, "core", None)
+    return (core.sampler.samples if core is not None else 0), None
 
 
 def _per_task_us(dask_worker, batches: int = 20) -> float:

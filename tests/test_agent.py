@@ -247,7 +247,7 @@ def test_agents_that_keep_dying_make_the_workers_sample_in_process(client, monit
                 s
                 for s in client.run(
                     lambda dask_worker: (
-                        dask_worker.plugins["influx-metrics"].sampler is not None
+                        dask_worker.plugins["influx-metrics"].core is not None
                         and dask_worker.plugins["influx-metrics"].link is None
                     )
                 ).values()

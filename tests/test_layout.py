@@ -56,11 +56,8 @@ def test_no_module_over_500_lines():
     assert not long, long
 
 
-def test_no_import_circle_and_no_back_arrow():
-    """The package's modules import each other without a cycle. Arrows point from the user towards the
-    samplers (client -> scheduler -> worker -> agent -> the sampling library -> the shared top level), never
-    back; the worker never imports the agent process (both use the sampling library); the shared modules
-    import no process folder (only the public entry points re-export them)."""
+def import_graph() -> dict:
+    """``{module: the package's modules it imports}``, read from the source (lazy imports too)."""
     import ast
     import pathlib
 
@@ -77,7 +74,15 @@ def test_no_import_circle_and_no_back_arrow():
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dask_influx_metrics"):
                 deps |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
         graph[module] = deps
-    graph = {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+    return {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+
+
+def test_no_import_circle_and_no_back_arrow():
+    """The package's modules import each other without a cycle. Arrows point from the user towards the
+    samplers (client -> scheduler -> worker -> agent -> the sampling library -> the shared top level), never
+    back; the worker never imports the agent process (both use the sampling library); the shared modules
+    import no process folder (only the public entry points re-export them)."""
+    graph = import_graph()
     order = ["client", "scheduler", "worker", "agent", "sampling"]  # who may import whom: later ones only
     # public paths re-exporting, and the demo
     entry = {"", "__main__", "query", "visualize", "preload", "mlflow", "demo"}
@@ -114,3 +119,17 @@ def test_no_import_circle_and_no_back_arrow():
 
     for m in sorted(graph):
         visit(m)
+
+
+def test_the_worker_builds_no_sampler_sink_gpu_source_or_collector():
+    """Thread mode builds the host-sampling core (``sampling.host``), as the agent does: nothing under
+    ``worker/`` imports what it assembles."""
+    built = ("sampling.sampler", "sampling.collect", "sampling.gpus", "sampling.sources", "sinks.factory")
+    graph = import_graph()
+    worker = {m: deps for m, deps in graph.items() if m.startswith("dask_influx_metrics.worker.")}
+    assert worker, "the worker modules were found"
+    wrong = sorted(
+        (m, d) for m, deps in worker.items() for d in deps if d.removeprefix("dask_influx_metrics.").startswith(built)
+    )
+    assert not wrong, wrong
+    assert "dask_influx_metrics.sinks" not in set().union(*worker.values()), "the sinks package imports its factory"

@@ -74,7 +74,7 @@ def sampler_counts(dask_worker) -> tuple[int, int]:
     if plugin.link is not None:
         beat = plugin.link.beat()
         return beat["samples"], beat["extra"]
-    return plugin.sampler.samples, plugin.sampler.extra
+    return plugin.core.sampler.samples, plugin.core.sampler.extra
 
 
 def wait_for(predicate, timeout=10.0, what="condition"):

@@ -35,6 +35,7 @@ import socket
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 from ..config import Settings, public
 from ..link import runfolder
@@ -42,15 +43,10 @@ from ..link.seqlock import SnapshotBuffer
 from ..link.snapshot import BEAT_BYTES, BeatReader, write_beat
 from ..names import GpuState, agent_role
 from ..notices import Reporter
-from ..sampling import accounting
-from ..sampling.collect import HostCollector
-from ..sampling.gpus import gpm_found, open_gpus
-from ..sampling.live import LIVE_S, LiveFigures
-from ..sampling.sampler import Sampler
-from ..sampling.sources.host import host_sources
+from ..sampling.host import HostSampling
+from ..sampling.sampler import Sample
 from ..sampling.view import WorkerView
 from ..schema import GPU, SESSION
-from ..sinks import HEALTH_INTERVAL, health_points, make_sink
 from . import prometheus
 from .workers import FolderWorkers
 
@@ -65,6 +61,18 @@ BEAT_SLACK_S = 0.125
 LEAVE_DRAIN_S = 2.0  # at most this long to post an HTTP sink's queue when a worker leaves
 
 
+class BeatState(NamedTuple):
+    """What the beat's document says, beside liveness: encoded again only when it changes."""
+
+    counters: list  # the sink's, once a second
+    reported: int  # reports made so far
+    found: int  # workers whose GPUs were looked at
+    foreign: int  # workers this agent cannot sample
+    origin: float | None  # the sampler's first tick
+    figures: int  # the live figures' version
+    relay: str | None  # the worker that passes the agent's reports on: the first to arrive
+
+
 class Agent:
     """Samples the workers registered in ``folder`` (see the module docstring)."""
 
@@ -75,40 +83,29 @@ class Agent:
         self._reported = 0
         self.report = Reporter(self._keep)
         self.previous = self._predecessor()  # counters of an agent that died before this one
-        self.gpus, self.gpu_state, self.gpu_why = open_gpus(settings, report=self.report.once)
-        host, disks = host_sources(settings)
-        tags = {"host": socket.gethostname(), "worker": agent_role(), SESSION: session}
-        self.accounting = accounting.from_settings(settings, tags, report=self.report.once, serve=True)
         # the run folder's filesystem too (/dev/shm: the snapshots, outboxes), beside the workers' own
-        self.collector = HostCollector(
-            settings.fields, self.gpus, host, disks, paths=(folder,), accounting=self.accounting
+        self.core = HostSampling(
+            settings,
+            {"worker": agent_role(), SESSION: session},
+            self.report.once,
+            self.collect,
+            name="influx-metrics-agent",
+            paths=(folder,),
+            serve=True,
         )
-        labels = {"host": tags["host"], "session": session}
-        self.endpoint = prometheus.serve(settings, self.accounting, labels, self.report.once)
+        labels = {"host": socket.gethostname(), "session": session}
+        self.endpoint = prometheus.serve(settings, self.core.accounting, labels, self.report.once)
         self.spill = runfolder.spill_folder(settings.spool_directory, session)
         self.workers = FolderWorkers(folder, self._view, self.spill)
         self.found: dict[str, dict] = {}  # worker id -> its GPU state, devices and why
-        self.figures, self._figured = LiveFigures(), -LIVE_S  # the beat's ``live``: each worker's latest figures
-        self.sink = make_sink(settings, role=agent_role(), session=session, report=self.report.once)
         self.beat = self._new_beat(os.path.join(folder, runfolder.BEAT))
-        self.sampler = Sampler(
-            self.collect,
-            self,
-            interval=settings.polling_interval / 1000.0,
-            name="influx-metrics-agent",
-            field_tags=settings.field_tags,
-        )
         self._left: list[WorkerView] = []
-        self._outgoing: list[bytes] = []  # lines of the workers' outboxes, sent with the sample's own
         self._woken = False  # a worker woke the agent since the last sample
         self._lock = threading.Lock()  # the sampler thread and the main thread both write the beat
-        self._counted, self._counters, self._doc_key, self._doc = -COUNTERS_S, [], (None, None), b"{}"
-        self._head = b"{}"
+        self._counted, self._counters = -COUNTERS_S, []
+        self._said: tuple = (None, None)  # (BeatState, the fast part) of the last beat written
+        self._doc = self._head = b"{}"
         self._beat_at = 0.0
-        self._health_at, self._health_tags = (
-            0.0,
-            {**settings.tags, "host": socket.gethostname(), "worker": agent_role(), SESSION: session},
-        )
 
     def _keep(self, event: dict) -> None:
         self._reported += 1
@@ -157,76 +154,46 @@ class Agent:
                 "(those of the worker that started it): configure the host's workers alike",
                 key=("settings", tuple(differ)),
             )
-        state, why = self.gpu_state, self.gpu_why
-        if self.gpus is not None:
-            try:
-                view.uuids = self.gpus.resolve(view)
-            except Exception as e:  # a malformed CUDA_VISIBLE_DEVICES, NVML failing
-                state, why = GpuState.ERROR, f"{type(e).__name__}: {e}"
-            if state == GpuState.NVML and not view.uuids:
-                state, why = (
-                    GpuState.NONE_VISIBLE,
-                    (f"no GPU is visible to this worker (CUDA_VISIBLE_DEVICES={view.visible!r})"),
-                )
-        self.found[wid] = {"gpu": state.value, "devices": list(view.uuids), "why": why}
-        if gpm := gpm_found(self.gpus, view.uuids, self.report.once):
-            self.found[wid]["gpm"] = gpm
+        self.found[wid], state = self.core.found(view)
         if state not in (GpuState.NVML, GpuState.SIMULATED) and any(m == GPU for m, _ in self.settings.fields):
             self.report.once(
                 "gpu-source",
-                f"GPU metrics were asked for, but this host's workers write no GPU samples: {state.value} ({why})",
-                key=("gpu", state, why),
+                f"GPU metrics were asked for, but this host's workers write no GPU samples: {state.value} "
+                f"({self.found[wid]['why']})",
+                key=("gpu", state, self.found[wid]["why"]),
                 state=state.value,
             )
         return view
 
-    def send(self, lines: list) -> int:
-        """The sampler's sink: each sample, after what the workers' outboxes held, handed over for good (sent,
-        or written through to the spool or an HTTP sink's undelivered copy: a killed agent loses nothing it
-        sampled), the sink's ``delivery`` counters every 10 s; then the outboxes note how far the sink took
-        their lines (what it could not take stays there for the next sample)."""
-        outgoing, self._outgoing = self._outgoing, []
-        now = time.time()
-        if now - self._health_at >= HEALTH_INTERVAL:
-            self._health_at = now
-            lines = lines + health_points(self.sink, self._health_tags, int(now * 1e9), self.settings.field_tags)
-        everything = outgoing + lines
-        taken = self.sink.take(everything)
-        if taken < len(everything):  # the sample's own lines the sink could not keep: counted where they fail
-            self.sink.send(lines[max(0, taken - len(outgoing)) :])
-        self.sink.flush()
-        self.workers.sent(min(taken, len(outgoing)))
+    def _sent(self, taken: int) -> None:
+        """A sample is out (:class:`~..sinks.sender.Sender`): the outboxes note how far the sink took their
+        lines (what it could not take stays there for the next sample); the leaving workers let go."""
+        self.workers.sent(taken)
         self._let_go()
-        return taken
 
     def _let_go(self) -> None:
         """The leaving workers' last sample is out: flushed (in InfluxDB when their teardown returns), then
         their snapshots removed, which each waits for (in the same round: a worker's close is not held up
         until the next tick)."""
         if self._left:
-            self.sink.flush(drain=LEAVE_DRAIN_S)
+            self.core.sink.flush(drain=LEAVE_DRAIN_S)
         for view in self._left:
             self.workers.forget(view.id)
             self.found.pop(view.id, None)
             view.close()
         self._left = []
 
-    def collect(self, now_ns: int) -> list:
-        """One sample (the sampler's ``collect``): see the module docstring."""
+    def collect(self, now_ns: int) -> Sample:
+        """One sample (the sampler's ``collect``; see the module docstring): its points and the workers'
+        outboxes, which go out with them."""
         woken, self._woken = self._woken, False
         self._left = self.workers.refresh(changed=woken)
         live = self.workers.live()
         for w in live + self._left:
             w.snapshot.refresh()
         self.write_beat()
-        points = self.collector.collect(live + self._left, now_ns, final=bool(self._left))
-        if (now := time.monotonic()) - self._figured >= LIVE_S:
-            self._figured = now
-            self.figures.update(live, points, now, self.collector.shared)
-            self.figures.account(self.accounting.live() if self.accounting is not None else None)
-        else:
-            self.figures.observe(points, now)
-        for uuid, users in self.collector.shared.items():
+        points = self.core.sample(live + self._left, now_ns, final=bool(self._left))
+        for uuid, users in self.core.collector.shared.items():
             addresses = [w.address for w in users]
             self.report.once(
                 "shared-gpu",
@@ -238,49 +205,49 @@ class Agent:
                 workers=addresses,
                 host=socket.gethostname(),
             )
-        self._outgoing = self.workers.outgoing()  # the workers' own points go out with this sample's
-        return points
+        return Sample(points, self.workers.outgoing(), self._sent)
 
     def write_beat(self) -> None:
         """Liveness every sample; the rest encoded again only when it changed (counters: once a second)."""
         views = self.workers.live() + self._left
-        now = time.monotonic()
+        sampler, figures, now = self.core.sampler, self.core.figures, time.monotonic()
         if now - self._counted >= COUNTERS_S:
-            self._counted, self._counters = now, [{**c, "agent": os.getpid()} for c in self.sink.counters()]
-        acked = {w.id: w.snapshot.acked for w in views}
-        idle = [w.id for w in views if not w.snapshot().executing]  # their next task start is worth a wake
-        key = (
+            self._counted = now
+            self._counters = [{**c, "agent": os.getpid()} for c in self.core.sink.counters()]
+        state = BeatState(
             self._counters,
             self._reported,
             len(self.found),
             len(self.workers.foreign),
-            self.sampler.origin,
-            self.figures.version,
+            sampler.origin,
+            figures.version,
             next(iter(self.workers.views), None),
         )
+        acked = {w.id: w.snapshot.acked for w in views}
+        idle = [w.id for w in views if not w.snapshot().executing]  # their next task start is worth a wake
         fast = (acked, idle)  # changes every sample while tasks run: a line of its own, cheap to decode
-        if (key, fast) == self._doc_key and now - self._beat_at < self.sampler.interval + BEAT_SLACK_S:
+        if (state, fast) == self._said and now - self._beat_at < sampler.interval + BEAT_SLACK_S:
             return  # nothing new to say, and the last beat is recent enough for the workers' watch
         self._beat_at = now
-        if key != self._doc_key[0]:
+        if state != self._said[0]:
             self._doc = json.dumps(
                 {
-                    "relay": key[-1],
-                    "ticks": [self.sampler.origin, self.sampler.interval] if self.sampler.origin else None,
+                    "relay": state.relay,
+                    "ticks": [sampler.origin, sampler.interval] if sampler.origin else None,
                     "found": self.found,
                     "foreign": self.workers.foreign,
                     "counters": self._counters + self.previous,
                     "reports": self.reports,
-                    "live": self.figures.entries,
-                    "acct": self.figures.accounting,
+                    "live": figures.entries,
+                    "acct": figures.accounting,
                 },
                 separators=(",", ":"),
             ).encode()
-        if (key, fast) != self._doc_key:
+        if fast != self._said[1]:
             self._head = json.dumps({"acked": acked, "idle": idle}, separators=(",", ":")).encode()
-        self._doc_key = (key, fast)
+        self._said = (state, fast)
         with self._lock:
-            write_beat(self.beat, os.getpid(), self.sampler.samples, self.sampler.extra, self._head + b"\n" + self._doc)
+            write_beat(self.beat, os.getpid(), sampler.samples, sampler.extra, self._head + b"\n" + self._doc)
 
     def wake(self, message: str) -> None:
         """``"<worker id> task"``: a task started on that worker: sample now if its last sample saw it
@@ -290,7 +257,7 @@ class Agent:
             self._woken = True
         view = self.workers.views.get(worker_id)
         if view is None or not view.snapshot().executing:
-            self.sampler.wake(urgent=why != "task")  # arriving or leaving: the worker waits for this sample
+            self.core.sampler.wake(urgent=why != "task")  # arriving or leaving: the worker waits for this sample
 
     def idle_for_good(self) -> bool:
         """Whether the session may be over here: no worker left to sample. A worker always registers before it
@@ -300,22 +267,17 @@ class Agent:
 
     def close(self, remove: bool) -> None:
         """Last sample's lines out, sink closed; the run folder removed when ``remove``."""
-        self.sampler.stop()
-        if self.accounting is not None:  # the last totals: no later point carries them
-            accounting.repeat(self.accounting.close(), self.send, self.settings.field_tags)
+        self.core.stop()
         if self.endpoint is not None:
             self.endpoint.close()
-        self._health_at = 0.0
-        while True:  # what the outboxes still hold (a backlog in parts, paced), and the last delivery counts
-            self._outgoing = self.workers.outgoing()
-            given = len(self._outgoing)
-            taken = self.send([])
-            if not self.workers.behind or taken < given:  # done, or the sink takes no more: left where it is
+        while True:  # what the outboxes still hold (a backlog in parts, paced)
+            outgoing = self.workers.outgoing()
+            taken = self.core.sender.send([], outgoing)
+            self.workers.sent(taken)
+            if not self.workers.behind or taken < len(outgoing):  # done, or the sink takes no more: left there
                 break
             time.sleep(DRAIN_PAUSE_S)
-        self.sink.close()
-        if self.gpus is not None:
-            self.gpus.close()
+        self.core.close()
         left = self.workers.behind
         self.workers.close()
         self.write_beat()
@@ -365,7 +327,7 @@ def main(stdin: int = 0) -> int:
     os.chmod(path, 0o600)  # bind() made it with the umask's mode: only this user's workers write to it
     threading.Thread(target=_listen, args=(sock, agent), name="wake", daemon=True).start()
     agent.write_beat()
-    agent.sampler.start()
+    agent.core.sampler.start()
     try:
         with ready:
             ready.write(b"ready\n")

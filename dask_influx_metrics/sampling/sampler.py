@@ -11,8 +11,11 @@ leaving, which waits for it: few).
 
 ``collect(now_ns)`` returns the sample's points, tagged and timed (the agent's
 :class:`~.collect.HostCollector`, a worker's custom metrics and task
-stream). ``field_tags`` (``("dag",)`` with the setting ``dag-tag: false``) are
-written as fields instead.
+stream), handed encoded to ``sink.send(lines)``; or a :class:`Sample`: its points and the lines it
+forwards (the host's agent: its workers' outboxes), handed to ``sink.send(lines, forward)`` (a
+:class:`~..sinks.sender.Sender`), whose answer (how many forwarded lines the sink took) goes to the
+sample's ``then``. ``field_tags`` (``("dag",)`` with the setting ``dag-tag: false``) are written as
+fields instead.
 
 Example
 -------
@@ -28,13 +31,21 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .. import lineprotocol
 from ..notices import Once
 from ..schema import Point
 
 logger = logging.getLogger(__name__)
+
+
+class Sample(NamedTuple):
+    """One sample that forwards lines made elsewhere: ``then(taken)`` hears how many of them the sink took."""
+
+    points: list[Point]
+    forward: list[bytes]
+    then: Callable[[int], None]
 
 
 class Sampler:
@@ -64,17 +75,24 @@ class Sampler:
 
     def sample(self) -> list[Point]:
         """Take one sample now and return its points (does not send)."""
-        points = self.collect(time.time_ns())
+        return self._fields(self.collect(time.time_ns()))
+
+    def _fields(self, points: list[Point]) -> list[Point]:
         if self._field_tags:
             return [lineprotocol.tags_as_fields(p, self._field_tags) for p in points]
         return points
 
     def sample_and_send(self) -> int:
-        """One sample, encoded and handed to the sink (an empty one too: the agent's sink sends its workers'
-        outboxes with it); returns the line count."""
-        lines = lineprotocol.encode_many(self.sample())
+        """One sample, encoded and handed to the sink (an empty one too: what it forwards goes with it);
+        returns the line count."""
+        sample = self.collect(time.time_ns())
+        forwards = isinstance(sample, Sample)
+        lines = lineprotocol.encode_many(self._fields(sample.points if forwards else sample))
         try:
-            self.sink.send(lines)
+            if forwards:
+                sample.then(self.sink.send(lines, sample.forward))
+            else:
+                self.sink.send(lines)
         except Exception as e:  # sinks promise not to raise; belt and braces
             self._report_once(self.sink, e)
         self.samples += 1

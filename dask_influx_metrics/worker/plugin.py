@@ -53,15 +53,10 @@ from ..clock import SteadyOffset
 from ..config import Settings, public
 from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN, agent_role
 from ..notices import Reporter
-from ..sampling import accounting
-from ..sampling.collect import HostCollector
-from ..sampling.gpus import gpm_found, open_gpus
-from ..sampling.live import LIVE_S, LiveFigures
-from ..sampling.sampler import Sampler
-from ..sampling.sources.host import host_sources
+from ..sampling.host import HostSampling, worker_gpus, writer
 from ..sampling.view import WorkerView
 from ..schema import GPU, SESSION
-from ..sinks import HealthWriter, destinations, make_sink
+from ..sinks.paths import destinations
 from . import extras, heartbeat, taskstream
 from .custom import CustomSource
 from .registry import CachedSnapshot, TaskRegistry
@@ -83,10 +78,13 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self.worker_payload = worker_payload
         self.session = dict(session)
         self.link = None  # sampler.mode agent: the link to the host's agent
-        self.sampler = self.sink = self.gpus = self.extras = self.tasks = self.accounting = None
+        self.core = None  # sampler.mode thread: the host-sampling core, for this worker alone
+        self.extras = self.tasks = None  # custom metrics, the task stream
+        self._write_extras = None  # beside the agent: the extras into the outbox, on the link's thread
+        self.gpus, self._uuids = None, []  # the GPUs of per-device custom metrics
         self._untap = None  # takes the tap off Dask's digests (fine metrics)
         self._joining = None  # waits for the agent's first sample of this worker (sampler.mode agent)
-        self._heartbeat = self.figures = None  # the live figures on the worker's heartbeat; thread mode: its own
+        self._heartbeat = None  # the live figures on the worker's heartbeat
         self.closed = False
 
     def setup(self, worker):
@@ -121,17 +119,17 @@ class MetricsWorkerPlugin(WorkerPlugin):
         host = self.base_tags["host"]
         if self.link is not None:
             return heartbeat.from_beat(self.link.beat(), self.link.id, host, time.monotonic())
-        figures, sampler = self.figures, self.sampler
-        entry = figures.entries.get("self") if figures is not None else None
-        if entry is None or sampler is None or self.sink is None:
+        core = self.core
+        entry = core.figures.entries.get("self") if core is not None else None
+        if entry is None:
             return None
-        age = round(time.monotonic() - self._figured, 2)
+        age = round(time.monotonic() - core.figured_at, 2)
         entry = {
             **entry,
-            "agent": [host, os.getpid(), sampler.samples, age],
-            "sinks": heartbeat.sinks(self.sink.counters()),
+            "agent": [host, os.getpid(), core.sampler.samples, age],
+            "sinks": heartbeat.sinks(core.sink.counters()),
         }
-        return entry if figures.accounting is None else {**entry, "acct": figures.accounting}
+        return entry if core.figures.accounting is None else {**entry, "acct": core.figures.accounting}
 
     def _reseed(self) -> None:
         """The registry from the worker's own state: at setup, and when the agent's record is given up."""
@@ -196,12 +194,12 @@ class MetricsWorkerPlugin(WorkerPlugin):
         if self.custom or self.tasks is not None:
             self._make_extras()
             collect = _refreshing(self.snapshot, self.extras.collect) if self.custom else self.extras.collect
-            # never started: the link's thread runs it, into the outbox the agent sends
-            self.sampler = Sampler(collect, link.outbox, field_tags=self.settings.field_tags)
+            # the link's thread runs it, into the outbox the agent sends
+            self._write_extras = writer(collect, link.outbox, self.settings.field_tags)
             seconds, self.extras.custom_every = extras.schedule(self.settings, self.tasks is not None)
             # no wake for it while the worker runs nothing and has no task points to write (nudged when it starts)
             idle = None if self.custom else (lambda: link.publisher.idle() and not self.extras.pending())
-            link.every(seconds, self.sampler.sample_and_send, idle=idle)
+            link.every(seconds, self._write_extras, idle=idle)
 
     def _publish(self) -> None:
         """Bytes held and the clock offset, which change between the publishes of task starts and ends."""
@@ -216,7 +214,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
         await _off_loop(link.leave, 0)
         if self.extras is not None:  # the in-process sampler makes them from now on
             self.extras.stop()
-            self.sampler = self.extras = None
+            self._write_extras = self.extras = None
+        if self.gpus is not None:  # per-device custom metrics' own: the core opens the GPUs from now on
+            self.gpus.close()
+            self.gpus, self._uuids = None, []
         if not self.closed:
             self._sample_in_process()
 
@@ -238,73 +239,37 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     # --- sampler.mode: thread (and custom metrics / task stream beside the agent) ------------
     def _sample_in_process(self) -> None:
-        settings = self.settings
-        self.gpus, state, why = open_gpus(settings, report=self.report.once)
+        """The host-sampling core, for this worker alone (an agent inside the worker)."""
+        settings, tags = self.settings, self.base_tags
+        self.core = core = HostSampling(
+            settings, tags, self.report.once, self._collect_all, name="influx-metrics-sampler"
+        )
         info = {
             "address": self.worker.address,
             "pid": os.getpid(),
-            "tags": self.base_tags,
+            "tags": tags,
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "local_directory": self.worker.local_directory,
         }
         self.view = WorkerView("self", info, self.snapshot, settings.fields, offset=self.offset)
-        found = {"gpu": state.value, "devices": [], "why": why}
-        if self.gpus is not None:
-            try:
-                self.view.uuids = found["devices"] = self.gpus.resolve(self.view)
-            except Exception as e:
-                found.update(gpu="error", why=f"{type(e).__name__}: {e}")
-            if gpm := gpm_found(self.gpus, self.view.uuids, self.report.once):
-                found["gpm"] = gpm
-        self.accounting = accounting.from_settings(
-            settings,
-            {"host": self.base_tags["host"], "worker": self.worker.address, SESSION: self.session["id"]},
-            report=self.report.once,
-        )
+        found, _ = core.found(self.view)
+        self.gpus, self._uuids = core.gpus, self.view.uuids
         if settings.prometheus_port is not None:
             self.report.once(
                 "prometheus",
                 "prometheus.port: /metrics is served by the host's sampling agent "
                 "(sampler.mode: agent); this worker samples in-process and serves none",
             )
-        self.collector = HostCollector(settings.fields, self.gpus, *host_sources(settings), accounting=self.accounting)
-        self.figures, self._figured = LiveFigures(), -LIVE_S
         self._record_destinations(self.worker.address, found)
         self._make_extras()
-        self.sink = make_sink(
-            self.settings, role=self.worker.address, session=self.session["id"], report=self.report.once
-        )
-        self.health = HealthWriter(
-            self.sink,
-            {k: self.base_tags[k] for k in (*self.settings.tags, "host", "worker", SESSION)},
-            field_tags=self.settings.field_tags,
-        )
-        self.sampler = Sampler(
-            self._collect_all,
-            self.sink,
-            settings.polling_interval / 1000.0,
-            field_tags=self.settings.field_tags,
-        )
-        self.sampler.start()
+        core.sampler.start()
 
     def _make_extras(self) -> None:
         """Custom metrics and the task stream, which need the worker object (:mod:`.extras`)."""
         if self.custom and any(m.per_device for m in self.custom) and self.gpus is None:
-            self.gpus, _, _ = open_gpus(self.settings, report=self.report.once)
-            if self.gpus is not None:
-                self.view = WorkerView(
-                    "self",
-                    {
-                        "address": self.worker.address,
-                        "pid": os.getpid(),
-                        "tags": {},
-                        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                    },
-                    self.snapshot,
-                    frozenset(),
-                    offset=self.offset,
-                )
-                self.view.uuids = _resolved(self.gpus, self.view)
+            info = {"address": self.worker.address, "pid": os.getpid(), "tags": {}}
+            view = WorkerView("self", {**info, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}, self.snapshot, ())
+            self.gpus, self._uuids = worker_gpus(self.settings, view, self.report.once)
         custom = (
             CustomSource(
                 self.custom,
@@ -320,20 +285,13 @@ class MetricsWorkerPlugin(WorkerPlugin):
 
     def _collect_all(self, now_ns: int) -> list:
         self.snapshot.refresh()
-        points = self.collector.collect([self.view], now_ns, final=self.closed)
-        if (now := time.monotonic()) - self._figured >= LIVE_S:
-            self._figured = now
-            self.figures.update([self.view], points, now)
-            self.figures.account(self.accounting.live() if self.accounting is not None else None)
-        else:
-            self.figures.observe(points, now)
-        return points + self.extras.collect(now_ns)
+        return self.core.sample([self.view], now_ns, final=self.closed) + self.extras.collect(now_ns)
 
     def _devices(self) -> list:
         """``(device tags, handle)`` per GPU this worker uses, for per-device custom metrics."""
         if self.gpus is None:
             return []
-        return [(self.gpus.tags(u, i), self.gpus.handle(u)) for i, u in enumerate(self.view.uuids)]
+        return [(self.gpus.tags(u, i), self.gpus.handle(u)) for i, u in enumerate(self._uuids)]
 
     # --- both modes ---------------------------------------------------------------------------
     def teardown(self, worker):
@@ -349,26 +307,23 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._ticker.stop()
             link.publisher.flush()  # a deferred write now, on the loop: none runs beside leave()'s
             link.stop_waiting()  # an agent still starting is not waited for
-        sampler = self.sampler if link is None else None  # beside the agent, leave() writes the last points
-        return self._teardown(link, sampler)
+        core = self.core if link is None else None  # beside the agent, leave() writes the last points
+        return self._teardown(link, core)
 
-    async def _teardown(self, link, sampler) -> None:
+    async def _teardown(self, link, core) -> None:
         if self._joining is not None:
             await self._joining  # returns at once: stop_waiting()
-        await _off_loop(self._close, link, sampler)
+        await _off_loop(self._close, link, core)
 
-    def _close(self, link, sampler) -> None:
+    def _close(self, link, core) -> None:
         if link is not None:
             link.leave()
-        if sampler is not None:  # thread mode: one more sample, the counters too
-            sampler.stop(final_sample=True)
-            if self.accounting is not None:  # the last totals: no later point carries them
-                accounting.repeat(self.accounting.close(), self.sink.send, self.settings.field_tags)
-            self.health.stop()
-            self.sink.close()
+        if core is not None:  # thread mode: one more sample, the last totals and counters
+            core.stop(final_sample=True)
+            core.close()
         if self.extras is not None:
             self.extras.stop()
-        if self.gpus is not None:
+        if self.gpus is not None and core is None:  # the core's are closed with it
             self.gpus.close()
 
     def transition(self, key, start, finish, *args, **kwargs) -> None:
@@ -407,10 +362,10 @@ class MetricsWorkerPlugin(WorkerPlugin):
             return
         idle = self.registry.idle()
         self.registry.started(key, job, dag)
-        if idle and self.sampler is not None and self.extras is not None and not self.snapshot().executing:
+        if idle and self.core is not None and self.extras is not None and not self.snapshot().executing:
             # a graph shorter than the interval still gets a sample; not between back-to-back short
             # tasks (the last sample saw tasks): each is shown at the next tick
-            self.sampler.wake()
+            self.core.sampler.wake()
 
     def _record_destinations(self, role: str, found: dict | None) -> None:
         """Tell the session where this worker's samples go and what it found of its GPUs
@@ -471,13 +426,6 @@ def _refreshing(snapshot, collect):
     return refreshed
 
 
-def _resolved(gpus, view) -> list:
-    try:
-        return gpus.resolve(view)
-    except Exception:  # per-device custom metrics then get no devices; NVML's own warning says why
-        return []
-
-
 def delivery_counters(dask_worker) -> list[dict]:
     """This worker's sink counters (``Monitor.delivery()``, via ``client.run``): its host agent's (as of its
     latest sample; with those of agents that died), or in thread mode its own sink's; [] when no session
@@ -487,4 +435,4 @@ def delivery_counters(dask_worker) -> list[dict]:
         return []
     if plugin.link is not None:
         return plugin.link.counters()
-    return plugin.sink.counters() if plugin.sink is not None else []
+    return plugin.core.sink.counters() if plugin.core is not None else []
