@@ -27,17 +27,17 @@ import yaml
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from panels import (  # noqa: E402
+from panelkit import (  # noqa: E402
     BUSY,
     HELD_IDLE_MINUTES,
     INFLUXQL,
     LOSS_MINUTES,
     SESSION,
     field,
-    panels,
     session_variable,
     variable,
 )
+from panels import panels  # noqa: E402
 
 from dask_influx_metrics import schema  # noqa: E402
 
