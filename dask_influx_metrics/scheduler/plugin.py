@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from typing import Callable
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
@@ -121,17 +122,28 @@ class JobPlugin(SchedulerPlugin):
         return dict(self.session)
 
     def stop_session(self) -> dict | None:
+        """End the session and close its sink here (the scheduler's own close: nothing to serve any more)."""
+        session, close = self.end_session()
+        close()
+        return session
+
+    def end_session(self) -> tuple[dict | None, Callable[[], None]]:
+        """End the session: no later DAG is numbered or written in it. Returns it and what is left to do, the
+        final delivery counts written and the sink closed, which waits (bounded) for an InfluxDB that does not
+        answer: ``Monitor.stop()`` runs it off the event loop (:func:`..offloop.off_loop`)."""
         session, self.session = self.session, None
-        if self.health is not None:
-            self.health.stop()  # the final counts, before the sink closes
-            self.health = None
-        if self.sink is not None:
-            self.sink.close()
-            self.sink = None
+        health, sink, self.health, self.sink = self.health, self.sink, None, None
         if session is not None:
             session["stop"] = time.time()
             self.last_session = session
-        return session
+
+        def close() -> None:
+            if health is not None:
+                health.stop()  # the final counts, before the sink closes
+            if sink is not None:
+                sink.close()
+
+        return session, close
 
     def _record(self, who: str, where: dict) -> None:
         self.destinations[who] = where = {**where, "sinks": list(where["sinks"])}  # events arrive with tuples

@@ -21,6 +21,7 @@ import time
 
 from .. import _dask
 from ..names import JOBS_PLUGIN, WORKER_PLUGIN
+from ..offloop import off_loop
 from ..worker.agentlink import START_TIMEOUT
 from ..worker.plugin import FOUND_TIMEOUT, MetricsWorkerPlugin
 
@@ -91,7 +92,9 @@ async def stop(dask_scheduler, missing_ok: bool = False) -> dict | None:
     """
     had_workers = await _dask.remove_worker_plugin(dask_scheduler, WORKER_PLUGIN)
     plugin = dask_scheduler.plugins.get(JOBS_PLUGIN)
-    session = plugin.stop_session() if plugin is not None else None
+    session, close = plugin.end_session() if plugin is not None else (None, None)
+    if close is not None:
+        await off_loop(close)  # the scheduler's loop serves the work meanwhile
     if session is None and not had_workers and not missing_ok:
         raise RuntimeError(f"no monitoring session is running on {dask_scheduler.address}")
     return session

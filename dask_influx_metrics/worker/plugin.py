@@ -42,7 +42,6 @@ import functools
 import logging
 import os
 import socket
-import threading
 import time
 
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -53,6 +52,7 @@ from ..clock import SteadyOffset
 from ..config import Settings, public
 from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN, agent_role
 from ..notices import Reporter
+from ..offloop import off_loop
 from ..sampling.host import HostSampling, worker_gpus, writer
 from ..sampling.view import WorkerView
 from ..schema import GPU, SESSION
@@ -156,7 +156,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             "local_directory": self.worker.local_directory,  # its spill folder is inside: the agent reads its disk
         }
         try:
-            link = await _off_loop(AgentLink, config, info, self.registry.snapshot(), self.report)
+            link = await off_loop(AgentLink, config, info, self.registry.snapshot(), self.report)
         except PermissionError as e:  # another user's folder in /dev/shm: refused, as a foreign spool root is
             self.report("agent", f"refused to start: {e}")
             if self._untap is not None:  # no activity points from a worker that refused to sample
@@ -168,7 +168,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             )
             return self._sample_in_process()
         if self.closed:
-            return await _off_loop(link.leave, 0)
+            return await off_loop(link.leave, 0)
         self.link, self._relayed = link, (None, 0)  # (agent pid, number of its latest report passed on)
         link.publisher.sync(self.registry.snapshot().running)  # tasks that started or ended while it joined
         if not self.custom:
@@ -182,7 +182,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
     async def _await_agent(self, link) -> None:
         """Until the agent samples this worker: then where its samples go, and the worker's own points."""
         try:
-            found = await _off_loop(link.sampled, FOUND_TIMEOUT)
+            found = await off_loop(link.sampled, FOUND_TIMEOUT)
         except Exception as e:  # RuntimeError: the agent cannot see this worker's process
             why = str(e) if isinstance(e, RuntimeError) else f"waiting for the agent failed ({type(e).__name__}: {e})"
             if not self.closed:
@@ -211,7 +211,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self._reseed()
         self._ticker.stop()
         self.report("agent", f"{why}; sampling in-process")
-        await _off_loop(link.leave, 0)
+        await off_loop(link.leave, 0)
         if self.extras is not None:  # the in-process sampler makes them from now on
             self.extras.stop()
             self._write_extras = self.extras = None
@@ -313,7 +313,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
     async def _teardown(self, link, core) -> None:
         if self._joining is not None:
             await self._joining  # returns at once: stop_waiting()
-        await _off_loop(self._close, link, core)
+        await off_loop(self._close, link, core)
 
     def _close(self, link, core) -> None:
         if link is not None:
@@ -393,29 +393,6 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self.worker.log_event(EVENT_TOPIC, {"worker": self.worker.address, **event})
         except Exception:  # the event is a courtesy; the log line is the record
             pass
-
-
-async def _off_loop(fn, *args):
-    """``fn(*args)`` on a thread of its own that ends with it: blocking steps (joining the agent, waiting
-    for it, leaving) kept off the event loop without the loop's default executor, whose idle threads would
-    stay in the worker for good (the monitor adds one thread to a worker beside the agent: its link's)."""
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def run():
-        try:
-            outcome = (fn(*args), None)
-        except BaseException as e:  # handed to the awaiting coroutine, as asyncio.to_thread does
-            outcome = (None, e)
-        loop.call_soon_threadsafe(_settle, done, *outcome)
-
-    threading.Thread(target=run, name="influx-metrics-step", daemon=True).start()
-    return await done
-
-
-def _settle(done, result, error) -> None:
-    if not done.done():
-        done.set_result(result) if error is None else done.set_exception(error)
 
 
 def _refreshing(snapshot, collect):
