@@ -314,7 +314,7 @@ def _http_monitor(client, proxy, db, spool_dir, polling=POLL_MS, **options):
     return monitor, monitor.start()
 
 
-def _stop(client, monitor) -> None:
+def stop_monitor(client, monitor) -> None:
     """``monitor.stop()``, then until the host's agent has exited (it closes its sink after the workers left:
     what is still undelivered is counted after that)."""
     pid = agent_pid(client)
@@ -351,7 +351,7 @@ def agent_kill(client, influxd, db: str, tasks: int = 20_000, kills: int = 3, ba
         while _influx_count(influxd, db) < tasks and time.monotonic() - finished < 120:
             time.sleep(0.5)
         in_influx_after = time.monotonic() - finished
-        _stop(client, monitor)
+        stop_monitor(client, monitor)
         return {
             "scenario": "agent-kill",
             "tasks": tasks,
@@ -389,7 +389,7 @@ def influx_down(client, influxd, db: str, tasks: int = 7250, down: float = 30.0,
             time.sleep(0.25)
         complete_after = time.monotonic() - back
         said = _replay_events(client, since)
-        _stop(client, monitor)
+        stop_monitor(client, monitor)
         return {
             "scenario": "influx-down",
             "tasks": tasks,

@@ -5,11 +5,13 @@ copy of the same run, beside the sample-derived summary; and scraped by a real P
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 
 import pandas as pd
 import pytest
+from faults import stop_monitor
 from lossyrelay import LossyRelay
 from polling import wait_until
 
@@ -23,6 +25,11 @@ def _spin(seconds: float) -> float:
     while time.perf_counter() < end:
         pass
     return seconds
+
+
+def wait(seconds: float, then):
+    threading.Event().wait(seconds)
+    return then()
 
 
 def _workload(client, monitor) -> None:
@@ -51,7 +58,7 @@ def _monitored(**settings):
         try:
             yield client, monitor
         finally:
-            monitor.stop()
+            stop_monitor(client, monitor)  # and until the agent has sent the session's last totals
             monitor.shutdown()  # a spool.directory set is kept
 
 
@@ -89,7 +96,7 @@ def lossy_run(influxd, tmp_path_factory):
         lossless = query.connect(str(spool))
         lossy = query.connect(influxd.url, database="dask_metrics", tags={"run": run})
         count = lambda: influxd.query(f"SELECT count(*) FROM accounting WHERE run = '{run}'")  # noqa: E731
-        wait_until(lambda: count() and count() == count(), 10, "influxd's UDP batches")
+        wait_until(lambda: count() and count() == wait(1.2, count), 10, "influxd's UDP batches (1 s timeout)")
         yield lossless, lossy, relay
     finally:
         relay.close()

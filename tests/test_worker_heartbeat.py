@@ -80,7 +80,10 @@ def test_each_worker_carries_its_figures_on_its_heartbeat(client, mode, sink, re
         busy = wait_for(
             lambda: (
                 (b := client.run_on_scheduler(_heartbeats))
-                and all((m[LIVE_METRIC] or {}).get("jobs") and m[LIVE_METRIC]["gpus"][0][0] for m in b.values())
+                # both threads of each worker seen busy (a first heartbeat can come between its two task starts)
+                and all(
+                    (m[LIVE_METRIC] or {}).get("jobs") == ((1, 2),) and m[LIVE_METRIC]["gpus"][0][0] for m in b.values()
+                )
                 and b
             )
         )
