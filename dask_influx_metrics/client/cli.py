@@ -285,16 +285,7 @@ def export(open_store, directory, fname, clear_dir, metrics, workers, job):
             bar.label = f"reading worker {done}/{total}"  # off a terminal, each new label is a line
             bar.update(done - bar.pos)
 
-        paths = to_csv(
-            db,
-            directory,
-            fname=fname,
-            clear_dir=clear_dir,
-            metrics=metrics,
-            workers=workers,
-            job=job,
-            progress=progress,
-        )
+        paths = to_csv(db, directory, fname, clear_dir, metrics, workers, job=job, progress=progress)
     click.echo("\n".join(paths))
 
 
