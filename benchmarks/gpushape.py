@@ -11,7 +11,7 @@ utilization, every field the agent reads) through the agent's own :class:`HostCo
 the one GPU, a sample every 200 ms. Measured: points and bytes of line protocol per sample; then, with
 the points in a throw-away influxd and in a spool, the time to read the GPU rows of one worker that is
 not the owner, device and own fields: per worker, one ``WHERE worker=...`` read; owner, that read plus
-the owner's device rows joined as of time; and :meth:`Store.worker_tables` on each shape (on the owner
+the owner's device rows joined as of time; and :func:`.tables.worker_tables` on each shape (on the owner
 shape it has no device column for that worker: what the join would add). Not in the benchmark runner
 (a one-off)::
 
@@ -156,7 +156,7 @@ def main() -> None:
             for kind, (source, options) in sources.items():
                 with query.connect(source, **options) as store:
                     rows = _timed(lambda: read(store, other, owner), args.rounds)
-                    table = _timed(lambda: store.worker_tables(metrics=METRICS, workers=[other]), args.rounds)
+                    table = _timed(lambda: query.worker_tables(store, metrics=METRICS, workers=[other]), args.rounds)
                 print(
                     f"  {kind:8s}: worker {other}'s GPU rows (device and own fields) in {rows:.1f} ms; "
                     f"worker_tables() in {table:.1f} ms (medians of {args.rounds})"

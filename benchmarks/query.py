@@ -3,7 +3,7 @@
 1,000,000 GPU points (16 workers x 8 GPUs x 7,813 samples at 200 ms, three
 fields each) are written to a fresh influxd over HTTP. Then, alternated:
 
-- **ours**: ``query.connect(url).worker_tables(metrics=[...])`` (CSV responses,
+- **ours**: ``query.worker_tables(query.connect(url), metrics=[...])`` (CSV responses,
   one worker at a time, server-side filters, paged);
 - **naive**: one ``SELECT * FROM gpu`` as JSON, ``pandas.DataFrame`` from the
   values, then per worker the same pivot to one column per metric per GPU.
@@ -99,12 +99,12 @@ def _analysis(url: str, db: str, start: int, stop: int):
     from dask_influx_metrics import query
 
     with query.connect(url, database=db, start=start / 1e9, stop=stop / 1e9) as store:
-        tables = store.worker_tables(metrics=["compute-util", "total-mem", "host-cpu"])
+        tables = query.worker_tables(store, metrics=["compute-util", "total-mem", "host-cpu"])
         return (
             store.workers(),
             store.jobs(),
             store.metrics(),
-            store.peaks("compute-util"),
+            query.peaks(store, "compute-util"),
             {w: t.shape for w, t in tables.items()},
         )
 
@@ -194,7 +194,7 @@ def run(quick: bool) -> list[dict]:
 
         def ours():
             t0 = time.monotonic()
-            results["ours"] = query.connect(server.url, database=db).worker_tables(metrics=METRICS)
+            results["ours"] = query.worker_tables(query.connect(server.url, database=db), metrics=METRICS)
             return time.monotonic() - t0
 
         def naive():
@@ -206,8 +206,12 @@ def run(quick: bool) -> list[dict]:
         same = _same(results["ours"], results["naive"])
         peak_times = common.alternate(
             {
-                "server": lambda: _timed(lambda: results.__setitem__("server", store.peaks("total-mem", server=True))),
-                "client": lambda: _timed(lambda: results.__setitem__("client", store.peaks("total-mem", server=False))),
+                "server": lambda: _timed(
+                    lambda: results.__setitem__("server", query.peaks(store, "total-mem", server=True))
+                ),
+                "client": lambda: _timed(
+                    lambda: results.__setitem__("client", query.peaks(store, "total-mem", server=False))
+                ),
             },
             rounds,
         )

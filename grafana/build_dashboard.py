@@ -49,7 +49,7 @@ UID = "dask-influx-metrics"
 
 def sample_ms() -> dict:
     """The sampling interval (ms) for GPU-hours: the median step between a GPU's samples in the range
-    (as ``db.summary()`` takes it); a single value, so Grafana inserts it as a plain number."""
+    (as ``query.summary(db)`` takes it); a single value, so Grafana inserts it as a plain number."""
     util = field(schema.GPU, "utilization_gpu").name
     query = (
         f'SELECT round(median("step")) FROM (SELECT elapsed("{util}", 1ms) AS "step" FROM "{schema.GPU}" '

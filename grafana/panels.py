@@ -224,7 +224,7 @@ def own_panel() -> tuple[dict, int]:
         "On a GPU several workers (or other processes) share: each job's own utilization, SM active and tensor "
         "activity, the device's readings scaled by its worker's worker_gpu_share (a process that only holds "
         "memory reads ~0; the jobs of one GPU add up to at most the device's). The device-wide figures: the "
-        "'Was the GPU busy?' panel above; db.gpu_during_tasks() and db.gpu_per_prefix() give both per job, DAG "
+        "'Was the GPU busy?' panel above; query.gpu_during_tasks(db) and query.gpu_per_prefix(db) give both per job, DAG "
         "and task prefix."
     )
     alias = "$tag_worker GPU $tag_index job $tag_job $col"

@@ -163,7 +163,7 @@ def _monitored_run(influxd, tmp_path_factory, into: str, sink: str, **settings):
     from distributed import Client, LocalCluster
 
     from dask_influx_metrics import Monitor, lineparse
-    from dask_influx_metrics.client.tables import natural_key
+    from dask_influx_metrics.client.query.metricnames import natural_key
     from dask_influx_metrics.sinks.spool import read_lines
 
     run = uuid.uuid4().hex[:10]

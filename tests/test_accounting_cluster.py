@@ -70,7 +70,7 @@ def _totals(table) -> dict:
 
 def _sample_busy(db) -> dict:
     """Busy GPU-seconds per job from the samples (the summary's time-weighted device time x utilization)."""
-    s = db.summary(per_job=True)
+    s = query.summary(db, per_job=True)
     gpu = s[(s["resource"] == "gpu") & s["job"].notna() & (s["worker"] != "all workers")]
     busy = (gpu["device_hours"] - gpu["unused_device_hours"]) * 3600
     return {int(j): float(v) for j, v in busy.groupby(gpu["job"]).sum().items()} | {
@@ -103,12 +103,12 @@ def lossy_run(influxd, tmp_path_factory):
 
 
 def test_thirty_percent_udp_loss_costs_accounting_nothing_and_samples_something(lossy_run):
-    """Issue 49's loss target: per job, ``db.accounting()`` read through the lossy path is within 1 % of the
+    """Issue 49's loss target: per job, ``query.accounting(db)`` read through the lossy path is within 1 % of the
     lossless copy of the same run (each point carries the totals so far); the sample-derived figures are not
     (printed: the closing note quotes both)."""
     lossless, lossy, relay = lossy_run
     assert relay.dropped / (relay.dropped + relay.forwarded) == pytest.approx(0.3, abs=0.08)
-    exact, got = _totals(lossless.accounting()), _totals(lossy.accounting())
+    exact, got = _totals(query.accounting(lossless)), _totals(query.accounting(lossy))
     assert set(got) == set(exact) == {1, 2, "idle"}
     for job in (1, 2):
         for f in FIGURES:
@@ -128,7 +128,7 @@ def test_accounting_agrees_with_the_sample_derived_summary_and_conserves(lossy_r
     """No loss (the spool): per job, busy GPU-seconds within 2 % of the summary's; energy of jobs + idle = the
     simulated energy counters' deltas within 1 %; busy <= wall x GPUs."""
     lossless, _, _ = lossy_run
-    table = lossless.accounting()
+    table = query.accounting(lossless)
     exact, samples = _totals(table), _sample_busy(lossless)
     for job in (1, 2):
         assert exact[job]["busy_seconds"] == pytest.approx(samples[job], rel=0.02), (job, exact[job], samples[job])
@@ -154,8 +154,8 @@ def test_accounting_reads_alike_from_influxql_and_the_spool(lossy_run, influxd, 
     points = [p for folder in lossless.backend._paths for p in read_points(folder)[0]]
     influxd.write(b"\n".join(lineprotocol.encode_many(points)), db=fresh_db)
     with query.connect(influxd.url, database=fresh_db) as db:
-        theirs = db.accounting()
-    ours = lossless.accounting()
+        theirs = query.accounting(db)
+    ours = query.accounting(lossless)
     assert (
         theirs[["job", "host", "uuid"]].astype(str).values.tolist()
         == ours[["job", "host", "uuid"]].astype(str).values.tolist()
@@ -172,7 +172,7 @@ def test_accounting_reads_alike_from_influxql_and_the_spool(lossy_run, influxd, 
 
 def test_prometheus_scrapes_the_agents_counters_and_they_equal_accounting(tmp_path):
     """A real Prometheus (Debian's package) scraping the agent's /metrics every second: each job's busy-seconds
-    counter (its last value; and ``increase()``) equals ``db.accounting()`` within 2 %."""
+    counter (its last value; and ``increase()``) equals ``query.accounting(db)`` within 2 %."""
     import localprometheus
 
     localprometheus.require()
@@ -200,7 +200,7 @@ def test_prometheus_scrapes_the_agents_counters_and_they_equal_accounting(tmp_pa
             names = {r["metric"]["__name__"] for r in prometheus.query('{__name__=~"dask_.+"}')}
     finally:
         prometheus.stop()
-    totals = _totals(query.connect(str(tmp_path)).accounting())
+    totals = _totals(query.accounting(query.connect(str(tmp_path))))
     print(
         "busy_seconds accounting / Prometheus last / increase():",
         {j: (totals[j]["busy_seconds"], scraped[str(j)], increase.get(str(j))) for j in (1, 2)},
@@ -235,4 +235,4 @@ def test_thread_mode_accounts_too(tmp_path):
     db = query.connect(str(tmp_path))
     senders = set(db.backend.last_by("accounting", ["gpu_seconds"], ("worker",))["worker"])
     assert senders == {worker}
-    assert _totals(db.accounting())[1]["busy_seconds"] > 0.5
+    assert _totals(query.accounting(db))[1]["busy_seconds"] > 0.5

@@ -77,7 +77,7 @@ def test_shared_gpu_the_matmuls_job_gets_the_busy_time_and_energy_the_holders_no
         sample(collector, [a, b], clock, sink, final=k == 25)
     sink.close()
     with query.connect(str(tmp_path)) as db:
-        table = db.accounting().set_index(["job", "uuid"], drop=False)
+        table = query.accounting(db).set_index(["job", "uuid"], drop=False)
         gpu = db.backend.frame("gpu", ["utilization_gpu", "total_energy_consumption"], a.address)
     uuid = a.uuids[0]
     one, two, idle = table.loc[(1, uuid)], table.loc[(2, uuid)], table[table["job"].isna() & table["uuid"].notna()]
@@ -164,9 +164,9 @@ def _lagging_run(tmp_path, deferred: int, monkeypatch):
     )
     sink.close()
     with query.connect(str(folder)) as db:
-        table = db.accounting()
-        summary = db.summary(per_job=True)
-        prefix = db.gpu_per_prefix().set_index("prefix")
+        table = query.accounting(db)
+        summary = query.summary(db, per_job=True)
+        prefix = query.gpu_per_prefix(db).set_index("prefix")
     gpu = summary[(summary["resource"] == "gpu") & summary["job"].notna() & (summary["worker"] != "all workers")]
     device = {int(r["job"]): (r["device_hours"] - r["unused_device_hours"]) * 3600 for _, r in gpu.iterrows()}
     own = {int(r["job"]): r["busy_seconds"] for _, r in table[table["host"].isna() & table["job"].notna()].iterrows()}

@@ -71,7 +71,8 @@ def test_peaks_json_equals_get_peaks(sources, kind, extra):
     got = json.loads(ok("peaks", "compute-util", "--format", "json", *extra, *args).stdout)
     db = query.connect(**kwargs)
     per_job = "--whole" not in extra
-    expected = db.get_peaks(
+    expected = query.get_peaks(
+        db,
         "compute-util",
         per_job=per_job,
         workers=[1] if "--worker" in extra else None,
@@ -83,7 +84,7 @@ def test_peaks_json_equals_get_peaks(sources, kind, extra):
 
 def test_peaks_table_and_csv(sources):
     args, kwargs = sources["spool"]
-    tidy = query.connect(**kwargs).peaks("total-mem", per_job=False)
+    tidy = query.peaks(query.connect(**kwargs), "total-mem", per_job=False)
     table = ok("peaks", "total-mem", "--whole", *args).stdout
     assert table.splitlines()[0].split() == list(tidy.columns) and len(table.splitlines()) == len(tidy) + 1
     back = pd.read_csv(pd.io.common.StringIO(ok("peaks", "total-mem", "--whole", "--format", "csv", *args).stdout))
@@ -93,7 +94,7 @@ def test_peaks_table_and_csv(sources):
 def test_summary(sources):
     args, kwargs = sources["influxql"]
     rows = json.loads(ok("summary", "--job", 1, "--format", "json", *args).stdout)
-    expected = query.connect(**kwargs).summary(job=1)
+    expected = query.summary(query.connect(**kwargs), job=1)
     assert len(rows) == len(expected) and {r["resource"] for r in rows} == {"gpu", "cpu", "memory", "disk", "network"}
     assert {r["job"] for r in rows} == {1}  # only job 1's rows: no whole-session ones beside them
     node = json.loads(ok("summary", "--job", 1, "--resource", "cpu,network", "--format", "json", *args).stdout)

@@ -75,10 +75,10 @@ def test_series_count_per_dag_mode(client, influxd, fresh_db, dag_tag):
         dags = db.dags()
         assert list(dags["dag"]) == list(range(1, N_DAGS + 1)) and set(dags["status"]) == {"ok"}
         assert set(dags["tasks"]) == {2} and (dags["duration"] > 0).all()
-        table = next(iter(db.worker_tables(metrics=["tasks", "compute-util"]).values()))
+        table = next(iter(query.worker_tables(db, metrics=["tasks", "compute-util"]).values()))
         busy = table[table["dag"] != "0"]
         assert len(busy) and (busy["tasks"] > 0).all() and set(table["dag"]) - {"0"} <= caught
-        assert db.peaks("compute-util", per_job=True)["job"].tolist()
+        assert query.peaks(db, "compute-util", per_job=True)["job"].tolist()
 
 
 def collect(tags):

@@ -114,7 +114,7 @@ def test_two_jobs_live_in_a_browser(monitored, cluster, tmp_path):
     # the same counters, read back from the spool (the default sink) after the run
     table = monitor.accounting()
     totals = table[table["host"].isna() & table["job"].notna()].set_index("job")["busy_seconds"]
-    print(f"\nbusy GPU-seconds per job: page {page}, db.accounting() {totals.to_dict()}")
+    print(f"\nbusy GPU-seconds per job: page {page}, query.accounting(db) {totals.to_dict()}")
     for job in (1, 2):
         assert page[job] == pytest.approx(totals[job], rel=0.05), (page, totals.to_dict())
 

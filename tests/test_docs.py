@@ -178,8 +178,8 @@ def test_readme_use_and_analyze_blocks_run(documented, doc_cluster, tmp_path, mo
         # The first example's tracking collects every section of the report: no "add `...` to tracking"
         spool, session = doc_cluster[1], namespace["session"]["id"]  # a configured spool folder stays
         with query.connect(spool, session=session) as db:
-            assert not db.tasks().empty and not db.activity().empty
-            report = pathlib.Path(db.report(tmp_path / "r.html")).read_text(encoding="utf-8")
+            assert not query.tasks(db).empty and not query.activity(db).empty
+            report = pathlib.Path(query.report(db, tmp_path / "r.html")).read_text(encoding="utf-8")
         assert "Slowest task prefixes" in report and re.findall(r"no [\w ]+ recorded: add [^<]*", report) == []
         for command in ("tasks", "activity"):  # the CLI agrees
             result = CliRunner().invoke(cli, [command, "--source", spool, "--session", session])

@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 from fake_nvml import FakeNvml
 
+from dask_influx_metrics import query
 from dask_influx_metrics.link.snapshot import Snapshot
 from dask_influx_metrics.names import EVENT_TOPIC, SHARED_GPU
 from dask_influx_metrics.sampling.collect import HostCollector
@@ -302,7 +303,7 @@ def test_per_job_gpu_depth_from_the_replay_the_jobs_own_and_the_devices(tmp_path
         sink.send(lineprotocol.encode_many(collector.collect([a, b], now_ns=t0 + k * 200_000_000)))
     sink.close()
     with query.connect(str(tmp_path)) as db:
-        depth = db.gpu_during_tasks().set_index("job")
+        depth = query.gpu_during_tasks(db).set_index("job")
         notes = db.notes
     one, two = depth.loc[1], depth.loc[2]
     for f in ("utilization_gpu", "sm_active", "sm_occupancy", "pipe_tensor_active"):
@@ -356,7 +357,7 @@ def test_per_prefix_gpu_depth_from_the_replay(tmp_path, recording):
     )
     sink.close()
     with query.connect(str(tmp_path)) as db:
-        per = db.gpu_per_prefix().set_index("prefix")
+        per = query.gpu_per_prefix(db).set_index("prefix")
     matmul, hold = per.loc["matmul"], per.loc["hold"]
     assert matmul["mean_sm_active"] >= 90 and round(matmul["mean_sm_active"]) == round(matmul["mean_device_sm_active"])
     assert matmul["mean_pipe_tensor_active"] >= 90 and matmul["mean_utilization_gpu"] > 95
@@ -442,7 +443,7 @@ def test_two_workers_sharing_the_replayed_h200_end_to_end(tmp_path, monkeypatch,
 
     from dask_influx_metrics import Monitor
     from dask_influx_metrics.client import summary as S
-    from dask_influx_metrics.client.tables import natural_key
+    from dask_influx_metrics.client.query.metricnames import natural_key
 
     for key, value in replay_env(tmp_path, recording="nvml_h200_shared.json").items():
         monkeypatch.setenv(key, value)  # the workers' agent imports the replay (the workers inherit this)
@@ -480,23 +481,23 @@ def test_two_workers_sharing_the_replayed_h200_end_to_end(tmp_path, monkeypatch,
 
 def _check_shared_h200(kind, db, holder, matmul, S):
     assert db.workers() == [holder, matmul], kind
-    tables = db.worker_tables(metrics=["total-mem", "compute-util"])
+    tables = query.worker_tables(db, metrics=["total-mem", "compute-util"])
     for worker, job in ((holder, 1), (matmul, 2)):
         table = tables[worker]
         assert "total-mem[0]" in table.columns, f"{kind}: worker {worker} has its GPU column"
         busy = table[table["dag"] != "0"]
         assert set(busy["job"]) == {str(job)}, f"{kind}: worker {worker}'s busy rows are its own job's only"
-    peaks = db.get_peaks("total-mem")
+    peaks = query.get_peaks(db, "total-mem")
     assert [set(p) for p in peaks] == [{1}, {2}], f"{kind}: {peaks}"
-    device = db.get_peaks("total-mem", per_job=False)  # the device's peak over the session
+    device = query.get_peaks(db, "total-mem", per_job=False)  # the device's peak over the session
     assert peaks[1][2][0] == pytest.approx(device[1][0], rel=0.01) == 18352570368
-    prefix = db.gpu_per_prefix().set_index("prefix")
+    prefix = query.gpu_per_prefix(db).set_index("prefix")
     assert prefix.loc["hold", "mean_sm_active"] <= 5 and prefix.loc["matmul", "mean_sm_active"] >= 90, kind
     assert prefix.loc["hold", "mean_device_sm_active"] >= 90, f"{kind}: the device was busy meanwhile"
-    per_job = db.gpu_during_tasks().set_index("job")
+    per_job = query.gpu_during_tasks(db).set_index("job")
     jobs = per_job[per_job["dag"].isna()]
     assert jobs.loc[1, "mean_sm_active"] + jobs.loc[2, "mean_sm_active"] <= jobs["mean_device_sm_active"].min() + 1e-9
-    s = db.summary(per_job=False)
+    s = query.summary(db, per_job=False)
     gpu = s[s["resource"] == "gpu"]
     every = gpu[gpu["worker"] == S.ALL].iloc[0]
     first, last = db.backend.first_time(), db.backend.last_time()

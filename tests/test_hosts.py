@@ -104,7 +104,7 @@ KINDS = ["influxql", "flux", "spool"]
 def test_every_worker_table_has_its_hosts_columns(stores, data, kind):
     db = stores[data][kind]
     assert db.hosts() == HOSTS
-    tables = db.worker_tables(metrics=["host-cpu", "tasks"])
+    tables = query.worker_tables(db, metrics=["host-cpu", "tasks"])
     for w, table in tables.items():
         own = len(STATES[w])
         assert len(table) == own, "a worker's rows are its own samples; host points add none"
@@ -113,7 +113,7 @@ def test_every_worker_table_has_its_hosts_columns(stores, data, kind):
             expected = [v + 1.0 for v in expected]  # its own readings, as before
         assert list(table["host-cpu"]) == expected, w
         assert list(table["job"]) == [j for j, _ in STATES[w]], "each row keeps the worker's own job"
-    other = stores[data]["spool"].worker_tables(metrics=["host-cpu", "tasks"])
+    other = query.worker_tables(stores[data]["spool"], metrics=["host-cpu", "tasks"])
     for w in tables:
         pd.testing.assert_frame_equal(tables[w], other[w], check_dtype=False)
 
@@ -135,9 +135,9 @@ def test_host_peaks_are_the_hosts_per_job(stores, kind, server):
     """A job's host peak: the host's largest reading while the job ran on any worker of the host."""
     db = stores["host-once"][kind]
     node_a = {1: [60], 2: [90]}  # job 1 ran up to sample 6 (on W1), job 2 from sample 3 (on W2)
-    assert db.get_peaks("host-cpu", server=server) == [node_a, node_a, {1: [90.5]}]
-    assert db.get_peaks("host-cpu", per_job=False, server=server) == [[90], [90], [90.5]]
-    assert db.get_peaks("host-cpu", workers=[1], server=server) == [node_a]
+    assert query.get_peaks(db, "host-cpu", server=server) == [node_a, node_a, {1: [90.5]}]
+    assert query.get_peaks(db, "host-cpu", per_job=False, server=server) == [[90], [90], [90.5]]
+    assert query.get_peaks(db, "host-cpu", workers=[1], server=server) == [node_a]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -146,14 +146,14 @@ def test_host_peaks_are_the_hosts_per_job(stores, kind, server):
 def test_server_side_equals_client_side(stores, data, kind, per_job):
     db = stores[data][kind]
     server, client = (
-        db.peaks("host-cpu", per_job=per_job, server=True),
-        db.peaks("host-cpu", per_job=per_job, server=False),
+        query.peaks(db, "host-cpu", per_job=per_job, server=True),
+        query.peaks(db, "host-cpu", per_job=per_job, server=False),
     )
     assert len(server) and set(server["worker"]) == {W1, W2, W3}
     pd.testing.assert_frame_equal(server, client, check_dtype=False)
     pd.testing.assert_frame_equal(
-        db.peaks("host-cpu", job=2, per_job=per_job, server=True),
-        db.peaks("host-cpu", job=2, per_job=per_job, server=False),
+        query.peaks(db, "host-cpu", job=2, per_job=per_job, server=True),
+        query.peaks(db, "host-cpu", job=2, per_job=per_job, server=False),
         check_dtype=False,
     )
 
@@ -161,12 +161,12 @@ def test_server_side_equals_client_side(stores, data, kind, per_job):
 def test_legacy_peaks_follow_the_same_rule(stores):
     """Older data: every reading of the host taken while job J ran on one of its workers counts for J."""
     db = stores["legacy"]["influxql"]
-    assert db.get_peaks("host-cpu") == [{1: [60], 2: [91]}] * 2 + [{1: [90.5]}]  # job 2: W2's own readings
+    assert query.get_peaks(db, "host-cpu") == [{1: [60], 2: [91]}] * 2 + [{1: [90.5]}]  # job 2: W2's own readings
 
 
 @pytest.mark.parametrize("data", sorted(DATA))
 def test_summary_cpu_rows_are_the_hosts(stores, data):
-    s = stores[data]["spool"].summary()
+    s = query.summary(stores[data]["spool"])
     cpu_rows = s[s["resource"] == "cpu"].set_index(["worker", "job"])
     whole = cpu_rows[cpu_rows.index.get_level_values("job").isna()]
     a1, a2 = (whole.loc[w].iloc[0] for w in (W1, W2))
@@ -184,14 +184,14 @@ def test_summary_cpu_rows_are_the_hosts(stores, data):
     if data == "host-once":
         assert node_a.loc[2, "samples"] == 7 and node_a.loc[1, "samples"] == 7
     for t in stores[data]["influxql"], stores[data]["flux"]:
-        pd.testing.assert_frame_equal(t.summary(), s, check_dtype=False)
+        pd.testing.assert_frame_equal(query.summary(t), s, check_dtype=False)
 
 
 def test_csv_export_keeps_the_host_columns(stores, tmp_path):
     from dask_influx_metrics.client.csvfiles import read_worker_csv
 
     db = stores["host-once"]["influxql"]
-    paths = db.to_csv(tmp_path, metrics=["host-cpu"])
+    paths = query.to_csv(db, tmp_path, metrics=["host-cpu"])
     assert len(paths) == 4  # three workers and workers.csv
     table = read_worker_csv(paths[1])
     assert list(table["host-cpu"]) == [cpu("node-a", k) for k in range(N)]

@@ -117,8 +117,8 @@ def test_influxql_reader_reads_3x_as_it_reads_1x(fake3, influxd):
     v1 = query.connect(influxd.url, fake3.real("dask_metrics"))
     assert v3.workers() == v1.workers() and v3.jobs() == v1.jobs() == [1, 2]
     pd.testing.assert_frame_equal(v3.dags(), v1.dags())
-    pd.testing.assert_frame_equal(v3.peaks("compute-util"), v1.peaks("compute-util"))
-    t3, t1 = v3.worker_tables(), v1.worker_tables()
+    pd.testing.assert_frame_equal(query.peaks(v3, "compute-util"), query.peaks(v1, "compute-util"))
+    t3, t1 = query.worker_tables(v3), query.worker_tables(v1)
     for worker in t1:
         pd.testing.assert_frame_equal(t3[worker], t1[worker])
     assert list(t3.values())[0]["job"].tolist() == ["0", "1", "1,2"]  # 3.x leaves the comma unescaped
@@ -145,6 +145,6 @@ def test_a_monitored_run_over_http_into_3x_reads_back(fake3, client):
     monitor.stop()
     db = query.connect(fake3.url, "dask_metrics", token=fake3.token)
     assert db.jobs() == [1]
-    tables = db.worker_tables(job=1, metrics=["compute-util", "tasks"])
+    tables = query.worker_tables(db, job=1, metrics=["compute-util", "tasks"])
     assert sorted(tables) == sorted(client.scheduler_info()["workers"])
     assert not [r for r in fake3.requests if r["path"] == "/write" and "p" in r["params"]]

@@ -119,6 +119,15 @@ def test_no_import_circle_and_no_back_arrow():
 
     for m in sorted(graph):
         visit(m)
+    # the Store reads; the analyses take it and import it, never the reverse (issue 46)
+    served = sorted(
+        (m, d)
+        for m, deps in graph.items()
+        if m.startswith("dask_influx_metrics.client.query")
+        for d in deps
+        if d.startswith("dask_influx_metrics.client.") and not d.startswith("dask_influx_metrics.client.query")
+    )
+    assert not served, served
 
 
 def test_the_worker_builds_no_sampler_sink_gpu_source_or_collector():

@@ -10,7 +10,7 @@ import uuid
 import pytest
 from distributed import Client, LocalCluster, worker_client
 
-from dask_influx_metrics import Monitor, custom_metric
+from dask_influx_metrics import Monitor, custom_metric, query
 
 POLL_MS = 50
 
@@ -267,7 +267,7 @@ def test_interleaved_attach_from_two_clients_starts_with_the_starters_settings(c
     db = a.query()
     assert db.scope().endswith("tags {'run': 'a'}") and len(db.workers()) == 2
     assert {"compute-util", "device-count"} <= set(db.metrics()) and "host-cpu" not in db.metrics()
-    steps = db.worker_tables(metrics=["compute-util"])[db.workers()[0]]["timestamp"].diff().dropna()
+    steps = query.worker_tables(db, metrics=["compute-util"])[db.workers()[0]]["timestamp"].diff().dropna()
     assert steps.median() < 0.2  # A's 50 ms, not B's 400 ms
     a.shutdown()
 
@@ -275,8 +275,6 @@ def test_interleaved_attach_from_two_clients_starts_with_the_starters_settings(c
 def test_readers_take_only_the_sessions_own_series(client, influxd, fresh_db, tmp_path):
     # issue 23 item 5: another tool's worker series was listed as a Dask worker (renumbering every index
     # and CSV file), and a foreign host point crashed host_tables
-    from dask_influx_metrics import query
-
     m = Monitor(
         client,
         sink="http",
@@ -309,14 +307,14 @@ def test_readers_take_only_the_sessions_own_series(client, influxd, fresh_db, tm
         m.stop()
     ours = sorted(client.scheduler_info()["workers"])
     db = m.query()
-    assert sorted(db.workers()) == ours and len(db.worker_tables()) == 2
-    assert list(db.host_tables()) == [socket.gethostname()]
-    assert (db.host_tables()[socket.gethostname()]["host-cpu"] < 999).all()
-    assert set(db.summary()["worker"]) == {*ours, "all workers"}  # and each GPU once, over them
+    assert sorted(db.workers()) == ours and len(query.worker_tables(db)) == 2
+    assert list(query.host_tables(db)) == [socket.gethostname()]
+    assert (query.host_tables(db)[socket.gethostname()]["host-cpu"] < 999).all()
+    assert set(query.summary(db)["worker"]) == {*ours, "all workers"}  # and each GPU once, over them
     paths = m.to_csv(tmp_path / "csv")
     assert [os.path.basename(p) for p in paths] == ["worker_0.csv", "worker_1.csv", "workers.csv"]
-    assert all(max(p) < 999 for p in db.get_peaks("host-cpu", per_job=False))
-    assert all(max(p) < 999 for p in db.get_peaks("compute-util", per_job=False))
+    assert all(max(p) < 999 for p in query.get_peaks(db, "host-cpu", per_job=False))
+    assert all(max(p) < 999 for p in query.get_peaks(db, "compute-util", per_job=False))
     assert not any("celery@host" in n for n in db.notes)  # not in the session: never read
     # without the session's record: the latest session with an id (the foreign points have none)
     with query.connect(influxd.url, fresh_db) as plain:
@@ -326,7 +324,7 @@ def test_readers_take_only_the_sessions_own_series(client, influxd, fresh_db, tm
     with query.connect(influxd.url, fresh_db, session="all") as plain:
         assert sorted(plain.workers()) == ours
         assert any("'celery@host'" in n and "not a Dask worker address" in n for n in plain.notes)
-        assert (plain.host_tables()[socket.gethostname()]["host-cpu"] < 999).all()
+        assert (query.host_tables(plain)[socket.gethostname()]["host-cpu"] < 999).all()
     m.shutdown()
 
 

@@ -39,9 +39,9 @@ def test_to_csv_then_peaks_from_csv(monitored):
         == ["worker_0.csv", "worker_1.csv", "workers.csv"]
     )
     assert Monitor.peaks_from_csv(folder, "compute-util") == monitored.answers["peaks_spool"]
-    assert Monitor.peaks_from_csv(folder, "compute-util", workers=[1], per_job=False) == query.connect(
-        monitored.spool
-    ).get_peaks("compute-util", workers=[1], per_job=False)
+    assert Monitor.peaks_from_csv(folder, "compute-util", workers=[1], per_job=False) == query.get_peaks(
+        query.connect(monitored.spool), "compute-util", workers=[1], per_job=False
+    )
 
 
 def test_report_of_the_session(monitored):

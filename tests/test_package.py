@@ -29,7 +29,7 @@ with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_a
     monitor.stop()
 db = query.connect(spool)
 assert db.jobs() == [1], db.jobs()
-assert len(next(iter(db.worker_tables().values()))) > 0
+assert len(next(iter(query.worker_tables(db).values()))) > 0
 import shutil; shutil.rmtree(spool)
 print("smoke ok")
 """

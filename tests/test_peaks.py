@@ -9,7 +9,9 @@ import pandas as pd
 import pytest
 import shared_gpu as S
 
-from dask_influx_metrics.client import peaks, tables
+from dask_influx_metrics import query
+from dask_influx_metrics.client import peaks
+from dask_influx_metrics.client.query import metricnames
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +24,7 @@ def stores(influxd, tmp_path_factory):
 @pytest.mark.parametrize("server", [True, False])
 @pytest.mark.parametrize("metric", sorted(S.EXPECTED))
 def test_a_job_is_charged_its_own_busy_samples_only(stores, kind, server, metric):
-    got = stores[kind].get_peaks(metric, per_job=True, server=server)
+    got = query.get_peaks(stores[kind], metric, per_job=True, server=server)
     assert got == [{job: [v] for job, v in w.items()} for w in S.EXPECTED[metric]]
     # job 1 was never charged job 2's 21 GiB or 100 % utilization
     assert got[0][1] == [S.EXPECTED[metric][0][1]] and got[0][1] != got[1][2]
@@ -31,7 +33,7 @@ def test_a_job_is_charged_its_own_busy_samples_only(stores, kind, server, metric
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 @pytest.mark.parametrize("metric", sorted(S.EXPECTED_WHOLE))
 def test_whole_session_peaks_still_use_every_sample(stores, kind, metric):
-    assert stores[kind].get_peaks(metric, per_job=False) == [[v] for v in S.EXPECTED_WHOLE[metric]]
+    assert query.get_peaks(stores[kind], metric, per_job=False) == [[v] for v in S.EXPECTED_WHOLE[metric]]
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
@@ -39,14 +41,17 @@ def test_whole_session_peaks_still_use_every_sample(stores, kind, metric):
 @pytest.mark.parametrize("per_job", [True, False])
 def test_server_side_equals_client_side(stores, kind, metric, per_job):
     db = stores[kind]
-    server, client = db.peaks(metric, per_job=per_job, server=True), db.peaks(metric, per_job=per_job, server=False)
+    server, client = (
+        query.peaks(db, metric, per_job=per_job, server=True),
+        query.peaks(db, metric, per_job=per_job, server=False),
+    )
     assert len(server)
     pd.testing.assert_frame_equal(server, client, check_dtype=False)
 
 
 def test_one_job_asked_alone(stores):
     for kind, db in stores.items():
-        tidy = db.peaks("total-mem", job=1)
+        tidy = query.peaks(db, "total-mem", job=1)
         assert tidy[["worker_index", "job", "peak"]].values.tolist() == [[0, 1, 5120 * S.MIB]], kind
 
 
@@ -55,8 +60,8 @@ def test_the_influxql_peak_query_selects_busy_samples(stores):
     real = backend._json
     backend._json = lambda q: asked.append(q) or real(q)
     try:
-        stores["influxql"].peaks("compute-util", per_job=True)
-        stores["influxql"].peaks("compute-util", per_job=False)
+        query.peaks(stores["influxql"], "compute-util", per_job=True)
+        query.peaks(stores["influxql"], "compute-util", per_job=False)
     finally:
         backend._json = real
     per_job, whole = [q for q in asked if q.startswith("SELECT max(")][:: len(S.W)]
@@ -64,7 +69,7 @@ def test_the_influxql_peak_query_selects_busy_samples(stores):
 
 
 def test_byte_metrics_and_an_int_field():
-    assert [(m.name, m.unit, m.scale) for m in tables.resolve(["worker-gpu-mem", "throttle"])] == [
+    assert [(m.name, m.unit, m.scale) for m in metricnames.resolve(["worker-gpu-mem", "throttle"])] == [
         ("worker-gpu-mem", "bytes", 2**20),
         ("throttle", "bitmask", 1.0),
     ]

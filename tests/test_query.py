@@ -45,7 +45,7 @@ def test_what_exists(stores, monitored, kind):
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_worker_tables(stores, monitored, kind):
-    tables = stores[kind].worker_tables(metrics=METRICS)
+    tables = query.worker_tables(stores[kind], metrics=METRICS)
     assert list(tables) == monitored.workers
     for i, (worker, t) in enumerate(tables.items()):
         assert t.attrs["worker"] == worker and t.attrs["worker_index"] == i
@@ -76,7 +76,7 @@ def test_the_host_is_written_once_and_every_table_shows_it(stores, kind):
     writers = series["worker"]
     assert int((writers != writers.shift()).sum()) <= 2, "at most one takeover, never interleaved"
     values = series.set_index("time")["cpu_percent"]
-    for worker, table in db.worker_tables(metrics=["host-cpu", "tasks"]).items():
+    for worker, table in query.worker_tables(db, metrics=["host-cpu", "tasks"]).items():
         held = table["host-cpu"].dropna()
         assert len(held) >= 0.8 * len(table), f"{worker}: {len(held)} of {len(table)} rows have host columns"
         times = table.index.as_unit("ns").asi8
@@ -86,15 +86,15 @@ def test_the_host_is_written_once_and_every_table_shows_it(stores, kind):
 
 
 def test_spool_and_influx_give_the_same_tables(stores):
-    a = stores["influxql"].worker_tables(metrics=METRICS)
-    b = stores["spool"].worker_tables(metrics=METRICS)
+    a = query.worker_tables(stores["influxql"], metrics=METRICS)
+    b = query.worker_tables(stores["spool"], metrics=METRICS)
     for worker in a:
         pd.testing.assert_frame_equal(a[worker], b[worker], check_dtype=False)
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_job_filter(stores, kind):
-    tables = stores[kind].worker_tables(job=2, metrics=["compute-util"])
+    tables = query.worker_tables(stores[kind], job=2, metrics=["compute-util"])
     for t in tables.values():
         assert len(t) and t["job"].str.split(",").apply(lambda js: "2" in js).all()
 
@@ -104,38 +104,38 @@ def test_job_filter(stores, kind):
 @pytest.mark.parametrize("per_job", [True, False])
 def test_peaks_server_side_equal_client_side(stores, kind, metric, per_job):
     db = stores[kind]
-    server = db.peaks(metric, per_job=per_job, server=True)
-    client = db.peaks(metric, per_job=per_job, server=False)
+    server = query.peaks(db, metric, per_job=per_job, server=True)
+    client = query.peaks(db, metric, per_job=per_job, server=False)
     assert len(server)
     pd.testing.assert_frame_equal(server, client, check_dtype=False)
 
 
 def test_get_peaks_shapes(stores, monitored):
     db = stores["influxql"]
-    per_job = db.get_peaks("compute-util", per_job=True)
+    per_job = query.get_peaks(db, "compute-util", per_job=True)
     assert isinstance(per_job, list) and len(per_job) == len(monitored.workers)
     for worker in per_job:
         assert set(worker) <= {1, 2} and worker
         for peaks in worker.values():
             assert len(peaks) == 2 and all(isinstance(v, (int, float)) for v in peaks)
-    flat = db.get_peaks("compute-util", per_job=False, workers=[1])
+    flat = query.get_peaks(db, "compute-util", per_job=False, workers=[1])
     assert isinstance(flat, list) and len(flat) == 1 and len(flat[0]) == 2
     assert flat[0] == [max(job[d] for job in per_job[1].values()) for d in range(2)] or all(
         f >= max(job[d] for job in per_job[1].values()) for d, f in enumerate(flat[0])
     )
-    assert stores["spool"].get_peaks("compute-util", per_job=True) == per_job
+    assert query.get_peaks(stores["spool"], "compute-util", per_job=True) == per_job
 
 
 def test_total_mem_is_bytes(stores):
-    tidy = stores["influxql"].peaks("total-mem", per_job=False)
-    mib = stores["influxql"].peaks("gpu.memory_used", per_job=False)
+    tidy = query.peaks(stores["influxql"], "total-mem", per_job=False)
+    mib = query.peaks(stores["influxql"], "gpu.memory_used", per_job=False)
     assert list(tidy["peak"]) == [v * 2**20 for v in mib["peak"]]
     assert set(tidy["unit"]) == {"bytes"} and set(mib["unit"]) == {"MiB"}
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_summary(stores, kind):
-    s = stores[kind].summary()
+    s = query.summary(stores[kind])
     assert set(s["resource"]) == {"gpu", "cpu", "memory", "disk", "network"}  # tracking=None: every metric
     whole = s[s["job"].isna() & (s["resource"] == "gpu")]
     mine, every = whole[whole["worker_index"].notna()], whole[whole["worker"] == "all workers"]
@@ -150,7 +150,7 @@ def test_summary(stores, kind):
 
 def test_node_rows_read_alike_from_influxdb_and_the_spool(stores):
     """Issue 47: cpu, memory, disk and network rows, the disk measurement's usage included."""
-    node = [stores[k].summary().query("resource != 'gpu'").reset_index(drop=True) for k in ("influxql", "spool")]
+    node = [query.summary(stores[k]).query("resource != 'gpu'").reset_index(drop=True) for k in ("influxql", "spool")]
     pd.testing.assert_frame_equal(*node, check_dtype=False)
     disk = node[0][node[0]["resource"] == "disk"]
     assert (disk["max"] > 0).all() and (disk["write_bytes"] >= 0).all()
@@ -161,13 +161,13 @@ def test_node_rows_read_alike_from_influxdb_and_the_spool(stores):
 def test_bad_questions_name_what_exists(stores):
     db = stores["influxql"]
     with pytest.raises(ValueError, match=r"no job 7; jobs: \[1, 2\]"):
-        db.worker_tables(job=7)
+        query.worker_tables(db, job=7)
     with pytest.raises(ValueError, match="no worker 5; workers: "):
-        db.worker_tables(workers=[5])
+        query.worker_tables(db, workers=[5])
     with pytest.raises(ValueError, match="unknown metric.*'gpu-magic'.*known: "):
-        db.worker_tables(metrics=["gpu-magic"])
+        query.worker_tables(db, metrics=["gpu-magic"])
     with pytest.raises(ValueError, match="several fields; name one: .*'host.memory_used'"):
-        db.peaks("host-mem")
+        query.peaks(db, "host-mem")
 
 
 def test_metric_not_collected(tmp_path):
@@ -180,9 +180,9 @@ def test_metric_not_collected(tmp_path):
     db = query.connect(tmp_path)
     assert db.metrics() == ["compute-util"]
     with pytest.raises(ValueError, match=r"\['power'\] were not collected; present: \['compute-util'\]"):
-        db.worker_tables(metrics=["power"])
-    assert db.get_peaks("compute-util") == [{1: [70]}]
-    t = db.worker_tables()["tcp://127.0.0.1:1"]
+        query.worker_tables(db, metrics=["power"])
+    assert query.get_peaks(db, "compute-util") == [{1: [70]}]
+    t = query.worker_tables(db)["tcp://127.0.0.1:1"]
     assert list(t["timestamp"]) == [0.0, 0.2] and list(t["compute-util[0]"]) == [50, 70]
 
 
@@ -214,11 +214,11 @@ def test_csv_round_trip(stores, monitored, tmp_path):
     from dask_influx_metrics.client import csvfiles
 
     db = stores["influxql"]
-    paths = db.to_csv(tmp_path, metrics=METRICS)
+    paths = query.to_csv(db, tmp_path, metrics=METRICS)
     assert [p.rsplit("/", 1)[1] for p in paths] == ["worker_0.csv", "worker_1.csv", "workers.csv"]
     manifest = pd.read_csv(tmp_path / "workers.csv")
     assert list(manifest["worker"]) == monitored.workers
-    tables = db.worker_tables(metrics=METRICS)
+    tables = query.worker_tables(db, metrics=METRICS)
     for i, (worker, t) in enumerate(tables.items()):
         back = csvfiles.read_worker_csv(tmp_path / f"worker_{i}.csv")
         assert back.attrs["worker"] == worker and back.attrs["worker_index"] == i
@@ -228,7 +228,7 @@ def test_csv_round_trip(stores, monitored, tmp_path):
 
     for per_job in (True, False):
         from_csv = peaks.to_lists(peaks.from_tables(csvfiles.read_tables(tmp_path), "compute-util", per_job), per_job)
-        assert from_csv == db.get_peaks("compute-util", per_job=per_job)
+        assert from_csv == query.get_peaks(db, "compute-util", per_job=per_job)
 
 
 def test_a_truncated_answer_is_read_again_in_pages(stores, monitored):
@@ -248,8 +248,8 @@ def test_a_truncated_answer_is_read_again_in_pages(stores, monitored):
         return frame.head(5) if "GROUP BY" in q else frame  # like max-row-limit = 5
 
     backend._csv = limited
-    a = small.worker_tables(metrics=METRICS)
-    b = stores["influxql"].worker_tables(metrics=METRICS)
+    a = query.worker_tables(small, metrics=METRICS)
+    b = query.worker_tables(stores["influxql"], metrics=METRICS)
     assert sum(paged) > 10
     for worker in b:
         pd.testing.assert_frame_equal(a[worker], b[worker])

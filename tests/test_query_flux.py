@@ -223,7 +223,7 @@ def test_store_on_flux_equals_spool(fake, spool_store):
     assert flux.fields() == spool_store.fields()
     assert flux.origin_ns == spool_store.origin_ns == T0
     metrics = ["compute-util", "total-mem", "host-cpu", "tasks"]
-    a, b = flux.worker_tables(metrics=metrics), spool_store.worker_tables(metrics=metrics)
+    a, b = query.worker_tables(flux, metrics=metrics), query.worker_tables(spool_store, metrics=metrics)
     assert list(a) == list(b) == [W] and len(a[W]) == 3
     pd.testing.assert_frame_equal(a[W], b[W], check_dtype=False)
     # points without a session id: the spool's is its folder's name, InfluxDB's "unnamed"
@@ -232,11 +232,11 @@ def test_store_on_flux_equals_spool(fake, spool_store):
         flux.dags().drop(columns="session"), spool_store.dags().drop(columns="session"), check_dtype=False
     )
     assert list(flux.dags()["status"]) == ["ok", "erred"] and flux.dags()["label"].iloc[1] == 'client "2" x'
-    server = flux.peaks("compute-util", per_job=True, server=True)
+    server = query.peaks(flux, "compute-util", per_job=True, server=True)
     pd.testing.assert_frame_equal(
-        server, spool_store.peaks("compute-util", per_job=True, server=False), check_dtype=False
+        server, query.peaks(spool_store, "compute-util", per_job=True, server=False), check_dtype=False
     )
-    assert flux.get_peaks("compute-util") == [{1: [90, 60], 2: [90, 60]}]
+    assert query.get_peaks(flux, "compute-util") == [{1: [90, 60], 2: [90, 60]}]
     assert 'group(columns: ["worker", "index", "job"])' in fake.queries()[-1]
 
 
@@ -399,7 +399,7 @@ def test_accounting_reads_alike_from_flux_and_the_spool(fake, tmp_path):
     folder.mkdir(parents=True)
     (folder / "spool-1-000000.lp").write_bytes(b"\n".join(lineprotocol.encode_many(ACCOUNTING_POINTS)) + b"\n")
     with _connect(fake) as flux, query.connect(tmp_path) as spool:
-        theirs, ours = flux.accounting(), spool.accounting()
+        theirs, ours = query.accounting(flux), query.accounting(spool)
     pd.testing.assert_frame_equal(theirs, ours)
     assert ours.loc[ours["uuid"].eq("GPU-1") & ours["job"].eq(1), "busy_seconds"].item() == 1.5
     (sent,) = [q for q in fake.queries() if "last()" in q]

@@ -32,7 +32,7 @@ def test_tags_that_match_nothing(influxd, db):
     with query.connect(influxd.url, db, tags={"run": "nope"}) as store:
         assert store.workers() == [] and store.metrics() == [] and store.jobs() == []
         with pytest.raises(query.QueryError) as info:
-            store.worker_tables()
+            query.worker_tables(store)
     assert str(info.value) == f"no worker samples {where}; {there}"
     for command, what in (("workers", "worker samples"), ("jobs", "jobs"), ("metrics", "metrics"), ("dags", "DAGs")):
         result = _cli(command, "--source", influxd.url, "--database", db, "--tag", "run=nope")
@@ -58,12 +58,12 @@ def test_metrics_answer_for_the_window(influxd, db):
             match=r"\['host-cpu'\] were not collected; present: \['compute-util'\] "
             r"\(in database .* from 2024-05-01T12:00:01Z\)",
         ):
-            store.peaks("host-cpu")
+            query.peaks(store, "host-cpu")
 
 
 def test_an_unknown_metric_lists_the_metrics_present(influxd, db):
     with query.connect(influxd.url, db) as store, pytest.raises(ValueError) as info:
-        store.worker_tables(metrics=["gpu-magic"])
+        query.worker_tables(store, metrics=["gpu-magic"])
     assert str(info.value).startswith(
         f"unknown metric(s) ['gpu-magic']; present in database '{db}' at "
         f"{influxd.url}, at any time: ['compute-util', 'host-cpu'] (known: "
@@ -121,8 +121,8 @@ def test_lines_influxdb_refused_are_named_never_as_no_gpu(influxd, fresh_db, tmp
     assert (sink.points_written, sink.points_refused) == (4, 4)
     with query.connect(influxd.url, database=fresh_db, start=T0 / 1e9, undelivered=session) as db:
         with pytest.raises(ValueError) as e:
-            db.get_peaks("compute-util")
-        assert db.gpu_during_tasks().attrs["why"].startswith("InfluxDB refused 4 line(s) of gpu/utilization_gpu")
+            query.get_peaks(db, "compute-util")
+        assert query.gpu_during_tasks(db).attrs["why"].startswith("InfluxDB refused 4 line(s) of gpu/utilization_gpu")
     message = str(e.value)
     assert "InfluxDB refused 4 line(s) of gpu/utilization_gpu" in message and str(refused) in message
     assert 'field type conflict: input field "utilization_gpu" on measurement "gpu"' in message
@@ -133,9 +133,9 @@ def test_lines_influxdb_refused_are_named_never_as_no_gpu(influxd, fresh_db, tmp
     undelivered.close()
     with query.connect(influxd.url, database=fresh_db, start=T0 / 1e9, undelivered=session) as db:
         with pytest.raises(ValueError, match=r"4 line\(s\) of gpu/memory_used are only in the undelivered copy at "):
-            db.get_peaks("total-mem")
+            query.get_peaks(db, "total-mem")
         with pytest.raises(ValueError, match=r"InfluxDB refused 4 line\(s\) of gpu/utilization_gpu"):
-            db.to_csv(tmp_path / "csv", metrics=["compute-util"])
+            query.to_csv(db, tmp_path / "csv", metrics=["compute-util"])
     with query.connect(influxd.url, database=fresh_db, start=T0 / 1e9) as db:  # no copy named: as before
         with pytest.raises(ValueError, match="the workers reported no GPU"):
-            db.get_peaks("compute-util")
+            query.get_peaks(db, "compute-util")

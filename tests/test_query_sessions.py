@@ -157,28 +157,28 @@ def test_what_each_session_holds(two_sessions, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_tables_of_both_kinds_of_custom_metric(two_sessions, kind):
     with _open(two_sessions, kind, "a") as a:
-        tables = a.worker_tables()
+        tables = query.worker_tables(a)
         t = tables[W2]
         assert list(t["queue"]) == [10.0, 11.0, 12.0, 13.0]  # per worker: its own column, not null
         assert list(t["dev-x[0]"]) == [1.0, 2.0, 3.0, 4.0] and list(t["dev-x[1]"]) == [101.0, 102.0, 103.0, 104.0]
         assert "dev-x" not in t.columns and "queue[0]" not in t.columns
         assert list(t["compute-util[1]"]) == [2.0, 12.0, 22.0, 32.0] and list(t["tasks"]) == [0, 1, 2, 3]
-        assert a.get_peaks("queue") == [{1: [1], 2: [3]}, {1: [11], 2: [13]}]
-        assert a.get_peaks("dev-x", per_job=False) == [[3, 103], [4, 104]]
+        assert query.get_peaks(a, "queue") == [{1: [1], 2: [3]}, {1: [11], 2: [13]}]
+        assert query.get_peaks(a, "dev-x", per_job=False) == [[3, 103], [4, 104]]
         for metric in ("queue", "dev-x"):
             pd.testing.assert_frame_equal(
-                a.peaks(metric, server=True), a.peaks(metric, server=False), check_dtype=False
+                query.peaks(a, metric, server=True), query.peaks(a, metric, server=False), check_dtype=False
             )
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_per_worker_custom_metric_alone(two_sessions, kind):
     with _open(two_sessions, kind, "b") as b:
-        tables = b.worker_tables(metrics=["queue"])
+        tables = query.worker_tables(b, metrics=["queue"])
         assert [list(t["queue"]) for t in tables.values()] == [[100.0, 101.0, 102.0]] * 2
-        assert b.get_peaks("queue", per_job=False) == [[102], [102]]
+        assert query.get_peaks(b, "queue", per_job=False) == [[102], [102]]
         # W3 has mem-util but no power: one of two asked fields without values (the NaN count)
-        t = b.worker_tables(metrics=["mem-util", "power"])[W3]
+        t = query.worker_tables(b, metrics=["mem-util", "power"])[W3]
         assert list(t["mem-util[1]"]) == [1.0, 2.0, 3.0] and not any(c.startswith("power") for c in t.columns)
 
 
@@ -186,17 +186,17 @@ def test_a_per_worker_custom_metric_alone(two_sessions, kind):
 def test_export_and_peaks_from_csv_per_session(two_sessions, kind, tmp_path):
     with _open(two_sessions, kind, "a") as a, _open(two_sessions, kind, "b") as b:
         for name, db in (("a", a), ("b", b)):
-            paths = db.to_csv(tmp_path / name)
+            paths = query.to_csv(db, tmp_path / name)
             assert len(paths) == 3  # two workers and workers.csv
             for metric in ("queue", "tasks"):
-                assert Monitor.peaks_from_csv(tmp_path / name, metric) == db.get_peaks(metric)
+                assert Monitor.peaks_from_csv(tmp_path / name, metric) == query.get_peaks(db, metric)
         assert Monitor.peaks_from_csv(tmp_path / "a", "dev-x", per_job=False) == [[3, 103], [4, 104]]
 
 
 def test_the_readers_agree(two_sessions):
     for session in ("a", "b"):
         stores = {kind: _open(two_sessions, kind, session) for kind in KINDS}
-        tables = {kind: db.worker_tables() for kind, db in stores.items()}
+        tables = {kind: query.worker_tables(db) for kind, db in stores.items()}
         for kind in ("flux", "spool"):
             assert list(tables[kind]) == list(tables["influxql"])
             for worker, t in tables["influxql"].items():
@@ -213,7 +213,7 @@ def test_a_metric_of_the_other_session(two_sessions, kind):
             match=r"metric\(s\) \['compute-util'\] were not collected; present: "
             r"\['mem-util', 'tasks', 'power', 'queue'\] \(in ",
         ):
-            b.worker_tables(metrics=["compute-util"])
+            query.worker_tables(b, metrics=["compute-util"])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -236,10 +236,12 @@ def test_session_reaches_the_other(two_sessions, kind, which):
     with _connect(two_sessions, kind, session=which) as db, _open(two_sessions, kind, "a") as by_time:
         assert db.workers() == [W1, W2] and db.jobs() == [1, 2]
         assert list(db.dags()["dag"]) == [1, 2] and set(db.dags()["session"]) == {SESSIONS["a"]}
-        for worker, table in db.worker_tables().items():  # timestamp: from the first sample, not the window's start
-            other = by_time.worker_tables()[worker]
+        for worker, table in query.worker_tables(
+            db
+        ).items():  # timestamp: from the first sample, not the window's start
+            other = query.worker_tables(by_time)[worker]
             pd.testing.assert_frame_equal(table.drop(columns="timestamp"), other.drop(columns="timestamp"))
-        assert db.get_peaks("queue") == by_time.get_peaks("queue")
+        assert query.get_peaks(db, "queue") == query.get_peaks(by_time, "queue")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -276,7 +278,7 @@ def test_an_unknown_session(two_sessions, kind):
     else:  # no question is asked for a named session: reading says what is there
         with _connect(two_sessions, kind, session="nope") as db:
             with pytest.raises(query.QueryError, match=r"session 'nope'.*sessions \(newest first\) \['2024050"):
-                db.worker_tables()
+                query.worker_tables(db)
     with pytest.raises(query.QueryError, match=r"no session 3 in .*2 session\(s\), 1 = the latest"):
         _connect(two_sessions, kind, session=3)
 

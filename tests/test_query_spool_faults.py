@@ -40,7 +40,7 @@ def test_a_corrupt_line_is_skipped_counted_and_named(tmp_path, caplog):
     lines = good[:2] + [b"gpu,host=h utilization_gpu=oops 1", b"\xff\xfe garbage"] + good[2:4] + [b""] + good[4:]
     path = _session(tmp_path, lines, torn=b"gpu,host=h,worker=" + W.encode() + b" utilization_gpu=9")
     with caplog.at_level(logging.WARNING), query.connect(tmp_path) as db:
-        table = db.worker_tables()[W]
+        table = query.worker_tables(db)[W]
         assert list(table["compute-util[0]"]) == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # the torn last line: silently left
         notes = db.notes
     assert len(notes) == 1 and notes[0].startswith("skipped 2 corrupt spool line(s): ")
@@ -52,7 +52,7 @@ def test_an_unclosed_quote_does_not_swallow_the_lines_after_it(tmp_path):
     good = _lines(4)
     path = _session(tmp_path, good[:1] + [b'gpu,host=h s="never closed 5'] + good[1:])
     with query.connect(tmp_path) as db:
-        assert list(db.worker_tables()[W]["compute-util[0]"]) == [0.0, 1.0, 2.0, 3.0]
+        assert list(query.worker_tables(db)[W]["compute-util[0]"]) == [0.0, 1.0, 2.0, 3.0]
         assert f"{path}:2: " in db.notes[0]
 
 
@@ -85,7 +85,7 @@ def test_reading_never_writes_undelivered_samples_it_names_them_and_a_replay_wri
     assert _outage(influxd, fresh_db, session) >= 1
     undelivered = session / "tcp-10.0.0.1-1" / "undelivered"
     with query.connect(influxd.url, fresh_db, undelivered=session) as db:
-        assert db.get_peaks("compute-util", per_job=False) == [[9]]  # the outage is missing, and said so
+        assert query.get_peaks(db, "compute-util", per_job=False) == [[9]]  # the outage is missing, and said so
         assert db.notes == [
             f"20 sample(s) under {undelivered} are not in InfluxDB (not delivered over HTTP at "
             f"the time); write them with `dask-influx-metrics replay {session} --source URL`"
@@ -101,8 +101,8 @@ def test_reading_never_writes_undelivered_samples_it_names_them_and_a_replay_wri
     }
     assert spool_files(session) == []  # written: removed, never replayed twice
     with query.connect(influxd.url, fresh_db, undelivered=session) as db:
-        assert db.notes == [] and len(db.worker_tables()[W]) == 30
-        assert db.get_peaks("compute-util", per_job=False) == [[29]]
+        assert db.notes == [] and len(query.worker_tables(db)[W]) == 30
+        assert query.get_peaks(db, "compute-util", per_job=False) == [[29]]
 
 
 def test_a_partial_write_stays_refused_on_disk_until_a_replay_writes_it(influxd, fresh_db, tmp_path):
@@ -136,7 +136,7 @@ def test_a_partial_write_stays_refused_on_disk_until_a_replay_writes_it(influxd,
     influxd.query("DROP MEASUREMENT gpu", db=fresh_db)  # the foreign point goes, and its field type with it
     assert replay_folders(session, influxd.url, fresh_db)["written"] == 30
     with query.connect(influxd.url, fresh_db, undelivered=session) as db:
-        assert db.get_peaks("compute-util", per_job=False) == [[29]]
+        assert query.get_peaks(db, "compute-util", per_job=False) == [[29]]
         assert not any("sample(s) under" in n for n in db.notes)
     assert spool_files(session) == [] and not (refused / "reasons.txt").exists()
 
@@ -165,7 +165,7 @@ def test_the_spool_reader_counts_undelivered_samples(influxd, fresh_db, tmp_path
     session = tmp_path / "20240501T120000-000001"
     _outage(influxd, fresh_db, session)
     with query.connect(tmp_path) as db:
-        assert len(db.worker_tables()[W]) == 20
+        assert len(query.worker_tables(db)[W]) == 20
         assert db.notes == ["20 sample(s) came from undelivered/ (not delivered over HTTP at the time)"]
 
 
@@ -182,7 +182,7 @@ def test_the_spool_reader_reads_refused_samples_once(tmp_path):
     sink.send(_lines(5))
     sink.close()
     with query.connect(tmp_path) as db:
-        assert len(db.worker_tables()[W]) == 5
+        assert len(query.worker_tables(db)[W]) == 5
         assert db.notes == [
             "5 sample(s) came from refused/ (InfluxDB refused them; its reasons are in refused/reasons.txt)"
         ]
@@ -190,7 +190,7 @@ def test_the_spool_reader_reads_refused_samples_once(tmp_path):
     beside.send(_lines(5))
     beside.close()
     with query.connect(tmp_path) as db:
-        assert len(db.worker_tables()[W]) == 5 and db.notes == []
+        assert len(query.worker_tables(db)[W]) == 5 and db.notes == []
 
 
 def _undelivered_only(session, workers) -> None:
@@ -209,7 +209,7 @@ def test_a_session_folder_of_undelivered_samples_reads_every_worker(tmp_path):
     _undelivered_only(session, workers)
     with query.connect(session) as db:
         assert db.workers() == workers
-        assert db.get_peaks("compute-util", per_job=False) == [[4], [14]]
+        assert query.get_peaks(db, "compute-util", per_job=False) == [[4], [14]]
     with query.connect(tmp_path) as db:  # the root: its one session
         assert db.workers() == workers and db.notes == [
             "10 sample(s) came from undelivered/ (not delivered over HTTP at the time)"

@@ -70,7 +70,7 @@ def spool_store(tmp_path_factory):
 
 
 def test_report_content(spool_store, tmp_path):
-    path = spool_store.report(tmp_path / "sub" / "r.html", title="Nightly <run>")
+    path = query.report(spool_store, tmp_path / "sub" / "r.html", title="Nightly <run>")
     text = pathlib.Path(path).read_text(encoding="utf-8")
     assert "<title>Nightly &lt;run&gt;</title>" in text
     body = text.split("</head>\n<body>\n", 1)[1].split("<script")[0]  # the report's own HTML, up to the figures' script
@@ -107,7 +107,7 @@ def test_sections_without_data_say_why(influxd, tmp_path):
     points = [p for p in P.all_points() if p.measurement not in ("task", "activity")]
     influxd.write(lineprotocol.encode_many(points), db=database).raise_for_status()
     with query.connect(influxd.url, database=database) as db:
-        text = pathlib.Path(db.report(tmp_path / "r.html")).read_text(encoding="utf-8")
+        text = pathlib.Path(query.report(db, tmp_path / "r.html")).read_text(encoding="utf-8")
     assert "no task stream recorded: add `task-stream` to tracking" in text
     assert "no fine performance metrics recorded: add `fine-metrics` to tracking" in text
     busy = text.split("Per task prefix")[1].split("</h4>")[1]
@@ -119,7 +119,7 @@ def test_missing_bokeh_names_the_extra(spool_store, tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "bokeh.plotting", None)
     with pytest.raises(ImportError, match=r"pip install dask-influx-metrics\[report\]"):
-        spool_store.report(tmp_path / "r.html")
+        query.report(spool_store, tmp_path / "r.html")
     assert not (tmp_path / "r.html").exists()
 
 
@@ -239,8 +239,8 @@ def test_one_node_table_per_node_for_the_session_and_each_job(tmp_path):
     from dask_influx_metrics.client import report
 
     with query.connect(NP.write_spool(tmp_path / "nodes")) as db:
-        text = pathlib.Path(db.report(tmp_path / "r.html")).read_text(encoding="utf-8")
-        tables = report.node_tables(db.summary(), 1)
+        text = pathlib.Path(query.report(db, tmp_path / "r.html")).read_text(encoding="utf-8")
+        tables = report.node_tables(query.summary(db), 1)
     assert text.count("<h4>node node-a</h4>") == 3 and text.count("<h4>node node-b</h4>") == 2
     job2 = text.split('id="job-2"')[1]
     assert "Node resources while the job ran" in job2 and job2.index("node node-a") < job2.index("node node-b")

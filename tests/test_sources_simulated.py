@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from dask_influx_metrics import query
 from dask_influx_metrics.link.snapshot import Snapshot
 from dask_influx_metrics.sampling.sources.simulated import NAME, SimulatedGpuSource, SimulatedHandle
 from dask_influx_metrics.schema import FIELDS, GPU
@@ -193,9 +194,9 @@ def test_short_tasks_read_their_time_weighted_share_on_a_cluster(tmp_path):
         finally:
             monitor.stop()
         db = monitor.query()
-        summary = db.summary(per_job=False)
+        summary = query.summary(db, per_job=False)
         gpu = summary[summary["resource"] == "gpu"].iloc[0]
-        tasks = db.task_stream()
+        tasks = query.task_stream(db)
         monitor.shutdown()
     truth = 100 * tasks["duration"].astype(float).sum() / (gpu["hours"] * 3600)
     assert len(tasks) == 20 and 9 < truth < 15, truth

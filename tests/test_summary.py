@@ -6,6 +6,7 @@ import pytest
 import shared_gpu as S
 import short_tasks
 
+from dask_influx_metrics import query
 from dask_influx_metrics.client import summary
 
 HOUR_PER_SAMPLE = S.STEP / 1e9 / 3600
@@ -29,7 +30,7 @@ def _gpu(frame, worker, job):
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_job_rows_hold_the_jobs_busy_samples_only(stores, kind):
-    s = stores[kind].summary()
+    s = query.summary(stores[kind])
     util = [u for u, *_ in S.SAMPLES]
     job1 = _gpu(s, 0, 1)  # job 1 is never charged job 2's 100 % samples
     assert (job1["samples"], job1["mean"], job1["max"]) == (6, pytest.approx(np.mean(util[:6])), 70)
@@ -52,7 +53,7 @@ def test_all_workers_rows_count_the_shared_gpu_once(stores, kind):
     """Issue 33: each worker's rows hold the GPU they share (their own view: 9 s of device time each); the
     ``all workers`` rows count it once: device-hours are the session's wall time x 1 GPU, and held-but-idle
     time is the phase in which the GPU computed nothing while either worker held memory on it."""
-    s = stores[kind].summary()
+    s = query.summary(stores[kind])
     gpu = s[s["resource"] == "gpu"]
     mine = gpu[gpu["worker_index"].notna() & gpu["job"].isna()]
     assert mine["device_hours"].tolist() == pytest.approx([18 * HOUR_PER_SAMPLE] * 2)
@@ -67,7 +68,7 @@ def test_all_workers_rows_count_the_shared_gpu_once(stores, kind):
 
 
 def test_spool_and_influx_summaries_are_equal(stores):
-    pd.testing.assert_frame_equal(stores["influxql"].summary(), stores["spool"].summary(), check_dtype=False)
+    pd.testing.assert_frame_equal(query.summary(stores["influxql"]), query.summary(stores["spool"]), check_dtype=False)
 
 
 def _table(**columns):
@@ -141,8 +142,6 @@ def test_a_gap_counts_a_few_intervals_at_most():
 def nodes(tmp_path_factory):
     import node_points as NP
 
-    from dask_influx_metrics import query
-
     with query.connect(NP.write_spool(tmp_path_factory.mktemp("nodes"))) as db:
         yield db
 
@@ -160,7 +159,7 @@ def _node(frame, worker, resource, job):
 def test_node_rows_per_job_are_the_hosts_figures_in_the_jobs_windows(nodes):
     import node_points as NP
 
-    s, mib, hour = nodes.summary(), NP.MIB, NP.STEP / 1e9 / 3600
+    s, mib, hour = query.summary(nodes), NP.MIB, NP.STEP / 1e9 / 3600
     cpu = _node(s, 0, "cpu", 1)  # node-a while job 1 ran: 10 samples, one core of two busy
     assert (cpu["samples"], cpu["mean"], cpu["core_max"], cpu["core_min"], cpu["devices"]) == (10, 50, 100, 0, 2)
     assert cpu["device_hours"] == pytest.approx(2 * 10 * hour) and cpu["host"] == "node-a"
@@ -192,7 +191,7 @@ def test_node_rows_per_job_are_the_hosts_figures_in_the_jobs_windows(nodes):
 def test_a_counter_that_went_back_leaves_its_window_out_and_says_so(nodes):
     import node_points as NP
 
-    s = nodes.summary()
+    s = query.summary(nodes)
     b = _node(s, 2, "disk", 2)  # node-b, job 2: 15 windows, the one at its reboot left out
     assert (b["read_bytes"], b["max"], b["host"]) == (14 * NP.MIB, 30, "node-b")
     assert _node(s, 2, "network", None)["ext_sent_bytes"] == 28 * NP.MIB

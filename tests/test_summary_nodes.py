@@ -16,7 +16,7 @@ import psutil
 import pytest
 from distributed import Client, LocalCluster, get_worker
 
-from dask_influx_metrics import Monitor
+from dask_influx_metrics import Monitor, query
 from dask_influx_metrics.client import summary
 from dask_influx_metrics.link import runfolder
 from dask_influx_metrics.sampling.sources.disks import mount_point
@@ -113,7 +113,7 @@ def session(tmp_path_factory):
             seen["net"] = {k: after[1][k] - before[1][k] for k in before[1]}
             monitor.stop()
             db = monitor.query()
-            yield db, db.summary(), seen
+            yield db, query.summary(db), seen
         finally:
             monitor.shutdown()
 

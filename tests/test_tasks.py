@@ -43,40 +43,40 @@ def stores(request, influxd, tmp_path_factory):
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_tasks_per_job_and_prefix(stores, kind):
     db = stores[kind]
-    frame = db.tasks()
+    frame = query.tasks(db)
     assert list(frame.columns) == [c for c in T.TASKS if c != "dag"]
     got = frame[["job", "prefix", "tasks", "erred", "total_s", "max_s"]].values.tolist()
     assert [row[:4] for row in got] == [row[:4] for row in TASKS]
     assert [v for row in got for v in row[4:]] == pytest.approx([v for row in TASKS for v in row[4:]])
     assert frame["compute_s"].sum() == pytest.approx(0.75 * frame["total_s"].sum())
     assert frame["nbytes"].tolist() == [400, 600, 1000, 0]
-    per_dag = db.tasks(per_dag=True)
+    per_dag = query.tasks(db, per_dag=True)
     assert per_dag[["job", "dag", "prefix", "tasks"]].values.tolist() == [
         [1, 2, "matmul", 4],
         [1, 1, "load", 6],
         [2, 3, "matmul", 10],
         [2, 3, "sum", 2],
     ]
-    assert db.tasks(job=2)["prefix"].tolist() == ["matmul", "sum"]
-    stream = db.task_stream(job=1)
+    assert query.tasks(db, job=2)["prefix"].tolist() == ["matmul", "sum"]
+    stream = query.task_stream(db, job=1)
     assert len(stream) == 10 and set(stream["dag"]) == {1, 2} and stream["key"].str.contains("-abc").all()
     with pytest.raises(ValueError, match=r"no job 7; jobs: \[1, 2\]"):
-        db.tasks(job=7)
+        query.tasks(db, job=7)
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_activity_breakdown(stores, kind):
-    frame = stores[kind].activity()
+    frame = query.activity(stores[kind])
     assert list(frame.columns) == T.ACTIVITY
     got = frame.values.tolist()
     assert [row[:4] for row in got] == [row[:4] for row in ACTIVITY]
     assert [row[4] for row in got] == pytest.approx([row[4] for row in ACTIVITY])
-    assert stores[kind].activity(job=2)["prefix"].tolist() == ["matmul", "sum"]
+    assert query.activity(stores[kind], job=2)["prefix"].tolist() == ["matmul", "sum"]
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_gpu_utilization_during_tasks(stores, kind):
-    frame = stores[kind].gpu_during_tasks()
+    frame = query.gpu_during_tasks(stores[kind])
     assert list(frame.columns) == T.GPU + ["mean_device_utilization_gpu", "max_device_utilization_gpu"]
     # no worker_gpu_share written: no GPU was shared, so each job's own figures are the device's
     assert frame["mean_utilization_gpu"].tolist() == frame["mean_device_utilization_gpu"].tolist()
@@ -88,7 +88,7 @@ def test_gpu_utilization_during_tasks(stores, kind):
         [2, None, 40, 40.0],
         [2, 3, 40, 40.0],
     ]
-    assert stores[kind].gpu_during_tasks(job=2)["samples"].tolist() == [40, 40]
+    assert query.gpu_during_tasks(stores[kind], job=2)["samples"].tolist() == [40, 40]
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
@@ -104,9 +104,9 @@ def test_nothing_recorded_says_why(influxd, tmp_path):
 
     influxd.write(lineprotocol.encode_many(points), db=database).raise_for_status()
     with query.connect(influxd.url, database=database) as db:
-        assert db.tasks().empty and "add `task-stream` to tracking" in db.tasks().attrs["why"]
-        assert db.activity().empty and "add `fine-metrics` to tracking" in db.activity().attrs["why"]
-        assert len(db.gpu_during_tasks()) == 5
+        assert query.tasks(db).empty and "add `task-stream` to tracking" in query.tasks(db).attrs["why"]
+        assert query.activity(db).empty and "add `fine-metrics` to tracking" in query.activity(db).attrs["why"]
+        assert len(query.gpu_during_tasks(db)) == 5
 
 
 # --- Flux: the same answers through influxdb-client and a fake InfluxDB 2.x -----------------
@@ -144,12 +144,12 @@ def test_flux_backend_reads_tasks_and_activity():
     fake = fake_flux(points, ("task", "activity"), canned=(("buckets()", "buckets"),))
     try:
         with query.connect(fake.url, database="dask_metrics", language="flux", org="o", token="t") as db:
-            tasks = db.tasks()
+            tasks = query.tasks(db)
             assert tasks[["job", "prefix", "tasks", "erred"]].values.tolist() == [r[:4] for r in TASKS]
             assert tasks["total_s"].tolist() == pytest.approx([r[4] for r in TASKS])
-            activity = db.activity()
+            activity = query.activity(db)
             assert [r[:4] for r in activity.values.tolist()] == [r[:4] for r in ACTIVITY]
-            assert db.task_stream()["time"].is_monotonic_increasing
+            assert query.task_stream(db)["time"].is_monotonic_increasing
     finally:
         fake.stop()
 
@@ -211,7 +211,7 @@ def _rows(frame: pd.DataFrame, columns) -> list:
 @pytest.mark.parametrize("kind", ["influxql", "spool", "flux"])
 def test_gpu_per_prefix_weights_each_sample_by_its_window(prefix_stores, kind):
     db = prefix_stores[kind]
-    frame = db.gpu_per_prefix()
+    frame = query.gpu_per_prefix(db)
     assert list(frame.columns) == [
         "job", "prefix", "tasks", "gpu_s", "mean_utilization_gpu", "mean_sm_active",
         "mean_device_utilization_gpu", "mean_device_sm_active", "mean_memory_delta", "max_memory_delta",
@@ -224,7 +224,7 @@ def test_gpu_per_prefix_weights_each_sample_by_its_window(prefix_stores, kind):
     for row, want in zip(got, PREFIX):
         # task starts are float Unix seconds: exact to ~0.2 us
         assert row[3:] == [None if w is None else pytest.approx(w, rel=1e-4, abs=1e-6) for w in want[3:]], row
-    per_dag = db.gpu_per_prefix(per_dag=True)
+    per_dag = query.gpu_per_prefix(db, per_dag=True)
     assert _rows(per_dag, ["job", "dag", "prefix"]) == [
         [1, 1, "mm"],
         [1, 1, "tiny"],
@@ -232,12 +232,12 @@ def test_gpu_per_prefix_weights_each_sample_by_its_window(prefix_stores, kind):
         [2, 2, "hold"],
         [2, 2, "mm"],
     ]
-    assert db.gpu_per_prefix(job=2)["prefix"].tolist() == ["hold", "mm"]
+    assert query.gpu_per_prefix(db, job=2)["prefix"].tolist() == ["hold", "mm"]
 
 
 @pytest.mark.parametrize("kind", ["influxql", "spool"])
 def test_gpu_per_prefix_on_the_task_points(stores, kind):
-    frame = stores[kind].gpu_per_prefix()
+    frame = query.gpu_per_prefix(stores[kind])
     assert "mean_sm_active" not in frame.columns, "GPM columns only where collected"
     # job 1's matmul tasks [6+k, 11+k] (steps) start while their worker idles: 14 of their 20 windows at 80 %
     assert _rows(frame, ["job", "prefix", "tasks", "mean_utilization_gpu", "mean_memory_delta"]) == [

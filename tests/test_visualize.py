@@ -330,7 +330,7 @@ def shared_gpu_table(tmp_path):
     from dask_influx_metrics import query
 
     with query.connect(shared_gpu.write_spool(tmp_path)) as db:
-        return db.worker_tables(metrics=["compute-util", "total-mem", "worker-gpu-mem"])[shared_gpu.W[0]]
+        return query.worker_tables(db, metrics=["compute-util", "total-mem", "worker-gpu-mem"])[shared_gpu.W[0]]
 
 
 def spans(ax):

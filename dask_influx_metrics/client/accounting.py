@@ -1,4 +1,4 @@
-"""Per-job GPU accounting read back: the agents' ``accounting`` totals as one table (``db.accounting()``).
+"""Per-job GPU accounting read back: the agents' ``accounting`` totals as one table (:func:`accounting`).
 
 Each ``accounting`` point carries a row's totals so far (docs/attribution.md, "Accounting"), so a row's
 last point in range is its total: a lost point costs nothing, the next one carries it. A row is a series
@@ -23,10 +23,13 @@ job's). Columns: :data:`COLUMNS`.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
 from .. import schema
+from .query.store import Store
 from .tables import not_recorded
 
 BY = schema.MEASUREMENT_TAGS[schema.ACCOUNTING]  # host, worker, job, uuid, since: one row's series
@@ -104,3 +107,22 @@ def table(last: pd.DataFrame) -> pd.DataFrame:
 
 def _order(job: str) -> tuple:
     return (1, 0) if job == schema.IDLE_JOB else (0, int(job))
+
+
+def accounting(store: Store, job: Optional[int] = None) -> pd.DataFrame:
+    """Per-job GPU accounting of ``store`` from the samplers' running totals (tracking name ``accounting``): one
+    row per job and GPU, per job and host (CPU), per job (totals), and the idle rows (``job`` <NA>); see the
+    module docstring. With a time range, each total's increase within it."""
+    last = store.backend.last_by(schema.ACCOUNTING, list(FIELDS), BY)
+    before = None
+    if store.backend.start_ns is not None and not last.empty:  # rows that began before the range
+        earlier = store.backend.widened()
+        earlier.tags, earlier.stop_ns = dict(store.backend.tags), store.backend.start_ns - 1
+        before = earlier.last_by(schema.ACCOUNTING, list(FIELDS), BY)
+    out = table(increase(last, before))
+    if job is not None:
+        known = sorted(j for j in out["job"].dropna().unique())
+        if job not in known:
+            raise ValueError(f"job {job!r} has no accounting rows; jobs: {known} ({store.scope()})")
+        out = out[out["job"] == job].reset_index(drop=True)
+    return out

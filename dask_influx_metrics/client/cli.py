@@ -166,11 +166,13 @@ def peaks(open_store, metric, per_job, workers, job, client_side, fmt):
     Example:
       dask-influx-metrics peaks compute-util --worker 0,2 --format json --source /tmp/dask-influx-metrics
     """
+    from . import peaks as _peaks
+
     db, server = open_store(), not client_side
     if fmt == "json":
-        emit(db.get_peaks(metric, workers=workers, per_job=per_job, job=job, server=server), fmt)
+        emit(_peaks.get_peaks(db, metric, workers=workers, per_job=per_job, job=job, server=server), fmt)
     else:
-        emit(db.peaks(metric, per_job=per_job, workers=workers, job=job, server=server), fmt)
+        emit(_peaks.peaks(db, metric, per_job=per_job, workers=workers, job=job, server=server), fmt)
 
 
 @cli.command()
@@ -205,7 +207,9 @@ def summary(open_store, per_job, workers, job, resources, fmt):
     Example:
       dask-influx-metrics summary --job 1 --resource cpu,network --format csv --source http://127.0.0.1:8086
     """
-    frame = open_store().summary(per_job=per_job, workers=workers, job=job)
+    from . import summary as _summary
+
+    frame = _summary.summary(open_store(), per_job=per_job, workers=workers, job=job)
     if resources:
         wanted = [r.strip() for r in resources.split(",") if r.strip()]
         unknown = sorted(set(wanted) - {"gpu", "cpu", "memory", "disk", "network"})
@@ -238,8 +242,10 @@ def accounting(open_store, job, fmt):
     Example:
       dask-influx-metrics accounting --job 2 --format csv --source http://127.0.0.1:8086
     """
+    from . import accounting as _accounting
+
     db = open_store()
-    frame = _recorded(db, db.accounting(job=job))
+    frame = _recorded(db, _accounting.accounting(db, job=job))
     if fmt != "json":  # name the idle and total rows (pandas would print <NA>)
         frame = frame.assign(
             job=frame["job"].astype("string").fillna("idle"),
@@ -269,6 +275,8 @@ def export(open_store, directory, fname, clear_dir, metrics, workers, job):
     Example:
       dask-influx-metrics export out/ --job 2 --metrics compute-util,mem-util --source /tmp/dask-influx-metrics
     """
+    from .csvfiles import to_csv
+
     db = open_store()
     total = len(workers or db.workers())
     with click.progressbar(length=total, label=f"reading worker 0/{total}", file=sys.stderr) as bar:
@@ -277,9 +285,7 @@ def export(open_store, directory, fname, clear_dir, metrics, workers, job):
             bar.label = f"reading worker {done}/{total}"  # off a terminal, each new label is a line
             bar.update(done - bar.pos)
 
-        paths = db.to_csv(
-            directory, fname=fname, clear_dir=clear_dir, metrics=metrics, workers=workers, job=job, progress=progress
-        )
+        paths = to_csv(db, directory, fname, clear_dir, metrics, workers, job=job, progress=progress)
     click.echo("\n".join(paths))
 
 
@@ -318,6 +324,7 @@ def plot(open_store, kind, job, worker, csv_file, metrics, freq, width, height, 
       dask-influx-metrics plot boxes --job 1 --csv out/worker_0.csv --freq 10 --out job1.png
     """
     from . import visualize
+    from .tables import worker_tables
 
     if csv_file is not None:
         if worker is not None:
@@ -328,7 +335,7 @@ def plot(open_store, kind, job, worker, csv_file, metrics, freq, width, height, 
         worker = 0 if worker is None else int(worker) if worker.isdigit() else worker
         if metrics is None:  # read only what the plot will show
             metrics = [m for m in visualize.DEFAULT_METRICS if m in db.metrics()] or None
-        source = next(iter(db.worker_tables(job=job, metrics=metrics, workers=[worker]).values()))
+        source = next(iter(worker_tables(db, job=job, metrics=metrics, workers=[worker]).values()))
     draw = visualize.lines if kind == "lines" else functools.partial(visualize.boxes, freq=freq)
     draw(source, job, metrics, width=width, height=height, save=out)
     click.echo(out)
@@ -369,8 +376,10 @@ def tasks(open_store, job, per_dag, gpu, fmt):
       dask-influx-metrics tasks --job 2 --source http://127.0.0.1:8086
       dask-influx-metrics tasks --gpu --source /tmp/dask-influx-metrics
     """
+    from . import tasks as _tasks
+
     db = open_store()
-    frame = db.gpu_per_prefix(job=job, per_dag=per_dag) if gpu else db.tasks(job=job, per_dag=per_dag)
+    frame = _tasks.gpu_per_prefix(db, job=job, per_dag=per_dag) if gpu else _tasks.tasks(db, job=job, per_dag=per_dag)
     emit(_recorded(db, frame), fmt)
 
 
@@ -389,8 +398,10 @@ def activity(open_store, job, gpu, fmt):
     Example:
       dask-influx-metrics activity --job 1 --format csv --source /tmp/dask-influx-metrics
     """
+    from . import tasks as _tasks
+
     db = open_store()
-    emit(_recorded(db, db.gpu_during_tasks(job=job) if gpu else db.activity(job=job)), fmt)
+    emit(_recorded(db, _tasks.gpu_during_tasks(db, job=job) if gpu else _tasks.activity(db, job=job)), fmt)
 
 
 @cli.command()
@@ -408,7 +419,9 @@ def report(open_store, path, title):
     Example:
       dask-influx-metrics report gpu-report.html --source http://127.0.0.1:8086 --tag run=nightly
     """
-    click.echo(open_store().report(path, title=title))
+    from . import report as _report
+
+    click.echo(_report.report(open_store(), path, title=title))
 
 
 @cli.command()

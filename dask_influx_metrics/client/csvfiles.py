@@ -39,7 +39,9 @@ import numpy as np
 import pandas as pd
 
 from .. import jobtags, schema
-from .tables import BASE_COLUMNS, device_columns, table_metrics
+from .query.base import QueryError
+from .query.store import NO_GPU, Store
+from .tables import BASE_COLUMNS, device_columns, table_metrics, worker_tables
 
 MANIFEST = "workers.csv"
 EXTRA_COLUMNS = ("running", "worker")
@@ -103,6 +105,30 @@ def write_tables(
     paths.append(os.path.join(directory, MANIFEST))
     pd.DataFrame(manifest, columns=["index", "worker", "file", "rows"]).to_csv(paths[-1], index=False)
     return paths
+
+
+def to_csv(
+    store: Store,
+    path,
+    fname: str = "worker",
+    clear_dir: bool = False,
+    metrics=None,
+    workers=None,
+    job: Optional[int] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> list[str]:
+    """One CSV per worker of ``store`` in the old layout, then ``workers.csv`` (:func:`write_tables`);
+    returns their paths."""
+    tables = worker_tables(store, job=job, metrics=metrics, workers=workers, progress=progress)
+    empty = [w for w, t in tables.items() if t.empty]
+    if empty:  # a header-only file would pass for an export
+        kept = store.kept_gpu(metrics)
+        raise QueryError(
+            f"no samples for worker(s) {empty} {store.scope()}; no CSV written ("
+            + (kept if kept else f"a worker without a GPU writes no GPU samples: {NO_GPU}")
+            + ")"
+        )
+    return write_tables(list(tables.values()), path, fname=fname, clear_dir=clear_dir)
 
 
 def _bad(path, row: int, message: str) -> ValueError:

@@ -3,7 +3,7 @@
 The reference is the ``perf.py`` helper of Azure ML's pipeline components
 (``PerformanceMetricsCollector`` samples psutil every second, ``PerfReportPlotter``
 logs one value per node with ``step=node``). :data:`REFERENCE` maps each of its metric
-names to a figure of :meth:`~dask_influx_metrics.query.Store.summary`; :data:`GPU` adds
+names to a figure of :func:`~dask_influx_metrics.client.summary.summary`; :data:`GPU` adds
 ours beside them. Names are logged as MLflow stores the reference's (its logger drops the
 characters MLflow refuses: ``max_t_(mem_percent)`` becomes ``max_t_mem_percent``).
 
@@ -22,7 +22,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from . import summary as _summary
-from .tables import natural_key
+from .query.metricnames import natural_key
 
 EXTRA = "pip install dask-influx-metrics[mlflow]"
 MIB = float(2**20)  # the reference's "mb": bytes / (1024 * 1024)
@@ -89,7 +89,7 @@ def require_mlflow():
 
 
 def node_metrics(frame: pd.DataFrame, job=None) -> dict[str, float]:
-    """``{logged name: value}`` of one node's summary ``frame`` (:meth:`Store.summary` of the node's workers) for
+    """``{logged name: value}`` of one node's summary ``frame`` (:func:`.summary.summary` of the node's workers) for
     ``job`` (None: the whole session); figures that are NaN or missing are left out."""
     rows = frame[frame["job"].isna() if job is None else frame["job"] == job]
     out = {}
@@ -108,7 +108,9 @@ def summaries(db, job=None) -> dict[str, pd.DataFrame]:
     """``{node: summary of its workers}`` in natural order (each node's GPUs then count once over its workers)."""
     where = db.hosts()
     nodes = sorted({h for w, h in where.items() if w in db.workers()}, key=natural_key)
-    return {node: db.summary(workers=[w for w in db.workers() if where.get(w) == node], job=job) for node in nodes}
+    return {
+        node: _summary.summary(db, workers=[w for w in db.workers() if where.get(w) == node], job=job) for node in nodes
+    }
 
 
 def log_summary(

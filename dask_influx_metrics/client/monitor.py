@@ -261,7 +261,9 @@ class Monitor:
 
         >>> monitor.request_metrics()[0].columns  # doctest: +SKIP
         """
-        return self.query().worker_tables()
+        from .tables import worker_tables
+
+        return worker_tables(self.query())
 
     # --- analysis (old dask-metrics API) ----------------------------------
 
@@ -362,17 +364,21 @@ class Monitor:
         >>> monitor.get_peaks("compute-util", workers=[0, 1])  # doctest: +SKIP
         [{1: [97.0, 88.5], 2: [40.0, 12.0]}, {1: [91.0, 90.0]}]
         """
-        return self.query(**kwargs).get_peaks(metric, workers=workers, per_job=per_job)
+        from .peaks import get_peaks
+
+        return get_peaks(self.query(**kwargs), metric, workers=workers, per_job=per_job)
 
     def accounting(self, job=None, **kwargs):
         """Per-job GPU accounting: busy, SM- and tensor-active GPU-seconds, energy, GPU memory and CPU seconds
         per job and GPU, per job, and the idle rows, from the agents' running totals (tracking name
         ``accounting``); ``kwargs`` choose the source as :meth:`query` does. See
-        :meth:`dask_influx_metrics.query.Store.accounting`.
+        :func:`dask_influx_metrics.client.accounting.accounting`.
 
         >>> monitor.accounting(job=1)  # doctest: +SKIP
         """
-        return self.query(**kwargs).accounting(job=job)
+        from .accounting import accounting
+
+        return accounting(self.query(**kwargs), job=job)
 
     def peak_memory(self, workers=None) -> list:
         """The first dask-metrics API: peak ``mem-util`` per GPU, ``[[12, 8], [4, 0]]``.
@@ -389,6 +395,8 @@ class Monitor:
 
         >>> monitor.to_csv("out/")  # doctest: +SKIP
         """
+        from .csvfiles import to_csv
+
         store = self.query(**kwargs)
         if not kwargs:  # the session's own source: every worker that sampled must be in the export
             from .query import QueryError
@@ -397,17 +405,19 @@ class Monitor:
             sampled = {w for w in self._state().get("destinations") or {} if w != "scheduler"}
             present = store.workers()
             missing = sorted(sampled - set(present))
-            if missing and present:  # none present: store.to_csv says what the source holds
+            if missing and present:  # none present: to_csv says what the source holds
                 raise QueryError(
                     f"worker(s) {missing} sampled in this session but wrote no samples "
                     f"{store.scope()}; no CSV written ({store.kept_gpu(metrics) or NO_GPU})"
                 )
-        return store.to_csv(path, fname=fname, clear_dir=clear_dir, metrics=metrics)
+        return to_csv(store, path, fname=fname, clear_dir=clear_dir, metrics=metrics)
 
     def report(self, path="gpu-report.html", title=None, **kwargs) -> str:
         """Write the one-file HTML report of the session (see :mod:`.report`; needs the ``[report]``
         extra) to ``path`` and return it; ``kwargs`` choose the source as :meth:`query` does."""
-        return self.query(**kwargs).report(path, title=title)
+        from .report import report
+
+        return report(self.query(**kwargs), path, title=title)
 
     @staticmethod
     def peaks_from_csv(path, metric="mem-util", workers=None, per_job=True, fname="worker") -> list:

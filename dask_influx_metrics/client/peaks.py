@@ -28,10 +28,15 @@ The tidy form has one row per (worker, job, device): ``worker_index``,
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pandas as pd
 
-from .. import jobtags
-from .tables import device_columns
+from .. import jobtags, schema
+from .hosts import host_tables
+from .query.base import DEVICE_MEASUREMENTS
+from .query.store import Store
+from .tables import device_columns, worker_tables
 
 COLUMNS = ["worker_index", "worker", "job", "device", "metric", "peak", "unit"]
 
@@ -117,3 +122,69 @@ def to_lists(tidy: pd.DataFrame, per_job: bool = True, workers=None) -> list:
         else:
             out.append([_number(v) for v in rows["peak"]])
     return out
+
+
+def peaks(
+    store: Store, metric: str, per_job: bool = True, workers=None, job: Optional[int] = None, server: bool = True
+) -> pd.DataFrame:
+    """Tidy peaks of one metric of ``store`` (the module docstring).
+
+    ``server=True`` lets the backend compute ``MAX ... GROUP BY worker,
+    index, job`` (InfluxQL does it on the server; per job over busy
+    samples only, ``dag != '0'``); ``False`` computes from the per-worker
+    tables. Both give the same numbers. A host metric's peaks are its
+    host's (``GROUP BY host, job``, or from :func:`.hosts.host_tables`), one row
+    set for each worker of the host.
+    """
+    resolved = store.resolve_metrics([metric])
+    if len(resolved) != 1:
+        raise ValueError(f"metric {metric!r} has several fields; name one: {[x.name for x in resolved]}")
+    m = resolved[0]
+    chosen = store.select_workers(workers)
+    job = store.check_job(job)
+    if m.measurement == schema.HOST:
+        found = _host_peaks(store, m, per_job, chosen, job, server)
+    elif not server:
+        tables = worker_tables(store, job=job, metrics=[m.name], workers=[w for _, w in chosen])
+        found = from_tables(list(tables.values()), m.name, per_job, m.unit)
+    else:
+        by = ("worker",) + (("index",) if m.measurement in DEVICE_MEASUREMENTS else ()) + (("job",) if per_job else ())
+        groups = store.backend.max_by(m.measurement, m.field, by, [w for _, w in chosen], job, busy=per_job)
+        found = from_groups(groups, m, {w: i for i, w in chosen}, per_job)
+    if job is not None and per_job:
+        found = found[found["job"] == job].reset_index(drop=True)
+    return found
+
+
+def get_peaks(store: Store, metric: str = "mem-util", workers=None, per_job: bool = True, **kw) -> list:
+    """The old ``get_peaks`` shapes: ``[{job: [peak per GPU]}, ...]`` or ``[[peak per GPU], ...]``.
+
+    Per job, a peak is the largest value among the samples at which that
+    job had tasks executing (``dag != "0"`` and the job in the ``job``
+    tag); idle samples count for no job. ``"total-mem"``: device memory in
+    use (bytes) on that GPU while the job ran: the whole device, every
+    process on it. ``"worker-gpu-mem"``: the GPU memory (bytes) held by the
+    worker's own process tree while the job ran on it. ``per_job=False``:
+    the peak over every sample, idle ones included.
+    """
+    chosen = store.select_workers(workers)
+    found = peaks(store, metric, per_job=per_job, workers=[w for _, w in chosen], **kw)
+    return to_lists(found, per_job, [i for i, _ in chosen])
+
+
+def _host_peaks(store: Store, metric, per_job: bool, chosen, job, server: bool) -> pd.DataFrame:
+    """Peaks of a host metric: per host (server- or client-side), then one row set per worker."""
+    where = store.hosts()
+    hosts = sorted({where.get(w) for _, w in chosen} - {None})
+    if server:  # by writer too, to leave out another tool's points of the host
+        by = ("host",) + (("job",) if per_job else ())
+        groups = store.backend.max_by(schema.HOST, metric.field, by + ("worker",), None, job, busy=per_job)
+        groups = groups[groups["host"].isin(hosts) & groups["worker"].map(store.ours).astype(bool)]
+        groups = groups.groupby(list(by), as_index=False)["max"].max().rename(columns={"host": "worker"})
+        found = from_groups(groups, metric, {h: 0 for h in hosts}, per_job)
+    else:
+        tables = host_tables(store, [metric.name], job, hosts=hosts)
+        found = from_tables(list(tables.values()), metric.name, per_job, metric.unit)
+    workers = pd.DataFrame([(i, w, where.get(w)) for i, w in chosen], columns=["worker_index", "worker", "host"])
+    rows = found.drop(columns=["worker_index"]).rename(columns={"worker": "host"}).merge(workers, on="host")
+    return tidy(rows.drop(columns=["host", "metric", "unit"]), metric.name, metric.unit)

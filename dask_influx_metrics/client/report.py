@@ -1,4 +1,4 @@
-"""The one-file HTML report: ``db.report(path)``, ``Monitor.report(path)``, ``dask-influx-metrics report``.
+"""The one-file HTML report: ``query.report(db, path)``, ``Monitor.report(path)``, ``dask-influx-metrics report``.
 
 One self-contained file (BokehJS, CSS and data inline; nothing is fetched when it is opened):
 a session overview (source, time range, workers, GPUs, one row per job: DAGs, tasks, GPU
@@ -23,7 +23,12 @@ import pandas as pd
 
 from . import reportfigs as figs
 from . import summary as _summary
-from .tables import MIB, device_columns, not_recorded
+from . import tasks as _tasks
+from .accounting import accounting
+from .peaks import peaks as read_peaks
+from .query.metricnames import MIB
+from .query.store import Store
+from .tables import device_columns, not_recorded, worker_tables
 
 GIB = 2.0**30
 TIMELINES = {"compute-util": ("GPU utilization (%)", 1.0), "total-mem": ("GPU memory used (GiB)", GIB)}
@@ -115,13 +120,13 @@ def _attempt(fn, *args, **kw):
         return frame
 
 
-def collect(db) -> dict:
+def collect(db: Store) -> dict:
     """Everything the report shows, read once from ``db``."""
     metrics = db.metrics()
     wanted = [m for m in (*TIMELINES, _summary.CPU_METRIC, *_summary.MEMORY_METRICS) if m in metrics]
-    tables = db.worker_tables(metrics=list(dict.fromkeys(wanted))) if wanted else {}
+    tables = worker_tables(db, metrics=list(dict.fromkeys(wanted))) if wanted else {}
     has_util = {_summary.GPU_METRIC, _summary.CPU_METRIC} & set(wanted)
-    peaks = [_attempt(db.peaks, m) for m in TIMELINES if m in metrics]
+    peaks = [_attempt(read_peaks, db, m) for m in TIMELINES if m in metrics]
     return {
         "scope": db.scope(),
         "notes": db.notes,
@@ -132,15 +137,15 @@ def collect(db) -> dict:
         "dags": db.dags(),
         "gpus": _attempt(db.gpus) if "gpu" in db.fields() else pd.DataFrame(),
         "tables": tables,
-        "summary": _summary.summarize(list(tables.values()), hosts=db.node_tables(list(tables)))
+        "summary": _summary.summarize(list(tables.values()), hosts=_summary.node_tables(db, list(tables)))
         if has_util
         else pd.DataFrame(),
         "peaks": pd.concat([p for p in peaks if not p.empty]) if any(not p.empty for p in peaks) else pd.DataFrame(),
-        "tasks": db.tasks(),
-        "activity": db.activity(),
-        "gpu": db.gpu_during_tasks(),
-        "prefix_gpu": db.gpu_per_prefix(),
-        "accounting": _attempt(db.accounting),
+        "tasks": _tasks.tasks(db),
+        "activity": _tasks.activity(db),
+        "gpu": _tasks.gpu_during_tasks(db),
+        "prefix_gpu": _tasks.gpu_per_prefix(db),
+        "accounting": _attempt(accounting, db),
     }
 
 
@@ -371,7 +376,7 @@ def render(data: dict, title: str) -> str:
     )
 
 
-def write(db, path, title=None) -> str:
+def report(db: Store, path, title=None) -> str:
     """Write the report of ``db`` (a Store) to ``path``; returns ``path``. Needs Bokeh ([report] extra)."""
     figs.require_bokeh()
     data = collect(db)

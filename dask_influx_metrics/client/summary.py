@@ -40,7 +40,7 @@ sample without that field, ``total-mem`` > 0 (the whole device). NaN when
 neither memory metric was collected, and on cpu rows.
 
 **Host CPU** (cpu rows): with ``hosts`` (``{worker: its host's table}``,
-:meth:`~dask_influx_metrics.query.Store.host_tables_by_worker`) a worker's cpu
+:func:`.hosts.host_tables_by_worker`) a worker's cpu
 rows are its host's: the host series with its own ``job``/``dag`` tags (the
 jobs of every worker of the host), so every worker of a host shows the same
 cpu figures, and a job's cpu rows cover the samples at which it ran anywhere on
@@ -77,15 +77,19 @@ it while it computed nothing. Only where every table says which GPU each column 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import pandas as pd
 
-from .. import jobtags
-from .tables import DEVICE_COLUMN, device_columns
+from .. import jobtags, schema
+from .hosts import host_tables_by_worker
+from .query.metricnames import Metric
+from .query.store import Store
+from .tables import DEVICE_COLUMN, GPUS, device_columns, host_part, worker_tables
 
 GPU_METRIC = "compute-util"
 ALL = "all workers"  # the worker of the rows that count each physical GPU once
-GPUS = "gpus"  # table.attrs: {device index: the physical GPU, "host/uuid"}
 CPU_METRIC = "host-cpu"
 # The host columns the node rows read (table metric names), besides CPU_METRIC.
 CORE_MAX, CORE_MIN, CORES = (f"host.{f}" for f in ("cpu_percent_core_max", "cpu_percent_core_min", "cpu_count"))
@@ -387,3 +391,39 @@ def _all_workers(spans: pd.DataFrame, per_job: bool) -> pd.DataFrame:
         rows.append({**who, "job": job, **_once(counted[jobtags.series_contains(counted["job"], job)])})
     frame = pd.DataFrame(rows, columns=COLUMNS)
     return frame.astype({"job": "Int64", "worker_index": "Int64"})
+
+
+def summary(store: Store, per_job: bool = True, workers=None, job: Optional[int] = None) -> pd.DataFrame:
+    """GPU utilization per worker of ``store`` and its node's CPU, memory, disk and network (and per job):
+    :func:`summarize` of its tables; the node rows of a worker are its host's (:func:`node_tables`).
+    With ``job``: that job's rows only (``per_job`` then does not matter)."""
+    present = store.metrics()
+    names = [n for n in (GPU_METRIC, *MEMORY_METRICS) if n in present]
+    nodes = [n for n in HOST_METRICS if n in present]
+    if GPU_METRIC not in names and not nodes:
+        raise ValueError(f"a summary needs compute-util or a host metric (host-cpu, host-mem, ...); present: {present}")
+    tables = worker_tables(store, job=job, metrics=names or nodes[:1], workers=workers)
+    hosts = node_tables(store, list(tables)) if nodes else None
+    frame = summarize(list(tables.values()), per_job=per_job or job is not None, hosts=hosts)
+    for note in frame.attrs.get("notes", []):
+        store.skip_note(note)
+    return frame if job is None else frame[frame["job"] == job].reset_index(drop=True)
+
+
+def node_tables(store: Store, workers) -> dict[str, pd.DataFrame] | None:
+    """``{worker: its host's table}`` (:func:`.hosts.host_tables`) of what the node rows read: the host
+    metrics of :data:`HOST_METRICS` present and, column :data:`DISK_USAGE`, the fullest of the workers'
+    filesystems at each host reading; None when the workers recorded no host metric."""
+    names = [n for n in HOST_METRICS if n in store.metrics()]
+    if not names:
+        return None
+    tables = host_tables_by_worker(store, workers, names)
+    disks = store.disk_points()
+    for table in {id(t): t for t in tables.values()}.values():
+        mine = disks[disks["host"] == table.attrs["host"]] if not disks.empty else disks
+        if not mine.empty and not table.empty:
+            fullest = mine.groupby("time", as_index=False).agg(used_percent=("used_percent", "max"))
+            usage = Metric(DISK_USAGE, schema.DISK, "used_percent", "%")
+            times = table.index.as_unit("ns").asi8
+            table[DISK_USAGE] = host_part(times, fullest, [usage], "")[usage.name].to_numpy()
+    return tables

@@ -1,16 +1,6 @@
-"""Per-worker tables: metric names -> fields, and long samples -> one wide DataFrame.
+"""Per-worker tables: a Store's long samples -> one wide DataFrame per worker.
 
-A **metric** is what a table column holds. Its name is one of:
-
-- a tracking name with one numeric field (``compute-util``, ``mem-util``,
-  ``total-mem``, ``tasks``, ``power``, ``host-cpu``, ...). ``total-mem`` and
-  ``worker-gpu-mem`` are in **bytes**, as the old dask-metrics tool documented
-  (InfluxDB holds MiB);
-- ``measurement.field`` for any numeric field of the data contract
-  (``host.memory_used``); tracking names with several fields (``host-mem``,
-  ``disk-io``, ``net-io``, ``worker-mem``) expand to those;
-- the name of a custom metric (``custom`` measurement).
-
+Each column is a **metric** (names: :mod:`dask_influx_metrics.client.query.metricnames`).
 A per-worker **table** is a DataFrame indexed by ``time`` (UTC), with columns
 ``job`` and ``dag`` (the comma-joined tags), ``timestamp`` (seconds since
 collection start, one clock for all workers), ``tasks`` and ``running`` when
@@ -18,140 +8,25 @@ collected, then one column per metric: ``<metric>[<i>]`` per GPU ``i`` for
 device metrics, ``<metric>`` otherwise. ``table.attrs`` holds ``worker``,
 ``worker_index``, ``units`` and, read from a Store with GPU metrics, ``gpus``
 (``{index: "host/uuid"}``: which physical GPU each device column is).
-
->>> [m.name for m in resolve(["compute-util", "host-mem"])]
-['compute-util', 'host.memory_used', 'host.memory_used_percent']
->>> resolve(["total-mem"])[0].scale
-1048576.0
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterable, NamedTuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional
 
 import pandas as pd
 
 from .. import schema
+from .query.metricnames import Metric, resolve
+from .query.store import Store
 
-MIB = float(2**20)
-# Tracking names whose table values are bytes (the stored field is MiB).
-BYTES_METRICS = ("total-mem", "worker-gpu-mem")
 DEVICE_COLUMN = re.compile(r"^(?P<metric>.+)\[(?P<index>\d+)\]$")
 # Columns every table has, in this order, before the metrics.
 BASE_COLUMNS = ("job", "dag", "timestamp")
 TASK_COLUMNS = ("tasks", "running")
-
-
-class Metric(NamedTuple):
-    name: str
-    measurement: str
-    field: str
-    unit: str
-    scale: float = 1.0  # stored value x scale = table value
-
-
-def _numeric(measurement: str, field: str) -> bool:
-    f = schema.FIELDS.get((measurement, field))
-    return f is not None and f.type is not str
-
-
-def _field_metric(measurement: str, field: str) -> Metric:
-    f = schema.FIELDS[measurement, field]
-    return Metric(f"{measurement}.{field}", measurement, field, f.unit)
-
-
-def _tracking_metrics(name: str) -> list[Metric]:
-    pairs = [p for p in schema.TRACKING[name] if _numeric(*p)]
-    if len(pairs) == 1:
-        ((m, f),) = pairs
-        if name in BYTES_METRICS:
-            return [Metric(name, m, f, "bytes", MIB)]
-        return [Metric(name, m, f, schema.FIELDS[m, f].unit)]
-    return [_field_metric(m, f) for m, f in pairs]
-
-
-def _named(name: str, custom: list) -> list[Metric] | None:
-    """The metrics one name stands for, or None when it names nothing."""
-    if name in schema.TRACKING:
-        return _tracking_metrics(name)
-    if "." in name and _numeric(*name.split(".", 1)) and not name.startswith(schema.DAG + "."):
-        return [_field_metric(*name.split(".", 1))]
-    if name in custom or (name.startswith("custom.") and name[7:] in custom):
-        field = name[7:] if name.startswith("custom.") and name not in custom else name
-        return [Metric(field, schema.CUSTOM, field, "")]
-    return None
-
-
-def unknown(names: Iterable[str], custom: Iterable[str] = ()) -> list[str]:
-    """The names that are no tracking name, ``measurement.field`` or custom metric in ``custom``.
-
-    >>> unknown(["power", "gpu-magic", "x"], custom=["x"])
-    ['gpu-magic']
-    """
-    custom = list(custom)
-    return [n for n in names if _named(n, custom) is None]
-
-
-def resolve(names: Iterable[str], custom: Iterable[str] = ()) -> list[Metric]:
-    """Metric names -> :class:`Metric` list; unknown names raise, listing the known ones.
-
-    ``custom`` are the custom metric names that exist in the data.
-
-    >>> resolve(["power"])
-    [Metric(name='power', measurement='gpu', field='power_draw', unit='W', scale=1.0)]
-    """
-    names, custom = list(names), list(custom)
-    out: list[Metric] = []
-    for name in names:
-        out.extend(_named(name, custom) or [])
-    missing = unknown(names, custom)
-    if missing:
-        known = sorted(schema.TRACKING) + sorted(
-            f"{m}.{f}" for m, f in schema.FIELDS if _numeric(m, f) and m not in (schema.DAG, schema.DISK)
-        )
-        raise ValueError(
-            f"unknown metric(s) {missing}; known: {known}"
-            + (f"; custom metrics in this data: {sorted(custom)}" if custom else "")
-        )
-    per_path = [m.name for m in out if m.measurement == schema.DISK]
-    if per_path:  # one series per filesystem: no column of a worker's table
-        raise ValueError(
-            f"{per_path}: the disk measurement holds one series per filesystem, not a table column; read "
-            "the fullest filesystem per job and node in the summary's disk rows (db.summary()), every "
-            "reading with db.disk_points()"
-        )
-    seen: dict[str, Metric] = {}
-    for m in out:
-        seen.setdefault(m.name, m)
-    return list(seen.values())
-
-
-def default_metrics(available: dict[str, list[str]]) -> list[Metric]:
-    """Every numeric field present in ``available`` ({measurement: [fields]}), by its best name.
-
-    Static capacities (``memory_total``) are left out; ask for them by name.
-
-    >>> [m.name for m in default_metrics({"gpu": ["utilization_gpu", "memory_total"], "custom": ["x"]})]
-    ['compute-util', 'x']
-    """
-    out, seen = [], set()
-    for name in schema.TRACKING:
-        for m in _tracking_metrics(name):  # a field by its first name (accounting lists the fields it reads)
-            if m.field in available.get(m.measurement, ()) and (m.measurement, m.field) not in seen:
-                seen.add((m.measurement, m.field))
-                out.append(m)
-    out.extend(Metric(f, schema.CUSTOM, f, "") for f in sorted(available.get(schema.CUSTOM, ())))
-    return out
-
-
-def natural_key(text: str):
-    """Sort key that orders digit runs as numbers: worker 10.0.0.9 before 10.0.0.10.
-
-    >>> sorted(["tcp://h:10", "tcp://h:9"], key=natural_key)
-    ['tcp://h:9', 'tcp://h:10']
-    """
-    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text) if t]
+GPUS = "gpus"  # table.attrs: {device index: the physical GPU, "host/uuid"}
 
 
 def _device_sort(values) -> list:
@@ -330,3 +205,54 @@ def not_recorded(what: str, names, otherwise: str) -> str:
     quoted = [f"`{n}`" for n in names]
     listed = ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
     return f"no {what} recorded: add {listed} to tracking (or tracking=None: every metric), or {otherwise}"
+
+
+def worker_tables(
+    store: Store,
+    job: Optional[int] = None,
+    metrics=None,
+    workers=None,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> dict[str, pd.DataFrame]:
+    """``{address: table}`` of ``store``'s workers in index order (the columns: the module docstring).
+
+    Only the fields behind ``metrics`` (default: all present) are read,
+    one worker at a time, filtered by ``job`` on the server; host metrics
+    are read once per host and joined by time (:mod:`dask_influx_metrics.client.hosts`).
+    ``progress(done, total)`` is called after each worker.
+    """
+    chosen = store.select_workers(workers)
+    job = store.check_job(job)
+    metrics = store.resolve_metrics(metrics)
+    fields = store.fields()
+    wanted: dict[str, list[str]] = {}
+    for m in metrics:
+        wanted.setdefault(m.measurement, []).append(m.field)
+    if schema.WORKER in fields:  # running tasks go in every table
+        wanted.setdefault(schema.WORKER, [])
+        wanted[schema.WORKER] += [f for f in ("tasks", "running") if f in fields[schema.WORKER]]
+        if "tasks" in fields[schema.WORKER] and not any(m.name == "tasks" for m in metrics):
+            metrics = metrics + resolve(["tasks"])
+    origin = store.origin_ns
+    hosts = store.host_longs([w for _, w in chosen], wanted[schema.HOST]) if schema.HOST in wanted else {}
+    gpus = store.gpu_ids() if schema.GPU in wanted else {}
+
+    def one(item):
+        i, worker = item
+        frames = {
+            m: None if m == schema.HOST else store.backend.frame(m, list(dict.fromkeys(fs)), worker, job)
+            for m, fs in wanted.items()
+        }
+        table = build(frames, metrics, origin, worker, i, host=hosts.get(worker))
+        if worker in gpus:
+            table.attrs[GPUS] = gpus[worker]
+        return worker, table
+
+    out = {}
+    # A few workers in flight: the server builds one answer while we parse another.
+    with ThreadPoolExecutor(max_workers=min(store.parallel, len(chosen))) as pool:
+        for done, (worker, table) in enumerate(pool.map(one, chosen), 1):
+            out[worker] = table
+            if progress:
+                progress(done, len(chosen))
+    return out

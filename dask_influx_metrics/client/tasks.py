@@ -1,22 +1,22 @@
 """Why was the GPU idle? Tasks, Dask's fine performance metrics and GPU use, per job, DAG and task prefix.
 
-Tidy DataFrames, read through any :class:`~dask_influx_metrics.query.Store` (InfluxQL,
+Tidy DataFrames, each function reading a :class:`~dask_influx_metrics.query.Store` ``db`` (InfluxQL,
 Flux or a spool) from the ``task`` and ``activity`` points (tracking names ``task-stream`` and
 ``fine-metrics``) and the ``gpu`` samples:
 
-- ``db.tasks()``: per job (``per_dag=True``: and DAG) and task prefix: ``tasks``, ``erred``,
+- ``tasks(db)``: per job (``per_dag=True``: and DAG) and task prefix: ``tasks``, ``erred``,
   ``total_s``/``median_s``/``p95_s``/``max_s`` (execution time), ``compute_s``, ``transfer_s``,
   ``disk_read_s``, ``disk_write_s`` (Dask's startstops) and ``nbytes`` (result sizes, summed).
-- ``db.activity()``: where worker time went, per ``job``, ``prefix``, ``activity``, ``unit``:
+- ``activity(db)``: where worker time went, per ``job``, ``prefix``, ``activity``, ``unit``:
   ``value`` summed over the session (seconds, bytes, ... as ``unit`` says).
-- ``db.gpu_during_tasks()``: mean and max ``utilization_gpu`` of the GPU samples that count for
+- ``gpu_during_tasks(db)``: mean and max ``utilization_gpu`` of the GPU samples that count for
   the job (busy, the job in the ``job`` tag; per DAG: the DAG in the ``dag`` tag): one row per
   job (``dag`` <NA>) and one per DAG. The mean is time-weighted, as in summaries
   (:func:`.summary.weights`): each sample counts for the window before it (from the previous one of its GPU).
-- ``db.gpu_per_prefix()``: the same question per job (and DAG) and task prefix, from the samples of
+- ``gpu_per_prefix(db)``: the same question per job (and DAG) and task prefix, from the samples of
   each task's worker's own GPU during the task, and the worker's GPU memory delta (:func:`prefix_gpu`).
 
-``db.task_stream()`` gives the task points themselves. ``dag`` is read by name, so it may be a
+``task_stream(db)`` gives the task points themselves. ``dag`` is read by name, so it may be a
 tag or a field. An empty answer has a ``why`` in ``frame.attrs``.
 
 >>> points = pd.DataFrame({"job": ["1", "1", "2"], "dag": ["1", "1", "2"], "prefix": ["a", "a", "b"],
@@ -35,6 +35,7 @@ import pandas as pd
 
 from .. import jobtags, schema
 from . import shares
+from .query.store import Store
 from .summary import weights
 from .tables import not_recorded
 
@@ -330,66 +331,61 @@ def _only(frame: pd.DataFrame, job: Optional[int]) -> pd.DataFrame:
     return out
 
 
-class TaskQuestions:
-    """The :class:`~dask_influx_metrics.query.Store` methods of this module (mixed into it)."""
+def task_stream(store: Store, job: Optional[int] = None) -> pd.DataFrame:
+    """The ``task`` points: ``time`` (ns, when each task ended), tags and fields; ``job``/``dag`` as Int64."""
+    job = store.check_job(job)
+    points = store.backend.points(schema.TASK, TASK_COLUMNS)
+    if points.empty:
+        return _empty(["time"] + TASK_COLUMNS, NO_TASK_STREAM)
+    points = points.assign(job=_numbers(points["job"]), dag=_numbers(points["dag"]))
+    return _only(points, job)
 
-    def task_stream(self, job: Optional[int] = None) -> pd.DataFrame:
-        """The ``task`` points: ``time`` (ns, when each task ended), tags and fields; ``job``/``dag`` as Int64."""
-        job = self.check_job(job)
-        points = self.backend.points(schema.TASK, TASK_COLUMNS)
-        if points.empty:
-            return _empty(["time"] + TASK_COLUMNS, NO_TASK_STREAM)
-        points = points.assign(job=_numbers(points["job"]), dag=_numbers(points["dag"]))
-        return _only(points, job)
 
-    def tasks(self, job: Optional[int] = None, per_dag: bool = False) -> pd.DataFrame:
-        """Task counts and durations per job (and DAG) and prefix; see the module docstring."""
-        return _only(summarize_tasks(self.task_stream(job), per_dag=per_dag), job)
+def tasks(store: Store, job: Optional[int] = None, per_dag: bool = False) -> pd.DataFrame:
+    """Task counts and durations per job (and DAG) and prefix; see the module docstring."""
+    return _only(summarize_tasks(task_stream(store, job), per_dag=per_dag), job)
 
-    def activity(self, job: Optional[int] = None) -> pd.DataFrame:
-        """Where worker time went (Dask's fine performance metrics) per job, prefix, activity and unit."""
-        job = self.check_job(job)
-        return _only(summarize_activity(self.backend.points(schema.ACTIVITY, ACTIVITY_COLUMNS)), job)
 
-    def gpu_during_tasks(self, job: Optional[int] = None) -> pd.DataFrame:
-        """Was the GPU busy: mean/max GPU utilization while each job (and DAG) had tasks executing, and
-        where collected GPM's SM active, SM occupancy, tensor and DRAM activity: the job's own figures
-        (scaled by its workers' share of a shared GPU) and the device's (``device_``, :mod:`.shares`),
-        and the workers' share (``worker_gpu_share``) and own SM time (``worker_utilization_gpu``)."""
-        job = self.check_job(job)
-        have = self.fields().get(schema.GPU, ())
-        if UTIL not in have:
-            return _empty(GPU, self.kept(schema.GPU, UTIL) or NO_GPU)
-        fields = [f for f in (UTIL, *GPM, *PER_WORKER) if f in have]
-        # every sample, not the job's only: a sample stands for the window before it, from the previous one of its GPU
-        frames = [self.backend.frame(schema.GPU, fields, w).assign(worker=w) for w in self.workers()]
-        samples = pd.concat([_timed(f) for f in frames if not f.empty] or [frames[0]], ignore_index=True)
-        samples = shares.own(samples, ["worker", "index"])
-        if missing := shares.unknown(samples):
-            self.skip_note(shares.unknown_note(missing))
-        dags = self.dags()
-        return _only(gpu_during(samples, dict(zip(dags["dag"], dags["job"]))), job)
+def activity(store: Store, job: Optional[int] = None) -> pd.DataFrame:
+    """Where worker time went (Dask's fine performance metrics) per job, prefix, activity and unit."""
+    job = store.check_job(job)
+    return _only(summarize_activity(store.backend.points(schema.ACTIVITY, ACTIVITY_COLUMNS)), job)
 
-    def gpu_per_prefix(self, job: Optional[int] = None, per_dag: bool = False) -> pd.DataFrame:
-        """Was the GPU busy during each task prefix's tasks: per job (and DAG) and prefix, the mean utilization
-        (and GPM's SM active, occupancy, tensor activity where collected) over the tasks' time on their workers'
-        own GPUs, the job's own and the device's (:mod:`.shares`), and the worker's GPU memory delta across
-        them; see :func:`prefix_gpu`."""
-        stream = self.task_stream(job)
-        columns = PREFIX_GPU if per_dag else [c for c in PREFIX_GPU if c != "dag"]
-        if stream.empty:
-            return _empty(columns, stream.attrs.get("why", NO_TASK_STREAM))
-        # every sample of every GPU, not the job's only: a reading stands for the window before it
-        samples = self.backend.points(schema.GPU, ["worker", "index", "uuid", *PREFIX_DEVICE, MEMORY, shares.SHARE])
-        out = prefix_gpu(stream, samples, per_dag=per_dag)
-        if out.attrs.get("why") == NO_GPU_SAMPLES and (kept := self.kept(schema.GPU, UTIL)):
-            out.attrs["why"] = kept
-        if missing := out.attrs.pop("unknown", 0):
-            self.skip_note(shares.unknown_note(missing))
-        return _only(out, job)
 
-    def report(self, path, title: Optional[str] = None) -> str:
-        """Write the one-file HTML report (see :mod:`dask_influx_metrics.client.report`); returns ``path``."""
-        from .report import write
+def gpu_during_tasks(store: Store, job: Optional[int] = None) -> pd.DataFrame:
+    """Was the GPU busy: mean/max GPU utilization while each job (and DAG) had tasks executing, and
+    where collected GPM's SM active, SM occupancy, tensor and DRAM activity: the job's own figures
+    (scaled by its workers' share of a shared GPU) and the device's (``device_``, :mod:`.shares`),
+    and the workers' share (``worker_gpu_share``) and own SM time (``worker_utilization_gpu``)."""
+    job = store.check_job(job)
+    have = store.fields().get(schema.GPU, ())
+    if UTIL not in have:
+        return _empty(GPU, store.kept(schema.GPU, UTIL) or NO_GPU)
+    fields = [f for f in (UTIL, *GPM, *PER_WORKER) if f in have]
+    # every sample, not the job's only: a sample stands for the window before it, from the previous one of its GPU
+    frames = [store.backend.frame(schema.GPU, fields, w).assign(worker=w) for w in store.workers()]
+    samples = pd.concat([_timed(f) for f in frames if not f.empty] or [frames[0]], ignore_index=True)
+    samples = shares.own(samples, ["worker", "index"])
+    if missing := shares.unknown(samples):
+        store.skip_note(shares.unknown_note(missing))
+    dags = store.dags()
+    return _only(gpu_during(samples, dict(zip(dags["dag"], dags["job"]))), job)
 
-        return write(self, path, title=title)
+
+def gpu_per_prefix(store: Store, job: Optional[int] = None, per_dag: bool = False) -> pd.DataFrame:
+    """Was the GPU busy during each task prefix's tasks: per job (and DAG) and prefix, the mean utilization
+    (and GPM's SM active, occupancy, tensor activity where collected) over the tasks' time on their workers'
+    own GPUs, the job's own and the device's (:mod:`.shares`), and the worker's GPU memory delta across
+    them; see :func:`prefix_gpu`."""
+    stream = task_stream(store, job)
+    columns = PREFIX_GPU if per_dag else [c for c in PREFIX_GPU if c != "dag"]
+    if stream.empty:
+        return _empty(columns, stream.attrs.get("why", NO_TASK_STREAM))
+    # every sample of every GPU, not the job's only: a reading stands for the window before it
+    samples = store.backend.points(schema.GPU, ["worker", "index", "uuid", *PREFIX_DEVICE, MEMORY, shares.SHARE])
+    out = prefix_gpu(stream, samples, per_dag=per_dag)
+    if out.attrs.get("why") == NO_GPU_SAMPLES and (kept := store.kept(schema.GPU, UTIL)):
+        out.attrs["why"] = kept
+    if missing := out.attrs.pop("unknown", 0):
+        store.skip_note(shares.unknown_note(missing))
+    return _only(out, job)

@@ -35,8 +35,8 @@ import os
 import re
 
 from .. import jobtags, schema
+from .query.metricnames import BYTES_METRICS
 from .summary import interval_seconds
-from .tables import BYTES_METRICS
 
 __all__ = ["lines", "boxes", "unit_of", "DEFAULT_METRICS"]
 

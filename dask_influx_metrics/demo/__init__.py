@@ -62,6 +62,8 @@ def report(db, out_dir) -> str:
 
     import pandas as pd
 
+    from .. import query
+
     dags = db.dags()
     session = dags["session"].iloc[0] if len(dags) else "-"
     parts = [
@@ -71,13 +73,13 @@ def report(db, out_dir) -> str:
         dags.drop(columns="session").to_string(index=False),
         "",
     ]
-    peaks = db.peaks("total-mem", per_job=True)
+    peaks = query.peaks(db, "total-mem", per_job=True)
     table = peaks.assign(peak_MiB=peaks["peak"] / 2**20).pivot_table(
         index=["worker_index", "job"], columns="device", values="peak_MiB"
     )
     table.columns = [f"GPU {d} peak MiB" for d in table.columns]
     parts += ["Peak GPU memory per worker and job (server-side MAX ... GROUP BY):", table.round(1).to_string(), ""]
-    summary = db.summary(per_job=True)
+    summary = query.summary(db, per_job=True)
     cols = [
         "worker_index",
         "job",
@@ -95,7 +97,7 @@ def report(db, out_dir) -> str:
             summary[cols].to_string(index=False),
             "",
         ]
-    paths = db.to_csv(os.path.join(out_dir, "csv"))
+    paths = query.to_csv(db, os.path.join(out_dir, "csv"))
     parts.append(f"CSV: {len(paths)} files in {os.path.join(out_dir, 'csv')}")
     try:
         from ..client import visualize as vis
@@ -113,7 +115,7 @@ def report(db, out_dir) -> str:
     except ImportError as e:
         parts.append(f"plots skipped: {e}")
     try:
-        parts.append(f"report: {db.report(os.path.join(out_dir, 'gpu-report.html'))}")
+        parts.append(f"report: {query.report(db, os.path.join(out_dir, 'gpu-report.html'))}")
     except ImportError as e:
         parts.append(f"report skipped: {e}")
     return "\n".join(parts)

@@ -5,9 +5,14 @@
 >>> db = query.connect("/tmp/dask-influx-metrics-1000")   # a spool: the latest session  # doctest: +SKIP
 >>> db.sessions()                              # every session there, newest first  # doctest: +SKIP
 >>> db.workers(), db.jobs(), db.dags(job=2)                                  # doctest: +SKIP
->>> tables = db.worker_tables(job=2, metrics=["mem-util", "compute-util"])  # doctest: +SKIP
->>> db.peaks("total-mem", per_job=True)        # tidy DataFrame, computed by the server  # doctest: +SKIP
->>> db.get_peaks("total-mem", workers=[0, 1])  # the old tool's list shapes  # doctest: +SKIP
+>>> db.metrics(), db.fields(), db.hosts()                                    # doctest: +SKIP
+
+The Store reads; the analyses take it as their first argument (all on the public path
+``dask_influx_metrics.query``, each from its module under :mod:`dask_influx_metrics.client`):
+
+>>> tables = query.worker_tables(db, job=2, metrics=["mem-util", "compute-util"])  # doctest: +SKIP
+>>> query.peaks(db, "total-mem", per_job=True)        # tidy DataFrame, computed by the server  # doctest: +SKIP
+>>> query.get_peaks(db, "total-mem", workers=[0, 1])  # the old tool's list shapes  # doctest: +SKIP
 >>> db.close()                                 # or: with query.connect(...) as db:  # doctest: +SKIP
 
 A database holds many monitoring sessions, and job and DAG numbers restart at 1

@@ -1,23 +1,22 @@
-"""The Store: questions about one set of collected samples, whichever backend holds them (see
-:mod:`dask_influx_metrics.client.query`)."""
+"""The Store: one set of collected samples, whichever backend holds them (see
+:mod:`dask_influx_metrics.client.query`), read as frames and points.
+
+Data access only: what exists (workers, jobs, DAGs, fields, hosts, GPUs), the long samples of a
+measurement, and why something is missing. The analyses take a Store as their first argument and
+import it, never the reverse: tables (:mod:`dask_influx_metrics.client.tables`), peaks, summaries,
+accounting, tasks, host tables, CSV and the report."""
 
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional
+from typing import Optional
 
 import pandas as pd
 
 from ... import jobtags, schema
-from .. import accounting as _accounting
-from .. import peaks as _peaks
-from .. import summary as _summary
-from .. import tables as _tables
-from ..hosts import HostQuestions
-from ..tasks import TaskQuestions
+from . import metricnames as _names
 from . import sessions as _sessions
-from .base import DEVICE_MEASUREMENTS, Backend, QueryError, kept_lines, pending_notes
+from .base import Backend, QueryError, kept_lines, pending_notes
 
 _DASK_ADDRESS = re.compile(r"^[A-Za-z][\w+.-]*://")  # a worker tag Dask wrote (scheme://...)
 
@@ -44,18 +43,19 @@ NO_GPU = (
 )
 
 
-class Store(TaskQuestions, HostQuestions):
-    """Questions about one set of collected samples (see the module docstring).
+DISK_COLUMNS = ["host", "worker", "job", "dag", "path", "used_percent", "used", "total"]
 
-    A context manager: leaving ``with`` closes the backend's connections. Tasks, activity,
-    GPU use during tasks and the HTML report: :mod:`dask_influx_metrics.client.tasks`; host
-    metrics, read by host: :mod:`dask_influx_metrics.client.hosts`.
+
+class Store:
+    """One set of collected samples, read as frames (see the module docstring).
+
+    A context manager: leaving ``with`` closes the backend's connections.
 
     >>> with connect("/tmp/dask-influx-metrics-1000") as db:  # doctest: +SKIP
     ...     jobs = db.jobs()
     """
 
-    #: workers fetched at once by :meth:`worker_tables`
+    #: workers fetched at once by :func:`~dask_influx_metrics.client.tables.worker_tables`
     parallel = 4
 
     def __init__(
@@ -70,6 +70,9 @@ class Store(TaskQuestions, HostQuestions):
         self._skipped: list[str] = []  # notes on series skipped as not this session's
         self._workers: Optional[list[str]] = None
         self._fields: Optional[dict] = None
+        self._hosts: Optional[dict] = None
+        self._gpu_ids: Optional[dict] = None
+        self._disk_points: Optional[pd.DataFrame] = None
         self.closed = False
         #: ``{custom metric: {"worker", "message"}}``: its first failure on the workers (``Monitor.query()``)
         self.failed_metrics: dict[str, dict] = {}
@@ -103,7 +106,7 @@ class Store(TaskQuestions, HostQuestions):
     def kept_gpu(self, metrics=None) -> str:
         """:meth:`kept` of the gpu fields of ``metrics`` (names; default ``compute-util`` and ``total-mem``)."""
         names = ["compute-util", "total-mem"] if metrics is None else [metrics] if isinstance(metrics, str) else metrics
-        known = _tables.resolve([n for n in names if not _tables.unknown([n])])
+        known = _names.resolve([n for n in names if not _names.unknown([n])])
         found = (self.kept(m.measurement, m.field) for m in known if m.measurement == schema.GPU)
         return "; ".join(k for k in dict.fromkeys(found) if k)
 
@@ -176,7 +179,7 @@ class Store(TaskQuestions, HostQuestions):
                     f"skipped the series of worker tag(s) {foreign[:5]}{' ...' if foreign[5:] else ''} "
                     f"({why}; another tool's points?)"
                 )
-            self._workers = sorted((w for w in found if self.ours(w)), key=_tables.natural_key)
+            self._workers = sorted((w for w in found if self.ours(w)), key=_names.natural_key)
         return list(self._workers)
 
     def worker_map(self) -> dict[int, str]:
@@ -194,8 +197,8 @@ class Store(TaskQuestions, HostQuestions):
         return self._fields
 
     def metrics(self) -> list[str]:
-        """Names of the metrics present in the time range and tags (the default columns of :meth:`worker_tables`)."""
-        return [m.name for m in _tables.default_metrics(self.fields())]
+        """Names of the metrics present in the time range and tags (the default columns of a worker's table)."""
+        return [m.name for m in _names.default_metrics(self.fields())]
 
     @property
     def origin_ns(self) -> int:
@@ -268,7 +271,7 @@ class Store(TaskQuestions, HostQuestions):
         return last[columns].sort_values(keys, kind="stable").reset_index(drop=True)
 
     # --- selections --------------------------------------------------------
-    def _select_workers(self, workers) -> list[tuple[int, str]]:
+    def select_workers(self, workers) -> list[tuple[int, str]]:
         known = self.workers()
         if not known:
             raise QueryError(self.not_found("worker samples"))
@@ -294,13 +297,15 @@ class Store(TaskQuestions, HostQuestions):
             raise ValueError(f"no job {job!r}; jobs: {jobs} ({self.scope()})")
         return job
 
-    def resolve_metrics(self, names) -> list[_tables.Metric]:
+    def resolve_metrics(self, names) -> list[_names.Metric]:
+        """Metric names (default: all present) -> the :class:`~.metricnames.Metric` to read; a name that is
+        unknown, failed on the workers or was not collected raises, saying what is present."""
         fields = self.fields()
         if names is None:
-            metrics = _tables.default_metrics(fields)
+            metrics = _names.default_metrics(fields)
         else:
             names = [names] if isinstance(names, str) else list(names)
-            unknown = _tables.unknown(names, fields.get(schema.CUSTOM, ()))
+            unknown = _names.unknown(names, fields.get(schema.CUSTOM, ()))
             if failed := [_failed(n, self.failed_metrics[n]) for n in unknown if n in self.failed_metrics]:
                 raise ValueError("; ".join(failed) + f"; no samples of it {self.scope()}")
             if unknown:
@@ -308,7 +313,7 @@ class Store(TaskQuestions, HostQuestions):
                     f"unknown metric(s) {unknown}; present {self.scope()}: {self.metrics()} (known: "
                     "tracking names, measurement.field, custom metrics; see `metrics`)"
                 )
-            metrics = _tables.resolve(names, fields.get(schema.CUSTOM, ()))
+            metrics = _names.resolve(names, fields.get(schema.CUSTOM, ()))
         absent = [m for m in metrics if m.field not in fields.get(m.measurement, ())]
         if absent:
             names = [m.name for m in absent]
@@ -320,166 +325,81 @@ class Store(TaskQuestions, HostQuestions):
             raise ValueError(f"metric(s) {names} were not collected{why}; present: {self.metrics()} ({self.scope()})")
         return metrics
 
-    # --- tables ------------------------------------------------------------
-    def worker_tables(
-        self,
-        job: Optional[int] = None,
-        metrics=None,
-        workers=None,
-        progress: Optional[Callable[[int, int], None]] = None,
-    ) -> dict[str, pd.DataFrame]:
-        """``{address: table}`` in index order; see :mod:`dask_influx_metrics.client.tables` for the columns.
+    # --- hosts and GPUs (host metrics are read by host: :mod:`dask_influx_metrics.client.hosts`) ---
+    def hosts(self) -> dict[str, str]:
+        """``{worker address: host}``, from the ``host`` tag of each worker's own points."""
+        if self._hosts is None:
+            fields, workers, out = self.fields(), set(self.workers()), {}
+            for m in (schema.WORKER, schema.GPU, schema.CUSTOM, schema.HOST):
+                numeric = [
+                    f
+                    for f in fields.get(m, ())
+                    if m == schema.CUSTOM or getattr(schema.FIELDS.get((m, f)), "type", str) is not str
+                ]
+                if not numeric or workers <= set(out):
+                    continue
+                rows = self.backend.max_by(m, numeric[0], ("host", "worker"))
+                for w, h in zip(rows["worker"], rows["host"]):
+                    if w in workers:
+                        out.setdefault(w, h)
+            self._hosts = out
+        return dict(self._hosts)
 
-        Only the fields behind ``metrics`` (default: all present) are read,
-        one worker at a time, filtered by ``job`` on the server; host metrics
-        are read once per host and joined by time (:mod:`dask_influx_metrics.client.hosts`).
-        ``progress(done, total)`` is called after each worker.
-        """
-        chosen = self._select_workers(workers)
-        job = self.check_job(job)
-        metrics = self.resolve_metrics(metrics)
-        fields = self.fields()
-        wanted: dict[str, list[str]] = {}
-        for m in metrics:
-            wanted.setdefault(m.measurement, []).append(m.field)
-        if schema.WORKER in fields:  # running tasks go in every table
-            wanted.setdefault(schema.WORKER, [])
-            wanted[schema.WORKER] += [f for f in ("tasks", "running") if f in fields[schema.WORKER]]
-            if "tasks" in fields[schema.WORKER] and not any(m.name == "tasks" for m in metrics):
-                metrics = metrics + _tables.resolve(["tasks"])
-        origin = self.origin_ns
-        hosts = self.host_longs([w for _, w in chosen], wanted[schema.HOST]) if schema.HOST in wanted else {}
-        gpus = self.gpu_ids() if schema.GPU in wanted else {}
+    def gpus(self) -> pd.DataFrame:
+        """The physical GPUs each worker used: ``host``, ``worker_index``, ``worker``, ``uuid`` and
+        ``shared`` (another worker of the host used it too), from the per-worker GPU memory points
+        (else the device points, which only a GPU's owner writes)."""
+        index = {w: i for i, w in self.worker_map().items()}
+        for field in ("worker_memory_used", "memory_used"):
+            rows = self.backend.max_by(schema.GPU, field, ("host", "worker", "uuid"))
+            if not rows.empty:
+                break
+        rows = rows[rows["worker"].isin(index)].drop(columns="max").drop_duplicates()
+        users = rows.groupby(["host", "uuid"])["worker"].transform("nunique")
+        rows = rows.assign(worker_index=rows["worker"].map(index), shared=users > 1)
+        return rows.sort_values(["worker_index", "uuid"])[["host", "worker_index", "worker", "uuid", "shared"]]
 
-        def one(item):
-            i, worker = item
-            frames = {
-                m: None if m == schema.HOST else self.backend.frame(m, list(dict.fromkeys(fs)), worker, job)
-                for m, fs in wanted.items()
-            }
-            table = _tables.build(frames, metrics, origin, worker, i, host=hosts.get(worker))
-            if worker in gpus:
-                table.attrs[_summary.GPUS] = gpus[worker]
-            return worker, table
+    def gpu_ids(self) -> dict[str, dict[str, str]]:
+        """``{worker: {index: "host/uuid"}}``: the physical GPU behind each device column of a worker's table
+        (what counts a GPU several workers share once in summaries); ``worker/index`` where a point
+        has no ``uuid`` (older data)."""
+        if self._gpu_ids is None:
+            have = self.fields().get(schema.GPU, [])
+            numeric = [f for f in have if getattr(schema.FIELDS.get((schema.GPU, f)), "type", str) is not str]
+            field = next((f for f in ("utilization_gpu", "memory_used") if f in have), numeric[0] if numeric else None)
+            rows = self.backend.max_by(schema.GPU, field, ("host", "worker", "index", "uuid")) if field else None
+            out: dict = {}
+            for host, worker, index, uuid in [] if rows is None else rows[["host", "worker", "index", "uuid"]].values:
+                out.setdefault(worker, {})[str(index)] = f"{host}/{uuid}" if uuid else f"{worker}/{index}"
+            self._gpu_ids = out
+        return {w: dict(ids) for w, ids in self._gpu_ids.items()}
 
-        out = {}
-        # A few workers in flight: the server builds one answer while we parse another.
-        with ThreadPoolExecutor(max_workers=min(self.parallel, len(chosen))) as pool:
-            for done, (worker, table) in enumerate(pool.map(one, chosen), 1):
-                out[worker] = table
-                if progress:
-                    progress(done, len(chosen))
-        return out
-
-    # --- peaks, summaries, CSV -------------------------------------------
-    def peaks(
-        self, metric: str, per_job: bool = True, workers=None, job: Optional[int] = None, server: bool = True
-    ) -> pd.DataFrame:
-        """Tidy peaks of one metric (see :mod:`dask_influx_metrics.client.peaks`).
-
-        ``server=True`` lets the backend compute ``MAX ... GROUP BY worker,
-        index, job`` (InfluxQL does it on the server; per job over busy
-        samples only, ``dag != '0'``); ``False`` computes from the per-worker
-        tables. Both give the same numbers. A host metric's peaks are its
-        host's (``GROUP BY host, job``, or from :meth:`host_tables`), one row
-        set for each worker of the host.
-        """
-        resolved = self.resolve_metrics([metric])
-        if len(resolved) != 1:
-            raise ValueError(f"metric {metric!r} has several fields; name one: {[x.name for x in resolved]}")
-        m = resolved[0]
-        chosen = self._select_workers(workers)
-        job = self.check_job(job)
-        if m.measurement == schema.HOST:
-            tidy = self.host_peaks(m, per_job, chosen, job, server)
-        elif not server:
-            tables = self.worker_tables(job=job, metrics=[m.name], workers=[w for _, w in chosen])
-            tidy = _peaks.from_tables(list(tables.values()), m.name, per_job, m.unit)
-        else:
-            by = (
-                ("worker",)
-                + (("index",) if m.measurement in DEVICE_MEASUREMENTS else ())
-                + (("job",) if per_job else ())
+    def host_series(self, host: str, fields: list[str], job: Optional[int] = None) -> pd.DataFrame:
+        """Every ``host`` point of ``host`` in range written by this Store's workers (long: ``time``, ``job``,
+        ``dag``, ``worker``, fields); other points of that host (another tool's) are skipped with a note."""
+        long = self.backend.frame(schema.HOST, list(dict.fromkeys(fields)), None, job, host=host)
+        if long.empty or "worker" not in long.columns:
+            return long
+        ours = long["worker"].map(self.ours).astype(bool)
+        if not ours.all():
+            self.skip_note(
+                f"skipped the host points of host {host!r} not written by this session's workers "
+                f"(worker tags {sorted(str(w) for w in long.loc[~ours, 'worker'].unique())[:5]})"
             )
-            groups = self.backend.max_by(m.measurement, m.field, by, [w for _, w in chosen], job, busy=per_job)
-            tidy = _peaks.from_groups(groups, m, {w: i for i, w in chosen}, per_job)
-        if job is not None and per_job:
-            tidy = tidy[tidy["job"] == job].reset_index(drop=True)
-        return tidy
+        return long[ours].reset_index(drop=True)
 
-    def accounting(self, job: Optional[int] = None) -> pd.DataFrame:
-        """Per-job GPU accounting from the samplers' running totals (tracking name ``accounting``): one row per
-        job and GPU, per job and host (CPU), per job (totals), and the idle rows (``job`` <NA>); see
-        :mod:`dask_influx_metrics.client.accounting`. With a time range, each total's increase within it."""
-        fields, by = list(_accounting.FIELDS), _accounting.BY
-        last = self.backend.last_by(schema.ACCOUNTING, fields, by)
-        before = None
-        if self.backend.start_ns is not None and not last.empty:  # rows that began before the range
-            earlier = self.backend.widened()
-            earlier.tags, earlier.stop_ns = dict(self.backend.tags), self.backend.start_ns - 1
-            before = earlier.last_by(schema.ACCOUNTING, fields, by)
-        out = _accounting.table(_accounting.increase(last, before))
-        if job is not None:
-            known = sorted(j for j in out["job"].dropna().unique())
-            if job not in known:
-                raise ValueError(f"job {job!r} has no accounting rows; jobs: {known} ({self.scope()})")
-            out = out[out["job"] == job].reset_index(drop=True)
-        return out
+    def host_longs(self, workers, fields: list[str]) -> dict[str, pd.DataFrame]:
+        """``{worker: the host series of its host}`` for joining into worker tables (read once per host)."""
+        where, empty = self.hosts(), pd.DataFrame(columns=["time", "job", "dag", "worker", *fields])
+        series = {h: self.host_series(h, fields) for h in {where.get(w) for w in workers} - {None}}
+        return {w: series.get(where.get(w), empty) for w in workers}
 
-    def get_peaks(self, metric: str = "mem-util", workers=None, per_job: bool = True, **kw) -> list:
-        """The old ``get_peaks`` shapes: ``[{job: [peak per GPU]}, ...]`` or ``[[peak per GPU], ...]``.
-
-        Per job, a peak is the largest value among the samples at which that
-        job had tasks executing (``dag != "0"`` and the job in the ``job``
-        tag); idle samples count for no job. ``"total-mem"``: device memory in
-        use (bytes) on that GPU while the job ran: the whole device, every
-        process on it. ``"worker-gpu-mem"``: the GPU memory (bytes) held by the
-        worker's own process tree while the job ran on it. ``per_job=False``:
-        the peak over every sample, idle ones included.
-        """
-        chosen = self._select_workers(workers)
-        tidy = self.peaks(metric, per_job=per_job, workers=[w for _, w in chosen], **kw)
-        return _peaks.to_lists(tidy, per_job, [i for i, _ in chosen])
-
-    def summary(self, per_job: bool = True, workers=None, job: Optional[int] = None) -> pd.DataFrame:
-        """GPU utilization per worker and its node's CPU, memory, disk and network (and per job): see
-        :mod:`dask_influx_metrics.client.summary`; the node rows of a worker are its host's (:meth:`node_tables`).
-        With ``job``: that job's rows only (``per_job`` then does not matter)."""
-        present = self.metrics()
-        names = [n for n in (_summary.GPU_METRIC, *_summary.MEMORY_METRICS) if n in present]
-        nodes = [n for n in _summary.HOST_METRICS if n in present]
-        if _summary.GPU_METRIC not in names and not nodes:
-            raise ValueError(
-                f"a summary needs compute-util or a host metric (host-cpu, host-mem, ...); present: {present}"
-            )
-        tables = self.worker_tables(job=job, metrics=names or nodes[:1], workers=workers)
-        hosts = self.node_tables(list(tables)) if nodes else None
-        frame = _summary.summarize(list(tables.values()), per_job=per_job or job is not None, hosts=hosts)
-        for note in frame.attrs.get("notes", []):
-            self.skip_note(note)
-        return frame if job is None else frame[frame["job"] == job].reset_index(drop=True)
-
-    def to_csv(
-        self,
-        path,
-        fname: str = "worker",
-        clear_dir: bool = False,
-        metrics=None,
-        workers=None,
-        job: Optional[int] = None,
-        progress: Optional[Callable[[int, int], None]] = None,
-    ) -> list[str]:
-        """One CSV per worker in the old layout, then ``workers.csv`` (see :mod:`dask_influx_metrics.client.csvfiles`);
-        returns their paths."""
-        from ..csvfiles import write_tables
-
-        tables = self.worker_tables(job=job, metrics=metrics, workers=workers, progress=progress)
-        empty = [w for w, t in tables.items() if t.empty]
-        if empty:  # a header-only file would pass for an export
-            kept = self.kept_gpu(metrics)
-            raise QueryError(
-                f"no samples for worker(s) {empty} {self.scope()}; no CSV written ("
-                + (kept if kept else f"a worker without a GPU writes no GPU samples: {NO_GPU}")
-                + ")"
-            )
-        return write_tables(list(tables.values()), path, fname=fname, clear_dir=clear_dir)
+    def disk_points(self) -> pd.DataFrame:
+        """Every ``disk`` point in range written by this Store's workers (one per filesystem and host reading):
+        ``time`` and :data:`DISK_COLUMNS`."""
+        if self._disk_points is None:
+            points = self.backend.points(schema.DISK, DISK_COLUMNS)
+            if not points.empty:
+                points = points[points["worker"].map(self.ours).astype(bool)].reset_index(drop=True)
+            self._disk_points = points
+        return self._disk_points
