@@ -261,3 +261,16 @@ def test_the_run_wrote_dag_as_the_setting_says(monitored):
     assert ("dag" in {k["tagKey"] for k in keys}) is monitored.dag_tag
     assert ("dag" in {f["fieldKey"] for f in fields}) is not monitored.dag_tag
     assert "dag" not in query.connect(monitored.spool).fields().get("gpu", [])
+
+
+def test_an_analysis_called_as_a_store_method_says_where_it_is_now(tmp_path):
+    from dask_influx_metrics import query
+
+    db = query.Store.__new__(query.Store)  # no backend needed: the attribute lookup fails before any read
+    with pytest.raises(AttributeError, match=r"query\.summary\(db, \.\.\.\)"):
+        db.summary(per_job=True)
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        db.nonsense  # noqa: B018
+    from dask_influx_metrics.client.query.store import ANALYSES
+
+    assert all(callable(getattr(query, name)) for name in ANALYSES), "each is on the public path"

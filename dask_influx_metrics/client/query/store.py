@@ -46,6 +46,13 @@ NO_GPU = (
 DISK_COLUMNS = ["host", "worker", "job", "dag", "path", "used_percent", "used", "total"]
 
 
+# The analyses that take a Store (dask_influx_metrics.query): until issue 46 they were its methods.
+ANALYSES = frozenset(
+    {"accounting", "to_csv", "host_tables", "peaks", "get_peaks", "report", "summary", "worker_tables"}
+    | {"task_stream", "tasks", "activity", "gpu_during_tasks", "gpu_per_prefix"}
+)
+
+
 class Store:
     """One set of collected samples, read as frames (see the module docstring).
 
@@ -57,6 +64,15 @@ class Store:
 
     #: workers fetched at once by :func:`~dask_influx_metrics.client.tables.worker_tables`
     parallel = 4
+
+    def __getattr__(self, name: str):
+        """``db.summary()`` and the other analyses were Store methods: say where they are now."""
+        if name in ANALYSES:
+            raise AttributeError(
+                f"Store.{name}() is now a function that takes the Store: "
+                f"from dask_influx_metrics import query; query.{name}(db, ...)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __init__(
         self, backend: Backend, origin_ns: Optional[int] = None, workers=None, undelivered=None, session_note=""
