@@ -1,31 +1,46 @@
-"""Micro-measurements of the worker's per-task costs (issue 14); a standalone script, not in ``MODULES``.
+"""The hooks a worker pays per task, part by part, and their total against issue 46's target (<= 10 us a task).
 
-1. ``Publisher.started`` + ``ended`` (shared memory, what the default configuration adds to
-   ``transition``): thread CPU per task, tasks one after another as on a 1-thread worker, a
-   simulated agent sample (``SnapshotReader.refresh`` and ``write_beat``, untimed) every ``EVERY``
-   tasks; and its parts alone: one ``publish``, one beat read (``BeatReader``), one ``acked()``.
-2. ``transition()`` on a real worker: a LocalCluster of 1 worker process (1 thread), monitor on at
-   50 ms, default (agent) vs ``sampler_mode="thread"``, worker CPU of one task's 5 transitions
-   (:func:`benchmarks.workerside._per_task_us`), 3 alternated rounds.
-3. The task stream on its sampler thread, per point: records -> points (``TaskStream.points``),
-   line protocol, UDP send.
-4. The outbox, per point: the worker's ``Outbox.send`` of a batch of task lines (what it writes every
-   200 ms), the agent's ``OutboxReader.take`` and ``sent`` at each sample (a sink that took them all),
-   in a temporary folder of ``/dev/shm`` (where the run folder is).
+Standalone (not in ``MODULES``). What the default configuration (``sampler.mode: agent``, every metric, the task
+stream and fine metrics on) runs for one task, each part measured alone so that none is counted twice:
 
-Run: ``PYTHONPATH=$PWD .venv/bin/python -m benchmarks.pertask [--no-cluster]``. Medians; thread CPU.
+1. ``transition()`` on a real worker, on its event loop: a LocalCluster of 1 worker process (1 thread), monitor on
+   at 50 ms, worker CPU of one task's 5 transitions (:func:`benchmarks.workerside._per_task_us`: the annotation
+   read, ``Publisher.started``/``ended``'s bookkeeping, the wake check and nudge, the task-stream record), default
+   vs ``sampler_mode="thread"`` (informational), 3 alternated rounds. Its keys are not in the worker's state (no
+   annotation, no startstops to copy): a real task's two dict reads more are not in it.
+2. The Publisher's deferred writes (event loop): the snapshot written once per agent sample with the tasks since
+   (:meth:`~dask_influx_metrics.link.snapshot.Publisher.flush`), a simulated sample (``SnapshotReader.refresh``
+   and ``write_beat``, untimed) every ``EVERY`` tasks, per task; and the bookkeeping alone (already in 1).
+3. The fine-metrics tap (event loop): what ``_dask.tap_execute_digests``'s cover adds to Dask's
+   ``digest_metric``, per execute digest and per other digest, times those of one task (:data:`DIGESTS`).
+4. The task stream (the link's thread, in the worker process): per point, records -> points
+   (``TaskStream.points``), line protocol, the write into the outbox the agent sends (ticks of :data:`TICK`
+   tasks, as ~200 ms of short tasks); the agent's take of them is in 5, not in the total.
+5. The outbox alone, per point: the worker's ``Outbox.send`` of batches of 40 task lines, the agent's
+   ``OutboxReader.take`` and ``sent`` (informational).
+
+Run: ``PYTHONPATH=$PWD .venv/bin/python -m benchmarks.pertask [--no-cluster]``. Medians of thread CPU; the
+total (1 + 2 + 3 + 4) needs the cluster's figure.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 
 from benchmarks import common
 
-EVERY = 50  # tasks between two simulated agent samples
+EVERY = 50  # tasks between two agent samples (1 ms tasks at 50 ms)
+TICK = 200  # tasks per task-stream write (the link's thread writes every 200 ms)
 KEY = ("bench-0123456789abcdef", 0)
+# digests Dask adds per task: 4 execute ones (thread-cpu, thread-noncpu, executor, other) and 2 others (get-data
+# when its result is fetched), counted on distributed 2026.8 for 500 tasks gathered from a 1-thread LocalCluster
+DIGESTS = {"execute": 4, "other": 2}
+TARGET_US = 10.0
 
 
 def publisher(n: int = 20_000, rounds: int = 7) -> dict:
@@ -43,30 +58,69 @@ def publisher(n: int = 20_000, rounds: int = 7) -> dict:
     try:
         beat_reader = BeatReader(beat, "w")
         pub = Publisher(buf, beat_reader.acked, nthreads=1)
+        due = []
+        pub.defer = due.append  # beside the agent: a change written just before its next sample
         reader = SnapshotReader(buf)
-        per_task = []
+        books, writes = [], []
         for r in range(rounds):
-            spent = 0
+            book = write = 0
             for i in range(n):
-                if i % EVERY == 0:  # the agent's sample: the snapshot, then the beat acknowledging it
+                if i % EVERY == 0:  # the deferred write, then the agent's sample acknowledging it
+                    t = time.thread_time_ns()
+                    for flush in due:
+                        flush()
+                    write += time.thread_time_ns() - t
+                    due.clear()
                     reader.refresh()
                     write_beat(beat, 1, r * n + i, 0, json.dumps({"acked": {"w": reader.acked}}).encode())
                 key = (KEY[0], r * n + i)
                 t = time.thread_time_ns()
                 pub.started(key, 1, 3)
                 pub.ended(key)
-                spent += time.thread_time_ns() - t
-            per_task.append(spent / n / 1000)
+                book += time.thread_time_ns() - t
+            books.append(book / n / 1000)
+            writes.append(write / n / 1000)
         return {
-            "started+ended": common.median(per_task),
+            "bookkeeping": common.median(books),
+            "writes": common.median(writes),
             "publish": common.cpu_us(pub.publish, 20_000),
             "read_beat": common.cpu_us(lambda: BeatReader(beat, "w")(), 20_000),
-            "acked()": common.cpu_us(pub.acked, 20_000),
-            "runs": per_task,
+            "runs": writes,
         }
     finally:
         buf.close()
         beat.close()
+
+
+def tap(n: int = 100_000, rounds: int = 7) -> dict:
+    """us the tap adds per execute digest and per other digest (a stub worker's ``digest_metric``)."""
+    from dask_influx_metrics import _dask
+
+    class Worker:
+        def digest_metric(self, name, value):
+            pass
+
+    names = {"execute": ("execute", "span-id", "inc", "thread-cpu", "seconds"), "other": ("get-data", "network")}
+    worker, got = Worker(), []
+
+    def calls(name) -> float:
+        call = worker.digest_metric
+        t = time.thread_time_ns()
+        for _ in range(n):
+            call(name, 1.0)
+        return (time.thread_time_ns() - t) / n / 1000
+
+    out = {kind: [] for kind in names}
+    for _ in range(rounds):
+        for kind, name in names.items():
+            bare = calls(name)
+            undo = _dask.tap_execute_digests(worker, got.append)
+            tapped = calls(name)
+            undo()
+            got.clear()
+            out[kind].append(tapped - bare)
+    per = {kind: common.median(v) for kind, v in out.items()}
+    return {**per, "per task": sum(per[k] * DIGESTS[k] for k in DIGESTS)}
 
 
 def transitions(rounds: int = 3) -> dict:
@@ -97,36 +151,42 @@ def transitions(rounds: int = 3) -> dict:
 
 def stream(n: int = 20_000, rounds: int = 5) -> dict:
     from dask_influx_metrics import lineprotocol
+    from dask_influx_metrics.link.outbox import Outbox, OutboxReader
     from dask_influx_metrics.schema import TRACKING
-    from dask_influx_metrics.sinks.udp import UdpSink
     from dask_influx_metrics.worker.taskstream import TaskStream
 
-    compute = {"action": "compute", "start": 1.7e9, "stop": 1.7e9 + 0.01}
-    out = {"points": [], "encode": [], "send": []}
-    with common.Drain() as rx:
-        sink = UdpSink(tuple(rx.address))
-        for _ in range(rounds):
+    out = {"points": [], "encode": [], "write": []}
+    folder = tempfile.mkdtemp(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    try:
+        box, reader = Outbox(folder, "w"), OutboxReader(folder, "w")
+        for r in range(rounds):
             ts = TaskStream(frozenset(TRACKING["task-stream"]), common.TAGS)
-            for i in range(n):
-                ts.ended.append(((KEY[0], i), 1, 3, ("memory", "bench", (compute,), 28), 1.7e9 + i * 1e-6))
-            t0 = time.thread_time_ns()
-            points = ts.points(now_ns=0)
-            t1 = time.thread_time_ns()
-            lines = lineprotocol.encode_many(points)
-            t2 = time.thread_time_ns()
-            sink.send(lines)
-            t3 = time.thread_time_ns()
-            for k, a, b in (("points", t0, t1), ("encode", t1, t2), ("send", t2, t3)):
-                out[k].append((b - a) / n / 1000)
-        sink.close()
+            spent = {k: 0 for k in out}
+            for tick in range(0, n, TICK):
+                for i in range(tick, tick + TICK):  # 1 ms tasks, their ends as Dask leaves them
+                    t = 1.7e9 + (r * n + i) * 1e-3
+                    compute = {"action": "compute", "start": t, "stop": t + 0.0008}
+                    ts.ended.append(((KEY[0], r * n + i), 1, 3, ("memory", "bench", (compute,), 28), t + 0.0009))
+                t0 = time.thread_time_ns()
+                points = ts.points(now_ns=0)
+                t1 = time.thread_time_ns()
+                lines = lineprotocol.encode_many(points)
+                t2 = time.thread_time_ns()
+                box.send(lines)
+                t3 = time.thread_time_ns()
+                reader.take()  # the agent's, untimed
+                reader.sent()
+                for k, a, b in (("points", t0, t1), ("encode", t1, t2), ("write", t2, t3)):
+                    spent[k] += b - a
+            for k in out:
+                out[k].append(spent[k] / n / 1000)
+        box.close()
+    finally:
+        shutil.rmtree(folder)
     return {k: common.median(v) for k, v in out.items()}
 
 
 def outbox(n: int = 20_000, batch: int = 40, rounds: int = 5) -> dict:
-    import os
-    import shutil
-    import tempfile
-
     from dask_influx_metrics.link.outbox import Outbox, OutboxReader
 
     line = b"task,host=h,worker=tcp://127.0.0.1:40000,job=1,dag=1,session=s key=\"%d\",duration=0.01 %d"
@@ -154,30 +214,52 @@ def outbox(n: int = 20_000, batch: int = 40, rounds: int = 5) -> dict:
 
 
 def main() -> None:
-    pub = publisher()
+    pub, digests, s, o = publisher(), tap(), stream(), outbox()
     print(
-        "Publisher, us per task (started+ended): %.2f  [runs %s]"
-        % (pub["started+ended"], ", ".join("%.2f" % x for x in pub["runs"]))
+        "Publisher (deferred, a write per %d tasks), us per task: writes %.2f  [runs %s]"
+        % (EVERY, pub["writes"], ", ".join("%.2f" % x for x in pub["runs"]))
     )
     print(
-        "  one publish %.2f us, one read_beat %.2f us, one acked() %.2f us"
-        % (pub["publish"], pub["read_beat"], pub["acked()"])
+        "  started+ended bookkeeping %.2f (in transition()), one publish %.2f, one beat read %.2f"
+        % (pub["bookkeeping"], pub["publish"], pub["read_beat"])
     )
-    s = stream()
+    print("tap, us added per digest: execute %.3f, other %.3f" % (digests["execute"], digests["other"]))
     print(
-        "task stream, us per point: points %.2f, encode %.2f, send %.2f, total %.2f"
-        % (s["points"], s["encode"], s["send"], sum(s.values()))
+        "task stream, us per point: points %.2f, encode %.2f, outbox write %.2f (ticks of %d)"
+        % (s["points"], s["encode"], s["write"], TICK)
     )
-    o = outbox()
     print(
         "outbox, us per point (batches of 40): worker write %.2f, agent take+sent %.2f" % (o["write"], o["take+sent"])
     )
+    parts = {
+        "Publisher's deferred writes": (pub["writes"], "event loop"),
+        "fine-metrics tap (%d execute + %d other digests)" % (DIGESTS["execute"], DIGESTS["other"]): (
+            digests["per task"],
+            "event loop",
+        ),
+        "task stream point (points + encode + outbox write)": (sum(s.values()), "link thread"),
+    }
     if "--no-cluster" not in sys.argv:
-        for k, (med, runs) in transitions().items():
+        runs = transitions()
+        for k, (med, rs) in runs.items():
             print(
                 "transition() on a worker, %s: %.2f us per task (5 transitions) [runs %s]"
-                % (k, med, ", ".join("%.2f" % x for x in runs))
+                % (k, med, ", ".join("%.2f" % x for x in rs))
             )
+        parts = {
+            "transition() x5 (bookkeeping, wake, nudge, record)": (runs["default (agent)"][0], "event loop"),
+            **parts,
+        }
+    print()
+    print("%-58s %10s  %s" % ("hook, default configuration", "us a task", "runs on"))
+    for what, (us, where) in parts.items():
+        print("%-58s %10.2f  %s" % (what, us, where))
+    total = sum(us for us, _ in parts.values())
+    if "--no-cluster" in sys.argv:
+        print("%-58s %10.2f  (without transition(): --no-cluster)" % ("total", total))
+    else:
+        met = "met" if total <= TARGET_US else "NOT met"
+        print("%-58s %10.2f  target <= %.0f us: %s" % ("total", total, TARGET_US, met))
 
 
 if __name__ == "__main__":

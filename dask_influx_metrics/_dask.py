@@ -260,7 +260,8 @@ def tap_execute_digests(worker, append) -> Callable[[], None]:
     def cover(original, live):
         def digest_metric(name, value):
             original(name, value)
-            if live() and type(name) is tuple and len(name) == 5 and name[0] == "execute":
+            # Dask's other digests (transfers, ticks) are looked at first: one type check
+            if type(name) is tuple and len(name) == 5 and name[0] == "execute" and live():
                 append((name[2], name[3], name[4], value))
 
         return digest_metric

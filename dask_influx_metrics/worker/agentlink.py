@@ -114,6 +114,7 @@ class AgentLink:
         self._every, self._due = None, math.inf  # (seconds, fn) the watcher thread also runs; when next
         self._idle = None  # () -> whether fn has nothing to do (the watcher then does not wake for it)
         self._wake = threading.Event()  # set on leave, and by nudge()
+        self._parked = True  # the watcher's wait is not timed for every()'s fn (idle): only then does nudge() wake it
         self._once = Once()
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             # taken by another worker of this process, or by a namesake in another PID namespace
@@ -280,8 +281,10 @@ class AgentLink:
         self._every, self._due, self._idle = (seconds, fn), time.monotonic() + seconds, idle
 
     def nudge(self) -> None:
-        """:meth:`every`'s ``fn`` has work again (a task started on an idle worker): the watcher runs it when due."""
-        if not self._wake.is_set():
+        """:meth:`every`'s ``fn`` has work again (a task started on an idle worker): the watcher runs it when due.
+        A thread wake only when the watcher waits without a time for it (it looked while idle): on a worker
+        running short tasks one after another, a nudge per task costs a look at a flag, not a wake."""
+        if self._parked and not self._wake.is_set():
             self._wake.set()
 
     def _next_due(self) -> float:
@@ -312,7 +315,10 @@ class AgentLink:
         relay, n, looked = False, 0, 0.0
         look = time.monotonic() + self._pause(relay, n)
         while True:
-            self._wake.wait(max(0.0, min(look, self._next_due()) - time.monotonic()))
+            self._parked = True  # before idle() is looked at: a nudge from now on wakes this wait
+            due = self._next_due()
+            self._parked = due == math.inf
+            self._wake.wait(max(0.0, min(look, due) - time.monotonic()))
             self._wake.clear()  # before fn runs: what comes while it runs wakes the next round
             if self._closed.is_set():
                 return
