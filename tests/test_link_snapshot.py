@@ -156,8 +156,8 @@ def test_an_ended_tasks_entry_is_encoded_once_however_many_writes_carry_it(pair,
     (the agent has not sampled it yet) is encoded once, a running one at each write (a few per worker)."""
     from dask_influx_metrics.link import snapshot
 
-    encoded = []
-    monkeypatch.setattr(snapshot, "entry", lambda key, *rest: encoded.append(key) or entry(key, *rest))
+    encoded, key_json = [], snapshot._key_json
+    monkeypatch.setattr(snapshot, "_key_json", lambda key: encoded.append(key) or key_json(key))
     pub = pair.pub
     pub.defer = lambda flush: None  # deferred writes: those below only
     for key in ("a", "b", "c"):

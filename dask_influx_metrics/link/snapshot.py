@@ -108,6 +108,12 @@ def entry(key, job: int, dag: int, start: int) -> bytes:
     return b"[%s,%d,%d,%d]" % (_key_json(key).encode(), job, dag, start)
 
 
+def _entries(tasks) -> bytes:
+    """:func:`entry` of each ``(start, key, job, dag)``, joined by commas (encoded once: a deferred write
+    carries the tasks of a whole interval)."""
+    return ",".join(["[%s,%d,%d,%d]" % (_key_json(key), job, dag, start) for start, key, job, dag in tasks]).encode()
+
+
 def _key_json(k) -> str:
     """``json.dumps(plain_key(k), ensure_ascii=False)``, faster for the usual str, int and tuple keys."""
     kind = type(k)
@@ -284,7 +290,8 @@ class Publisher:
             self.last_job = job
         self.busy -= 0.0 if key in self._running else time.monotonic()
         self._running[key] = (self.seq, job, dag)
-        self._changed()
+        if not self._pending:  # (a change pending is written with this one)
+            self._changed()
 
     def ended(self, key) -> tuple[int, int] | None:
         """The task's ``(job, dag)``; None if it was not executing."""
@@ -301,7 +308,8 @@ class Publisher:
                 if len(self._recent) > self._keep:
                     self._fold()
                 self._ask_at = len(self._recent) + ASK_EVERY
-        self._changed()
+        if not self._pending:
+            self._changed()
         return job, dag
 
     def idle(self) -> bool:
@@ -364,7 +372,7 @@ class Publisher:
         self._pending = False
         try:
             if self._encoded < len(self._recent):  # the entries of tasks that ended since the last write
-                new = b",".join([entry(key, job, dag, start) for start, key, job, dag in self._recent[self._encoded :]])
+                new = _entries(self._recent[self._encoded :])
                 self._recent_json = self._recent_json + b"," + new if self._recent_json else new
                 self._encoded = len(self._recent)
             running = [entry(key, job, dag, start) for key, (start, job, dag) in self._running.items()]
