@@ -269,16 +269,16 @@ def main() -> None:
         transition = runs["default (agent)"][0]
     hooks = {p: _hooks(m, transition if p == NOW else None) for p, m in figures.items()}
     print()
-    print("%-58s %s  runs on" % ("hook, default configuration, us a task", "".join("%16s" % labels[p] for p in hooks)))
+    print("%-58s %s  runs on" % ("hook, default configuration, us a task", "".join("%18s" % labels[p] for p in hooks)))
     for what, (_, where) in hooks[NOW].items():
-        cells = "".join("%16.2f" % hooks[p][what][0] if what in hooks[p] else "%16s" % "-" for p in hooks)
+        cells = "".join("%18.2f" % hooks[p][what][0] if what in hooks[p] else "%18s" % "-" for p in hooks)
         print("%-58s %s  %s" % (what, cells, where))
     beside = {p: sum(us for what, (us, _) in h.items() if not what.startswith("transition")) for p, h in hooks.items()}
-    print("%-58s %s" % ("the hooks beside transition()", "".join("%16.2f" % t for t in beside.values())))
+    print("%-58s %s" % ("the hooks beside transition()", "".join("%18.2f" % t for t in beside.values())))
     if transition is not None:
         total = transition + beside[NOW]
         met = "met" if total <= TARGET_US else "NOT met"
-        print("%-58s %16.2f  target <= %.0f us: %s" % ("total", total, TARGET_US, met))
+        print("%-58s %18.2f  target <= %.0f us: %s" % ("total", total, TARGET_US, met))
 
 
 if __name__ == "__main__":

@@ -108,10 +108,19 @@ def entry(key, job: int, dag: int, start: int) -> bytes:
     return b"[%s,%d,%d,%d]" % (_key_json(key).encode(), job, dag, start)
 
 
+# json's C encoder writes what plain_key makes of Dask's keys (str, bytes, int, float, tuples of them) from the
+# keys themselves: tuples as lists, anything else through ``default=str``
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str, check_circular=False)
+
+
 def _entries(tasks) -> bytes:
-    """:func:`entry` of each ``(start, key, job, dag)``, joined by commas (encoded once: a deferred write
-    carries the tasks of a whole interval)."""
-    return ",".join(["[%s,%d,%d,%d]" % (_key_json(key), job, dag, start) for start, key, job, dag in tasks]).encode()
+    """:func:`entry` of each ``(start, key, job, dag)``, joined by commas, in one call of json's C encoder (a
+    deferred write carries the tasks of a whole interval).
+
+    >>> _entries([(4, ("x", 1, b"y"), 2, 3), (5, "z", 2, 3)]) == entry(("x", 1, b"y"), 2, 3, 4) + b"," + entry("z", 2, 3, 5)
+    True
+    """
+    return _ENCODER.encode([[key, job, dag, start] for start, key, job, dag in tasks])[1:-1].encode()
 
 
 def _key_json(k) -> str:
@@ -375,10 +384,11 @@ class Publisher:
                 new = _entries(self._recent[self._encoded :])
                 self._recent_json = self._recent_json + b"," + new if self._recent_json else new
                 self._encoded = len(self._recent)
-            running = [entry(key, job, dag, start) for key, (start, job, dag) in self._running.items()]
+            running = _entries([(start, key, job, dag) for key, (start, job, dag) in self._running.items()])
             head = (self.seq, self.nthreads, self.managed_bytes, self.last_job, self._delay_json, self.busy)
-            data = _SNAPSHOT % (*head, b",".join(running), self._recent_json)
+            data = _SNAPSHOT % (*head, running, self._recent_json)
             if len(data) > self._buffer.capacity:  # rare: without keys, then fewer recent tasks
+                running = [entry(key, job, dag, start) for key, (start, job, dag) in self._running.items()]
                 recent = [entry(key, job, dag, start) for start, key, job, dag in self._recent]
                 state = (self.seq, self.nthreads, self.managed_bytes, self.last_job, self.delay)
                 data = encode_snapshot(*state, running, recent, self._buffer.capacity, self.busy)
