@@ -18,6 +18,9 @@ stream and fine metrics on) runs for one task, each part measured alone so that 
    tasks, as ~200 ms of short tasks); the agent's take of them is in 5, not in the total.
 5. The outbox alone, per point: the worker's ``Outbox.send`` of batches of 40 task lines, the agent's
    ``OutboxReader.take`` and ``sent`` (informational).
+6. What waking a waiting thread costs the process (informational, :func:`thread_wake`): what the link's
+   ``nudge`` cost per task while it woke its thread at every task started on an idle worker (on a 1-thread
+   worker running short tasks: every task); it now wakes it only after an idle while.
 
 ``--before REF``: 2-4 also for ``git archive REF``'s package, imported in this process under another name, rounds
 alternated with this checkout's (the cluster's part is this checkout's only).
@@ -172,6 +175,43 @@ def outbox(n: int = 20_000, batch: int = 40, rounds: int = 5) -> dict:
     return {k: common.median(v) for k, v in out.items()}
 
 
+def thread_wake(n: int = 5_000, rounds: int = 9) -> dict:
+    """Process CPU us per turn of a loop doing ~10 us of work and a poll (the GIL released, as the event loop's),
+    with and without setting an Event another thread waits on (it wakes, clears it, waits again)."""
+    import select
+    import threading
+
+    event, stop = threading.Event(), threading.Event()
+
+    def waiter():
+        while not stop.is_set():
+            event.wait(1.0)
+            event.clear()
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    r, w = os.pipe()
+
+    def turns(wake: bool) -> float:
+        t = time.process_time_ns()
+        for _ in range(n):
+            sum(range(300))  # the task's own work on the loop
+            if wake and not event.is_set():
+                event.set()
+            select.select([r], [], [], 0)
+        return (time.process_time_ns() - t) / n / 1000
+
+    try:
+        runs = common.alternate({"wake": lambda: turns(True), "none": lambda: turns(False)}, rounds)
+    finally:
+        stop.set()
+        event.set()
+        thread.join()
+        os.close(r)
+        os.close(w)
+    return {k: common.median(v) for k, v in runs.items()}
+
+
 def transitions(rounds: int = 3) -> dict:
     from distributed import Client, LocalCluster
 
@@ -241,7 +281,7 @@ def main() -> None:
         if folder is not None:
             sys.path.remove(folder)
             shutil.rmtree(folder, ignore_errors=True)
-    o = outbox()
+    o, wake = outbox(), thread_wake()
     labels = {NOW: "this checkout", BEFORE: f"before ({before})"}
     for package, m in figures.items():
         pub, digests, s = m["publisher"], m["tap"], m["stream"]
@@ -257,6 +297,10 @@ def main() -> None:
         )
     print(
         "outbox, us per point (batches of 40): worker write %.2f, agent take+sent %.2f" % (o["write"], o["take+sent"])
+    )
+    print(
+        "a thread wake, process CPU: %.2f us (a loop turn %.2f us with one, %.2f without)"
+        % (wake["wake"] - wake["none"], wake["wake"], wake["none"])
     )
     transition = None
     if "--no-cluster" not in sys.argv:

@@ -114,7 +114,7 @@ class AgentLink:
         self._every, self._due = None, math.inf  # (seconds, fn) the watcher thread also runs; when next
         self._idle = None  # () -> whether fn has nothing to do (the watcher then does not wake for it)
         self._wake = threading.Event()  # set on leave, and by nudge()
-        self._parked = True  # the watcher's wait is not timed for every()'s fn (idle): only then does nudge() wake it
+        self._parked = False  # the watcher waits untimed for every()'s fn (idle): only then does nudge() wake it
         self._once = Once()
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             # taken by another worker of this process, or by a namesake in another PID namespace
@@ -279,6 +279,7 @@ class AgentLink:
         worker's own points into :attr:`outbox`: the agent sends them). While ``idle()`` says there is nothing
         to write, the thread does not wake for it; :meth:`nudge` says there is again."""
         self._every, self._due, self._idle = (seconds, fn), time.monotonic() + seconds, idle
+        self._wake.set()  # the watcher's wait was timed without it
 
     def nudge(self) -> None:
         """:meth:`every`'s ``fn`` has work again (a task started on an idle worker): the watcher runs it when due.
@@ -317,7 +318,7 @@ class AgentLink:
         while True:
             self._parked = True  # before idle() is looked at: a nudge from now on wakes this wait
             due = self._next_due()
-            self._parked = due == math.inf
+            self._parked = due == math.inf and self._every is not None  # (no fn: nothing to nudge for)
             self._wake.wait(max(0.0, min(look, due) - time.monotonic()))
             self._wake.clear()  # before fn runs: what comes while it runs wakes the next round
             if self._closed.is_set():
