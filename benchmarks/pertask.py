@@ -5,9 +5,11 @@ stream and fine metrics on) runs for one task, each part measured alone so that 
 
 1. ``transition()`` on a real worker, on its event loop: a LocalCluster of 1 worker process (1 thread), monitor on
    at 50 ms, worker CPU of one task's 5 transitions (:func:`benchmarks.workerside._per_task_us`: the annotation
-   read, ``Publisher.started``/``ended``'s bookkeeping, the wake check and nudge, the task-stream record), default
-   vs ``sampler_mode="thread"`` (informational), 3 alternated rounds. Its keys are not in the worker's state (no
-   annotation, no startstops to copy): a real task's two dict reads more are not in it.
+   read, ``Publisher.started``/``ended``'s bookkeeping, the wake check and nudge, the task-stream record), batches
+   of :data:`EVERY` tasks 50 ms apart (the loop free between them: the deferred write, not counted here, and the
+   agent's sample acknowledging it), default vs ``sampler_mode="thread"`` (informational), 3 alternated rounds.
+   Its keys are not in the worker's state (no annotation, no startstops to copy): a real task's two dict reads
+   more are not in it.
 2. The Publisher's deferred writes (event loop): the snapshot written once per agent sample with the tasks since
    (:meth:`~dask_influx_metrics.link.snapshot.Publisher.flush`), a simulated sample (``SnapshotReader.refresh``
    and ``write_beat``, untimed) every :data:`EVERY` tasks, per task; and the bookkeeping alone (already in 1).
@@ -230,7 +232,8 @@ def transitions(rounds: int = 3) -> dict:
             m.attach(polling_interval=50, **settings)
             m.start()
             try:
-                return next(iter(client.run(_per_task_us).values()))
+                # EVERY tasks per agent sample, as the Publisher's part: 1 ms tasks at 50 ms
+                return next(iter(client.run(_per_task_us, size=EVERY, pause=0.05).values()))
             finally:
                 m.shutdown()
 

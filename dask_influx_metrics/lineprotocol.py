@@ -259,9 +259,8 @@ def _line_template(point: Point) -> Optional[tuple]:
         rest = _fields[key] = _fields_template(fields, kinds, time_ns is None)
     if rest is None:
         return None
-    return prefix.replace("%", "%%").encode("utf-8", "replace") + rest, tuple(
-        i for i, k in enumerate(kinds) if k is str
-    )
+    strings = tuple(i for i, kind in enumerate(kinds) if kind is str)
+    return prefix.replace("%", "%%").encode("utf-8", "replace") + rest, strings
 
 
 def _fields_template(fields: dict, kinds: tuple, untimed: bool) -> Optional[bytes]:

@@ -130,9 +130,8 @@ def _key_json(k) -> str:
         return _string(k)
     if kind is int:
         return str(k)
-    if kind is tuple:  # Dask's usual ("name-token", i, ...): its str and int parts written here, not recursed into
-        parts = [_string(p) if type(p) is str else str(p) if type(p) is int else _key_json(p) for p in k]
-        return "[" + ",".join(parts) + "]"
+    if kind is tuple:
+        return "[" + ",".join([_key_json(p) for p in k]) + "]"
     if k is None:  # no key: a folded entry
         return "null"
     return json.dumps(plain_key(k), ensure_ascii=False)
