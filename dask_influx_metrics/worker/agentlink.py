@@ -113,8 +113,7 @@ class AgentLink:
         self.gaps = 0  # agents replaced while this worker ran
         self._every, self._due = None, math.inf  # (seconds, fn) the watcher thread also runs; when next
         self._idle = None  # () -> whether fn has nothing to do (the watcher then does not wake for it)
-        self._wake = threading.Event()  # set on leave, and by nudge()
-        self._parked = False  # the watcher waits untimed for every()'s fn (idle): only then does nudge() wake it
+        self._wake, self._parked = threading.Event(), False  # set on leave; by nudge() only while parked (idle)
         self._once = Once()
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             # taken by another worker of this process, or by a namesake in another PID namespace
@@ -282,9 +281,7 @@ class AgentLink:
         self._wake.set()  # the watcher's wait was timed without it
 
     def nudge(self) -> None:
-        """:meth:`every`'s ``fn`` has work again (a task started on an idle worker): the watcher runs it when due.
-        A thread wake only when the watcher waits without a time for it (it looked while idle): on a worker
-        running short tasks one after another, a nudge per task costs a look at a flag, not a wake."""
+        """:meth:`every`'s ``fn`` has work again (a task started on an idle worker): wakes the watcher if parked."""
         if self._parked and not self._wake.is_set():
             self._wake.set()
 
@@ -316,9 +313,8 @@ class AgentLink:
         relay, n, looked = False, 0, 0.0
         look = time.monotonic() + self._pause(relay, n)
         while True:
-            self._parked = True  # before idle() is looked at: a nudge from now on wakes this wait
-            due = self._next_due()
-            self._parked = due == math.inf and self._every is not None  # (no fn: nothing to nudge for)
+            self._parked = True  # set before idle() is looked at: a nudge from then on wakes this wait
+            self._parked = (due := self._next_due()) == math.inf and self._every is not None  # untimed for fn
             self._wake.wait(max(0.0, min(look, due) - time.monotonic()))
             self._wake.clear()  # before fn runs: what comes while it runs wakes the next round
             if self._closed.is_set():
