@@ -132,6 +132,22 @@ def standalone(name: str, run) -> None:
 
 
 # -- statistics ----------------------------------------------------------------
+def package_at(ref: str, name: str) -> tuple[str, str]:
+    """(folder, ``name``): ``dask_influx_metrics/`` of git ``ref`` as package ``name`` in a new temporary folder
+    (put the folder on ``sys.path`` to import it beside this checkout's; remove the folder after). Raises
+    ``CalledProcessError`` or ``OSError`` where there is no git history (a shallow clone, an sdist)."""
+    import subprocess
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix=f"{name}-")
+    archive = subprocess.run(
+        ["git", "-C", ROOT, "archive", ref, "dask_influx_metrics"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+    os.rename(os.path.join(folder, "dask_influx_metrics"), os.path.join(folder, name))
+    return folder, name
+
+
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
 

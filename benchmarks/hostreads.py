@@ -45,17 +45,6 @@ HOST_REFRESH_MS, INTERVAL_MS = 200, 50  # the defaults
 READS, SAMPLES = 2000, 2000
 
 
-def _before(ref: str) -> tuple[str, str]:
-    """(folder, package name): ``dask_influx_metrics/`` of ``ref`` as :data:`PACKAGE` in a new temporary folder."""
-    folder = tempfile.mkdtemp(prefix="hostreads-")
-    archive = subprocess.run(
-        ["git", "-C", common.ROOT, "archive", ref, "dask_influx_metrics"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
-    os.rename(os.path.join(folder, "dask_influx_metrics"), os.path.join(folder, PACKAGE))
-    return folder, PACKAGE
-
-
 def _modules(package: str) -> dict:
     names = ("lineprotocol", "schema", "sampling.collect", "sampling.sources.host", "sampling.view", "worker.registry")
     out = {n.rsplit(".", 1)[-1]: importlib.import_module(f"{package}.{n}") for n in names}
@@ -154,7 +143,7 @@ def run(quick: bool) -> list[dict]:
     ref = os.environ.get("BENCH_BEFORE", BEFORE)
     n_reads, n_samples = (200, 200) if quick else (READS, SAMPLES)
     try:
-        folder, package = _before(ref)
+        folder, package = common.package_at(ref, PACKAGE)
     except (subprocess.CalledProcessError, OSError) as e:  # no git history here (a shallow clone, an sdist)
         return [common.row(NAME, f"skipped: cannot take {ref} from git", None, "", notes=f"{type(e).__name__}: {e}")]
     sys.path.insert(0, folder)

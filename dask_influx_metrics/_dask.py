@@ -147,7 +147,7 @@ def on_stop(server, fn: Callable[[], None]) -> Callable[[], None]:
 
     def cover(original, live):
         def stop(*args, **kwargs):
-            if live():
+            if live["live"]:
                 try:
                     fn()
                 except Exception:
@@ -162,10 +162,11 @@ def on_stop(server, fn: Callable[[], None]) -> Callable[[], None]:
 def _cover(obj, name: str, cover) -> Callable[[], None]:
     """Set ``obj.<name>`` on the instance to ``cover(original, live)``: a method Dask calls on itself, seen
     through ours. Returns the undo, which puts back what it covered or, covered since by another, makes
-    ``live()`` False so ours stops acting (the other keeps calling through it)."""
+    ``live["live"]`` False so ours stops acting (the other keeps calling through it; a dict, not a call: the
+    tap's cover looks at it per digest)."""
     covered = vars(obj).get(name)  # another cover's, else None: the class's method
     state = {"live": True}
-    mine = cover(getattr(obj, name), lambda: state["live"])
+    mine = cover(getattr(obj, name), state)
     setattr(obj, name, mine)
 
     def undo() -> None:
@@ -260,7 +261,8 @@ def tap_execute_digests(worker, append) -> Callable[[], None]:
     def cover(original, live):
         def digest_metric(name, value):
             original(name, value)
-            if live() and type(name) is tuple and len(name) == 5 and name[0] == "execute":
+            # Dask's other digests (transfers, ticks) are looked at first: one type check
+            if type(name) is tuple and len(name) == 5 and name[0] == "execute" and live["live"]:
                 append((name[2], name[3], name[4], value))
 
         return digest_metric

@@ -245,7 +245,8 @@ def _float_text(value: float) -> str:
 
 
 def _line_template(point: Point) -> Optional[tuple]:
-    """``(template, has_strings)`` writing ``point``'s series, or None when the fast path does not apply."""
+    """``(template, strings)`` writing ``point``'s series (``strings``: the positions of its string fields), or
+    None when the fast path does not apply."""
     measurement, tags, fields, time_ns = point
     prefix = _prefix(measurement, tags)
     if prefix is None or not fields or (time_ns is not None and type(time_ns) is not int):
@@ -258,7 +259,8 @@ def _line_template(point: Point) -> Optional[tuple]:
         rest = _fields[key] = _fields_template(fields, kinds, time_ns is None)
     if rest is None:
         return None
-    return prefix.replace("%", "%%").encode("utf-8", "replace") + rest, str in kinds
+    strings = tuple(i for i, kind in enumerate(kinds) if kind is str)
+    return prefix.replace("%", "%%").encode("utf-8", "replace") + rest, strings
 
 
 def _fields_template(fields: dict, kinds: tuple, untimed: bool) -> Optional[bytes]:
@@ -347,29 +349,33 @@ def _batch(points: Iterable[Point]) -> list[bytes]:
     texts: list = []  # ... and these texts: (index in values, bytes), for strings and times
     others: list = []  # (index in the output, line) of the points the general path writes
     cached, last_time, time_text = _lines.get, None, b""
+    # points of one series in a row (the task stream's) share their tags dict: their series is looked up once
+    last = (None,) * 5  # (measurement, tags, field keys, value types, entry) of the point before
     for point in points:  # the sampler's hottest loop: _series, inlined
         measurement, tags, fields, time_ns = point
-        try:
-            entry = cached(
-                (measurement, len(tags), *tags, *tags.values(), *fields, *map(type, fields.values()), type(time_ns)),
-                _NEW,
-            )
-        except TypeError:  # unhashable names or values: the general path
-            entry = None
-        if entry is _NEW:
-            entry = _series(point)
+        names, kinds = tuple(fields), (*map(type, fields.values()), type(time_ns))
+        if tags is last[1] and names == last[2] and kinds == last[3] and measurement == last[0]:
+            entry = last[4]
+        else:
+            try:
+                entry = cached((measurement, len(tags), *tags, *tags.values(), *names, *kinds), _NEW)
+            except TypeError:  # unhashable names or values: the general path
+                entry = None
+            if entry is _NEW:
+                entry = _series(point)
+            last = (measurement, tags, names, kinds, entry)
         if entry is None:
             line = _general(point)
             if line is not None:
                 others.append((len(templated) + len(others), line))
             continue
-        template, has_strings = entry
-        if has_strings:
-            for value in fields.values():
-                if type(value) is str:
-                    texts.append((len(values), _string(value).encode("utf-8", "replace")))
-                    value = 0
-                values.append(value)
+        template, strings = entry
+        if strings:  # their texts go in as they are; a 0 holds their place among the numbers
+            row, at = [*fields.values()], len(values)
+            for i in strings:
+                texts.append((at + i, _string(row[i]).encode("utf-8", "replace")))
+                row[i] = 0
+            values += row
         else:
             values += fields.values()
         if time_ns is not None:

@@ -156,8 +156,8 @@ def test_an_ended_tasks_entry_is_encoded_once_however_many_writes_carry_it(pair,
     (the agent has not sampled it yet) is encoded once, a running one at each write (a few per worker)."""
     from dask_influx_metrics.link import snapshot
 
-    encoded = []
-    monkeypatch.setattr(snapshot, "entry", lambda key, *rest: encoded.append(key) or entry(key, *rest))
+    encoded, entries = [], snapshot._entries
+    monkeypatch.setattr(snapshot, "_entries", lambda tasks: encoded.extend(t[1] for t in tasks) or entries(tasks))
     pub = pair.pub
     pub.defer = lambda flush: None  # deferred writes: those below only
     for key in ("a", "b", "c"):
@@ -169,6 +169,17 @@ def test_an_ended_tasks_entry_is_encoded_once_however_many_writes_carry_it(pair,
     assert sorted(encoded) == ["a", "b", "c", "d", "d"]
     pair.reader.refresh()
     assert [k for k, _, _ in pair.reader().running] == ["d", "a", "b", "c"]
+
+
+def test_a_writes_entries_in_one_call_are_each_entry_as_written_alone():
+    """A write encodes its tasks in one call of json's C encoder: the same bytes as :func:`entry` of each, for
+    every kind of key Dask allows (str, bytes, int, float, tuples of them) and the odd ones around them."""
+    from dask_influx_metrics.link import snapshot
+
+    keys = ["ünï \"q\"\\", b"raw", 7, 2**70, 1.5, float("nan"), ("x", 0, ("nested", b"y", 2.0)), (True, None), ()]
+    tasks = [(i + 1, key, i, 2 * i) for i, key in enumerate(keys)]
+    assert snapshot._entries(tasks) == b",".join(entry(k, j, d, s) for s, k, j, d in tasks)
+    assert snapshot._entries([]) == b""
 
 
 def test_the_publisher_is_the_workers_record_and_syncs_with_tasks_that_changed_while_it_joined(pair):

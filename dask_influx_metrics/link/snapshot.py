@@ -108,6 +108,21 @@ def entry(key, job: int, dag: int, start: int) -> bytes:
     return b"[%s,%d,%d,%d]" % (_key_json(key).encode(), job, dag, start)
 
 
+# json's C encoder writes what plain_key makes of Dask's keys (str, bytes, int, float, tuples of them) from the
+# keys themselves: tuples as lists, anything else through ``default=str``
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str, check_circular=False)
+
+
+def _entries(tasks) -> bytes:
+    """:func:`entry` of each ``(start, key, job, dag)``, joined by commas, in one call of json's C encoder (a
+    deferred write carries the tasks of a whole interval).
+
+    >>> _entries([(4, ("x", 1, b"y"), 2, 3), (5, "z", 2, 3)]) == entry(("x", 1, b"y"), 2, 3, 4) + b"," + entry("z", 2, 3, 5)
+    True
+    """
+    return _ENCODER.encode([[key, job, dag, start] for start, key, job, dag in tasks])[1:-1].encode()
+
+
 def _key_json(k) -> str:
     """``json.dumps(plain_key(k), ensure_ascii=False)``, faster for the usual str, int and tuple keys."""
     kind = type(k)
@@ -283,7 +298,8 @@ class Publisher:
             self.last_job = job
         self.busy -= 0.0 if key in self._running else time.monotonic()
         self._running[key] = (self.seq, job, dag)
-        self._changed()
+        if not self._pending:  # (a change pending is written with this one)
+            self._changed()
 
     def ended(self, key) -> tuple[int, int] | None:
         """The task's ``(job, dag)``; None if it was not executing."""
@@ -300,7 +316,8 @@ class Publisher:
                 if len(self._recent) > self._keep:
                     self._fold()
                 self._ask_at = len(self._recent) + ASK_EVERY
-        self._changed()
+        if not self._pending:
+            self._changed()
         return job, dag
 
     def idle(self) -> bool:
@@ -363,13 +380,14 @@ class Publisher:
         self._pending = False
         try:
             if self._encoded < len(self._recent):  # the entries of tasks that ended since the last write
-                new = b",".join([entry(key, job, dag, start) for start, key, job, dag in self._recent[self._encoded :]])
+                new = _entries(self._recent[self._encoded :])
                 self._recent_json = self._recent_json + b"," + new if self._recent_json else new
                 self._encoded = len(self._recent)
-            running = [entry(key, job, dag, start) for key, (start, job, dag) in self._running.items()]
+            running = _entries([(start, key, job, dag) for key, (start, job, dag) in self._running.items()])
             head = (self.seq, self.nthreads, self.managed_bytes, self.last_job, self._delay_json, self.busy)
-            data = _SNAPSHOT % (*head, b",".join(running), self._recent_json)
+            data = _SNAPSHOT % (*head, running, self._recent_json)
             if len(data) > self._buffer.capacity:  # rare: without keys, then fewer recent tasks
+                running = [entry(key, job, dag, start) for key, (start, job, dag) in self._running.items()]
                 recent = [entry(key, job, dag, start) for start, key, job, dag in self._recent]
                 state = (self.seq, self.nthreads, self.managed_bytes, self.last_job, self.delay)
                 data = encode_snapshot(*state, running, recent, self._buffer.capacity, self.busy)

@@ -113,7 +113,7 @@ class AgentLink:
         self.gaps = 0  # agents replaced while this worker ran
         self._every, self._due = None, math.inf  # (seconds, fn) the watcher thread also runs; when next
         self._idle = None  # () -> whether fn has nothing to do (the watcher then does not wake for it)
-        self._wake = threading.Event()  # set on leave, and by nudge()
+        self._wake, self._parked = threading.Event(), False  # set on leave; by nudge() only while parked (idle)
         self._once = Once()
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             # taken by another worker of this process, or by a namesake in another PID namespace
@@ -278,10 +278,11 @@ class AgentLink:
         worker's own points into :attr:`outbox`: the agent sends them). While ``idle()`` says there is nothing
         to write, the thread does not wake for it; :meth:`nudge` says there is again."""
         self._every, self._due, self._idle = (seconds, fn), time.monotonic() + seconds, idle
+        self._wake.set()  # the watcher's wait was timed without it
 
     def nudge(self) -> None:
-        """:meth:`every`'s ``fn`` has work again (a task started on an idle worker): the watcher runs it when due."""
-        if not self._wake.is_set():
+        """:meth:`every`'s ``fn`` has work again (a task started on an idle worker): wakes the watcher if parked."""
+        if self._parked and not self._wake.is_set():
             self._wake.set()
 
     def _next_due(self) -> float:
@@ -312,7 +313,9 @@ class AgentLink:
         relay, n, looked = False, 0, 0.0
         look = time.monotonic() + self._pause(relay, n)
         while True:
-            self._wake.wait(max(0.0, min(look, self._next_due()) - time.monotonic()))
+            self._parked = True  # set before idle() is looked at: a nudge from then on wakes this wait
+            self._parked = (due := self._next_due()) == math.inf and self._every is not None  # untimed for fn
+            self._wake.wait(max(0.0, min(look, due) - time.monotonic()))
             self._wake.clear()  # before fn runs: what comes while it runs wakes the next round
             if self._closed.is_set():
                 return

@@ -41,7 +41,8 @@ STATES = {"memory": "memory", "error": "error"}  # any other end: released while
 SPENT = {"transfer": "transfer", "disk-read": "disk_read", "disk-write": "disk_write"}
 FIELDS = frozenset({"key", "start", "duration", "compute", "transfer", "disk_read", "disk_write", "nbytes"})
 _FORGOTTEN = ("forgotten", None, (), None)
-_BY_STOP = operator.itemgetter(3)
+_BY_STOP = operator.itemgetter(0)
+_NONE = -(1 << 63)  # before any time line protocol can write: no time written in a series yet
 
 
 def wanted(fields) -> bool:
@@ -64,10 +65,7 @@ class TaskStream:
         self._tags, self._offset = dict(base_tags), clock_offset
         # with Dask's execute digests fed to fine.added (the worker plugin taps them)
         self.fine = FineMetrics(fields, base_tags) if (ACTIVITY, "value") in fields else None
-        self._last: dict = {}  # series -> the latest ns written this tick (records come sorted)
-        self._times: dict = {}  # series -> ns written this tick; _before: the previous tick's
-        self._before: dict = {}
-        self._series_tags: dict = {}  # series -> its tags, this tick
+        self._before: dict = {}  # series -> the ns written in it the previous tick (a set)
 
     def pending(self) -> bool:
         """Whether records (or Dask's digests, for activity points) wait for the next collect."""
@@ -80,20 +78,18 @@ class TaskStream:
         # digests first: a task's digests are added after its record, so every digest taken here
         # has its record drained below (a record whose digests come later waits for them)
         taken = self.fine.take() if self.fine else None
-        records = []
-        while self.ended:
-            records.append(self._record(self.ended.popleft()))
+        pop, record = self.ended.popleft, self._record
+        records = [record(pop()) for _ in range(len(self.ended))]  # those appended meanwhile: next tick
         records.sort(key=_BY_STOP)  # by end time: bumped timestamps keep their order
-        out = [self._point(r) for r in records] if self._want else []
-        self._before, self._times, self._last, self._series_tags = self._times, {}, {}, {}
+        out = self._points(records) if self._want else []
         if self.fine:
             out += self.fine.points(
-                taken, [(prefix, job, duration) for _, job, _, _, prefix, _, duration, _ in records], now_ns
+                taken, [(series[2], series[0], duration) for _, series, duration, _ in records], now_ns
             )
         return out
 
     def _record(self, raw) -> tuple:
-        """``(key, job, dag, stop, prefix, state, duration, fields)``; stop on the scheduler's clock."""
+        """``(stop, (job, dag, prefix, state), duration, fields)``; stop on the scheduler's clock."""
         key, job, dag, end, ended_at = raw
         state, prefix, startstops, nbytes = end or _FORGOTTEN
         compute = spent = None
@@ -123,28 +119,27 @@ class TaskStream:
             fields.update(spent)
         if nbytes is not None:
             fields["nbytes"] = int(nbytes)
-        return (key, job, dag, stop, prefix or key_split(key), STATES.get(state, "cancelled"), duration, fields)
+        return stop, (job, dag, prefix or key_split(key), STATES.get(state, "cancelled")), duration, fields
 
-    def _point(self, record) -> Point:
-        _, job, dag, stop, prefix, state, _, fields = record
-        series = (job, dag, prefix, state)
-        t, last = round(stop * 1e9), self._last.get(series)
-        if last is not None and t <= last:  # sorted by end: only an equal time (or one moved on) gets here
-            t = last + 1
-        before = self._before.get(series, ())
-        while t in before:
-            t += 1
-        self._last[series] = t
-        self._times.setdefault(series, set()).add(t)
-        tags = self._series_tags.get(series)
-        if tags is None:  # one tag dict per series and tick, shared by its points (nothing mutates them)
-            tags = self._series_tags[series] = {
-                **self._tags,
-                "job": str(job),
-                "dag": str(dag),
-                "prefix": prefix,
-                "state": state,
-            }
-        if not self._every:
-            fields = {k: v for k, v in fields.items() if k in self._want}
-        return Point(TASK, tags, fields, t)
+    def _points(self, records: list) -> list[Point]:
+        """The task points of ``records`` (sorted by end), one time per point and series: a time taken in its
+        series this tick or the previous one moves on by 1 ns."""
+        out, ticks, before, every, want = [], {}, self._before, self._every, self._want
+        for stop, series, _, fields in records:
+            tick = ticks.get(series)
+            if tick is None:  # [tags, last ns, ns written, the previous tick's]: one tag dict per series and tick
+                job, dag, prefix, state = series
+                tags = {**self._tags, "job": str(job), "dag": str(dag), "prefix": prefix, "state": state}
+                tick = ticks[series] = [tags, _NONE, set(), before.get(series, ())]
+            t = round(stop * 1e9)
+            if t <= tick[1]:  # sorted by end: only an equal time (or one moved on) gets here
+                t = tick[1] + 1
+            while t in tick[3]:
+                t += 1
+            tick[1] = t
+            tick[2].add(t)
+            if not every:
+                fields = {k: v for k, v in fields.items() if k in want}
+            out.append(Point(TASK, tick[0], fields, t))
+        self._before = {series: tick[2] for series, tick in ticks.items()}
+        return out
