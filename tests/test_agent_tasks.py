@@ -19,7 +19,7 @@ def test_task_source_reads_one_snapshot():
     reg.started(("k", 1), 1, 1)
     cache = CachedSnapshot(reg)
     cache.refresh()
-    reg.finished(("k", 1))  # after the snapshot: the sample still shows it
+    reg.ended(("k", 1))  # after the snapshot: the sample still shows it
     fields = TaskSource(fields_for(["tasks", "worker-mem"]), cache).read()
     assert fields == {"tasks": 1, "running": '[["k", 1]]', "managed_bytes": 1234}
 
@@ -33,8 +33,8 @@ def test_running_json_follows_the_executing_keys_across_samples():
         lambda: reg.started("a", 1, 1),
         lambda: None,
         lambda: reg.started(("b", 0), 1, 1),
-        lambda: reg.finished("a"),
-        lambda: reg.finished(("b", 0)),
+        lambda: reg.ended("a"),
+        lambda: reg.ended(("b", 0)),
     ):
         step()
         cache.refresh()

@@ -11,7 +11,7 @@ def test_tags_list_running_jobs_and_dags_and_idle_keeps_last_job():
     snap = reg.snapshot()
     assert (snap.job_tag, snap.dag_tag, snap.executing) == ("1,2", "3,5", 3)
     for k in "abc":
-        reg.finished(k)
+        reg.ended(k)
     idle = reg.snapshot()
     assert (idle.job_tag, idle.dag_tag) == ("2", "0")
 
@@ -29,7 +29,7 @@ def test_a_task_between_two_samples_is_counted_at_the_next_one_only():
     assert reg.idle()
     reg.started("short", 1, 7)
     assert not reg.idle()
-    reg.finished("short")
+    reg.ended("short")
     assert reg.idle() and reg.unsampled()
     assert reg.snapshot().dag_tag == "0"  # not a sample (a publish): not consumed
     at_next = reg.snapshot(sample=True)
@@ -40,7 +40,7 @@ def test_a_task_between_two_samples_is_counted_at_the_next_one_only():
 def test_without_an_in_process_sampler_brief_tasks_are_not_kept():
     reg = TaskRegistry(brief=False)  # the agent samples: the published snapshot carries them instead
     reg.started("short", 1, 7)
-    assert reg.finished("short") == (1, 7)
+    assert reg.ended("short") == (1, 7)
     assert not reg.unsampled() and reg.snapshot(sample=True).executing == 0
 
 
@@ -50,5 +50,5 @@ def test_cached_activity_is_one_snapshot_per_sample():
     reg.started(("k", 1), 1, 1)
     assert cache().executing == 0  # not refreshed yet
     cache.refresh()
-    reg.finished(("k", 1))  # after the snapshot: the sample still shows it
+    reg.ended(("k", 1))  # after the snapshot: the sample still shows it
     assert (cache().executing, cache().managed_bytes) == (1, 1234)

@@ -59,7 +59,7 @@ from ..schema import GPU, SESSION
 from ..sinks.paths import destinations
 from . import extras, heartbeat, taskstream
 from .custom import CustomSource
-from .registry import CachedSnapshot, TaskRegistry
+from .registry import Both, CachedSnapshot, TaskRecord, TaskRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,9 @@ class MetricsWorkerPlugin(WorkerPlugin):
         return entry if core.figures.accounting is None else {**entry, "acct": core.figures.accounting}
 
     def _reseed(self) -> None:
-        """The registry from the worker's own state: at setup, and when the agent's record is given up."""
+        """The registry from the worker's own state, and the record: at setup, and when the agent's record is
+        given up."""
+        self.record: TaskRecord = self.registry
         self.registry.clear()
         for key in _dask.worker_running_keys(self.worker):
             self._started(key)
@@ -171,8 +173,11 @@ class MetricsWorkerPlugin(WorkerPlugin):
             return await off_loop(link.leave, 0)
         self.link, self._relayed = link, (None, 0)  # (agent pid, number of its latest report passed on)
         link.publisher.sync(self.registry.snapshot().running)  # tasks that started or ended while it joined
-        if not self.custom:
-            self.registry.clear()  # the publisher is the record from now on
+        if self.custom:  # their registry is kept beside the publisher
+            self.record = Both(link.publisher, self.registry)
+        else:  # the publisher is the record from now on
+            self.registry.clear()
+            self.record = link.publisher
         link.publish_from(asyncio.get_running_loop())
         self._publish()
         self._ticker = PeriodicCallback(self._tick, 1000)
@@ -304,6 +309,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
             self._heartbeat.close()
         link, self.link = self.link, None
         if link is not None:
+            self.record = self.registry  # tasks ending from now on no longer go to a publisher that leaves
             self._ticker.stop()
             link.publisher.flush()  # a deferred write now, on the loop: none runs beside leave()'s
             link.stop_waiting()  # an agent still starting is not waited for
@@ -336,12 +342,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         end = _dask.worker_task_end(self.worker, key)
         if end is not None and end[0] in STILL_RUNNING:
             return  # asked to release a running task: cancelled, its thread runs on
-        if self.link is None:
-            where = self.registry.finished(key)
-        else:  # the publisher is the record beside the agent (and the registry too for custom metrics)
-            where = self.link.publisher.ended(key)
-            if self.custom:
-                self.registry.finished(key)
+        where = self.record.ended(key)
         if where is not None and self.tasks is not None:
             self.tasks.ended.append((key, *where, end, time.time()))  # the sampler thread does the rest
 
@@ -350,19 +351,16 @@ class MetricsWorkerPlugin(WorkerPlugin):
         ours = mark and mark.get("session") == self.session["id"]
         # submitted while no session ran: counted, not attributed
         job, dag = (mark["job"], mark["dag"]) if ours else (0, 0)
-        link = self.link
-        if link is not None:  # the publisher is the record; the registry only serves custom metrics here
-            idle = link.publisher.idle()
-            link.publisher.started(key, job, dag)
-            if self.custom:
-                self.registry.started(key, job, dag)
-            if idle:
-                link.wake()  # the agent samples at once if its last sample saw this worker idle
-                link.nudge()  # and the link's thread writes its task points from now on, every 200 ms
+        record = self.record
+        idle = record.idle()
+        record.started(key, job, dag)
+        if not idle:
             return
-        idle = self.registry.idle()
-        self.registry.started(key, job, dag)
-        if idle and self.core is not None and self.extras is not None and not self.snapshot().executing:
+        link = self.link
+        if link is not None:
+            link.wake()  # the agent samples at once if its last sample saw this worker idle
+            link.nudge()  # and the link's thread writes its task points from now on, every 200 ms
+        elif self.core is not None and self.extras is not None and not self.snapshot().executing:
             # a graph shorter than the interval still gets a sample; not between back-to-back short
             # tasks (the last sample saw tasks): each is shown at the next tick
             self.core.sampler.wake()

@@ -13,7 +13,7 @@ Example
 >>> snap = reg.snapshot()
 >>> snap.executing, snap.job_tag, snap.dag_tag
 (1, '1', '3')
->>> reg.finished(("x", 0))
+>>> reg.ended(("x", 0))
 (1, 3)
 >>> reg.snapshot().dag_tag
 '0'
@@ -23,9 +23,41 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 from ..link.snapshot import Snapshot
+
+
+class TaskRecord(Protocol):
+    """Where the worker plugin records task starts and ends, on the event loop: the in-process
+    :class:`TaskRegistry`, the agent's :class:`~..link.snapshot.Publisher`, or both (:class:`Both`)."""
+
+    def started(self, key, job: int, dag: int) -> None: ...
+
+    def ended(self, key) -> tuple[int, int] | None:
+        """The task's ``(job, dag)``; None if it was not executing."""
+
+    def idle(self) -> bool:
+        """Whether no task is executing."""
+
+
+class Both:
+    """Two records fed alike: beside the agent, its publisher and the registry the worker's custom metrics
+    read (the first one answers)."""
+
+    def __init__(self, first: TaskRecord, second: TaskRecord):
+        self.first, self.second = first, second
+
+    def started(self, key, job: int, dag: int) -> None:
+        self.first.started(key, job, dag)
+        self.second.started(key, job, dag)
+
+    def ended(self, key) -> tuple[int, int] | None:
+        self.second.ended(key)
+        return self.first.ended(key)
+
+    def idle(self) -> bool:
+        return self.first.idle()
 
 
 class TaskRegistry:
@@ -58,7 +90,7 @@ class TaskRegistry:
         with self._lock:
             return not self._running
 
-    def finished(self, key):
+    def ended(self, key) -> tuple[int, int] | None:
         """Forget ``key``; returns its ``(job, dag)``, or None if it was not executing."""
         with self._lock:
             where = self._running.pop(key, None)
