@@ -119,8 +119,8 @@ class Gpu:
     def __init__(self, nvml, index: int, users: list):
         self.nvml, self.users = nvml, users
         self.handle = h = nvml.nvmlDeviceGetHandleByIndex(index)
-        uuid, name = nvml.nvmlDeviceGetUUID(h), nvml.nvmlDeviceGetName(h)
-        self.tags = f"index=0,uuid={esc(uuid)},name={esc(name)},nvml_index={index}"
+        self.uuid, name = nvml.nvmlDeviceGetUUID(h), nvml.nvmlDeviceGetName(h)
+        self.tags = f"index=0,uuid={esc(self.uuid)},name={esc(name)},nvml_index={index}"
         self.total = nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2).total
         self.gpm = Gpm(nvml, h)
         self.counters_at = self.process_at = -1e9
@@ -316,7 +316,7 @@ def main(config: dict) -> None:
         if now - account_at >= COUNTERS_S:
             for gpu in gpus:
                 lines.append(
-                    f"accounting,{common},worker=agent,job=idle,uuid={gpu.tags.split(',')[1][5:]},since={account_at} "
+                    f"accounting,{common},worker=agent,job=idle,uuid={esc(gpu.uuid)},since={account_at} "
                     f"gpu_seconds={now - account_at},busy_seconds=0.0,sm_active_seconds=0.0,tensor_active_seconds=0.0,"
                     f"energy_joules={(gpu.energy - gpu.energy0) / 1000},memory_peak_bytes=0i,memory_byte_seconds=0.0 {ns}"
                 )
