@@ -55,6 +55,7 @@ class SteadyOffset:
         self._lock = threading.Lock()
         self._read_at = self._applied_at = None
         self._applied = 0.0
+        self._target = None  # the median of the estimates: made again only when one is added
 
     def __call__(self) -> float:
         with self._lock:
@@ -63,14 +64,15 @@ class SteadyOffset:
                 self._read_at = now
                 try:
                     self._estimates.append(float(self._estimate()))
+                    self._target = statistics.median(self._estimates)
                 except (TypeError, ValueError, AttributeError):  # not known yet: keep what we have
                     pass
-            if not self._estimates:
+            target = self._target
+            if target is None:
                 return self._applied
-            target = statistics.median(self._estimates)
             if self._applied_at is None or abs(target - self._applied) > STEP:
                 self._applied = target
-            else:
+            elif target != self._applied:  # (reached: nothing to move, the usual case)
                 room = SLEW * max(now - self._applied_at, 0.0)
                 self._applied += min(max(target - self._applied, -room), room)
             self._applied_at = now

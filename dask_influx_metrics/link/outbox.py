@@ -357,7 +357,10 @@ class OutboxReader:
                     continue
             else:  # not written yet
                 return b""
-        return os.pread(self._fd[1], size, offset)  # a regular file: all there is up to size, in one read
+        # A regular file: all there is up to size, in one read. Only what is there is asked for: a read of
+        # ``size`` (256 kB) made Python map and unmap a buffer that large at each sample of an idle worker.
+        there = os.fstat(self._fd[1]).st_size - offset
+        return os.pread(self._fd[1], min(size, there), offset) if there > 0 else b""
 
     def sent(self, count: int | None = None) -> None:
         """The lines taken so far are in the sink (only the first ``count`` of the last take: the rest is taken

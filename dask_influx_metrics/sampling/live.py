@@ -102,10 +102,14 @@ class LiveFigures:
 
     def _entry(self, view, readings: dict, shared) -> dict:
         running = view.snapshot().running
-        jobs = collections.Counter(job for _, job, _ in running if job)
+        jobs, prefixes = [], []
         if running:  # Dask's own prefix rule; imported here: the agent starts without Dask (config.AGENT_ENV)
             from dask.utils import key_split
-        prefixes = collections.Counter(key_split(k) for k, _, _ in running if k is not None)
+
+            counts = collections.Counter(job for _, job, _ in running if job)
+            jobs = sorted([job, n] for job, n in counts.items())
+            common = collections.Counter(key_split(k) for k, _, _ in running if k is not None).most_common(PREFIXES)
+            prefixes = [p for p, _ in common]
         gpus = []
         for uuid in view.uuids:
             fields = readings.get((view.address, uuid), {})
@@ -113,11 +117,7 @@ class LiveFigures:
             kept = self._shares.get((view.address, uuid))
             share = kept[0] if kept is not None else (UNKNOWN if uuid in shared else None)
             gpus.append([_round(util), _round(mem), _round(total), _round(sm), _round(share), _round(own)])
-        return {
-            "jobs": sorted([job, n] for job, n in jobs.items()),
-            "prefixes": [p for p, _ in prefixes.most_common(PREFIXES)],
-            "gpus": gpus,
-        }
+        return {"jobs": jobs, "prefixes": prefixes, "gpus": gpus}
 
 
 def accounting_rows(live: dict) -> list:

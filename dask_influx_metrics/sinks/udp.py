@@ -218,7 +218,7 @@ class UdpSink:
         string fields (said once per measurement and fields), or, with nothing left to leave out, dropped and
         counted; and where each line kept came from (``index[k]``: the position in ``lines`` of the k-th kept,
         ``index[len(kept)]``: ``len(lines)``)."""
-        if all(len(line) <= MAX_UDP_PAYLOAD for line in lines):
+        if max(map(len, lines), default=0) <= MAX_UDP_PAYLOAD:
             return lines, range(len(lines) + 1)
         fitted, index = [], []
         for i, line in enumerate(lines):

@@ -369,13 +369,14 @@ class NvmlDevices:
         worker's ``pids``) reads from ``dev`` now: one NVML call per entry and sample, one converter per field.
         An entry whose call is off on this device for good leaves the plan."""
         fields: dict = {}
-        off = []
+        off = None
+        results = dev.results
         for entry in plan:
             key, group, converters = entry
-            raw = self._call(dev, key, group)
+            raw = results[key] if key in results else self._call(dev, key, group)
             if raw is None:
                 if not dev.calls[key]:
-                    off.append(entry)
+                    off = [*(off or ()), entry]
                 continue
             for name, convert in converters:
                 try:
@@ -385,7 +386,7 @@ class NvmlDevices:
                     continue
                 if value is not None:
                     fields[name] = value
-        for entry in off:
+        for entry in off or ():
             plan.remove(entry)
         return fields
 

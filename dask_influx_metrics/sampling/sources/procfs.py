@@ -96,6 +96,7 @@ class ProcReader:
 
     def __init__(self, pid: int):
         self.pid, self._me = pid, os.getpid()
+        self._stat, self._statm = f"/proc/{pid}/stat", f"/proc/{pid}/statm"
         self._files: dict[str, ProcFile] = {}
         self._disks: dict[bytes, bool] = {}  # /proc/diskstats name -> is a whole disk (has /sys/block/<name>)
         self._loopback: dict[bytes, bool] = {}  # /proc/net/dev name -> is a loopback interface
@@ -179,12 +180,12 @@ class ProcReader:
         if self.pid == self._me:
             t = os.times()
             return t.user + t.system
-        data = self._read(f"/proc/{self.pid}/stat")
+        data = self._read(self._stat)
         f = data[data.rfind(b")") + 2 :].split()  # after "pid (comm) ": state is f[0], utime f[11], stime f[12]
         return (int(f[11]) + int(f[12])) / TICKS
 
     def process_rss(self) -> int:
-        return int(self._read(f"/proc/{self.pid}/statm").split()[1]) * PAGE
+        return int(self._read(self._statm).split()[1]) * PAGE
 
     def close(self) -> None:
         for f in self._files.values():
