@@ -317,10 +317,17 @@ def has_sampler_mode() -> bool:
     return "sampler_mode" in getattr(config, "KWARGS", {})
 
 
+def own_sampler(plugin):
+    """A worker's in-process sampler (``sampler.mode: thread``: its host-sampling core's), or None; an older
+    package kept it as ``plugin.sampler``."""
+    core = getattr(plugin, "core", None)
+    return core.sampler if core is not None else getattr(plugin, "sampler", None)
+
+
 def in_worker_costs(dask_worker):
     """The in-process sampler's CPU seconds per sample (None when the host's agent samples, or none runs)."""
     plugin = dask_worker.plugins.get("influx-metrics")
-    sampler = getattr(plugin, "sampler", None)
+    sampler = own_sampler(plugin)
     if sampler is None or getattr(plugin, "link", None) is not None:
         return None
     return list(sampler.costs)

@@ -52,7 +52,7 @@ def _probe(dask_worker) -> tuple[int, int | None, int]:
     plugin = dask_worker.plugins.get("influx-metrics")
     link = getattr(plugin, "link", None)
     beat = link.beat() if link is not None else None
-    own = getattr(plugin, "sampler", None)
+    own = common.own_sampler(plugin)
     return os.getpid(), beat and beat["pid"], beat["samples"] if beat else own.samples if own else 0
 
 

@@ -51,8 +51,8 @@ def _probe(dask_worker) -> tuple[int, int | None]:
     if getattr(plugin, "link", None) is not None:  # the host's agent samples: its beat counts
         beat = plugin.link.beat() or {}
         return beat.get("samples", 0), beat.get("pid")
-    core = getattr(plugin, "core", None)
-    return (core.sampler.samples if core is not None else 0), None
+    own = common.own_sampler(plugin)
+    return (own.samples if own is not None else 0), None
 
 
 async def _per_task_us(dask_worker, batches: int = 20, size: int = 100, pause: float = 0.02) -> float:
