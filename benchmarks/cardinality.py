@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 
-from benchmarks import common
+from benchmarks import common, receivers
 
 NAME = "cardinality"
 MEASUREMENTS = ("gpu", "host", "worker", "dag")
@@ -91,7 +91,7 @@ def run(quick: bool) -> list[dict]:
     n_dags = 100 if quick else 1000
     rows = []
     with (
-        common.influxd() as server,
+        receivers.influxd() as server,
         LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 
-from benchmarks import common
+from benchmarks import common, receivers
 
 NAME = "delivery"
 RATES = (10_000, 25_000, 50_000, 75_000, 100_000)
@@ -136,13 +136,13 @@ def one_rate(senders: Senders, fields: dict, rate: int, duration: float, overrid
     """A fresh influxd, ``rate`` points/s for ``duration`` s into its UDP listener, then count."""
     from dask_influx_metrics.demo.localinflux import UDP_DATABASE
 
-    with common.influxd(overrides) as server:
+    with receivers.influxd(overrides) as server:
         server.create_database(UDP_DATABASE)
         port = server.udp_address[1]
-        drops0 = common.udp_drops(port) or 0
+        drops0 = receivers.udp_drops(port) or 0
         out = senders.send(server.udp_address, rate, duration)
-        stored = common.wait_count(server, UDP_DATABASE, fields, out["sent"], timeout=60)
-        drops = (common.udp_drops(port) or 0) - drops0
+        stored = receivers.wait_count(server, UDP_DATABASE, fields, out["sent"], timeout=60)
+        drops = (receivers.udp_drops(port) or 0) - drops0
         stats = (server.query("SHOW STATS FOR 'udp'") or [{}])[0]
     out.update(
         rate=rate,
@@ -197,7 +197,7 @@ def run(quick: bool = False) -> list[dict]:
     duration = 3.0 if quick else 30.0
     templates = common.sample_lines()
     fields = common.first_fields(templates)
-    shipped = common.udp_listener_config()
+    shipped = receivers.udp_listener_config()
     senders = Senders(templates)
     try:
         res_shipped = [one_rate(senders, fields, rate, duration) for rate in (QUICK_RATES if quick else RATES)]

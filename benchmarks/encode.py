@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 
-from benchmarks import common
+from benchmarks import common, receivers
 
 NAME = "encode"
 TARGET = 5.0
@@ -100,7 +100,7 @@ def pytelegraf_unparsable(points) -> int:
 def compare(samples, rounds: int, max_datagram=None) -> dict:
     """Alternated runs of both clients over ``samples``; rates, counters, what arrived."""
     n = sum(map(len, samples))
-    with common.Drain() as ours_rx, common.Drain() as tele_rx:
+    with receivers.Drain() as ours_rx, receivers.Drain() as tele_rx:
         runs = common.alternate(
             {
                 "ours": lambda: ours(samples, ours_rx.address, max_datagram),

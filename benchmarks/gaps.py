@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks import common
+from benchmarks import common, receivers
 
 NAME = "gaps"
 INTERVAL_MS = 200
@@ -50,7 +50,7 @@ def gap_run(client, duration: float, busy: bool = True, interval_ms: int = INTER
     """Monitor one worker for ``duration`` s (busy or idle); gaps (ms) between its samples' timestamps."""
     from dask_influx_metrics import Monitor
 
-    with common.Drain(keep=(b"gpu,", b"index=0,")) as rx:
+    with receivers.Drain(keep=(b"gpu,", b"index=0,")) as rx:
         m = Monitor(client, sink="udp", telegraf_address="%s:%d" % tuple(rx.address), **common.gpu_settings())
         m.attach(polling_interval=interval_ms, **settings)
         m.start()

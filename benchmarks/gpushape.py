@@ -29,7 +29,7 @@ import time
 
 import pandas as pd
 
-from benchmarks import common
+from benchmarks import common, receivers
 
 ROOT = common.ROOT
 sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -139,7 +139,7 @@ def main() -> None:
     shapes["owner"] = owner_shape(shapes["per worker"])
     owner, other = (f"tcp://127.0.0.1:{40000 + n}" for n in (0, 1))
     print(f"{args.workers} workers sharing one replayed H200, {args.samples} samples at 200 ms")
-    with common.influxd() as server, tempfile.TemporaryDirectory() as tmp:
+    with receivers.influxd() as server, tempfile.TemporaryDirectory() as tmp:
         for name, points in shapes.items():
             lines = lineprotocol.encode_many(points)
             per = len(points) / args.samples, sum(len(line) + 1 for line in lines) / args.samples

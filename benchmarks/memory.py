@@ -23,7 +23,7 @@ import shutil
 import socket
 import tempfile
 
-from benchmarks import common
+from benchmarks import common, receivers
 
 NAME = "memory"
 TARGET_MB = 20.0
@@ -107,10 +107,10 @@ def one_variant(variant: str, samples: int, fields: dict) -> dict:
             if proc.is_alive():
                 proc.terminate()
         out["spool_bytes"] = sum(os.path.getsize(p) for p in spool_files(directory))
-        with common.influxd() as server:
+        with receivers.influxd() as server:
             db = server.create_database(f"memory_{variant.replace('-', '_')}")
             out["written"] = _write_all(directory, server, db)
-            stored = common.count_points(server, db, fields)
+            stored = receivers.count_points(server, db, fields)
         out["stored"] = sum(stored.values())
         out["lost"] = out["lines"] - out["stored"]
         return out

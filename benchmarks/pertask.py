@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import common
+from benchmarks import common, receivers
 
 EVERY = 50  # tasks between two agent samples (1 ms tasks at 50 ms)
 TICK = 200  # tasks per task-stream write (the link's thread writes every 200 ms)
@@ -222,7 +222,7 @@ def transitions(rounds: int = 3) -> dict:
 
     variants = {"default (agent)": {}, "sampler_mode=thread": {"sampler_mode": "thread"}}
     with (
-        common.Drain() as rx,
+        receivers.Drain() as rx,
         LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster,
         Client(cluster) as client,
     ):

@@ -31,7 +31,7 @@ import time
 import pandas as pd
 import requests
 
-from benchmarks import common
+from benchmarks import common, receivers
 
 WORKERS, GPUS, INTERVAL_NS = 16, 8, 200_000_000
 METRICS = ["compute-util", "mem-util", "total-mem"]
@@ -110,7 +110,7 @@ def _analysis(url: str, db: str, start: int, stop: int):
 
 
 def _sessions_row(quick: bool) -> dict:
-    with common.influxd(data_settings={"cache-snapshot-write-cold-duration": "1s"}) as server:
+    with receivers.influxd(data_settings={"cache-snapshot-write-cold-duration": "1s"}) as server:
         return _sessions(server, quick)
 
 
@@ -184,7 +184,7 @@ def run(quick: bool) -> list[dict]:
 
     samples = 100_000 // (WORKERS * GPUS) if quick else 1_000_000 // (WORKERS * GPUS) + 1
     rounds = 1 if quick else 3
-    with common.influxd() as server:
+    with receivers.influxd() as server:
         db = server.create_database("bench_query")
         t = time.monotonic()
         points = _write(server, db, samples)

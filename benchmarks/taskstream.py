@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks import common
+from benchmarks import common, receivers
 from benchmarks.workload import _shutdown
 
 NAME = "taskstream"
@@ -48,7 +48,7 @@ def graph(n: int) -> tuple[dict, str]:
 def one_run(client, n: int, tracking: list) -> dict:
     from dask_influx_metrics import Monitor
 
-    with common.Drain(keep=(b"task,", b"state=")) as rx:
+    with receivers.Drain(keep=(b"task,", b"state=")) as rx:
         m = Monitor(client, sink="udp", telegraf_address="%s:%d" % tuple(rx.address), gpu_source="none")
         m.attach(polling_interval=200, tracking=tracking)
         m.start()
@@ -75,7 +75,7 @@ def writer_rate(n: int) -> tuple[float, int]:
     compute = {"action": "compute", "start": 1.7e9, "stop": 1.7e9 + 0.01}
     for i in range(n):
         stream.ended.append((("inc", i), 1, 3, ("memory", "inc", (compute,), 28), 1.7e9))
-    with common.Drain() as rx:
+    with receivers.Drain() as rx:
         from dask_influx_metrics.sinks.udp import UdpSink
 
         sink = UdpSink(tuple(rx.address))

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import time
 
-from benchmarks import common
+from benchmarks import common, receivers
 
 NAME = "workload"
 TARGET = 1.02
@@ -123,7 +123,7 @@ def monitored(
     ``start=False``: attached only (the scheduler plugin installed, no session: no task tagged, nothing sampled)."""
     from dask_influx_metrics import Monitor
 
-    with common.Drain() as rx:
+    with receivers.Drain() as rx:
         m = None
         if interval_ms is not None:
             m = Monitor(client, sink="udp", telegraf_address="%s:%d" % tuple(rx.address), **common.gpu_settings(gpus))
