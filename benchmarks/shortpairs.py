@@ -13,7 +13,11 @@ its distribution-free 95 % interval (:func:`benchmarks.common.median_interval`) 
 installed, no session: nothing sampled, no task tagged), and rotates the three rounds' order from one set
 to the next: its ratio to off is what the instrument reads for a monitor that costs next to nothing.
 
-Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S] [--control]``; with
+``--graph`` runs issue 46's other per-task row instead: one graph of about 50,000 tasks (:func:`graph_tasks`)
+per round on the same 2 workers, the monitor at its default polling interval (200 ms); results in
+``graphpairs.json``.
+
+Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S] [--control] [--graph]``; with
 ``BENCH_GPU_SOURCE=nvml`` the agent reads the node's own GPUs instead of 8 simulated ones per worker.
 """
 
@@ -27,13 +31,28 @@ import time
 from benchmarks import common, workload
 
 MODES = {"off": {}, "on": {"interval_ms": 50}, "attached": {"interval_ms": 50, "start": False}}
+GRAPH_TASKS = 50_000  # issue 46: a 50,000-task graph, 2 workers, default settings
 
 
-def pairs(n: int, after_array: int = 0, seconds: float | None = None, control: bool = False) -> dict:
+def graph_tasks(client, n: int) -> float:
+    """One graph of about ``n`` tasks (``taskstream.graph``: inc tasks summed in groups of 100, then once
+    more), computed with ``client.get``; wall time in seconds."""
+    from benchmarks import taskstream
+
+    dsk, key = taskstream.graph(round(n * taskstream.GROUP / (taskstream.GROUP + 1)))
+    t0 = time.perf_counter()
+    client.get(dsk, key)
+    return time.perf_counter() - t0
+
+
+def pairs(
+    n: int, after_array: int = 0, seconds: float | None = None, control: bool = False, graph: bool = False
+) -> dict:
     """``{"off": [s, ...], "on": [s, ...]}`` (and ``"attached"`` with ``control``): the short-task rounds'
     wall times, alternated (with ``control``, the order rotates by one each set); no new set starts once
     ``seconds`` have passed (a lent GPU machine's command has a time limit). Each set is printed as it
-    ends, so that a run stopped from outside still leaves its rounds in the log."""
+    ends, so that a run stopped from outside still leaves its rounds in the log. ``graph``: the rounds run
+    :func:`graph_tasks` with the monitor at its default polling interval instead of the short tasks @50 ms."""
     from distributed import Client, LocalCluster
 
     sizes = (2000, 3000, 750)
@@ -47,13 +66,18 @@ def pairs(n: int, after_array: int = 0, seconds: float | None = None, control: b
                 workload.monitored(client, sizes, **kw)
         deadline = None if seconds is None else time.monotonic() + seconds
         modes = list(MODES) if control else ["off", "on"]
+        work, sizes = (graph_tasks, (GRAPH_TASKS,)) if graph else (workload.short_tasks, (4000,))
+        settings = {mode: dict(MODES[mode]) for mode in modes}
+        if graph:  # the default settings: the monitor's own polling interval
+            from dask_influx_metrics import config
+
+            for mode in modes[1:]:
+                settings[mode]["interval_ms"] = config.value("polling-interval")
         runs: dict = {mode: [] for mode in modes}
         while len(runs["on"]) < n and (deadline is None or time.monotonic() < deadline):
             k = len(runs["on"]) % len(modes) if control else 0
             for mode in modes[k:] + modes[:k]:
-                runs[mode].append(
-                    workload.monitored(client, (4000,), work=workload.short_tasks, **MODES[mode])["seconds"]
-                )
+                runs[mode].append(workload.monitored(client, sizes, work=work, **settings[mode])["seconds"])
             shown = ", ".join(f"{mode} {runs[mode][-1]:.3f} s" for mode in modes)
             print(f"pair {len(runs['on'])}: {shown}", flush=True)
     return runs
@@ -78,15 +102,16 @@ def main() -> None:
     p.add_argument("--seconds", type=float, help="start no new pair after this many seconds")
     p.add_argument("--after-array", type=int, default=0, metavar="N", help="N rounds of the array modes first")
     p.add_argument("--control", action="store_true", help="an attached-only round in each pair too")
+    p.add_argument("--graph", action="store_true", help="the 50,000-task graph at the default settings instead")
     args = p.parse_args()
-    runs = pairs(args.pairs, args.after_array, args.seconds, args.control)
+    runs = pairs(args.pairs, args.after_array, args.seconds, args.control, args.graph)
     print("on vs off:", summary(runs["off"], runs["on"]))
     if args.control:
         print("attached only vs off:", summary(runs["off"], runs["attached"]))
     for mode, seconds in runs.items():
         print(f"{mode:3s} {', '.join(f'{s:.2f}' for s in seconds)} s")
     path = common.write_json(
-        os.path.join(common.RESULTS_DIR, "shortpairs.json"),
+        os.path.join(common.RESULTS_DIR, "graphpairs.json" if args.graph else "shortpairs.json"),
         {"env": common.environment(), "after_array": args.after_array, "gpus": common.gpus_label(8), **runs},
     )
     print(f"wrote {path}")
