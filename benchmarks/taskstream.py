@@ -8,9 +8,9 @@ times on one cluster. Baseline: the same monitor without ``task-stream`` and
 ``fine-metrics``. Reported per variant: wall time (ratio to the baseline), the
 worker processes' CPU per task (user + system seconds / tasks), and the task
 points that arrived per second of the run (bounded by the workload's own task
-rate). Then what one sampler thread can write: 100,000 finished-task records
-turned into task points, encoded and sent through the UDP sink, points/s of
-thread CPU. Informational: no target.
+rate). Then what one thread can write: 100,000 finished-task records turned
+into task lines (``TaskStream.lines``, as the link's thread beside the agent) and
+sent through the UDP sink, points/s of thread CPU. Informational: no target.
 
 Run: ``.venv/bin/python -m benchmarks.taskstream [--quick]`` (quick: 10,000 tasks, one round).
 """
@@ -66,8 +66,8 @@ def one_run(client, n: int, tracking: list) -> dict:
 
 
 def writer_rate(n: int) -> tuple[float, int]:
-    """(task points/s of thread CPU, bytes per point): ``n`` records -> points -> line protocol -> UDP."""
-    from dask_influx_metrics import lineprotocol
+    """(task points/s of thread CPU, bytes per point): ``n`` records -> lines (the task stream writes them itself,
+    as on the link's thread beside the agent) -> UDP."""
     from dask_influx_metrics.schema import TRACKING
     from dask_influx_metrics.worker.taskstream import TaskStream
 
@@ -80,7 +80,7 @@ def writer_rate(n: int) -> tuple[float, int]:
 
         sink = UdpSink(tuple(rx.address))
         t0 = time.thread_time()
-        lines = lineprotocol.encode_many(stream.points(now_ns=0))
+        lines = stream.lines(now_ns=0)
         sink.send(lines)
         seconds = time.thread_time() - t0
         sink.close()
@@ -122,7 +122,7 @@ def run(quick: bool = False) -> list[dict]:
     rows.append(
         common.row(
             NAME,
-            "task points built + encoded + sent (UDP) per second of one thread's CPU",
+            "task lines written (TaskStream.lines) + sent (UDP) per second of one thread's CPU",
             rate,
             "points/s",
             notes=f"{n:,} records in one tick; {size} bytes per line",

@@ -275,6 +275,22 @@ def _fields_template(fields: dict, kinds: tuple, untimed: bool) -> Optional[byte
     return (",".join(parts) + ("" if untimed else " %b")).encode("utf-8", "replace")
 
 
+def prefix(measurement, tags: dict) -> Optional[str]:
+    """``measurement,tag=value,... `` as the encoder starts a line of this series (escaped, tags sorted, the
+    space before the fields), or None when it writes no line for it. With :func:`string` (a string field's
+    text), for a writer making many lines of a few series without building points (the task stream).
+
+    >>> prefix("m", {"t": "a b", "e": ""}) + 'k="' + string('say "hi"') + '" 7'
+    'm,t=a\\\\ b k="say \\\\"hi\\\\"" 7'
+    """
+    return _prefix(measurement, tags)
+
+
+def string(value: str) -> str:
+    """A string field's text between its quotes, as the encoder writes it (see :func:`prefix`)."""
+    return _string(value)
+
+
 def _series(point: Point) -> Optional[tuple]:
     """The cached :func:`_line_template` of ``point``'s series (None: the general path)."""
     measurement, tags, fields, time_ns = point

@@ -3,14 +3,13 @@ thread mode for itself alone, from the settings: GPUs, sources, collector, accou
 sender, sampler."""
 
 import os
-import time
 
 from polling import wait_until
 
 from dask_influx_metrics import lineparse
 from dask_influx_metrics.config import Settings
 from dask_influx_metrics.link.snapshot import Snapshot
-from dask_influx_metrics.sampling.host import HostSampling, writer
+from dask_influx_metrics.sampling.host import HostSampling
 from dask_influx_metrics.sampling.view import WorkerView
 from dask_influx_metrics.sinks.paths import spool_dir
 from dask_influx_metrics.sinks.spool import read_lines
@@ -67,20 +66,3 @@ def test_one_core_samples_its_views_gpus_host_and_process_and_sends_them_through
     assert {p.tags["uuid"] for p in gpus} == set(views[0].uuids)
     assert core.figures.entries["self"], "the live figures of the view"
     assert points[-1].measurement == "delivery", "the last counts come last, after the final totals"
-
-
-def test_a_worker_writes_its_extras_through_the_core_writer_into_any_sink(tmp_path):
-    class Outbox:
-        lines = []
-
-        def send(self, lines):
-            self.lines += lines
-
-    from dask_influx_metrics.schema import Point
-
-    sink = Outbox()
-    write = writer(lambda now_ns: [Point("custom", {"job": "1", "dag": "2"}, {"v": 1.0}, now_ns)], sink, ("dag",))
-    assert write() == 1
-    (point,) = [lineparse.parse(line) for line in sink.lines]
-    assert point.tags == {"job": "1"} and point.fields["dag"] == "2", "the dag tag written as a field"
-    assert abs(point.time_ns - time.time_ns()) < 10**10

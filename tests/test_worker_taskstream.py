@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from dask_influx_metrics import lineprotocol
 from dask_influx_metrics.schema import TRACKING, fields_for
 from dask_influx_metrics.worker.taskstream import TaskStream, wanted
@@ -103,3 +107,104 @@ def test_field_order_and_sums_with_several_spent_intervals_and_tags_shared_per_s
     only.ended.append(record("a-1", extra=spent))
     [p] = only.points(now_ns=1)
     assert p.fields == {"key": "a-1", "duration": 0.5}
+
+
+ODD = [
+    "",
+    " ",
+    "a b",
+    "a,b",
+    "a=b",
+    'a"b',
+    "a\\b",
+    "a\\",
+    "a\\\\",
+    "#a",
+    "a\nb",
+    "a\tb\rc\fd",
+    "a\x00b",
+    "é\u2603",
+    "a\ud800",
+    "%s%b%%",
+    "time",
+]
+
+
+def odd_records(rng, n, t0=100.0, unwritable=False):
+    """Finished-task records with the keys, prefixes and values line protocol has rules for (``unwritable``: and
+    values it has none for)."""
+    out = []
+    for i in range(n):
+        key = rng.choice([f"inc-{i}", (rng.choice(ODD), i), rng.choice(ODD) + f"-{i}", ("x", i, rng.choice(ODD))])
+        prefix = rng.choice(["inc", "", *ODD])
+        start = t0 + rng.choice([0.0, 1e-7, 0.5, 1e6, 1.5e-5]) + i * rng.choice([0.0, 1e-9, 1e-3])
+        stop = start + rng.choice([0.0, 1e-7, 2.5e-6, 0.25, 123.456])
+        spent = rng.choice(
+            [
+                (),
+                ({"action": "transfer", "start": 1.0, "stop": 1.25},),
+                ({"action": "disk-write", "start": 0.0, "stop": 1e-6}, {"action": "disk-read", "start": 3, "stop": 5}),
+            ]
+            + [({"action": "transfer", "start": 0.0, "stop": float("inf")},)] * unwritable  # the encoder leaves it out
+        )
+        nbytes = rng.choice([None, 0, 28, -1, 2**53 + 1, 2**63 - 1] + [2**63, 2**64 + 5] * unwritable)
+        end = rng.choice(["memory", "error", "released", "cancelled"]), prefix, (*spent, _compute(start, stop)), nbytes
+        if rng.random() < 0.05:
+            end = None  # forgotten before its end was read
+        elif rng.random() < 0.05:
+            end = (end[0], end[1], spent, end[3])  # never ran its function
+        out.append((key, rng.choice([0, 1, 12]), rng.choice([0, 3]), end, stop + 0.001))
+    return out
+
+
+def _compute(start, stop):
+    return {"action": "compute", "start": start, "stop": stop}
+
+
+def encoded(stream, now_ns, moved):
+    return lineprotocol.encode_many([lineprotocol.tags_as_fields(p, moved) for p in stream.points(now_ns)])
+
+
+@pytest.mark.parametrize("moved", [(), ("dag",), ("dag", "session"), ("session", "dag")])
+@pytest.mark.parametrize(
+    "tags", [BASE, {"host": "h", "session": 's"1\\', "time": "x", "": "y", "a b": "", "w,x": "=a"}]
+)
+def test_lines_are_the_encoders_bytes_for_the_points(moved, tags, monkeypatch):
+    """The task stream's own line writer against the encoder on the same records, tick after tick (times moved
+    on across ticks), with every odd name and value; each case also through the points alone (fields left out)."""
+    rng = random.Random(f"{moved}{sorted(tags)}")
+    for fields in (STREAM | fields_for(["fine-metrics"]), STREAM - {("task", "compute")}):
+        lines, points = (TaskStream(fields, tags, lambda: 0.5, field_tags=moved) for _ in range(2))
+        by_points = []
+        monkeypatch.setattr(lines, "_points", lambda *a: by_points.append(1) or TaskStream._points(lines, *a))
+        for tick in range(8):
+            records = odd_records(rng, 150, t0=100.0 + tick * rng.choice([0.0, 0.01]), unwritable=tick % 4 == 3)
+            lines.ended.extend(records)
+            points.ended.extend(records)
+            digests = [(rng.choice(["inc", *ODD]), "thread-cpu", "seconds", 0.5)] * rng.choice([0, 3])
+            lines.fine and lines.fine.added.extend(digests)
+            points.fine and points.fine.added.extend(digests)
+            assert lines.lines(now_ns=tick) == encoded(points, tick, moved)
+        every = ("task", "compute") in fields
+        assert len(by_points) == (2 if every else 8), "written by the line writer but for the unwritable values"
+        assert lines.lines(now_ns=9) == [] == points.points(now_ns=9)
+
+
+def test_lines_of_plain_tasks_take_no_way_round(monkeypatch):
+    """The usual records (no escaping, finite values) are written by the line writer itself: the encoder is
+    not called for them, and a new series' text is checked against the encoder once."""
+    stream = TaskStream(STREAM, BASE, field_tags=("dag",))
+    stream.ended.extend(record(f"inc-{i}", stop=100.5 + i) for i in range(3))
+    calls = []
+    real = lineprotocol.encode_many
+    monkeypatch.setattr(lineprotocol, "encode_many", lambda points: calls.append(len(points)) or real(points))
+    first = stream.lines(now_ns=1)
+    stream.ended.append(record("inc-3"))
+    second = stream.lines(now_ns=2)
+    assert calls == [1, 1]  # the series' text checked once, in each shape (with nbytes and without)
+    assert first[0] == (
+        b"task,host=h,job=1,prefix=inc,run=r,state=memory,worker=tcp://w:1 "
+        b'key="inc-0",start=100.0,duration=0.5,compute=0.5,transfer=0.0,disk_read=0.0,disk_write=0.0,nbytes=8i,'
+        b'dag="2" 100500000000'
+    )
+    assert len(first) == 3 and len(second) == 1

@@ -113,9 +113,3 @@ def worker_gpus(settings, view: WorkerView, report):
         return gpus, gpus.resolve(view)
     except Exception:
         return gpus, []
-
-
-def writer(collect: Callable, sink, field_tags: tuple) -> Callable[[], int]:
-    """``collect``'s points encoded into ``sink`` on each call (a worker's custom metrics and task stream into
-    its outbox, on its link's thread): a :class:`~.sampler.Sampler` that is never started."""
-    return Sampler(collect, sink, field_tags=field_tags).sample_and_send

@@ -17,35 +17,61 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from .. import lineprotocol
 from ..schema import CUSTOM, Point
 
 TASKS_EVERY_S = 0.2  # a finished task's points wait in the worker at most this (+ scheduling): < 250 ms (issue 43)
 
 
 class WorkerExtras:
-    """``collect(now_ns)``: custom metrics and task-stream points (see the module docstring).
+    """``collect(now_ns)``: custom metrics and task-stream points (see the module docstring); ``lines(now_ns)``:
+    the same, written (beside the agent).
 
     ``custom``: a :class:`.custom.CustomSource`, or None; ``tasks``: the
     :class:`.taskstream.TaskStream`, or None; ``tags``: the worker's own
-    (without job/dag, from ``snapshot()``); ``offset()``: seconds to add to this host's time.
+    (without job/dag, from ``snapshot()``); ``offset()``: seconds to add to this host's time;
+    ``field_tags``: the tags :meth:`lines` writes as fields (settings.field_tags).
     """
 
-    def __init__(self, custom, tasks, tags: dict, snapshot, offset: Callable[[], float], custom_every: int = 1):
+    def __init__(
+        self,
+        custom,
+        tasks,
+        tags: dict,
+        snapshot,
+        offset: Callable[[], float],
+        custom_every: int = 1,
+        field_tags: tuple = (),
+    ):
         self._custom, self.tasks = custom, tasks
         self._tags, self._snapshot, self._offset = tags, snapshot, offset
         self.custom_every, self._calls = custom_every, 0  # custom metrics on every custom_every-th collect
+        self._field_tags = tuple(field_tags)
 
     def collect(self, now_ns: int) -> list[Point]:
         now_ns += int(self._offset() * 1e9)
-        points = []
-        self._calls += 1
-        if self._custom is not None and (self._calls - 1) % self.custom_every == 0:
-            snap = self._snapshot()
-            tags = {**self._tags, "job": snap.job_tag, "dag": snap.dag_tag}
-            points = [Point(CUSTOM, {**tags, **r.tags}, r.fields, now_ns) for r in self._custom.read()]
+        points = self._custom_points(now_ns)
         if self.tasks is not None:
             points += self.tasks.points(now_ns)
         return points
+
+    def lines(self, now_ns: int) -> list[bytes]:
+        """:meth:`collect`'s points as line protocol, the field tags moved: what the link's thread writes into
+        the outbox (the task stream writes its lines itself: :meth:`.taskstream.TaskStream.lines`)."""
+        now_ns += int(self._offset() * 1e9)
+        points = self._custom_points(now_ns)
+        if self._field_tags:
+            points = [lineprotocol.tags_as_fields(p, self._field_tags) for p in points]
+        lines = lineprotocol.encode_many(points) if points else []
+        return lines + self.tasks.lines(now_ns) if self.tasks is not None else lines
+
+    def _custom_points(self, now_ns: int) -> list[Point]:
+        self._calls += 1
+        if self._custom is None or (self._calls - 1) % self.custom_every:
+            return []
+        snap = self._snapshot()
+        tags = {**self._tags, "job": snap.job_tag, "dag": snap.dag_tag}
+        return [Point(CUSTOM, {**tags, **r.tags}, r.fields, now_ns) for r in self._custom.read()]
 
     def pending(self) -> bool:
         """Whether finished tasks wait for their points (beside the agent, its link's thread wakes only then)."""

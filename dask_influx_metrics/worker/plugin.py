@@ -53,7 +53,7 @@ from ..config import Settings, public
 from ..names import ANNOTATION, DESTINATIONS, EVENT_TOPIC, WORKER_PLUGIN, agent_role
 from ..notices import Reporter
 from ..offloop import off_loop
-from ..sampling.host import HostSampling, worker_gpus, writer
+from ..sampling.host import HostSampling, worker_gpus
 from ..sampling.view import WorkerView
 from ..schema import GPU, SESSION
 from ..sinks.paths import destinations
@@ -106,7 +106,7 @@ class MetricsWorkerPlugin(WorkerPlugin):
         # Dask's clock-offset estimate, steadied: it jumps by tens of ms while tasks hold the GIL
         self.offset = SteadyOffset(functools.partial(_dask.worker_clock_offset, worker))
         if taskstream.wanted(settings.fields):
-            self.tasks = taskstream.TaskStream(settings.fields, self.base_tags, self.offset)
+            self.tasks = taskstream.TaskStream(settings.fields, self.base_tags, self.offset, settings.field_tags)
             if self.tasks.fine is not None:  # Dask's execute digests, as it adds them
                 self._untap = _dask.tap_execute_digests(worker, self.tasks.fine.added.append)
         self._heartbeat = heartbeat.Heartbeat(worker, self._live)
@@ -198,9 +198,9 @@ class MetricsWorkerPlugin(WorkerPlugin):
         self._record_destinations(agent_role(), found)
         if self.custom or self.tasks is not None:
             self._make_extras()
-            collect = _refreshing(self.snapshot, self.extras.collect) if self.custom else self.extras.collect
+            lines = _refreshing(self.snapshot, self.extras.lines) if self.custom else self.extras.lines
             # the link's thread runs it, into the outbox the agent sends
-            self._write_extras = writer(collect, link.outbox, self.settings.field_tags)
+            self._write_extras = functools.partial(_write, lines, link.outbox)
             seconds, self.extras.custom_every = extras.schedule(self.settings, self.tasks is not None)
             # no wake for it while the worker runs nothing and has no task points to write (nudged when it starts)
             idle = None if self.custom else (lambda: link.publisher.idle() and not self.extras.pending())
@@ -286,7 +286,9 @@ class MetricsWorkerPlugin(WorkerPlugin):
             if self.custom
             else None
         )  # per sample
-        self.extras = extras.WorkerExtras(custom, self.tasks, self.base_tags, self.snapshot, self.offset)
+        self.extras = extras.WorkerExtras(
+            custom, self.tasks, self.base_tags, self.snapshot, self.offset, field_tags=self.settings.field_tags
+        )
 
     def _collect_all(self, now_ns: int) -> list:
         self.snapshot.refresh()
@@ -399,6 +401,12 @@ def _refreshing(snapshot, collect):
         return collect(now_ns)
 
     return refreshed
+
+
+def _write(lines, outbox) -> int:
+    """The worker's own points (custom metrics, the task stream), written into its outbox on the link's
+    thread: the agent sends them."""
+    return outbox.send(lines(time.time_ns()))
 
 
 def delivery_counters(dask_worker) -> list[dict]:
