@@ -41,7 +41,7 @@ class FolderWorkers:
         self.outboxes: dict[str, OutboxReader] = {}  # worker id -> its outbox: the live, the leaving, the dead
         self._gone: list[str] = []  # dead workers whose outbox goes out with the next sends, then is removed
         self._behind: set[str] = set()  # outboxes said to hold a backlog
-        self._given: list[tuple[OutboxReader, int]] = []  # each outbox's lines in the last outgoing(), in order
+        self._given: list[tuple[OutboxReader, int]] = []  # what the last outgoing() moved: (outbox, lines)
         self._checked = 0.0
 
     def refresh(self, changed: bool = False) -> list[WorkerView]:
@@ -133,7 +133,8 @@ class FolderWorkers:
         for wid, box in self.outboxes.items():
             taken = box.take()
             lines += taken
-            self._given.append((box, len(taken)))
+            if not box.unchanged:  # (an idle worker's: nothing to note)
+                self._given.append((box, len(taken)))
             if box.behind and wid not in self._behind:
                 self._behind.add(wid)
                 logger.info("worker %s's outbox holds a backlog: sent over the next samples", wid)

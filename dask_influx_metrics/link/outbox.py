@@ -419,6 +419,11 @@ class OutboxReader:
                 _unlink(path)
         self._k, self._offset = self._taken
 
+    @property
+    def unchanged(self) -> bool:
+        """Whether the last take gave no line and moved nowhere: :meth:`sent` would have nothing to note."""
+        return not self._parts and self._taken == (self._k, self._offset)
+
     def _position(self, count: int) -> tuple[int, int]:
         """Where the first ``count`` lines of the last take end (``count`` is fewer than it took)."""
         for k, offset, chunk in self._parts:
