@@ -250,4 +250,56 @@ def test_lines_a_sink_did_not_take_are_taken_again(tmp_path):
 def test_the_agents_note_of_what_was_sent_never_needs_room(tmp_path):
     """The worker makes the ``.sent`` file whole when it starts: the agent's one pwrite never allocates a page."""
     Outbox(str(tmp_path), "w").close()
-    assert os.path.getsize(tmp_path / "w.sent") == 16
+    assert os.path.getsize(tmp_path / "w.sent") == outbox.MARKER_BYTES
+
+
+# --- issue 46: an idle worker costs its agent no system call ----------------------------------------------------
+def test_an_idle_outbox_is_looked_at_without_a_system_call_and_a_write_is_seen_at_once(tmp_path, monkeypatch):
+    import types
+
+    out = Outbox(str(tmp_path), "w", segment_bytes=200)
+    reader = OutboxReader(str(tmp_path), "w")
+    out.send(lines(0, 5))
+    assert reader.take() == lines(0, 5)
+    reader.sent()
+    calls = []
+
+    def counted(name, module=os):
+        real = getattr(module, name)
+        return lambda *a, **k: calls.append(name) or real(*a, **k)
+
+    names = ("open", "fstat", "stat", "pread", "pwrite", "lstat")
+    fake_os = types.SimpleNamespace(**{**vars(os), **{n: counted(n) for n in names}})
+    fake_os.path = types.SimpleNamespace(**{**vars(os.path), "exists": counted("exists", os.path)})
+    monkeypatch.setattr(outbox, "os", fake_os)
+    for _ in range(3):
+        assert reader.take() == []
+        reader.sent()
+    assert calls == [], "nothing written since the last look: no file looked at"
+    out.send(lines(5, 20))  # past the segment's end: a new segment too
+    assert reader.take() == lines(5, 20) and calls, "the writer's count changed: read at the next take"
+    reader.sent()
+    out.close()
+
+
+def test_lines_a_writer_did_not_count_are_read_once_it_is_not_trusted(tmp_path):
+    """A worker killed between its write and its count: the agent reads its files whatever the count says once it
+    knows the worker is gone (``trust`` off), before it removes them."""
+    out = Outbox(str(tmp_path), "w")
+    reader = OutboxReader(str(tmp_path), "w")
+    assert reader.take() == []
+    with open(tmp_path / "w.out-0", "ab") as f:  # written, not counted: the writer died in between
+        f.write(b"m v=1i 1\n")
+    assert reader.take() == [], "a live writer counts each write: nothing counted, nothing looked at"
+    reader.trust = False
+    assert reader.take() == [b"m v=1i 1"]
+    out.close()
+
+
+def test_an_outbox_of_a_writer_that_counts_nothing_is_read_at_every_take(tmp_path):
+    """A ``.sent`` file of the layout before the count (16 bytes): no count to go by, the files are read."""
+    (tmp_path / "w.sent").write_bytes(bytes(16))
+    reader = OutboxReader(str(tmp_path), "w")
+    assert reader.take() == []
+    (tmp_path / "w.out-0").write_bytes(b"m v=1i 1\n")
+    assert reader.take() == [b"m v=1i 1"]

@@ -41,7 +41,7 @@ class FolderWorkers:
         self.outboxes: dict[str, OutboxReader] = {}  # worker id -> its outbox: the live, the leaving, the dead
         self._gone: list[str] = []  # dead workers whose outbox goes out with the next sends, then is removed
         self._behind: set[str] = set()  # outboxes said to hold a backlog
-        self._given: list[tuple[OutboxReader, int]] = []  # each outbox's lines in the last outgoing(), in order
+        self._given: list[tuple[OutboxReader, int]] = []  # what the last outgoing() moved: (outbox, lines)
         self._checked = 0.0
 
     def refresh(self, changed: bool = False) -> list[WorkerView]:
@@ -60,10 +60,15 @@ class FolderWorkers:
                 if not runfolder.alive(view.pid):  # killed: nothing to wait for but its outbox
                     self._remove(wid)
                     logger.info("worker %s (pid %d) is gone", view.address, view.pid)
-        files = runfolder.worker_files(self.folder)
-        self._adopt()
+        try:
+            names = os.listdir(self._dir)
+        except FileNotFoundError:
+            names = []
+        files = {n[:-5]: os.path.join(self._dir, n) for n in names if n.endswith(".json")}
+        self._adopt(names)
         for wid in set(self.views) - set(files):
             left.append(self.views.pop(wid))
+            self.outboxes[wid].trust = False  # its last writes: looked at whatever it counted
         for wid in sorted(set(files) - set(self.views) - set(self.foreign)):
             view = self._open(wid, files[wid])
             if view is not None:
@@ -103,18 +108,20 @@ class FolderWorkers:
         return self._make(wid, info, SnapshotReader(buffer))
 
     def _remove(self, wid: str) -> None:
-        """A dead worker: its files go now, its outbox once sent (:meth:`sent`)."""
+        """A dead worker: its files go now, its outbox once sent (:meth:`sent`), whatever it counted (it may have
+        died between a write and its count)."""
         view = self.views.pop(wid, None)
         if view is not None:
             view.close()
+        self.outboxes[wid].trust = False
         self._unlink(wid)
         self._gone.append(wid)
 
-    def _adopt(self) -> None:
+    def _adopt(self, names: list[str]) -> None:
         """The outboxes a dead session's workers left (moved here by :func:`..link.runfolder.remove_stale`): sent
-        like a dead worker's, then removed."""
-        for wid in outbox.ids(self._dir) if os.path.isdir(self._dir) else ():
-            if wid.startswith(outbox.STALE) and wid not in self.outboxes:
+        like a dead worker's, then removed. ``names``: the folder's listing."""
+        for wid in outbox.ids_of(n for n in names if n.startswith(outbox.STALE)):
+            if wid not in self.outboxes:
                 self.outboxes[wid] = OutboxReader(self._dir, wid, self.spill)
                 self._gone.append(wid)
                 logger.info("sending what a worker of a session whose processes are gone left unsent (%s)", wid)
@@ -126,7 +133,8 @@ class FolderWorkers:
         for wid, box in self.outboxes.items():
             taken = box.take()
             lines += taken
-            self._given.append((box, len(taken)))
+            if not box.unchanged:  # (an idle worker's: nothing to note)
+                self._given.append((box, len(taken)))
             if box.behind and wid not in self._behind:
                 self._behind.add(wid)
                 logger.info("worker %s's outbox holds a backlog: sent over the next samples", wid)

@@ -26,6 +26,11 @@ goes back. Each move is said once (``report``); points that neither folder takes
 are counted (``points_dropped``) and reported with their number. The agent reads
 a segment from whichever folder holds it.
 
+An idle worker costs its agent no system call: the writer counts its writes in the
+``.sent`` file too (mapped by both), and the agent looks at its files only when that
+count changed since its last look (or a take left lines or half a line behind, or
+the writer may have died between a write and its count: :attr:`OutboxReader.trust`).
+
 Example
 -------
 >>> import tempfile
@@ -49,6 +54,7 @@ Example
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import struct
 import time
@@ -64,7 +70,9 @@ TAKE_BYTES = 256 << 10  # what one take hands out at most: a backlog goes out ov
 LOOK_S = 1.0  # how often a writer whose segment is on disk looks whether the run folder has room again
 _LF = b"\x0c"  # a raw newline inside a string field, in the files: the encoder never writes a form feed
 STALE = "stale-"  # the prefix of an outbox moved here from a session whose processes are all gone
-_SENT = struct.Struct("<QQ")  # segment, offset
+_SENT = struct.Struct("<QQ")  # segment, offset: how far the agent sent (it writes them)
+_WRITES = struct.Struct("<Q")  # after them: the writes the worker made (it counts them)
+MARKER_BYTES = _SENT.size + _WRITES.size  # the ``.sent`` file
 
 
 def _segment(folder: str, worker_id: str, k: int) -> str:
@@ -105,14 +113,18 @@ class Outbox:
         self._look_at = 0.0
         self.points_written = self.points_dropped = self.points_spilled = 0
         self._losing = -1  # points lost since the last report of a loss; -1: none lost (or said and over)
-        # The agent notes its progress in this file with one pwrite: made now, so that never needs room.
+        # The agent notes its progress in this file with one pwrite: made whole now, so that never needs room
+        # (nor does a look at the writes counted after it, through a mapping: its page is there).
         self._marker = os.path.join(folder, f"{worker_id}.sent")
         fd = os.open(self._marker, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            if os.fstat(fd).st_size < _SENT.size:
-                os.pwrite(fd, bytes(_SENT.size), 0)
+            if (size := os.fstat(fd).st_size) < MARKER_BYTES:  # the agent's note of an older outbox of this id kept
+                start = size if size >= _SENT.size else 0
+                os.pwrite(fd, bytes(MARKER_BYTES - start), start)
+            self._shared = mmap.mmap(fd, MARKER_BYTES)
         finally:
             os.close(fd)
+        self._writes = _WRITES.unpack_from(self._shared, _SENT.size)[0]
         self._next(folder)
 
     def _next(self, where: str) -> None:
@@ -155,7 +167,13 @@ class Outbox:
         if self._size >= self._limit:
             why = self._no_room()
             self._rotate(self._folder if why is None else (self._spill or self._folder), why)
+        self._counted()
         return written
+
+    def _counted(self) -> None:
+        """A write (and any new segment) is in the files: counted after it, where the agent looks first."""
+        self._writes += 1
+        _WRITES.pack_into(self._shared, _SENT.size, self._writes)
 
     def _write(self, data: bytes) -> tuple[int, OSError | None]:
         """Append ``data`` (whole lines); returns the bytes written up to the last whole line and the error that
@@ -268,6 +286,8 @@ class Outbox:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if not self._shared.closed:
+            self._shared.close()
         if self._losing > 0:  # the count since the last report: the record stays whole
             self._found_room()
 
@@ -292,14 +312,20 @@ class OutboxReader:
     def __init__(self, folder: str, worker_id: str, spill: str | None = None):
         self._folder, self._id, self._spill = folder, worker_id, spill
         self._marker = os.path.join(folder, f"{worker_id}.sent")
+        self._k, self._offset, self._writes = 0, 0, None  # nothing sent yet; the writes it counts: not mapped
         try:
             with open(self._marker, "rb") as f:
                 self._k, self._offset = _SENT.unpack(f.read(_SENT.size))
-        except (OSError, struct.error):  # nothing sent yet
-            self._k, self._offset = 0, 0
+                if os.fstat(f.fileno()).st_size >= MARKER_BYTES:  # (an older writer's counts nothing)
+                    self._writes = mmap.mmap(f.fileno(), MARKER_BYTES, access=mmap.ACCESS_READ)
+        except (OSError, ValueError, struct.error):
+            pass
         self._taken = (self._k, self._offset)  # where the lines handed out end
         self._parts: list = []  # (segment, offset, lines) of the last take, for a sink that took only some
         self.behind = False  # the last take left lines for the next
+        self.trust = True  # the writer's count says when to look: it lives (see the module docstring)
+        self._looked: int | None = None  # the writer's count at the last look at the files
+        self._half = False  # the last take left half a line: its end comes
         self._fd = None
         self._failed = False
 
@@ -314,10 +340,15 @@ class OutboxReader:
         """The whole lines written since the last :meth:`take` (this segment, then the next ones), about
         ``limit`` bytes at most (at least one line): a backlog (a replaced agent's, a dead session's) goes out
         over the next samples instead of in one burst that a Telegraf's socket would drop in part."""
+        self._parts = []
+        if self._writes is not None:
+            writes = _WRITES.unpack_from(self._writes, _SENT.size)[0]  # before the files: what it counts is there
+            if writes == self._looked and self.trust and not (self.behind or self._half):
+                return []  # nothing written since the last look
+            self._looked = writes
         k, offset = self._taken
         lines: list[bytes] = []
-        self._parts = []
-        self.behind = False
+        self.behind = self._half = False
         while True:
             if limit <= 0:  # a long line used it up: the next segment waits for the next take
                 self.behind = True
@@ -328,6 +359,7 @@ class OutboxReader:
                 want *= 2
                 data = self._read(k, offset, want)
             end = data.rfind(b"\n") + 1
+            self._half = end < len(data)
             if end:
                 chunk = data[: end - 1].split(b"\n")
                 self._parts.append((k, offset, chunk))
@@ -387,6 +419,11 @@ class OutboxReader:
                 _unlink(path)
         self._k, self._offset = self._taken
 
+    @property
+    def unchanged(self) -> bool:
+        """Whether the last take gave no line and moved nowhere: :meth:`sent` would have nothing to note."""
+        return not self._parts and self._taken == (self._k, self._offset)
+
     def _position(self, count: int) -> tuple[int, int]:
         """Where the first ``count`` lines of the last take end (``count`` is fewer than it took)."""
         for k, offset, chunk in self._parts:
@@ -398,6 +435,8 @@ class OutboxReader:
     def remove(self) -> None:
         """Every file of this outbox (the worker is gone and what it wrote was sent)."""
         self._close()
+        if self._writes is not None:
+            self._writes.close()
         k = self._k
         while self._exists(k):
             for path in self._paths(k):
@@ -419,8 +458,13 @@ def ids(folder: str) -> set[str]:
     ['7.1', '8']
     >>> shutil.rmtree(d)
     """
+    return ids_of(os.listdir(folder))
+
+
+def ids_of(names) -> set[str]:
+    """The ids of the outboxes whose files are named in ``names`` (one listing of a folder)."""
     found = set()
-    for name in os.listdir(folder):
+    for name in names:
         wid, sep, _ = name.rpartition(".out-")
         if sep:
             found.add(wid)
