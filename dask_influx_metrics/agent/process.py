@@ -51,8 +51,7 @@ from . import prometheus
 from .workers import FolderWorkers
 
 logger = logging.getLogger(__name__)
-EXIT_CHECK_S = 0.5  # how often the agent looks whether its session is over here (its sampler thread, warm)
-EXIT_BACKSTOP_S = 5.0  # the main thread looks itself at least this often (a sampler that hangs in a call)
+EXIT_CHECK_S = 0.5  # how often the agent looks whether its session is over here
 KEEP_REPORTS = 32
 COUNTERS_S = 1.0  # the sink's counters go into the beat this often
 DRAIN_PAUSE_S = 0.05  # between the parts of a backlog the agent sends before it exits
@@ -110,8 +109,6 @@ class Agent:
         self._beat_at = 0.0
         self._pid = os.getpid()
         self._said_shared: set = set()  # the shared GPUs reported
-        self.look = Flag()  # set: the main thread looks whether the session is over here (main())
-        self._looked = 0.0
 
     def _keep(self, event: dict) -> None:
         self._reported += 1
@@ -202,10 +199,6 @@ class Agent:
         shared = self.core.collector.shared
         if shared and not self._said_shared.issuperset(shared):  # the message made once, when it is reported
             self._report_shared(shared)
-        if (now := time.monotonic()) - self._looked >= EXIT_CHECK_S:  # here, not in a thread of its own: no wake
-            self._looked = now
-            if self.idle_for_good() or not os.path.isdir(self.folder):
-                self.look.set()
         return Sample(points, self.workers.outgoing(), self._sent)
 
     def _report_shared(self, shared: dict) -> None:
@@ -331,7 +324,7 @@ def main(stdin: int = 0) -> int:
     """The agent process, its config as one JSON line on ``stdin``; "ready" on stdout once sampling."""
     ready = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything else printed goes to the log
-    stop = Flag()
+    stop = Flag()  # its look every EXIT_CHECK_S as cheap as a sleep
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the workers decide
     with os.fdopen(os.dup(stdin), "rb") as f:
@@ -344,7 +337,6 @@ def main(stdin: int = 0) -> int:
     )
     folder = config["folder"]
     agent = Agent(Settings.from_dict(config["settings"]), config["session"], folder)
-    signal.signal(signal.SIGTERM, lambda *_: (stop.set(), agent.look.set()))
     path = os.path.join(folder, runfolder.SOCKET)
     if os.path.exists(path):
         os.unlink(path)
@@ -364,12 +356,8 @@ def main(stdin: int = 0) -> int:
     for stale in stale_sessions:
         logger.info("removed the run folder of a session whose processes are gone: %s", stale)
     remove = False
-    # The sampler thread looks every EXIT_CHECK_S when it samples at least that often; else the main thread does.
-    backstop = EXIT_BACKSTOP_S if agent.core.sampler.interval <= EXIT_CHECK_S else EXIT_CHECK_S
-    while not stop.is_set():
-        agent.look.wait(backstop)  # set by the sampler thread when it may be over (or by SIGTERM)
-        agent.look.clear()
-        if stop.is_set() or not os.path.isdir(folder):
+    while not stop.wait(EXIT_CHECK_S):
+        if not os.path.isdir(folder):
             break
         if agent.idle_for_good():
             with runfolder.locked(folder, runfolder.START_LOCK):
