@@ -44,7 +44,7 @@ from ..link.snapshot import BEAT_BYTES, BeatReader, write_beat
 from ..names import GpuState, agent_role
 from ..notices import Reporter
 from ..sampling.host import HostSampling
-from ..sampling.sampler import Sample
+from ..sampling.sampler import Flag, Sample
 from ..sampling.view import WorkerView
 from ..schema import GPU, SESSION
 from . import prometheus
@@ -101,12 +101,14 @@ class Agent:
         self.beat = self._new_beat(os.path.join(folder, runfolder.BEAT))
         self._left: list[WorkerView] = []
         self._woken = False  # a worker woke the agent since the last sample
-        self._shared_said: set[str] = set()  # the GPUs reported as shared by several workers
         self._lock = threading.Lock()  # the sampler thread and the main thread both write the beat
         self._counted, self._counters = -COUNTERS_S, []
         self._said: tuple = (None, None)  # (BeatState, the fast part) of the last beat written
         self._doc = self._head = b"{}"
+        self._payload = b"{}\n{}"  # the last beat's JSON: _head, then _doc
         self._beat_at = 0.0
+        self._pid = os.getpid()
+        self._said_shared: set = set()  # the shared GPUs reported
 
     def _keep(self, event: dict) -> None:
         self._reported += 1
@@ -189,15 +191,21 @@ class Agent:
         outboxes, which go out with them."""
         woken, self._woken = self._woken, False
         self._left = self.workers.refresh(changed=woken)
-        live = self.workers.live()
-        for w in live + self._left:
+        views = self.workers.live() + self._left
+        for w in views:
             w.snapshot.refresh()
-        self.write_beat()
-        points = self.core.sample(live + self._left, now_ns, final=bool(self._left))
-        for uuid, users in self.core.collector.shared.items():
-            if uuid in self._shared_said:  # (said once: not formatted again at every sample, ~60 us at 4 workers)
+        self.write_beat(views)
+        points = self.core.sample(views, now_ns, final=bool(self._left))
+        shared = self.core.collector.shared
+        if shared and not self._said_shared.issuperset(shared):  # the message made once, when it is reported
+            self._report_shared(shared)
+        return Sample(points, self.workers.outgoing(), self._sent)
+
+    def _report_shared(self, shared: dict) -> None:
+        for uuid, users in shared.items():
+            if uuid in self._said_shared:
                 continue
-            self._shared_said.add(uuid)
+            self._said_shared.add(uuid)
             addresses = [w.address for w in users]
             self.report.once(
                 "shared-gpu",
@@ -209,15 +217,16 @@ class Agent:
                 workers=addresses,
                 host=socket.gethostname(),
             )
-        return Sample(points, self.workers.outgoing(), self._sent)
 
-    def write_beat(self) -> None:
-        """Liveness every sample; the rest encoded again only when it changed (counters: once a second)."""
-        views = self.workers.live() + self._left
+    def write_beat(self, views: list | None = None) -> None:
+        """Liveness every sample; the rest encoded again only when it changed (counters: once a second).
+        ``views``: the workers of this sample (default: those registered and those leaving)."""
+        if views is None:
+            views = self.workers.live() + self._left
         sampler, figures, now = self.core.sampler, self.core.figures, time.monotonic()
         if now - self._counted >= COUNTERS_S:
             self._counted = now
-            self._counters = [{**c, "agent": os.getpid()} for c in self.core.sink.counters()]
+            self._counters = [{**c, "agent": self._pid} for c in self.core.sink.counters()]
         state = BeatState(
             self._counters,
             self._reported,
@@ -227,13 +236,17 @@ class Agent:
             figures.version,
             next(iter(self.workers.views), None),
         )
-        acked = {w.id: w.snapshot.acked for w in views}
-        idle = [w.id for w in views if not w.snapshot().executing]  # their next task start is worth a wake
+        acked, idle = {}, []  # idle: their next task start is worth a wake
+        for w in views:
+            acked[w.id] = w.snapshot.acked
+            if not w.snapshot().executing:
+                idle.append(w.id)
         fast = (acked, idle)  # changes every sample while tasks run: a line of its own, cheap to decode
-        if (state, fast) == self._said and now - self._beat_at < sampler.interval + BEAT_SLACK_S:
+        new_state, new_fast = state != self._said[0], fast != self._said[1]
+        if not (new_state or new_fast) and now - self._beat_at < sampler.interval + BEAT_SLACK_S:
             return  # nothing new to say, and the last beat is recent enough for the workers' watch
         self._beat_at = now
-        if state != self._said[0]:
+        if new_state:
             self._doc = json.dumps(
                 {
                     "relay": state.relay,
@@ -247,11 +260,12 @@ class Agent:
                 },
                 separators=(",", ":"),
             ).encode()
-        if fast != self._said[1]:
+        if new_fast:
             self._head = json.dumps({"acked": acked, "idle": idle}, separators=(",", ":")).encode()
-        self._said = (state, fast)
+        if new_state or new_fast:
+            self._said, self._payload = (state, fast), self._head + b"\n" + self._doc
         with self._lock:
-            write_beat(self.beat, os.getpid(), sampler.samples, sampler.extra, self._head + b"\n" + self._doc)
+            write_beat(self.beat, self._pid, sampler.samples, sampler.extra, self._payload)
 
     def wake(self, message: str) -> None:
         """``"<worker id> task"``: a task started on that worker: sample now if its last sample saw it
@@ -310,7 +324,7 @@ def main(stdin: int = 0) -> int:
     """The agent process, its config as one JSON line on ``stdin``; "ready" on stdout once sampling."""
     ready = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything else printed goes to the log
-    stop = threading.Event()
+    stop = Flag()  # its look every EXIT_CHECK_S as cheap as a sleep
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the workers decide
     with os.fdopen(os.dup(stdin), "rb") as f:

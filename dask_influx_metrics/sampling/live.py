@@ -68,22 +68,18 @@ class LiveFigures:
         self.version = 0  # changes when an entry or the accounting does
         self._shares: dict[tuple, tuple] = {}  # (worker address, uuid) -> (share %, when)
 
-    def observe(self, points, now: float) -> dict:
+    def observe(self, points, now: float) -> None:
         """Note the shares a sample's ``points`` carry (every sample: a share is read once a second, an
-        entry rebuilt every :data:`LIVE_S`); returns the sample's GPU readings by (worker address, uuid)."""
-        readings: dict[tuple, dict] = {}
+        entry rebuilt every :data:`LIVE_S`)."""
         for p in points:
-            if p.measurement == GPU:
-                key = (p.tags.get("worker"), p.tags.get("uuid"))
-                readings[key] = p.fields
-                if (share := p.fields.get("worker_gpu_share")) is not None:
-                    self._shares[key] = (share, now)
-        return readings
+            if p.measurement == GPU and (share := p.fields.get("worker_gpu_share")) is not None:
+                self._shares[p.tags.get("worker"), p.tags.get("uuid")] = (share, now)
 
     def update(self, views, points, now: float, shared=()) -> bool:
         """Rebuild the entries of ``views`` from one sample's ``points`` (observed too); ``shared``: the uuids
         several workers use now. Whether anything changed."""
-        readings = self.observe(points, now)
+        self.observe(points, now)
+        readings = {(p.tags.get("worker"), p.tags.get("uuid")): p.fields for p in points if p.measurement == GPU}
         self._shares = {k: v for k, v in self._shares.items() if now - v[1] <= SHARE_KEEP_S}
         entries = {v.id: self._entry(v, readings, shared) for v in views}
         if entries == self.entries:

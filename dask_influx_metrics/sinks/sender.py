@@ -42,13 +42,13 @@ class Sender:
         if self._tags is not None and now - self._health_at >= HEALTH_INTERVAL:
             self._health_at = now
             lines = lines + health_points(self.sink, self._tags, int(now * 1e9), self._field_tags)
-        forward = list(forward)
-        everything = forward + lines
+        ahead = len(forward)
+        everything = [*forward, *lines] if ahead else lines
         taken = self.sink.take(everything)
         if taken < len(everything):  # the sample's own lines the sink could not keep: counted where they fail
-            self.sink.send(lines[max(0, taken - len(forward)) :])
+            self.sink.send(lines[max(0, taken - ahead) :])
         self.sink.flush()
-        return min(taken, len(forward))
+        return min(taken, ahead)
 
     def health_now(self) -> None:
         """The next :meth:`send` carries the delivery points (the last counts of a sampler that stops)."""
