@@ -328,28 +328,3 @@ def test_gauges_hold_only_what_the_last_sample_read():
     run(acc, clock, [([gpu("GPU-b", utilization_gpu=10.0)], [worker("c", snap(3))])], start=4)
     tags, device, workers, totals = acc.gauges()["GPU-a"]
     assert device == {} and workers == {} and totals["busy_seconds"] > 0
-
-
-def test_samples_counted_later_give_the_totals_and_points_of_samples_counted_at_once():
-    """A sample that can make no point waits to be counted (with the next that can, or a read): the totals,
-    the points and their times are those of counting each sample as it comes (read after every update)."""
-    samples = []
-    for k in range(80):  # a job starts, runs on a shared GPU with a share once a second, ends, idles
-        job = snap(1) if 10 <= k < 50 else IDLE
-        answer = k % 5 == 4
-        users = [("a", {SHARE: 70.0} if answer else {}), ("b", {SHARE: 20.0} if answer else {})]
-        device = {"utilization_gpu": float(k % 7) * 10, "power_draw": 100.0 + k}
-        if k % 25 == 0:
-            device["total_energy_consumption"] = 1000 * k
-        samples.append(([gpu(users=users, **device)], [worker("a", job, cpu=k % 3), worker("b", IDLE, cpu=1.0)]))
-    eager, eager_clock, _ = make(interval=3.0)
-    late, late_clock, _ = make(interval=3.0)
-    eager_points, late_points = [], []
-    for k, (gpus, workers) in enumerate(samples):
-        eager_clock.t = late_clock.t = k * STEP
-        eager_points += eager.update(int(k * STEP * NS), int(k * STEP * NS), gpus, workers)
-        eager.rows()  # every sample counted at once
-        late_points += late.update(int(k * STEP * NS), int(k * STEP * NS), gpus, workers)
-    assert len(late._queue) > 0, "the last samples wait to be counted"
-    assert late.rows() == eager.rows() and late.live() == eager.live() and late.gauges() == eager.gauges()
-    assert late_points == eager_points and len(late_points) > 0
