@@ -55,7 +55,6 @@ logger = logging.getLogger(__name__)
 CAP_STEPS = 3  # a window is at most this many polling intervals (a stalled sampler charges no one its gap)
 WAIT_S = 5.0  # a window waits at most this long for its share or GPM value, then is settled with what is known
 JOB_END_EVERY_S = 1.0  # a job's rows are written at its end on the host at most this often
-KEEP = 16  # samples kept before they are counted, at most (read every half second: ~5 at 100 ms)
 FINAL_REPEATS = 5  # the session's last point is sent this many times (separate sends: datagrams)
 MIB = 2.0**20
 IDLE = IDLE_JOB
@@ -172,56 +171,27 @@ class Accounting:
         self._last_points: list[Point] = []  # the final write (sent again by close)
         self._stamp = 0
         self._once = Once()
-        self._queue: list = []  # samples not counted yet (update's arguments and its clock reading)
-        self._seen: dict = {}  # worker id -> its snapshot at the last sample
 
     # --- feeding ----------------------------------------------------------------------------------
     def update(self, now_ns: int, stamp_ns: int, gpus: list, workers: list, final: bool = False) -> list[Point]:
         """One sample: ``gpus`` = ``[(uuid, device fields, device tags, [(worker id, its own fields), ...])]``,
         ``workers`` = ``[(worker id, address, snapshot, worker fields)]``; returns the points due now
-        (timed ``stamp_ns``).
-
-        A sample that can make no point (no interval due, not final, every worker's snapshot the one of the
-        sample before: no job started or ended) is kept and counted with the next that can, or when the totals
-        are read (:meth:`live` every half second, :meth:`rows`, :meth:`gauges`, :meth:`close`): the same
-        arithmetic in the same order, a few samples at a time (cheaper than each alone, its code cold)."""
+        (timed ``stamp_ns``)."""
         with self._lock:
+            self._stamp, self._now_ns = stamp_ns, now_ns
             now = self._clock()
-            self._queue.append((now_ns, stamp_ns, gpus, workers, final, now))
-            moved = self._moved(workers)  # first: the snapshots seen are those of every sample
-            if moved or final or self._next is None or now >= self._next or len(self._queue) >= KEEP:
-                return self._catch_up()
-            return []
-
-    def _moved(self, workers: list) -> bool:
-        """Whether ``workers`` or a snapshot of theirs is not the same as at the sample before."""
-        seen = self._seen
-        if len(workers) == len(seen) and all(seen.get(wid) is snap for wid, _, snap, _ in workers):
-            return False
-        self._seen = {wid: snap for wid, _, snap, _ in workers}
-        return True
-
-    def _catch_up(self) -> list[Point]:
-        """The kept samples counted, in order (under the lock); the points of the last (the others made none)."""
-        points, queue, self._queue = [], self._queue, []
-        for sample in queue:
-            points = self._count(*sample)
-        return points
-
-    def _count(self, now_ns: int, stamp_ns: int, gpus: list, workers: list, final: bool, now: float) -> list[Point]:
-        self._stamp, self._now_ns = stamp_ns, now_ns
-        parts, running, known = {}, set(), self._workers
-        self._workers = {}  # the workers of this sample (one that left is forgotten)
-        for wid, address, snap, fields in workers:
-            w = self._workers[wid] = known.get(wid) or _Worker(address)
-            parts[wid] = self._parts(w, snap)
-            running.update(parts[wid])
-            self._cpu(w, fields.get("cpu_percent"), now_ns)
-        for uuid, device, tags, users in gpus:
-            self._gpu(uuid, device, tags, users, parts, now_ns, final)
-        self._active.update(dict.fromkeys(running, now))
-        ended, self._running = self._running - running, running
-        return self._points(now, stamp_ns, final, ended)
+            parts, running, known = {}, set(), self._workers
+            self._workers = {}  # the workers of this sample (one that left is forgotten)
+            for wid, address, snap, fields in workers:
+                w = self._workers[wid] = known.get(wid) or _Worker(address)
+                parts[wid] = self._parts(w, snap)
+                running.update(parts[wid])
+                self._cpu(w, fields.get("cpu_percent"), now_ns)
+            for uuid, device, tags, users in gpus:
+                self._gpu(uuid, device, tags, users, parts, now_ns, final)
+            self._active.update(dict.fromkeys(running, now))
+            ended, self._running = self._running - running, running
+            return self._points(now, stamp_ns, final, ended)
 
     @staticmethod
     def _parts(w: _Worker, snap) -> dict:
@@ -439,7 +409,6 @@ class Accounting:
         """The session's last points: every row, with every waiting window settled with what is known. Its
         sender sends them :data:`FINAL_REPEATS` times (:func:`repeat`)."""
         with self._lock:
-            self._catch_up()
             now_ns = time.time_ns() if now_ns is None else now_ns
             for g in self._gpus.values():
                 self._settle(g, now_ns, final=True)
@@ -453,14 +422,12 @@ class Accounting:
     def rows(self) -> list[tuple]:
         """``[(job tag, uuid or None, (values in schema order, None where never known))]`` of every row now."""
         with self._lock:
-            self._catch_up()
             return [(str(r.job), r.uuid, tuple(r.values)) for r in self._rows.values()]
 
     def gauges(self) -> dict:
         """The latest readings of each GPU: ``{uuid: (device tags, device fields, {worker address: its own
         fields}, {"busy_seconds": total, "energy_joules": total})}`` (the device's totals: jobs + idle)."""
         with self._lock:  # a GPU no worker used at the last sample: its totals only, no stale reading
-            self._catch_up()
             return {
                 u: (
                     g.tags,
@@ -478,7 +445,6 @@ class Accounting:
         "gpus": {uuid: {"utilization_gpu", "sm_active", "memory_used", "power_draw"}}}``: "now" is the job's
         own share of the latest settled reading (% of the GPU), device figures as read."""
         with self._lock:
-            self._catch_up()
             jobs: dict = {}
             for r in self._rows.values():
                 entry = jobs.setdefault(str(r.job), {"gpus": {}, "cpu_seconds": None, "now": {}})
