@@ -101,7 +101,7 @@ def test_two_jobs_live_in_a_browser(monitored, cluster, tmp_path):
         browser.wait_for(
             "Bokeh.documents.length && Bokeh.documents[0].roots().length && [...Bokeh.documents[0].all_models]"
             ".some(m => m.data && m.data.utilization && m.data.worker.length == 2 && m.data.utilization.some(u => u > 0))",
-            20,
+            60,  # fed by heartbeats and the page's periodic update: a fresh CI clone once took over 20 s
             "Dask's GPU utilization chart fed",
         )
         assert not [e for e in browser.errors if e.startswith("uncaught")], browser.errors
