@@ -38,20 +38,21 @@ import time
 from typing import NamedTuple
 
 from ..config import Settings, public
+from ..flag import Flag
 from ..link import runfolder
 from ..link.seqlock import SnapshotBuffer
 from ..link.snapshot import BEAT_BYTES, BeatReader, write_beat
 from ..names import GpuState, agent_role
 from ..notices import Reporter
 from ..sampling.host import HostSampling
-from ..sampling.sampler import Flag, Sample
+from ..sampling.sampler import Sample
 from ..sampling.view import WorkerView
 from ..schema import GPU, SESSION
 from . import prometheus
 from .workers import FolderWorkers
 
 logger = logging.getLogger(__name__)
-EXIT_CHECK_S = 0.5  # how often the agent looks whether its session is over here
+EXIT_CHECK_S = 5.0  # how often the agent looks whether its run folder is gone (its sampler says when no worker is left)
 KEEP_REPORTS = 32
 COUNTERS_S = 1.0  # the sink's counters go into the beat this often
 DRAIN_PAUSE_S = 0.05  # between the parts of a backlog the agent sends before it exits
@@ -109,6 +110,7 @@ class Agent:
         self._beat_at = 0.0
         self._pid = os.getpid()
         self._said_shared: set = set()  # the shared GPUs reported
+        self.alone = Flag()  # set by the sampler when no worker is left: the main thread looks whether to exit
 
     def _keep(self, event: dict) -> None:
         self._reported += 1
@@ -173,6 +175,8 @@ class Agent:
         lines (what it could not take stays there for the next sample); the leaving workers let go."""
         self.workers.sent(taken)
         self._let_go()
+        if self.idle_for_good():
+            self.alone.set()
 
     def _let_go(self) -> None:
         """The leaving workers' last sample is out: flushed (in InfluxDB when their teardown returns), then
@@ -324,8 +328,8 @@ def main(stdin: int = 0) -> int:
     """The agent process, its config as one JSON line on ``stdin``; "ready" on stdout once sampling."""
     ready = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything else printed goes to the log
-    stop = Flag()  # its look every EXIT_CHECK_S as cheap as a sleep
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stopping = []  # SIGTERM came
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the workers decide
     with os.fdopen(os.dup(stdin), "rb") as f:
         config = json.loads(f.readline() or b"null")
@@ -337,6 +341,8 @@ def main(stdin: int = 0) -> int:
     )
     folder = config["folder"]
     agent = Agent(Settings.from_dict(config["settings"]), config["session"], folder)
+    look = agent.alone  # the main thread's wake: no worker left, SIGTERM, or EXIT_CHECK_S passed
+    signal.signal(signal.SIGTERM, lambda *_: (stopping.append(True), look.set()))
     path = os.path.join(folder, runfolder.SOCKET)
     if os.path.exists(path):
         os.unlink(path)
@@ -356,8 +362,10 @@ def main(stdin: int = 0) -> int:
     for stale in stale_sessions:
         logger.info("removed the run folder of a session whose processes are gone: %s", stale)
     remove = False
-    while not stop.wait(EXIT_CHECK_S):
-        if not os.path.isdir(folder):
+    while not stopping:
+        look.wait(EXIT_CHECK_S)
+        look.clear()
+        if stopping or not os.path.isdir(folder):
             break
         if agent.idle_for_good():
             with runfolder.locked(folder, runfolder.START_LOCK):

@@ -34,6 +34,7 @@ import time
 from typing import Callable, NamedTuple
 
 from .. import lineprotocol
+from ..flag import Flag
 from ..notices import Once
 from ..schema import Point
 
@@ -46,39 +47,6 @@ class Sample(NamedTuple):
     points: list[Point]
     forward: list[bytes]
     then: Callable[[int], None]
-
-
-class Flag:
-    """A :class:`threading.Event` for one waiting thread, as cheap to wait on as a sleep: a lock held while the
-    flag is down. (``Event.wait`` builds a lock and takes a Condition's at each call: ~30 us of a cold thread's
-    CPU per tick here, the sampler's every 100 ms.)
-
-    >>> f = Flag(); f.wait(0.0), f.set(), f.set(), f.wait(0.0), f.wait(0.0), f.clear(), f.wait(0.0)
-    (False, None, None, True, True, None, False)
-    """
-
-    def __init__(self):
-        self._down = threading.Lock()
-        self._down.acquire()
-
-    def set(self) -> None:
-        try:
-            self._down.release()
-        except RuntimeError:  # up already
-            pass
-
-    def clear(self) -> None:
-        self._down.acquire(blocking=False)
-
-    def is_set(self) -> bool:
-        return not self._down.locked()
-
-    def wait(self, timeout: float) -> bool:
-        """Whether the flag is up (within ``timeout`` s); it stays up until :meth:`clear`."""
-        if not self._down.acquire(timeout=timeout):
-            return False
-        self.set()
-        return True
 
 
 class Sampler:

@@ -43,6 +43,7 @@ import threading
 import time
 
 from ..config import AGENT_ENV
+from ..flag import Flag
 from ..link import runfolder
 from ..link.outbox import BUDGET_BYTES as OUTBOX_BUDGET
 from ..link.outbox import Outbox
@@ -54,7 +55,8 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # s for an agent to start sampling (it imports this package and NVML)
 WATCH_S = 0.15  # s: the shortest pause of the relay worker's watcher (dead or hung agent)
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 30.0  # agents dying faster than this: give up (sample in-process)
-WATCH_IDLE_S = 1.0  # how often the others look (dead only: the relay replaces it sooner)
+WATCH_IDLE_S = 1.0  # how often the relay reads the beat again (it may no longer be the relay)
+BACKUP_S = 5.0  # how often the others look: a dead agent the relay missed (it left, hangs), whether they relay now
 STALL_MARGIN = 0.25  # s: a beat 3 intervals + this old means a hung agent
 PUBLISH_LAG_S = 0.005  # s before the agent's sample that a worker writes its changes (at most interval / 10)
 SMALL_SAID = "small.said"  # in the session folder: a worker said the run folder is smaller than needed
@@ -113,7 +115,7 @@ class AgentLink:
         self.gaps = 0  # agents replaced while this worker ran
         self._every, self._due = None, math.inf  # (seconds, fn) the watcher thread also runs; when next
         self._idle = None  # () -> whether fn has nothing to do (the watcher then does not wake for it)
-        self._wake, self._parked = threading.Event(), False  # set on leave; by nudge() only while parked (idle)
+        self._wake, self._parked = Flag(), False  # set on leave; by nudge() only while parked (idle)
         self._once = Once()
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             # taken by another worker of this process, or by a namesake in another PID namespace
@@ -169,6 +171,14 @@ class AgentLink:
 
     # --- the agent's beat ---------------------------------------------------------------
     def beat(self) -> dict | None:
+        """The agent's latest beat (:class:`~..link.snapshot.BeatReader`); a stale one (a new agent writes a new
+        file, which the watcher of a worker other than the relay follows only every :data:`BACKUP_S`) makes
+        this worker look for a newer file first."""
+        if self._beat is not None and time.monotonic() - self._beat.when() > 3 * self.interval + STALL_MARGIN:
+            self._follow_beat()
+        return self._read_beat()
+
+    def _read_beat(self) -> dict | None:
         if self._beat is None:
             path = os.path.join(self.folder, runfolder.BEAT)
             try:
@@ -186,14 +196,14 @@ class AgentLink:
             return
         if self._beat is not None and inode != self._beat_inode:
             old, self._beat = self._beat, None
-            self.beat()
+            self._read_beat()
             old.buffer.close()
-        beat = self.beat()
+        beat = self._read_beat()
         if beat and beat["pid"] != self._beat_pid:  # a new agent (one with no room writes its beat in place)
             self._ticks, self._beat_pid = (None, None), beat["pid"]
 
     def acked(self) -> int:
-        return self._beat.acked() if self._beat is not None or self.beat() is not None else 0
+        return self._beat.acked() if self.beat() is not None else 0  # (a stale beat's successor followed)
 
     def sampled(self, timeout: float) -> dict | None:
         """:meth:`started`, then :meth:`found`: what the agent found of this worker once it sampled it."""
@@ -308,7 +318,7 @@ class AgentLink:
 
     def _watch(self) -> None:
         """One worker of the host (the agent's relay) looks for a dead or a hung agent when its beat would be
-        stale (:meth:`_pause`); the others once a second, for a dead one (a free lock: one system call).
+        stale (:meth:`_pause`); the others every :data:`BACKUP_S`, for a dead one (a free lock: one system call).
         Between looks, what :meth:`every` asked for."""
         relay, n, looked = False, 0, 0.0
         look = time.monotonic() + self._pause(relay, n)
@@ -345,10 +355,11 @@ class AgentLink:
     def _pause(self, relay: bool, n: int) -> float:
         """Seconds to the watcher's next look. The relay: until the agent's latest beat would be 3 intervals +
         :data:`STALL_MARGIN` old (beats come every sample, so ~2-3 looks a second while it lives; a dead or hung
-        agent is seen as soon as it is stale), at least :data:`WATCH_S`. The others: :data:`WATCH_IDLE_S`,
-        after a first second at :data:`WATCH_S`."""
+        agent is seen as soon as it is stale), at least :data:`WATCH_S`. The others: :data:`BACKUP_S` (each
+        look of an idle thread costs ~100 us of CPU, and the relay's already see a dead agent within 3 intervals
+        + 0.25 s), after a first second at :data:`WATCH_S`."""
         if not relay:
-            return WATCH_S if n < 1 / WATCH_S else WATCH_IDLE_S
+            return WATCH_S if n < 1 / WATCH_S else BACKUP_S
         age = time.monotonic() - self._beat.when() if self._beat is not None else 0.0
         return min(WATCH_IDLE_S, max(WATCH_S, 3 * self.interval + STALL_MARGIN - age))
 
