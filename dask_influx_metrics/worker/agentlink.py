@@ -54,8 +54,8 @@ from ..notices import Once
 logger = logging.getLogger(__name__)
 START_TIMEOUT = 30.0  # s for an agent to start sampling (it imports this package and NVML)
 WATCH_S = 0.15  # s: the shortest pause of the relay worker's watcher (dead or hung agent)
+WATCH_MAX_S = 1.0  # s: its longest
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 30.0  # agents dying faster than this: give up (sample in-process)
-WATCH_IDLE_S = 1.0  # how often the relay reads the beat again (it may no longer be the relay)
 BACKUP_S = 5.0  # how often the others look: a dead agent the relay missed (it left, hangs), whether they relay now
 STALL_MARGIN = 0.25  # s: a beat 3 intervals + this old means a hung agent
 PUBLISH_LAG_S = 0.005  # s before the agent's sample that a worker writes its changes (at most interval / 10)
@@ -335,12 +335,13 @@ class AgentLink:
             n += 1
             if self._launchers:
                 self._reap()
-            if not relay or time.monotonic() - looked >= WATCH_IDLE_S:
+            if not relay or time.monotonic() - looked >= BACKUP_S:
                 looked = time.monotonic()
                 self._follow_beat()
                 beat = self.beat()
                 relay = bool(beat) and beat.get("relay") == self.id
-            if not self._free() and relay and self._killed_hung():
+            # the relay: a beat within the last interval says the agent lived then (no lock to look at)
+            if (not relay or self._overdue()) and not self._free() and relay and self._killed_hung():
                 deadline = time.monotonic() + 1.0
                 while not self._free() and time.monotonic() < deadline:  # the kernel frees its lock
                     time.sleep(0.005)
@@ -361,7 +362,12 @@ class AgentLink:
         if not relay:
             return WATCH_S if n < 1 / WATCH_S else BACKUP_S
         age = time.monotonic() - self._beat.when() if self._beat is not None else 0.0
-        return min(WATCH_IDLE_S, max(WATCH_S, 3 * self.interval + STALL_MARGIN - age))
+        return min(WATCH_MAX_S, max(WATCH_S, 3 * self.interval + STALL_MARGIN - age))
+
+    def _overdue(self) -> bool:
+        """Whether the agent's latest beat is older than an interval (it writes one every interval + 0.125 s at
+        most): only then is its lock worth a look (a system call) at the relay's next look."""
+        return self._beat is None or time.monotonic() - self._beat.when() > self.interval
 
     def _free(self) -> bool:
         """Whether ``agent.lock`` is free (no agent): then this worker holds it."""
