@@ -156,16 +156,19 @@ class HostSource:
             (HOST, "disk"): p.disk if p else self._host_disk,
             (HOST, "net"): p.net if p else self._host_net,
             (WORKER, "cpu"): self._worker_cpu,
-            (WORKER, "memory"): (lambda: {"rss": p.process_rss()}) if p else self._worker_memory,
+            (WORKER, "memory"): self._worker_memory,
         }
-        for key in ((HOST, "cpu"), (WORKER, "cpu")):  # prime: the first read covers time since now
-            if key in self._groups:
-                self._guard(key, self._calls[key])
+        # a worker's process on /proc: both files read in one call (the agent reads every worker at every sample)
+        self._process_fields = self._groups.get((WORKER, "cpu"), ()) + self._groups.get((WORKER, "memory"), ())
         # per measurement, what a read does: (group, ((field, its type), ...))
         self._plans = {
             m: [(k, tuple((n, FIELDS[m, n].type) for n in names)) for k, names in self._groups.items() if k[0] == m]
             for m in (HOST, WORKER)
         }
+        if (HOST, "cpu") in self._groups:  # prime: the first read covers time since now
+            self._guard((HOST, "cpu"), self._host_cpu)
+        if (WORKER, "cpu") in self._groups:
+            self.read(WORKER)
 
     def _host_cpu(self) -> dict:
         if self._proc:
@@ -213,17 +216,28 @@ class HostSource:
         return out
 
     def _worker_cpu(self) -> dict:
-        if self._proc is None:
-            return {"cpu_percent": self._process.cpu_percent(interval=None)}
-        # psutil's Process.cpu_percent: CPU seconds over wall seconds since the previous call, one core = 100
-        now = (self._proc.process_cpu_seconds(), time.monotonic())
-        last, self._last_proc = self._last_proc, now
-        if last is None or now[1] <= last[1]:
-            return {"cpu_percent": 0.0}
-        return {"cpu_percent": round(100.0 * (now[0] - last[0]) / (now[1] - last[1]), 1)}
+        return {"cpu_percent": self._process.cpu_percent(interval=None)}
 
     def _worker_memory(self) -> dict:
         return {"rss": self._process.memory_info().rss}
+
+    def _proc_worker(self) -> dict:
+        """The worker process's fields from ``/proc``: its CPU % as psutil's ``Process.cpu_percent`` counts it
+        (CPU seconds over wall seconds since the previous read, one core = 100) and its RSS."""
+        try:
+            cpu, rss = self._proc.process()
+        except Exception as e:  # the process is gone, or /proc is not what it should be
+            self._report((WORKER, "cpu" if "cpu_percent" in self._process_fields else "memory"), e)
+            return {}
+        fields = {}
+        if "cpu_percent" in self._process_fields:
+            now = time.monotonic()
+            last, self._last_proc = self._last_proc, (cpu, now)
+            ok = last is not None and now > last[1]
+            fields["cpu_percent"] = round(100.0 * (cpu - last[0]) / (now - last[1]), 1) if ok else 0.0
+        if "rss" in self._process_fields:
+            fields["rss"] = rss
+        return fields
 
     def _guard(self, key, call):
         try:
@@ -250,6 +264,8 @@ class HostSource:
             if now < self._host_due:
                 return dict(self._host_fields)
             self._host_due = now + self._refresh
+        elif self._proc is not None and measurement == WORKER:
+            return self._proc_worker() if self._process_fields else {}
         fields: dict = {}
         calls = self._calls
         for key, names in self._plans[measurement]:
