@@ -35,11 +35,14 @@ class TaskSource:
         self._want = {name for m, name in fields if m == WORKER} & {"tasks", "running", "managed_bytes"}
         self._snapshot = snapshot
         self._running: tuple = (None, "")  # (keys, their JSON) of the last read
+        self._read: tuple = (None, {})  # (the snapshot, its fields) of the last read: callers copy them
 
     def read(self) -> dict:
         if not self._want:
             return {}
         snap = self._snapshot()
+        if snap is self._read[0]:  # the same snapshot (a worker idle, or no change): the same fields
+            return self._read[1]
         values = {}
         if "tasks" in self._want:
             values["tasks"] = snap.executing
@@ -50,4 +53,5 @@ class TaskSource:
             values["running"] = self._running[1]
         if "managed_bytes" in self._want:
             values["managed_bytes"] = snap.managed_bytes
+        self._read = (snap, values)
         return values
