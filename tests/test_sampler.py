@@ -83,6 +83,32 @@ def test_slow_samples_skip_ticks_instead_of_bursting():
     assert min(s.gaps) >= 0.045  # never two samples back to back to catch up
 
 
+def test_sample_on_wake_takes_the_extra_sample_on_the_waking_thread():
+    threads = []
+    ready = threading.Event()
+
+    def collect(now_ns):
+        threads.append(threading.current_thread())
+        ready.set()
+        return []
+
+    s = Sampler(collect, sink=None, interval=30.0, sample_on_wake=True)
+    s.wake()  # not sampling yet: nothing to do
+    assert threads == []
+    s.start()
+    try:
+        assert ready.wait(10)
+        s.wake()
+        s.wake()  # one extra per interval, however many wakes
+        s.wake(urgent=True)  # but an urgent one (a worker arriving or leaving waits for it)
+        assert threads[1:] == [threading.current_thread()] * 2 and s.extra == 2
+        assert threads[0] is s._thread
+    finally:
+        s.stop()
+    s.wake(urgent=True)
+    assert len(threads) == 3, "no sample after stop"
+
+
 def test_wake_takes_one_extra_sample_before_the_next_tick():
     _time = time
     taken = []

@@ -93,6 +93,7 @@ class Agent:
             name="influx-metrics-agent",
             paths=(folder,),
             serve=True,
+            sample_on_wake=True,  # on the wake listener's thread: the sampler thread sleeps between ticks
         )
         labels = {"host": socket.gethostname(), "session": session}
         self.endpoint = prometheus.serve(settings, self.core.accounting, labels, self.report.once)

@@ -35,10 +35,22 @@ class HostSampling:
     ``tags``: the sampler's own (``worker``: its role, the agent's or the worker's address; ``session``);
     ``report(what, message, **details)``: told once of what cannot be known; ``collect(now_ns)``: the
     sampler's (see :class:`~.sampler.Sampler`), which calls :meth:`sample`; ``paths``: filesystems read
-    beside the workers' own (the agent's run folder); ``serve``: per-job totals kept for ``/metrics``.
+    beside the workers' own (the agent's run folder); ``serve``: per-job totals kept for ``/metrics``;
+    ``sample_on_wake``: a wake's sample is taken on the waking thread (the agent's wake listener).
     """
 
-    def __init__(self, settings, tags: dict, report, collect: Callable, *, name: str, paths=(), serve: bool = False):
+    def __init__(
+        self,
+        settings,
+        tags: dict,
+        report,
+        collect: Callable,
+        *,
+        name: str,
+        paths=(),
+        serve: bool = False,
+        sample_on_wake: bool = False,
+    ):
         self.settings = settings
         self.gpus, self.gpu_state, self.gpu_why = open_gpus(settings, report=report)
         self._report = report
@@ -52,7 +64,12 @@ class HostSampling:
         self.sink = make_sink(settings, role=own["worker"], session=own[SESSION], report=report)
         self.sender = Sender(self.sink, {**settings.tags, **own}, settings.field_tags)
         self.sampler = Sampler(
-            collect, self.sender, settings.polling_interval / 1000.0, name=name, field_tags=settings.field_tags
+            collect,
+            self.sender,
+            settings.polling_interval / 1000.0,
+            name=name,
+            field_tags=settings.field_tags,
+            sample_on_wake=sample_on_wake,
         )
 
     def found(self, view: WorkerView) -> tuple[dict, GpuState]:
