@@ -155,8 +155,8 @@ class HostSource:
             (HOST, "memory"): p.memory if p else self._host_memory,
             (HOST, "disk"): p.disk if p else self._host_disk,
             (HOST, "net"): p.net if p else self._host_net,
-            (WORKER, "cpu"): self._worker_cpu,
-            (WORKER, "memory"): self._worker_memory,
+            (WORKER, "cpu"): self._proc_worker if p else self._worker_cpu,  # /proc: one call, both groups
+            (WORKER, "memory"): self._proc_worker if p else self._worker_memory,
         }
         # a worker's process on /proc: both files read in one call (the agent reads every worker at every sample)
         self._process_fields = self._groups.get((WORKER, "cpu"), ()) + self._groups.get((WORKER, "memory"), ())
