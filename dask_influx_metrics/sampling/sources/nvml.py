@@ -373,7 +373,13 @@ class NvmlDevices:
         results = dev.results
         for entry in plan:
             key, group, converters = entry
-            raw = results[key] if key in results else self._call(dev, key, group)
+            if key in results:
+                raw = results[key]
+            else:  # inline, as it runs for every call of every GPU at every sample: the first variant answers
+                try:
+                    raw = results[key] = dev.calls[key][0](dev.handle)
+                except Exception as e:
+                    raw = self._call(dev, key, group, failed=e)
             if raw is None:
                 if not dev.calls[key]:
                     off = [*(off or ()), entry]
@@ -409,14 +415,18 @@ class NvmlDevices:
                 missing.append((key, group, left))
         dev.missing = missing
 
-    def _call(self, dev: _Device, key: str, group: Group):
-        """The entry's NVML result for ``dev`` this sample, or ``None`` (never raises)."""
-        if key in dev.results:
+    def _call(self, dev: _Device, key: str, group: Group, failed: Exception | None = None):
+        """The entry's NVML result for ``dev`` this sample, or ``None`` (never raises). ``failed``: what its first
+        variant raised, called already (:meth:`_fields`)."""
+        if failed is None and key in dev.results:
             return dev.results[key]
         dev.results[key] = None
         variants = dev.calls[key]
         while variants:
             try:
+                if failed is not None:  # handled as if raised here
+                    error, failed = failed, None
+                    raise error
                 dev.results[key] = variants[0](dev.handle)
                 break
             except self._unsupported as e:
