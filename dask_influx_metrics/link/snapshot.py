@@ -213,6 +213,22 @@ def write_beat(buffer: SnapshotBuffer, pid: int, samples: int, extra: int, doc: 
     buffer.write(_BEAT.pack(pid, samples, extra, time.monotonic()) + doc)
 
 
+def write_delay(now: float, ticks, lag: float) -> float:
+    """Seconds from ``now`` to ``lag`` before the agent's first sample at least ``lag`` away: a worker's
+    changes are written then. ``ticks``: the agent's schedule ``[origin, interval]`` (samples at
+    ``origin + k * interval``, monotonic clock); None (not known yet): ``lag``.
+
+    >>> round(write_delay(10.012, [10.0, 0.05], 0.005), 3)  # for the sample at 10.05
+    0.033
+    >>> round(write_delay(10.047, [10.0, 0.05], 0.005), 3)  # 10.05 is too close: the one at 10.1
+    0.048
+    """
+    if not ticks:
+        return lag
+    origin, interval = ticks
+    return origin + math.ceil((now + lag - origin) / interval) * interval - lag - now
+
+
 class BeatReader:
     """A worker's view of the agent's beat (a dict: ``pid``, ``samples``, ``extra``, ``time`` and the
     JSON part's keys), read again only when it was rewritten and its JSON decoded only when it changed."""

@@ -48,7 +48,7 @@ from ..link import runfolder
 from ..link.outbox import BUDGET_BYTES as OUTBOX_BUDGET
 from ..link.outbox import Outbox
 from ..link.seqlock import SnapshotBuffer
-from ..link.snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher
+from ..link.snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher, write_delay
 from ..notices import Once
 
 logger = logging.getLogger(__name__)
@@ -71,22 +71,6 @@ LAUNCH = (
 )
 _ids = itertools.count(1)
 _in_use: set[str] = set()  # ids taken in this process (several workers in one process)
-
-
-def write_delay(now: float, ticks, lag: float) -> float:
-    """Seconds from ``now`` to ``lag`` before the agent's first sample at least ``lag`` away: a worker's
-    changes are written then. ``ticks``: the agent's schedule ``[origin, interval]`` (samples at
-    ``origin + k * interval``, monotonic clock); None (not known yet): ``lag``.
-
-    >>> round(write_delay(10.012, [10.0, 0.05], 0.005), 3)  # for the sample at 10.05
-    0.033
-    >>> round(write_delay(10.047, [10.0, 0.05], 0.005), 3)  # 10.05 is too close: the one at 10.1
-    0.048
-    """
-    if not ticks:
-        return lag
-    origin, interval = ticks
-    return origin + math.ceil((now + lag - origin) / interval) * interval - lag - now
 
 
 class AgentLink:
@@ -340,8 +324,10 @@ class AgentLink:
                 self._follow_beat()
                 beat = self.beat()
                 relay = bool(beat) and beat.get("relay") == self.id
-            # the relay: a beat within the last interval says the agent lived then (no lock to look at)
-            if (not relay or self._overdue()) and not self._free() and relay and self._killed_hung():
+            # the relay: a beat within the last interval (one comes every interval + 0.125 s at most) says the
+            # agent lived then: no lock to look at (a system call)
+            overdue = self._beat is None or time.monotonic() - self._beat.when() > self.interval
+            if (not relay or overdue) and not self._free() and relay and self._killed_hung():
                 deadline = time.monotonic() + 1.0
                 while not self._free() and time.monotonic() < deadline:  # the kernel frees its lock
                     time.sleep(0.005)
@@ -363,11 +349,6 @@ class AgentLink:
             return WATCH_S if n < 1 / WATCH_S else BACKUP_S
         age = time.monotonic() - self._beat.when() if self._beat is not None else 0.0
         return min(WATCH_MAX_S, max(WATCH_S, 3 * self.interval + STALL_MARGIN - age))
-
-    def _overdue(self) -> bool:
-        """Whether the agent's latest beat is older than an interval (it writes one every interval + 0.125 s at
-        most): only then is its lock worth a look (a system call) at the relay's next look."""
-        return self._beat is None or time.monotonic() - self._beat.when() > self.interval
 
     def _free(self) -> bool:
         """Whether ``agent.lock`` is free (no agent): then this worker holds it."""
