@@ -1,8 +1,8 @@
-"""A flag one thread waits on, as cheap as a sleep: the samplers' and the watchers' pauses.
+"""A flag one thread waits on: the pauses of a worker's own sampler, its watcher and the agent's main thread.
 
-:class:`threading.Event` builds a lock and takes a Condition's at each ``wait``: ~30 us of a cold thread's
-CPU per wake here, paid by every thread the monitor keeps waking (the agent's sampler every interval, its
-main thread, each worker's watcher).
+:class:`threading.Event` builds a lock and takes a Condition's at each ``wait``; a bare lock waited on with a
+timeout does neither. Thread CPU per 100 ms wait and wake on this project's VM: Event ~130 us, Flag ~100 us,
+``time.sleep`` ~70 us (which the agent's sampler uses: its wakes are sampled on the waking thread).
 
 >>> f = Flag(); f.wait(0.0), f.set(), f.set(), f.wait(0.0), f.wait(0.0), f.clear(), f.wait(0.0)
 (False, None, None, True, True, None, False)
