@@ -149,8 +149,9 @@ class Sampler:
                 self.gaps.append(start - last)
             last = start
             cpu = time.thread_time()
-            self._wake.clear()  # a wake before this sample is answered by it; one during it, after it
-            self._urgent.clear()
+            if not self._on_wake:  # a wake before this sample is answered by it; one during it, after it
+                self._wake.clear()
+                self._urgent.clear()
             with self._sampling:
                 self._extra_taken = False
                 self._sample_safely()

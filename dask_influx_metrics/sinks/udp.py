@@ -193,13 +193,9 @@ class UdpSink:
     def _send(self, lines: list[bytes], stop: bool) -> int:
         try:
             with self._lock:
-                payload = b"\n".join(lines)
-                if len(payload) <= self.max_datagram:  # every line fits one datagram: the usual case, without a call
-                    index, datagrams = range(len(lines) + 1), [(payload, len(lines))] if lines else []
-                else:
-                    fitted, index = self._fit(lines)
-                    datagrams, _ = pack(fitted, self.max_datagram)
-                done = 0  # lines of those that fit sent
+                fitted, index = self._fit(lines)
+                datagrams, _ = pack(fitted, self.max_datagram)
+                done = 0  # lines of ``fitted`` sent
                 for i, (payload, count) in enumerate(datagrams):
                     status = self._send_one(payload, count)
                     if status is None:
