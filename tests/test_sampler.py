@@ -83,15 +83,20 @@ def test_slow_samples_skip_ticks_instead_of_bursting():
     assert min(s.gaps) >= 0.045  # never two samples back to back to catch up
 
 
-def test_sample_on_wake_takes_the_extra_sample_on_the_waking_thread():
-    threads = []
-    ready = threading.Event()
+def recorder(note):
+    """``(collect, taken, ready)``: a collect that appends ``note()`` to ``taken`` at each sample and sets ``ready``."""
+    taken, ready = [], threading.Event()
 
     def collect(now_ns):
-        threads.append(threading.current_thread())
+        taken.append(note())
         ready.set()
         return []
 
+    return collect, taken, ready
+
+
+def test_sample_on_wake_takes_the_extra_sample_on_the_waking_thread():
+    collect, threads, ready = recorder(threading.current_thread)
     s = Sampler(collect, sink=None, interval=30.0, sample_on_wake=True)
     s.wake()  # not sampling yet: nothing to do
     assert threads == []
@@ -111,14 +116,7 @@ def test_sample_on_wake_takes_the_extra_sample_on_the_waking_thread():
 
 def test_wake_takes_one_extra_sample_before_the_next_tick():
     _time = time
-    taken = []
-    ready = threading.Event()
-
-    def collect(now_ns):
-        taken.append(_time.monotonic())
-        ready.set()
-        return []
-
+    collect, taken, ready = recorder(_time.monotonic)
     s = Sampler(collect, sink=None, interval=30.0)
     s.start()
     try:
