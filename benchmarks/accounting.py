@@ -68,7 +68,7 @@ class _Worker:
     def offset(self):
         return 0.0
 
-    def read(self):
+    def read(self, snap=None):
         return {"cpu_percent": 12.5}
 
 

@@ -52,7 +52,7 @@ class _Worker:
     def offset(self):
         return int(self.id) * 0.0007  # each worker's clock offset differs by a fraction of a ms
 
-    def read(self):
+    def read(self, snap=None):
         return {}
 
 

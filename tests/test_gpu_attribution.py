@@ -50,7 +50,7 @@ class Worker:
     def offset(self):
         return 0.0
 
-    def read(self):
+    def read(self, snap=None):
         return {}
 
 

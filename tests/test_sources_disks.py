@@ -60,7 +60,7 @@ class Worker:
         self.snapshot = lambda: Snapshot(((("k", 0), i, 10 + i),), i, 0, 1)
         self.offset = lambda: 0.0
 
-    def read(self):
+    def read(self, snap=None):
         return {"tasks": 1}
 
 

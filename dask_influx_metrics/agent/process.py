@@ -175,16 +175,16 @@ class Agent:
         """A sample is out (:class:`~..sinks.sender.Sender`): the outboxes note how far the sink took their
         lines (what it could not take stays there for the next sample); the leaving workers let go."""
         self.workers.sent(taken)
-        self._let_go()
-        if self.idle_for_good():
+        if self._left:
+            self._let_go()
+        if not self.workers.views:  # idle_for_good(), the leaving ones let go
             self.alone.set()
 
     def _let_go(self) -> None:
         """The leaving workers' last sample is out: flushed (in InfluxDB when their teardown returns), then
         their snapshots removed, which each waits for (in the same round: a worker's close is not held up
         until the next tick)."""
-        if self._left:
-            self.core.sink.flush(drain=LEAVE_DRAIN_S)
+        self.core.sink.flush(drain=LEAVE_DRAIN_S)
         for view in self._left:
             self.workers.forget(view.id)
             self.found.pop(view.id, None)
@@ -244,7 +244,7 @@ class Agent:
         acked, idle = {}, []  # idle: their next task start is worth a wake
         for w in views:
             acked[w.id] = w.snapshot.acked
-            if not w.snapshot().executing:
+            if not w.snapshot().running:
                 idle.append(w.id)
         fast = (acked, idle)  # changes every sample while tasks run: a line of its own, cheap to decode
         new_state, new_fast = state != self._said[0], fast != self._said[1]

@@ -184,7 +184,7 @@ class Accounting:
             self._workers = {}  # the workers of this sample (one that left is forgotten)
             for wid, address, snap, fields in workers:
                 w = self._workers[wid] = known.get(wid) or _Worker(address)
-                parts[wid] = self._parts(w, snap)
+                parts[wid] = w.parts if w.snap is snap else self._parts(w, snap)  # (the same while it is idle)
                 running.update(parts[wid])
                 self._cpu(w, fields.get("cpu_percent"), now_ns)
             for uuid, device, tags, users in gpus:
@@ -196,15 +196,14 @@ class Accounting:
     @staticmethod
     def _parts(w: _Worker, snap) -> dict:
         """``{job: part of the worker}``: its executing tasks' jobs, each task an equal part (job 0, a task of
-        no job, is left out: its part is idle). Made again only when its snapshot changed."""
-        if w.snap is not snap:
-            parts: dict = {}
-            running = snap.running
-            for _, job, _ in running:
-                if job:
-                    parts[job] = parts.get(job, 0.0) + 1.0 / len(running)
-            w.snap, w.parts = snap, parts
-        return w.parts
+        no job, is left out: its part is idle); kept with ``snap``, for as long as it is the worker's."""
+        parts: dict = {}
+        running = snap.running
+        for _, job, _ in running:
+            if job:
+                parts[job] = parts.get(job, 0.0) + 1.0 / len(running)
+        w.snap, w.parts = snap, parts
+        return parts
 
     def _window(self, last_ns, now_ns) -> float:
         if last_ns is None:

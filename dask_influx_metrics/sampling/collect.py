@@ -36,7 +36,7 @@ Example
 ...         self.id, self.pid, self.tags, self.uuids = str(i), i, {"host": "h", "worker": f"w{i}"}, ["GPU-1"]
 ...         self.snapshot = lambda: Snapshot(running, 1, 0, 1)
 ...         self.offset = lambda: 0.0
-...     def read(self):
+...     def read(self, snap=None):
 ...         return {}
 >>> class Gpus:
 ...     def start_sample(self, final): pass
@@ -69,7 +69,7 @@ class HostCollector:
     ``gpus``: the host's GPUs (:class:`.gpus.NvmlDevices` or :class:`.gpus.SimulatedDevices`), or
     None. ``host``: the :class:`.sources.host.HostSource` of the ``host`` fields, or None. Each worker
     (:class:`.workers.WorkerView`) has ``id``, ``pid``, ``tags``, ``uuids``, ``snapshot()``,
-    ``offset()`` and ``read()`` (its ``worker`` fields). ``collect(..., final=True)``: the last sample
+    ``offset()`` and ``read(snapshot)`` (its ``worker`` fields). ``collect(..., final=True)``: the last sample
     of some of the workers (they leave): the GPUs' counters are read now, whenever they were last.
     ``disks``: the :class:`.sources.disks.DiskUsage` of the ``disk`` fields, or None; it reads the
     filesystems of ``paths`` and of each worker's ``local_directory``.
@@ -103,7 +103,7 @@ class HostCollector:
         for w in workers:
             own[w.id] = self._own(w)
             times[w.id] = now_ns + int(w.offset() * 1e9)
-            fields = w.read()
+            fields = w.read(own[w.id][0])
             if fields:
                 points.append(Point(WORKER, own[w.id][1], fields, times[w.id]))
             if feed is not None:
@@ -129,7 +129,7 @@ class HostCollector:
     def _union_tags(self, workers, own) -> dict:
         """The host point's tags: the first worker's, with the jobs and DAGs of every worker (made once per change)."""
         snaps = tuple(own[w.id][0] for w in workers)
-        if len(snaps) != len(self._union[0]) or any(a is not b for a, b in zip(snaps, self._union[0])):
+        if snaps != self._union[0]:  # (the same snapshots: compared by identity first, at C speed)
             self._union = (snaps, {**workers[0].tags, **dict(zip(("job", "dag"), union_tags(workers)))})
         return self._union[1]
 

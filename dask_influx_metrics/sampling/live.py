@@ -109,10 +109,10 @@ class LiveFigures:
         gpus = []
         for uuid in view.uuids:
             fields = readings.get((view.address, uuid), {})
-            util, mem, total, sm, _, own = (fields.get(f) for f in _FIELDS)
+            util, mem, total, sm, _, own = [fields.get(f) for f in _FIELDS]
             kept = self._shares.get((view.address, uuid))
             share = kept[0] if kept is not None else (UNKNOWN if uuid in shared else None)
-            gpus.append([_round(util), _round(mem), _round(total), _round(sm), _round(share), _round(own)])
+            gpus.append([None if v is None else round(v) for v in (util, mem, total, sm, share, own)])
         return {"jobs": jobs, "prefixes": prefixes, "gpus": gpus}
 
 

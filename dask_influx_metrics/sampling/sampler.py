@@ -70,7 +70,7 @@ class Sampler:
         self._sampling = threading.Lock()  # one sample at a time (the waking thread's and the ticks)
         self._extra_taken = False  # sample_on_wake: an extra sample since the last tick
         self._field_tags = tuple(field_tags)  # tags written as fields (dag-tag: false)
-        self._stop = threading.Event()
+        self._stopping = False  # set by stop(); nothing waits on it (the waits are on the wake flags)
         self._wake, self._urgent = Flag(), Flag()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._once = Once()
@@ -95,7 +95,8 @@ class Sampler:
         returns the line count."""
         sample = self.collect(time.time_ns())
         forwards = isinstance(sample, Sample)
-        lines = lineprotocol.encode_many(self._fields(sample.points if forwards else sample))
+        points = sample.points if forwards else sample
+        lines = lineprotocol.encode_many(self._fields(points) if self._field_tags else points)
         try:
             if forwards:
                 sample.then(self.sink.send(lines, sample.forward))
@@ -114,7 +115,7 @@ class Sampler:
         ``urgent``); with ``sample_on_wake``, now, on the caller's thread."""
         if self._on_wake:
             with self._sampling:
-                if self._stop.is_set() or not self._thread.is_alive() or (self._extra_taken and not urgent):
+                if self._stopping or not self._thread.is_alive() or (self._extra_taken and not urgent):
                     return
                 self._extra_taken = True
                 self._sample_safely()
@@ -127,7 +128,7 @@ class Sampler:
     def stop(self, timeout: float = 5.0, final_sample: bool = False) -> None:
         """Stop the thread after the sample in progress; with ``final_sample``, take one more.
         Safe to call twice; the owner closes the sink and the sources."""
-        self._stop.set()
+        self._stopping = True
         self._wake.set()
         self._urgent.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -143,7 +144,7 @@ class Sampler:
     def _run(self) -> None:
         due = self.origin = time.monotonic()
         last = None
-        while not self._stop.is_set():
+        while not self._stopping:
             start = time.monotonic()
             if last is not None:
                 self.gaps.append(start - last)
@@ -163,13 +164,13 @@ class Sampler:
                 self.skipped += missed
                 due += missed * self.interval
             if self._on_wake:  # wakes are sampled by the waking thread; a stop is seen within STOP_LOOK_S
-                while (left := due - time.monotonic()) > 0 and not self._stop.is_set():
+                while (left := due - time.monotonic()) > 0 and not self._stopping:
                     time.sleep(min(left, STOP_LOOK_S))
-            elif self._wake.wait(max(0.0, due - now)) and not self._stop.is_set():
+            elif self._wake.wait(max(0.0, due - now)) and not self._stopping:
                 self._urgent.clear()
                 self._sample_safely()
                 self.extra += 1
-                while self._urgent.wait(max(0.0, due - time.monotonic())) and not self._stop.is_set():
+                while self._urgent.wait(max(0.0, due - time.monotonic())) and not self._stopping:
                     self._urgent.clear()  # no other extra sample before the next tick, but urgent ones
                     self._sample_safely()
                     self.extra += 1

@@ -32,9 +32,10 @@ class WorkerView:
         self._process = HostSource(frozenset(f for f in fields if f[0] == WORKER), pid=self.pid)
         self._tasks = TaskSource(fields, snapshot)
 
-    def read(self) -> dict:
-        """This worker's ``worker`` fields now: its process's CPU and RSS, its tasks."""
-        return {**self._process.read(WORKER), **self._tasks.read()}
+    def read(self, snap=None) -> dict:
+        """This worker's ``worker`` fields now: its process's CPU and RSS, its tasks (those of ``snap``, its
+        snapshot of this sample; default: ``snapshot()``)."""
+        return {**self._process.read(WORKER), **self._tasks.read(snap)}
 
     def close(self) -> None:
         self._process.close()

@@ -115,9 +115,6 @@ def pack(lines: list[bytes], max_datagram: int) -> tuple[list[tuple[bytes, int]]
     >>> pack([b"aaaa", b"bb", b"c" * 9, b"dd"], 8)
     ([(b'aaaa\\nbb', 2), (b'ccccccccc', 1), (b'dd', 1)], 0)
     """
-    payload = b"\n".join(lines)
-    if len(payload) <= max_datagram:  # the usual case: all in one (or none)
-        return ([(payload, len(lines))] if lines else []), 0
     datagrams, batch, size, too_long = [], [], 0, 0
     for line in lines:
         n = len(line)
@@ -193,6 +190,13 @@ class UdpSink:
     def _send(self, lines: list[bytes], stop: bool) -> int:
         try:
             with self._lock:
+                payload = b"\n".join(lines)
+                if len(payload) <= self.max_datagram:  # every sample's case: one datagram (or none)
+                    status = self._send_one(payload, len(lines)) if lines else None
+                    if status is not None and stop:
+                        return 0
+                    self.points_dropped += 0 if status is None else len(lines)
+                    return len(lines)
                 fitted, index = self._fit(lines)
                 datagrams, _ = pack(fitted, self.max_datagram)
                 done = 0  # lines of ``fitted`` sent
@@ -263,7 +267,9 @@ class UdpSink:
     def _send_one(self, payload: bytes, count: int) -> str | None:
         """Send one datagram; None when it went, :data:`_AGAIN` when it did not (the socket is fine: buffer
         full, refused), :data:`_BROKEN` when the socket is unusable."""
-        sock = self._socket()
+        sock = self._sock
+        if sock is None or self._clock() - self._opened_at >= self.reopen_every:
+            sock = self._socket()
         if sock is None:
             return _BROKEN
         try:
@@ -315,6 +321,8 @@ class UdpSink:
             self._report("udp-listening", message)
 
     def _socket(self):
+        """A socket to send with: opened again every ``reopen_every`` s, or after a failure once
+        :data:`_RETRY_OPEN_AFTER` passed (None until then)."""
         now = self._clock()
         if self._sock is not None and now - self._opened_at < self.reopen_every:
             return self._sock

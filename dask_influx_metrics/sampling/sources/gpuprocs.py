@@ -78,6 +78,8 @@ class Ancestry:
 
     def tree(self, root: int, listed) -> frozenset:
         """``root`` and those of the ``listed`` PIDs that descend from it."""
+        if not listed:  # no process on the GPU (every sample of an idle one)
+            return frozenset((root,))
         return frozenset({root, *(pid for pid in listed if pid != root and self.descends(pid, root))})
 
     def descends(self, pid: int, root: int) -> bool:

@@ -339,10 +339,13 @@ class NvmlDevices:
         when read for ``worker_memory_used``). NVML's per-process call costs ~2 ms: read at most every
         ``gpu.process-interval`` (1 s); absent from its answer = 0 %."""
         dev = self._devices[uuid]
-        processes = self._call(dev, "processes", TABLE["processes"]) if "processes" in self._variants else None
-        pids = self._ancestry.tree(pid, [p.pid for p in processes or ()])
+        if "pids" not in dev.results:  # once per device and sample, whichever of its workers comes first
+            processes = self._call(dev, "processes", TABLE["processes"]) if "processes" in self._variants else None
+            dev.results["pids"] = [p.pid for p in processes or ()]
+        processes = dev.results.get("processes")
+        pids = self._ancestry.tree(pid, dev.results["pids"])
         fields = self._fields(dev, dev.plans[1], pids)
-        if dev.procs is not None and (shared or _others(processes, pids)):
+        if dev.procs is not None and (shared or (processes and _others(processes, pids))):
             if "procutil" not in dev.results:
                 dev.results["procutil"] = dev.procs.read(force=self._final, busy=_busy(dev.results.get("utilization")))
             per_pid = dev.results["procutil"]

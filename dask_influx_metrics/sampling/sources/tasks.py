@@ -37,10 +37,12 @@ class TaskSource:
         self._running: tuple = (None, "")  # (keys, their JSON) of the last read
         self._read: tuple = (None, {})  # (the snapshot, its fields) of the last read: callers copy them
 
-    def read(self) -> dict:
+    def read(self, snap: Snapshot | None = None) -> dict:
+        """The fields of ``snap`` (default: the snapshot now; a sampler that holds it already passes it)."""
         if not self._want:
             return {}
-        snap = self._snapshot()
+        if snap is None:
+            snap = self._snapshot()
         if snap is self._read[0]:  # the same snapshot (a worker idle, or no change): the same fields
             return self._read[1]
         values = {}
