@@ -123,6 +123,11 @@ def _top(modules: dict, k: int = 6) -> str:
     return ", ".join(f"{m} {v:.1f}" for m, v in list(modules.items())[:k])
 
 
+def _row(what: str, agent: float, minimal: float, notes: str) -> dict:
+    what += ": Python functions entered per sample, the agent's sampling thread vs the minimal sampler"
+    return common.row(NAME, what, round(agent, 1), "calls", round(minimal, 1), notes=notes)
+
+
 def run(quick: bool) -> list[dict]:
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))
@@ -134,31 +139,18 @@ def run(quick: bool) -> list[dict]:
     rows = []
     for (gpus, n), c in counted.items():
         a, b = c["agent"], c["minimal"]
-        rows.append(
-            common.row(
-                NAME,
-                f"{gpus} GPU{'s' * (gpus != 1)} + {n} idle worker{'s' * (n != 1)}, H200 cost mode, every metric "
-                "@100 ms: Python functions entered per sample, the agent's sampling thread vs the minimal sampler",
-                round(a["python"], 1),
-                "calls",
-                round(b["python"], 1),
-                notes=f"C functions {a['c']:.0f} vs {b['c']:.0f}; distinct Python functions {a['distinct']} vs "
-                f"{b['distinct']}; the agent's by module: {_top(a['modules'])}",
-            )
+        what = f"{gpus} GPU{'s' * (gpus != 1)} + {n} idle worker{'s' * (n != 1)}, H200 cost mode, every metric @100 ms"
+        notes = (
+            f"C functions {a['c']:.0f} vs {b['c']:.0f}; distinct Python functions {a['distinct']} vs {b['distinct']}; "
+            f"the agent's by module: {_top(a['modules'])}"
         )
+        rows.append(_row(what, a["python"], b["python"], notes))
     (g1, n1), (g4, n4) = SETUPS
     one, four = counted[g1, n1], counted[g4, n4]
-    per = {k: (four[k]["python"] - one[k]["python"]) / (n4 - n1) for k in ("agent", "minimal")}
+    per = {(k, f): (four[k][f] - one[k][f]) / (n4 - n1) for k in ("agent", "minimal") for f in ("python", "c")}
+    notes = f"C functions {per['agent', 'c']:.0f} vs {per['minimal', 'c']:.0f}"
     rows.append(
-        common.row(
-            NAME,
-            "each idle worker beyond the first (1 GPU): Python functions entered per sample, agent vs minimal",
-            round(per["agent"], 1),
-            "calls",
-            round(per["minimal"], 1),
-            notes=f"C functions {(four['agent']['c'] - one['agent']['c']) / (n4 - n1):.0f} vs "
-            f"{(four['minimal']['c'] - one['minimal']['c']) / (n4 - n1):.0f}",
-        )
+        _row("each idle worker beyond the first (1 GPU)", per["agent", "python"], per["minimal", "python"], notes)
     )
     return rows
 
