@@ -123,9 +123,9 @@ def _top(modules: dict, k: int = 6) -> str:
     return ", ".join(f"{m} {v:.1f}" for m, v in list(modules.items())[:k])
 
 
-def _row(what: str, agent: float, minimal: float, notes: str) -> dict:
+def _row(what: str, agent: float, minimal: float, notes: str, details=None) -> dict:
     what += ": Python functions entered per sample, the agent's sampling thread vs the minimal sampler"
-    return common.row(NAME, what, round(agent, 1), "calls", round(minimal, 1), notes=notes)
+    return common.row(NAME, what, round(agent, 1), "calls", round(minimal, 1), notes=notes, details=details)
 
 
 def run(quick: bool) -> list[dict]:
@@ -144,7 +144,7 @@ def run(quick: bool) -> list[dict]:
             f"C functions {a['c']:.0f} vs {b['c']:.0f}; distinct Python functions {a['distinct']} vs {b['distinct']}; "
             f"the agent's by module: {_top(a['modules'])}"
         )
-        rows.append(_row(what, a["python"], b["python"], notes))
+        rows.append(_row(what, a["python"], b["python"], notes, details=c))  # by module: in the JSON
     (g1, n1), (g4, n4) = SETUPS
     one, four = counted[g1, n1], counted[g4, n4]
     per = {(k, f): (four[k][f] - one[k][f]) / (n4 - n1) for k in ("agent", "minimal") for f in ("python", "c")}

@@ -88,26 +88,24 @@ class HostCollector:
         self._union: tuple = ((), None)  # (the snapshots, the host point's job and dag)
         self._devices: dict = {}  # uuid -> its device tags (accounting)
 
-    def _own(self, w) -> tuple:
-        snap, cached = w.snapshot(), self._tags.get(w.id)
-        if cached is None or cached[0] is not snap:
-            cached = self._tags[w.id] = (snap, {**w.tags, "job": snap.job_tag, "dag": snap.dag_tag}, {})
-        return cached
-
     def collect(self, workers: list, now_ns: int, final: bool = False) -> list[Point]:
         if not workers:
             return []
         points = []
-        own, times = {}, {}
+        own, times, snaps = {}, {}, []  # worker id -> (its snapshot, tags, its GPU points' tags); its time
         feed = [] if self.accounting is not None else None  # (worker id, address, snapshot, its fields)
         for w in workers:
-            own[w.id] = self._own(w)
-            times[w.id] = now_ns + int(w.offset() * 1e9)
-            fields = w.read(own[w.id][0])
+            snap, mine = w.snapshot(), self._tags.get(w.id)
+            if mine is None or mine[0] is not snap:  # a new snapshot: new tags
+                mine = self._tags[w.id] = (snap, {**w.tags, "job": snap.job_tag, "dag": snap.dag_tag}, {})
+            own[w.id] = mine
+            snaps.append(snap)
+            times[w.id] = t = now_ns + int(w.offset() * 1e9)
+            fields = w.read(snap)
             if fields:
-                points.append(Point(WORKER, own[w.id][1], fields, times[w.id]))
+                points.append(Point(WORKER, mine[1], fields, t))
             if feed is not None:
-                feed.append((w.id, w.tags["worker"], own[w.id][0], fields))
+                feed.append((w.id, w.tags["worker"], snap, fields))
         if len(self._tags) > len(workers):  # some left
             self._tags = {w.id: own[w.id] for w in workers}
         shared_ns = sorted(times.values())[len(workers) // 2]  # the host's points: the median offset
@@ -119,24 +117,24 @@ class HostCollector:
             if fields and (self._host_each or not points):  # no worker has rows of its own (no GPU found)
                 points += [Point(HOST, own[w.id][1], dict(fields), times[w.id]) for w in workers]
             elif fields:
-                points.append(Point(HOST, self._union_tags(workers, own), fields, shared_ns))
+                points.append(Point(HOST, self._union_tags(workers, tuple(snaps)), fields, shared_ns))
         if self.disks is not None and self.disks.due():
-            points += self._disk_points(workers, own, shared_ns)
+            points += self._disk_points(workers, tuple(snaps), shared_ns)
         if feed is not None:
             points += self.accounting.update(now_ns, shared_ns, devices, feed, final)
         return points
 
-    def _union_tags(self, workers, own) -> dict:
-        """The host point's tags: the first worker's, with the jobs and DAGs of every worker (made once per change)."""
-        snaps = tuple(own[w.id][0] for w in workers)
+    def _union_tags(self, workers, snaps: tuple) -> dict:
+        """The host point's tags: the first worker's, with the jobs and DAGs of every worker (made again only when
+        ``snaps``, their snapshots of this sample, change)."""
         if snaps != self._union[0]:  # (the same snapshots: compared by identity first, at C speed)
             self._union = (snaps, {**workers[0].tags, **dict(zip(("job", "dag"), union_tags(workers)))})
         return self._union[1]
 
-    def _disk_points(self, workers, own, shared_ns: int) -> list[Point]:
+    def _disk_points(self, workers, snaps: tuple, shared_ns: int) -> list[Point]:
         """One ``disk`` point per filesystem of ``paths`` and the workers' ``local_directory``, with the host
         point's tags and time, when the filesystems are read (once a second: ``disks.due()``)."""
-        union = self._union_tags(workers, own)
+        union = self._union_tags(workers, snaps)
         paths = self.paths + tuple(getattr(w, "local_directory", None) for w in workers)
         return [Point(DISK, {**union, **r.tags}, r.fields, shared_ns) for r in self.disks.read(paths)]
 

@@ -35,7 +35,7 @@ class WorkerView:
     def read(self, snap=None) -> dict:
         """This worker's ``worker`` fields now: its process's CPU and RSS, its tasks (those of ``snap``, its
         snapshot of this sample; default: ``snapshot()``)."""
-        return {**self._process.read(WORKER), **self._tasks.read(snap)}
+        return {**self._process.read_process(), **self._tasks.read(snap)}
 
     def close(self) -> None:
         self._process.close()

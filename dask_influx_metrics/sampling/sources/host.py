@@ -155,8 +155,8 @@ class HostSource:
             (HOST, "memory"): p.memory if p else self._host_memory,
             (HOST, "disk"): p.disk if p else self._host_disk,
             (HOST, "net"): p.net if p else self._host_net,
-            (WORKER, "cpu"): self._proc_worker if p else self._worker_cpu,  # /proc: one call, both groups
-            (WORKER, "memory"): self._proc_worker if p else self._worker_memory,
+            (WORKER, "cpu"): self.read_process if p else self._worker_cpu,  # /proc: one call, both groups
+            (WORKER, "memory"): self.read_process if p else self._worker_memory,
         }
         # a worker's process on /proc: both files read in one call (the agent reads every worker at every sample)
         self._process_fields = self._groups.get((WORKER, "cpu"), ()) + self._groups.get((WORKER, "memory"), ())
@@ -221,9 +221,12 @@ class HostSource:
     def _worker_memory(self) -> dict:
         return {"rss": self._process.memory_info().rss}
 
-    def _proc_worker(self) -> dict:
-        """The worker process's fields from ``/proc``: its CPU % as psutil's ``Process.cpu_percent`` counts it
-        (CPU seconds over wall seconds since the previous read, one core = 100) and its RSS."""
+    def read_process(self) -> dict:
+        """``read(WORKER)``: the process's fields; where ``/proc`` is read, in one call (the agent reads every worker
+        at every sample): its CPU % as psutil's ``Process.cpu_percent`` counts it (CPU seconds over wall seconds
+        since the previous read, one core = 100) and its RSS."""
+        if self._proc is None or not self._process_fields:
+            return self.read(WORKER)
         try:
             cpu, rss = self._proc.process()
         except Exception as e:  # the process is gone, or /proc is not what it should be
@@ -265,7 +268,7 @@ class HostSource:
                 return dict(self._host_fields)
             self._host_due = now + self._refresh
         elif self._proc is not None and measurement == WORKER:
-            return self._proc_worker() if self._process_fields else {}
+            return self.read_process() if self._process_fields else {}
         fields: dict = {}
         calls = self._calls
         for key, names in self._plans[measurement]:

@@ -41,6 +41,7 @@ Which devices: see :mod:`.nvml_devices`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from typing import Callable, NamedTuple
@@ -56,8 +57,7 @@ from .nvmlcalls import Call, Group
 logger = logging.getLogger(__name__)
 
 
-def _mib(nbytes) -> float:
-    return nbytes / 2**20
+MIB = 2.0**20  # bytes -> MiB (inline in the converters: each runs per GPU at every sample)
 
 
 TABLE: dict[str, Group] = {
@@ -68,9 +68,9 @@ TABLE: dict[str, Group] = {
     "memory": Group(  # v2 does not count reserved memory as used; bytes -> MiB
         (Call("nvmlDeviceGetMemoryInfo", keywords=(("version", "nvmlMemory_v2"),)), Call("nvmlDeviceGetMemoryInfo")),
         {
-            "memory_used": lambda m: _mib(m.used),
+            "memory_used": lambda m: m.used / MIB,
             "memory_used_percent": lambda m: 100.0 * m.used / m.total if m.total else None,
-            "memory_total": lambda m: _mib(m.total) if m.total else None,
+            "memory_total": lambda m: m.total / MIB if m.total else None,
         },
         static=frozenset({"memory_total"}),
     ),
@@ -123,10 +123,10 @@ def _variants(nvml, group: Group) -> list[Callable]:
             continue
         args = tuple(getattr(nvml, a) for a in call.args)
         kwargs = {k: getattr(nvml, v) for k, v in call.keywords}
-        if args or kwargs:
+        if args:
             bound.append(lambda handle, fn=fn, args=args, kwargs=kwargs: fn(handle, *args, **kwargs))
-        else:
-            bound.append(fn)  # fn(handle) as it is: one Python frame less per call
+        else:  # fn(handle) as it is, or with its keywords bound: one Python frame less per call
+            bound.append(functools.partial(fn, **kwargs) if kwargs else fn)
     if not bound:
         logger.info(
             "this pynvml has none of %s: %s not read", [c.function for c in group.calls], "/".join(group.fields)
