@@ -96,7 +96,10 @@ def test_two_jobs_live_in_a_browser(monitored, cluster, tmp_path):
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
         assert browser.errors == []
         browser.errors.clear()  # leaving a Bokeh page may log its websocket's close
-        # Dask's own GPU chart, blank without NVML on this machine, reads the figures our workers send
+        # Dask's own GPU chart, blank without NVML on this machine, reads the figures our workers send. A GPU is
+        # busy only while tasks run, and the 16 above may be done by now on a loaded machine: more run meanwhile
+        # (up to 20 s on the 4 threads), the rest cancelled once the chart is fed.
+        meanwhile = one.map(_slow, range(200, 280))
         browser.open(base + "/individual-gpu-utilization")
         browser.wait_for(
             "Bokeh.documents.length && Bokeh.documents[0].roots().length && [...Bokeh.documents[0].all_models]"
@@ -104,6 +107,7 @@ def test_two_jobs_live_in_a_browser(monitored, cluster, tmp_path):
             60,  # fed by heartbeats and the page's periodic update: a fresh CI clone once took over 20 s
             "Dask's GPU utilization chart fed",
         )
+        one.cancel(meanwhile)
         assert not [e for e in browser.errors if e.startswith("uncaught")], browser.errors
         one.gather(futures[0])
         two.gather(futures[1])
