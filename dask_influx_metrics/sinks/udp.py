@@ -192,10 +192,10 @@ class UdpSink:
             with self._lock:
                 payload = b"\n".join(lines)
                 if len(payload) <= self.max_datagram:  # every sample's case: one datagram (or none)
-                    status = self._send_one(payload, len(lines)) if lines else None
-                    if status is not None and stop:
-                        return 0
-                    self.points_dropped += 0 if status is None else len(lines)
+                    if lines and self._send_one(payload, len(lines)) is not None:
+                        if stop:
+                            return 0
+                        self.points_dropped += len(lines)
                     return len(lines)
                 fitted, index = self._fit(lines)
                 datagrams, _ = pack(fitted, self.max_datagram)
@@ -269,7 +269,7 @@ class UdpSink:
         full, refused), :data:`_BROKEN` when the socket is unusable."""
         sock = self._sock
         if sock is None or self._clock() - self._opened_at >= self.reopen_every:
-            sock = self._socket()
+            sock = self._reopen()
         if sock is None:
             return _BROKEN
         try:
@@ -320,12 +320,10 @@ class UdpSink:
         if self._report is not None:
             self._report("udp-listening", message)
 
-    def _socket(self):
-        """A socket to send with: opened again every ``reopen_every`` s, or after a failure once
-        :data:`_RETRY_OPEN_AFTER` passed (None until then)."""
+    def _reopen(self):
+        """The socket opened again (it is ``reopen_every`` s old, or none is open): None while a failure's
+        :data:`_RETRY_OPEN_AFTER` has not passed, or if opening fails."""
         now = self._clock()
-        if self._sock is not None and now - self._opened_at < self.reopen_every:
-            return self._sock
         if now < self._retry_at:
             return None
         self._close_socket()
