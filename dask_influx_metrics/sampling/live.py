@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import collections
 
+from ..names import key_prefix
 from ..schema import GPU
 
 LIVE_S = 0.5  # the entries are rebuilt at most this often (Dask's shortest heartbeat interval)
@@ -99,12 +100,10 @@ class LiveFigures:
     def _entry(self, view, readings: dict, shared) -> dict:
         running = view.snapshot().running
         jobs, prefixes = [], []
-        if running:  # Dask's own prefix rule; imported here: the agent starts without Dask (config.AGENT_ENV)
-            from dask.utils import key_split
-
+        if running:
             counts = collections.Counter(job for _, job, _ in running if job)
             jobs = sorted([job, n] for job, n in counts.items())
-            common = collections.Counter(key_split(k) for k, _, _ in running if k is not None).most_common(PREFIXES)
+            common = collections.Counter(key_prefix(k) for k, _, _ in running if k is not None).most_common(PREFIXES)
             prefixes = [p for p, _ in common]
         gpus = []
         for uuid in view.uuids:
