@@ -331,15 +331,27 @@ def in_worker_costs(dask_worker):
     return list(sampler.costs)
 
 
-def worker_cpu_seconds(dask_worker=None) -> float:
-    """CPU seconds (user + system) of this worker process and its live children (an agent it started)."""
+def worker_cpu_seconds(dask_worker) -> dict:
+    """CPU seconds (user + system) of this worker process and of the host agent sampling it (its pid from the
+    agent's beat), by pid: the agent is not the worker's child (a launcher forks it and exits) and serves every
+    worker of its host, so :func:`cluster_cpu_seconds` counts it once."""
     import psutil
 
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
+    plugin = dask_worker.plugins.get("influx-metrics")
+    link = getattr(plugin, "link", None)
+    beat = link.beat() if link is not None else None
+    out = {}
+    for pid in {os.getpid(), beat and beat["pid"]} - {None}:
         try:
-            total += sum(child.cpu_times()[:2])
-        except psutil.Error:
+            out[pid] = sum(psutil.Process(pid).cpu_times()[:2])
+        except psutil.Error:  # an agent that just exited
             pass
-    return total
+    return out
+
+
+def cluster_cpu_seconds(client) -> float:
+    """CPU seconds so far of the client's worker processes and of their hosts' agents, each process once."""
+    per_pid: dict = {}
+    for cpu in client.run(worker_cpu_seconds).values():
+        per_pid.update(cpu)
+    return sum(per_pid.values())

@@ -7,7 +7,9 @@ short_tasks``, 2 workers x 1 thread, 8 simulated GPUs, every metric, UDP to a dr
 on @50 ms (the default configuration), ``--pairs`` times alternated, on a fresh cluster or, with
 ``--after-array N``, after N rounds of the benchmark's five array modes (its cluster's state when
 its short rounds start: N = 7). Reported: the ratio of the medians, the per-pair ratio median with
-its distribution-free 95 % interval (:func:`benchmarks.common.median_interval`) and the mean.
+its distribution-free 95 % interval (:func:`benchmarks.common.median_interval`) and the mean; and the CPU
+a round costs (the worker processes with the agent, the scheduler's process: as noisy here as the wall time,
+an idle-spinning or busy worker's own CPU moves by ~0.5 s a round).
 
 ``--control`` adds a third round to each pair, the benchmark's "attached only" mode (the scheduler plugin
 installed, no session: nothing sampled, no task tagged), and rotates the three rounds' order from one set
@@ -74,13 +76,16 @@ def pairs(
             for mode in modes[1:]:
                 settings[mode]["interval_ms"] = config.value("polling-interval")
         runs: dict = {mode: [] for mode in modes}
+        cpu: dict = {mode: [] for mode in modes}
         while len(runs["on"]) < n and (deadline is None or time.monotonic() < deadline):
             k = len(runs["on"]) % len(modes) if control else 0
             for mode in modes[k:] + modes[:k]:
-                runs[mode].append(workload.monitored(client, sizes, work=work, **settings[mode])["seconds"])
-            shown = ", ".join(f"{mode} {runs[mode][-1]:.3f} s" for mode in modes)
+                r = workload.monitored(client, sizes, work=work, **settings[mode])
+                runs[mode].append(r["seconds"])
+                cpu[mode].append([r["cpu"], r["scheduler_cpu"]])
+            shown = ", ".join(f"{mode} {runs[mode][-1]:.3f} s ({sum(cpu[mode][-1]):.2f} s CPU)" for mode in modes)
             print(f"pair {len(runs['on'])}: {shown}", flush=True)
-    return runs
+    return runs, cpu
 
 
 def summary(off: list, on: list) -> str:
@@ -96,6 +101,17 @@ def summary(off: list, on: list) -> str:
     )
 
 
+def cpu_summary(off: list, on: list) -> str:
+    """What the rounds cost in CPU: the medians of the worker processes with the agent, and of the scheduler's
+    process, and the per-pair difference of their sum."""
+    med = [statistics.median(c[i] for c in rounds) for rounds in (off, on) for i in (0, 1)]
+    more = statistics.median(sum(a) - sum(b) for a, b in zip(on, off))
+    return (
+        f"CPU a round, workers + agent / scheduler: off {med[0]:.3f} / {med[1]:.3f} s, on {med[2]:.3f} / {med[3]:.3f} s;"
+        f" per-pair difference of the sum, median {more:+.3f} s"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.shortpairs", description=__doc__.split("\n")[0])
     p.add_argument("--pairs", type=int, default=24, help="alternated off/on pairs (default 24)")
@@ -104,15 +120,23 @@ def main() -> None:
     p.add_argument("--control", action="store_true", help="an attached-only round in each pair too")
     p.add_argument("--graph", action="store_true", help="the 50,000-task graph at the default settings instead")
     args = p.parse_args()
-    runs = pairs(args.pairs, args.after_array, args.seconds, args.control, args.graph)
+    runs, cpu = pairs(args.pairs, args.after_array, args.seconds, args.control, args.graph)
     print("on vs off:", summary(runs["off"], runs["on"]))
+    print("on vs off:", cpu_summary(cpu["off"], cpu["on"]))
     if args.control:
         print("attached only vs off:", summary(runs["off"], runs["attached"]))
+        print("attached only vs off:", cpu_summary(cpu["off"], cpu["attached"]))
     for mode, seconds in runs.items():
         print(f"{mode:3s} {', '.join(f'{s:.2f}' for s in seconds)} s")
     path = common.write_json(
         os.path.join(common.RESULTS_DIR, "graphpairs.json" if args.graph else "shortpairs.json"),
-        {"env": common.environment(), "after_array": args.after_array, "gpus": common.gpus_label(8), **runs},
+        {
+            "env": common.environment(),
+            "after_array": args.after_array,
+            "gpus": common.gpus_label(8),
+            **runs,
+            "cpu": cpu,
+        },
     )
     print(f"wrote {path}")
 

@@ -54,11 +54,11 @@ def one_run(client, n: int, tracking: list) -> dict:
         m.start()
         try:
             dsk, key = graph(n)
-            cpu0 = sum(client.run(common.worker_cpu_seconds).values())
+            cpu0 = common.cluster_cpu_seconds(client)
             t0 = time.perf_counter()
             assert client.get(dsk, key) == n * (n + 1) // 2
             seconds = time.perf_counter() - t0
-            cpu = sum(client.run(common.worker_cpu_seconds).values()) - cpu0
+            cpu = common.cluster_cpu_seconds(client) - cpu0
         finally:
             _shutdown(m, quiet=False)
         got = rx.counts()

@@ -131,9 +131,9 @@ def monitored(
             if start:
                 m.start()
         try:
-            cpu0 = sum(client.run(common.worker_cpu_seconds).values())
+            cpu0, here0 = common.cluster_cpu_seconds(client), time.process_time()
             seconds = work(client, *sizes)
-            cpu = sum(client.run(common.worker_cpu_seconds).values()) - cpu0
+            cpu, here = common.cluster_cpu_seconds(client) - cpu0, time.process_time() - here0
             costs = [c for w in client.run(common.in_worker_costs).values() for c in (w or [])]
         finally:
             if m is not None:
@@ -141,7 +141,8 @@ def monitored(
         lines = rx.counts()["lines"]
     return {
         "seconds": seconds,
-        "cpu": cpu,
+        "cpu": cpu,  # the worker processes and the agent
+        "scheduler_cpu": here,  # this process: the (local) cluster's scheduler and the client
         "samples": lines / (LINES_PER_SAMPLE - 8 + gpus),
         "cost_us": common.median(costs) * 1e6 if costs else None,
     }
@@ -182,8 +183,8 @@ def _row(
         target=f"<= {target:.2f}x" if target else None,
         met=(ratio <= target) if target else None,
         notes=(
-            f"{note}median of {rounds} alternated runs; per-round ratio median {paired:.3f}{spread}; worker CPU "
-            f"seconds ratio {cpu_ratio:.3f}; {rate:.1f} samples/s per worker arrived{cost}; "
+            f"{note}median of {rounds} alternated runs; per-round ratio median {paired:.3f}{spread}; CPU seconds "
+            f"ratio (workers + agent) {cpu_ratio:.3f}; {rate:.1f} samples/s per worker arrived{cost}; "
             f"runs {', '.join(f'{x:.2f}' for x in wall)} s"
         ),
         details={"runs": on, "paired_ratio_median": paired, "paired_interval": interval, "worker_cpu_ratio": cpu_ratio},
