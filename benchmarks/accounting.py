@@ -32,7 +32,7 @@ import time
 import urllib.request
 
 from benchmarks import common
-from benchmarks.workerside import process_cpu_ns
+from benchmarks.common import process_cpu_ns
 
 NAME = "accounting"
 PROMETHEUS = "prometheus_client"  # the /metrics part needs it (extra [prometheus])

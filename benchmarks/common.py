@@ -331,17 +331,56 @@ def in_worker_costs(dask_worker):
     return list(sampler.costs)
 
 
+def agent_pid(dask_worker) -> int | None:
+    """The pid of the host agent sampling this worker, from the agent's beat (None: none samples it)."""
+    link = getattr(dask_worker.plugins.get("influx-metrics"), "link", None)
+    beat = link.beat() if link is not None else None
+    return beat["pid"] if beat else None
+
+
+def monitor_threads(dask_worker) -> list[tuple[int, int]]:
+    """(pid, native thread id) of the threads the monitor runs in this worker (named ``influx-metrics-*``)."""
+    import threading
+
+    return [(os.getpid(), t.native_id) for t in threading.enumerate() if t.name.startswith("influx-metrics-")]
+
+
+def threads_cpu_ns(threads) -> int:
+    """CPU nanoseconds the (pid, thread id) ``threads`` have run (a thread that ended counts 0)."""
+    total = 0
+    for pid, tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError):  # ended meanwhile
+            pass
+    return total
+
+
+def process_cpu_ns(pid: int) -> int:
+    """CPU nanoseconds all threads of process ``pid`` have run (0 once it is gone)."""
+    total = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
 def worker_cpu_seconds(dask_worker) -> dict:
     """CPU seconds (user + system) of this worker process and of the host agent sampling it (its pid from the
     agent's beat), by pid: the agent is not the worker's child (a launcher forks it and exits) and serves every
     worker of its host, so :func:`cluster_cpu_seconds` counts it once."""
     import psutil
 
-    plugin = dask_worker.plugins.get("influx-metrics")
-    link = getattr(plugin, "link", None)
-    beat = link.beat() if link is not None else None
     out = {}
-    for pid in {os.getpid(), beat and beat["pid"]} - {None}:
+    for pid in {os.getpid(), agent_pid(dask_worker)} - {None}:
         try:
             out[pid] = sum(psutil.Process(pid).cpu_times()[:2])
         except psutil.Error:  # an agent that just exited

@@ -36,7 +36,7 @@ import tempfile
 import time
 
 from benchmarks import common, nvmlprices
-from benchmarks.workerside import process_cpu_ns
+from benchmarks.common import process_cpu_ns
 
 NAME = "hostcost"
 INTERVAL_MS = 100
@@ -53,25 +53,7 @@ def _probe(dask_worker) -> tuple[int, int | None, int]:
     link = getattr(plugin, "link", None)
     beat = link.beat() if link is not None else None
     own = common.own_sampler(plugin)
-    return os.getpid(), beat and beat["pid"], beat["samples"] if beat else own.samples if own else 0
-
-
-def _monitor_threads(dask_worker) -> list[tuple[int, int]]:
-    """(pid, native thread id) of the threads the monitor runs in this worker (named ``influx-metrics-*``)."""
-    import threading
-
-    return [(os.getpid(), t.native_id) for t in threading.enumerate() if t.name.startswith("influx-metrics-")]
-
-
-def _threads_cpu_ns(threads) -> int:
-    total = 0
-    for pid, tid in threads:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError):  # ended meanwhile
-            pass
-    return total
+    return os.getpid(), common.agent_pid(dask_worker), beat["samples"] if beat else own.samples if own else 0
 
 
 def _rss(pid: int) -> int:
@@ -195,12 +177,12 @@ def measure(gpus: int, n: int, seconds: float, rounds: int, address: str) -> dic
                     agent = next((a for _, a, _ in probed if a), None)
                     nvml_pids = [agent] if agent else pids
                     s0, (b0, e0) = max(s for _, _, s in probed), _spent_us(ledgers, nvml_pids)
-                    threads = [t for ts in client.run(_monitor_threads).values() for t in ts]
+                    threads = [t for ts in client.run(common.monitor_threads).values() for t in ts]
                     cpu0, a0 = [process_cpu_ns(p) for p in pids], process_cpu_ns(agent) if agent else 0
-                    t0 = _threads_cpu_ns(threads)
+                    t0 = common.threads_cpu_ns(threads)
                     time.sleep(seconds)
                     cpu = [process_cpu_ns(p) - c for p, c in zip(pids, cpu0)]
-                    threads_ns = _threads_cpu_ns(threads) - t0
+                    threads_ns = common.threads_cpu_ns(threads) - t0
                     a_cpu = process_cpu_ns(agent) - a0 if agent else 0
                     probed = client.run(_probe).values()
                     samples = max(s for _, _, s in probed) - s0 if mode else seconds * 1000 / INTERVAL_MS

@@ -9,7 +9,9 @@ on @50 ms (the default configuration), ``--pairs`` times alternated, on a fresh 
 its short rounds start: N = 7). Reported: the ratio of the medians, the per-pair ratio median with
 its distribution-free 95 % interval (:func:`benchmarks.common.median_interval`) and the mean; and the CPU
 a round costs (the worker processes with the agent, the scheduler's process: as noisy here as the wall time,
-an idle-spinning or busy worker's own CPU moves by ~0.5 s a round).
+an idle-spinning or busy worker's own CPU moves by ~0.5 s a round), and what the monitor itself spent in an
+"on" round, per thread (the agent + the monitor's threads in the workers; the hooks on a worker's event loop are
+``benchmarks.pertask``'s).
 
 ``--control`` adds a third round to each pair, the benchmark's "attached only" mode (the scheduler plugin
 installed, no session: nothing sampled, no task tagged), and rotates the three rounds' order from one set
@@ -82,8 +84,8 @@ def pairs(
             for mode in modes[k:] + modes[:k]:
                 r = workload.monitored(client, sizes, work=work, **settings[mode])
                 runs[mode].append(r["seconds"])
-                cpu[mode].append([r["cpu"], r["scheduler_cpu"]])
-            shown = ", ".join(f"{mode} {runs[mode][-1]:.3f} s ({sum(cpu[mode][-1]):.2f} s CPU)" for mode in modes)
+                cpu[mode].append([r["cpu"], r["scheduler_cpu"], r["monitor_cpu"]])
+            shown = ", ".join(f"{mode} {runs[mode][-1]:.3f} s ({sum(cpu[mode][-1][:2]):.2f} s CPU)" for mode in modes)
             print(f"pair {len(runs['on'])}: {shown}", flush=True)
     return runs, cpu
 
@@ -105,10 +107,12 @@ def cpu_summary(off: list, on: list) -> str:
     """What the rounds cost in CPU: the medians of the worker processes with the agent, and of the scheduler's
     process, and the per-pair difference of their sum."""
     med = [statistics.median(c[i] for c in rounds) for rounds in (off, on) for i in (0, 1)]
-    more = statistics.median(sum(a) - sum(b) for a, b in zip(on, off))
+    more = statistics.median(sum(a[:2]) - sum(b[:2]) for a, b in zip(on, off))
+    own = statistics.median(c[2] for c in on) if on[0][2] is not None else None
     return (
         f"CPU a round, workers + agent / scheduler: off {med[0]:.3f} / {med[1]:.3f} s, on {med[2]:.3f} / {med[3]:.3f} s;"
         f" per-pair difference of the sum, median {more:+.3f} s"
+        + (f"; the monitor's own (the agent + its threads in the workers), median {own:.3f} s" if own else "")
     )
 
 

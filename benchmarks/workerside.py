@@ -22,25 +22,10 @@ import socket
 import time
 
 from benchmarks import common
+from benchmarks.common import process_cpu_ns
 
 INTERVAL_MS = 50
 NO_STREAM = "default without the task stream (worker only publishes)"
-
-
-def process_cpu_ns(pid: int) -> int:
-    """CPU nanoseconds all threads of process ``pid`` have run (0 once it is gone)."""
-    total = 0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
 
 
 def _probe(dask_worker) -> tuple[int, int | None]:
