@@ -201,7 +201,9 @@ class MetricsWorkerPlugin(WorkerPlugin):
             lines = _refreshing(self.snapshot, self.extras.lines) if self.custom else self.extras.lines
             # the link's thread runs it, into the outbox the agent sends
             self._write_extras = functools.partial(_write, lines, link.outbox)
-            seconds, self.extras.custom_every = extras.schedule(self.settings, self.tasks is not None, bool(self.custom))
+            seconds, self.extras.custom_every = extras.schedule(
+                self.settings, self.tasks is not None, bool(self.custom)
+            )
             # no wake for it while the worker runs nothing and has no task points to write (nudged when it starts)
             idle = None if self.custom else (lambda: link.publisher.idle() and not self.extras.pending())
             link.every(seconds, self._write_extras, idle=idle)
