@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 OLD_DASK=2026.7.1
 DASK_TESTS=(tests/test_dask_private.py tests/test_jobs.py tests/test_monitor.py tests/test_monitor_analysis.py
             tests/test_preload.py tests/test_agent.py tests/test_taskstream.py tests/test_worker_plugin.py
-            tests/test_summary_nodes.py tests/test_worker_heartbeat.py tests/test_dashboard.py)
+            tests/test_summary_nodes.py tests/test_worker_heartbeat.py tests/test_dashboard.py tests/test_names.py)
 VERSIONS='import sys, dask, distributed
 print(f"Python {sys.version.split()[0]}, dask {dask.__version__}, distributed {distributed.__version__}")'
 
