@@ -352,40 +352,25 @@ def threads_cpu_ns(threads) -> int:
         try:
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
                 total += int(f.read().split()[0])
-        except (OSError, ValueError):  # ended meanwhile
+        except (OSError, ValueError, IndexError):  # ended meanwhile
             pass
     return total
 
 
 def process_cpu_ns(pid: int) -> int:
     """CPU nanoseconds all threads of process ``pid`` have run (0 once it is gone)."""
-    total = 0
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return 0
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
+    return threads_cpu_ns((pid, tid) for tid in tids)
 
 
 def worker_cpu_seconds(dask_worker) -> dict:
-    """CPU seconds (user + system) of this worker process and of the host agent sampling it (its pid from the
-    agent's beat), by pid: the agent is not the worker's child (a launcher forks it and exits) and serves every
-    worker of its host, so :func:`cluster_cpu_seconds` counts it once."""
-    import psutil
-
-    out = {}
-    for pid in {os.getpid(), agent_pid(dask_worker)} - {None}:
-        try:
-            out[pid] = sum(psutil.Process(pid).cpu_times()[:2])
-        except psutil.Error:  # an agent that just exited
-            pass
-    return out
+    """CPU seconds of this worker process and of the host agent sampling it (its pid from the agent's beat),
+    by pid: the agent is not the worker's child (a launcher forks it and exits) and serves every worker of
+    its host, so :func:`cluster_cpu_seconds` counts it once."""
+    return {pid: process_cpu_ns(pid) / 1e9 for pid in {os.getpid(), agent_pid(dask_worker)} - {None}}
 
 
 def cluster_cpu_seconds(client) -> float:

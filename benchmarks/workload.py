@@ -115,15 +115,16 @@ def _shutdown(monitor, quiet: bool) -> None:
         log.setLevel(level)
 
 
-def _monitor_cpu_ns(client, before: int = 0, threads=None, agents=None) -> tuple:
-    """(CPU ns of the agents and the monitor's threads in the workers, minus ``before``; those threads; the
-    agents' pids): what the monitor itself spends, per thread (schedstat), beside the per-task hooks on a
-    worker's event loop (``benchmarks.pertask``)."""
-    if threads is None:
-        threads = [t for ts in client.run(common.monitor_threads).values() for t in ts]
-        agents = set(client.run(common.agent_pid).values()) - {None}
-    spent = common.threads_cpu_ns(threads) + sum(common.process_cpu_ns(a) for a in agents)
-    return spent - before, threads, agents
+def _monitor_parts(client) -> tuple[list, set]:
+    """The monitor's own threads in the workers (pid, thread id) and its agents' pids."""
+    threads = [t for ts in client.run(common.monitor_threads).values() for t in ts]
+    return threads, set(client.run(common.agent_pid).values()) - {None}
+
+
+def _monitor_cpu_ns(threads, agents) -> int:
+    """What the monitor itself has spent (schedstat), beside the per-task hooks on a worker's event loop
+    (``benchmarks.pertask``)."""
+    return common.threads_cpu_ns(threads) + sum(common.process_cpu_ns(a) for a in agents)
 
 
 def monitored(
@@ -143,10 +144,11 @@ def monitored(
                 m.start()
         try:
             cpu0, here0 = common.cluster_cpu_seconds(client), time.process_time()
-            own = _monitor_cpu_ns(client) if m is not None and start else None
+            parts = _monitor_parts(client) if m is not None and start else None
+            own0 = parts and _monitor_cpu_ns(*parts)
             seconds = work(client, *sizes)
             cpu, here = common.cluster_cpu_seconds(client) - cpu0, time.process_time() - here0
-            own = own and _monitor_cpu_ns(client, *own)
+            own = parts and _monitor_cpu_ns(*parts) - own0
             costs = [c for w in client.run(common.in_worker_costs).values() for c in (w or [])]
         finally:
             if m is not None:
@@ -156,7 +158,7 @@ def monitored(
         "seconds": seconds,
         "cpu": cpu,  # the worker processes and the agent
         "scheduler_cpu": here,  # this process: the (local) cluster's scheduler and the client
-        "monitor_cpu": own and own[0] / 1e9,  # the agent + the monitor's threads in the workers (None: off)
+        "monitor_cpu": own and own / 1e9,  # the agent + the monitor's threads in the workers (None: off)
         "samples": lines / (LINES_PER_SAMPLE - 8 + gpus),
         "cost_us": common.median(costs) * 1e6 if costs else None,
     }
