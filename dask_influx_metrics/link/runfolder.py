@@ -44,8 +44,10 @@ import tempfile
 from ..sinks.paths import safe_name
 from ..sinks.spool import make_private_dirs, private_folder
 from . import outbox
+from .snapshot import BEAT_BYTES, BUFFER_BYTES
 
 START_LOCK, AGENT_LOCK, BEAT, SOCKET, WORKERS = "start.lock", "agent.lock", "agent.beat", "agent.sock", "workers"
+SMALL_SAID = "small.said"  # in the session folder: a worker said the run folder is smaller than needed
 
 
 def run_directory(base: str | None = None) -> str:
@@ -152,6 +154,35 @@ def worker_files(folder: str) -> dict[str, str]:
     except FileNotFoundError:
         return {}
     return {n[:-5]: os.path.join(folder, WORKERS, n) for n in names if n.endswith(".json")}
+
+
+def check_room(folder: str, budget: int, spill: str, report) -> None:
+    """Say once per host and session (``report``) when the file system of session folder ``folder`` is smaller
+    than its workers need (each its snapshot and an outbox of ``budget`` bytes, and the agent's beat): their
+    outboxes then go to ``spill``, on disk, sooner."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return
+    workers = len(worker_files(folder))
+    need, size = workers * (BUFFER_BYTES + budget) + BEAT_BYTES, st.f_blocks * st.f_frsize
+    said = os.path.join(folder, SMALL_SAID)
+    if size >= need or os.path.exists(said):
+        return
+    try:
+        os.close(os.open(said, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except OSError:  # said by another worker just now
+        return
+    report(
+        "run-folder",
+        f"the run folder's file system ({os.path.dirname(os.path.dirname(folder))}) holds {size >> 10} KiB; "
+        f"this host's {workers} worker(s) need {need >> 10} KiB there (task snapshot and run.outbox-budget "
+        f"each, and the agent's beat), shared with whatever else uses it: when it is full their outboxes go to "
+        f"{spill} (give it more room, e.g. docker --shm-size, "
+        "or lower run.outbox-budget)",
+        size=size,
+        needed=need,
+    )
 
 
 def read_worker(path: str) -> dict | None:

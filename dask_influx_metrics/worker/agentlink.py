@@ -13,10 +13,10 @@ nothing is left to reap when it outlives the worker. From then on:
 * :attr:`publisher` publishes the worker's task starts and ends (event loop, just before
   the agent's next sample: :meth:`publish_from`);
 * :meth:`wake` sends one datagram to the agent when a task starts on an idle worker;
-* a watcher thread checks that the agent lives (the agent's relay worker when
-  the agent's beat would be stale, the others once a second): a free ``agent.lock``
-  (the agent was killed) or, seen by the relay, a beat older than 3 polling
-  intervals + 0.25 s (it hangs: it is killed) makes it start another, at most one
+* a watcher thread checks that the agent lives: woken the moment it exits (it waits on the agent's pidfd
+  too), and looking for a hung one (the agent's relay worker when the agent's beat would be stale, the
+  others every 5 s): a free ``agent.lock`` (the agent died) or, seen by the relay, a beat
+  older than 3 polling intervals + 0.25 s (it hangs: it is killed) makes it start another, at most one
   per host (the lock again), and say so once per gap;
 * the same thread, the only one the link runs, writes the points only the worker
   makes (custom metrics, the task stream) into its :attr:`outbox` for the agent to
@@ -43,7 +43,7 @@ import threading
 import time
 
 from ..config import AGENT_ENV
-from ..flag import Flag
+from ..flag import PollFlag
 from ..link import runfolder
 from ..link.outbox import BUDGET_BYTES as OUTBOX_BUDGET
 from ..link.outbox import Outbox
@@ -58,8 +58,8 @@ WATCH_MAX_S = 1.0  # s: its longest
 MAX_RESTARTS, RESTART_WINDOW_S = 3, 30.0  # agents dying faster than this: give up (sample in-process)
 BACKUP_S = 5.0  # how often the others look: a dead agent the relay missed (it left, hangs), whether they relay now
 STALL_MARGIN = 0.25  # s: a beat 3 intervals + this old means a hung agent
+HANG_SLACK_S = 0.25  # s past that a hung agent may go unseen, when a death wakes the watcher (fewer looks)
 PUBLISH_LAG_S = 0.005  # s before the agent's sample that a worker writes its changes (at most interval / 10)
-SMALL_SAID = "small.said"  # in the session folder: a worker said the run folder is smaller than needed
 LAUNCHER_EXIT_S = 5.0  # s a leaving worker waits for a launcher that has not exited yet (it exits once it forked)
 # The launcher: forks the agent and exits, so the kernel re-parents the agent (to init or a subreaper) and the
 # worker reaps only the launcher, within milliseconds. The agent keeps the launcher's stdin, stdout and the
@@ -88,18 +88,17 @@ class AgentLink:
         self._launchers: list[subprocess.Popen] = []  # reaped as they exit (at once: see LAUNCH)
         self._ready = None  # the pipe the agent this worker launched says "ready" on, until started() reads it
         self._beat, self._beat_inode, self._beat_pid = None, None, None
+        self._exit_pid, self._exit_fd, self._exit_fds = None, None, ()  # the agent whose exit the watcher awaits
         self._closed = threading.Event()  # leaving: the watcher stops, started() and found() give up
         self._stopped, self._stop_w = os.pipe()  # readable once stop_waiting() was called (started() waits on it)
-        self._left = False
-        self._held = False  # this worker holds agent.lock (the agent is gone)
+        self._left, self._held = False, False  # leave() ran; this worker holds agent.lock (the agent is gone)
         self._checked = None  # the beat's version when a task start last looked at it (see wake())
         self._ticks = (None, None)  # (the beat reader, the schedule it gave): see _defer()
         self._restarts: list[float] = []  # when this worker replaced an agent (monotonic)
-        self.failed = None  # why this worker gave up on the agent (the plugin then samples in-process)
-        self.gaps = 0  # agents replaced while this worker ran
+        self.failed, self.gaps = None, 0  # why it gave up on the agent (it then samples in-process); agents replaced
         self._every, self._due = None, math.inf  # (seconds, fn) the watcher thread also runs; when next
         self._idle = None  # () -> whether fn has nothing to do (the watcher then does not wake for it)
-        self._wake, self._parked = Flag(), False  # set on leave; by nudge() only while parked (idle)
+        self._wake, self._parked = PollFlag(), False  # set on leave; by nudge() only while parked (idle)
         self._once = Once()
         with runfolder.locked(self.folder, runfolder.START_LOCK):
             # taken by another worker of this process, or by a namesake in another PID namespace
@@ -116,7 +115,7 @@ class AgentLink:
             self.publisher = Publisher(self._snap, self.acked, snapshot.nthreads, snapshot.running, snapshot.last_job)
             info = {**info, "pid": os.getpid(), "started": runfolder.started(), "spill": spill}
             runfolder.write_worker(self.folder, self.id, info)
-            self._check_room(budget, spill)
+            runfolder.check_room(self.folder, budget, spill, report)
             held = runfolder.try_lock(self.folder, runfolder.AGENT_LOCK)
             if held is not None:
                 self._start(held)
@@ -125,33 +124,6 @@ class AgentLink:
         self._sock.setblocking(False)
         self._watcher = threading.Thread(target=self._watch, name="influx-metrics-worker", daemon=True)
         self._watcher.start()
-
-    def _check_room(self, budget: int, spill: str) -> None:
-        """Say once per host and session when the run folder's file system is smaller than its workers need
-        (each its snapshot and outbox budget, and the agent's beat): the outboxes then go to disk sooner."""
-        try:
-            st = os.statvfs(self.folder)
-        except OSError:
-            return
-        workers = len(runfolder.worker_files(self.folder))
-        need, size = workers * (BUFFER_BYTES + budget) + BEAT_BYTES, st.f_blocks * st.f_frsize
-        said = os.path.join(self.folder, SMALL_SAID)
-        if size >= need or os.path.exists(said):
-            return
-        try:
-            os.close(os.open(said, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        except OSError:  # said by another worker just now
-            return
-        self.report(
-            "run-folder",
-            f"the run folder's file system ({os.path.dirname(os.path.dirname(self.folder))}) holds {size >> 10} KiB; "
-            f"this host's {workers} worker(s) need {need >> 10} KiB there (task snapshot and run.outbox-budget "
-            f"each, and the agent's beat), shared with whatever else uses it: when it is full their outboxes go to "
-            f"{spill} (give it more room, e.g. docker --shm-size, "
-            "or lower run.outbox-budget)",
-            size=size,
-            needed=need,
-        )
 
     # --- the agent's beat ---------------------------------------------------------------
     def beat(self) -> dict | None:
@@ -307,14 +279,18 @@ class AgentLink:
         relay, n, looked = False, 0, 0.0
         look = time.monotonic() + self._pause(relay, n)
         while True:
+            if self._beat_pid != self._exit_pid:
+                self._watch_exit(self._beat_pid)
             self._parked = True  # set before idle() is looked at: a nudge from then on wakes this wait
             self._parked = (due := self._next_due()) == math.inf and self._every is not None  # untimed for fn
-            self._wake.wait(max(0.0, min(look, due) - time.monotonic()))
+            exited = self._wake.wait(max(0.0, min(look, due) - time.monotonic()), self._exit_fds)
             self._wake.clear()  # before fn runs: what comes while it runs wakes the next round
             if self._closed.is_set():
                 return
             self._run_every()
-            if time.monotonic() < look:
+            if exited:  # the agent exited: look now
+                self._watch_exit(None)
+            elif time.monotonic() < look:
                 continue
             n += 1
             if self._launchers:
@@ -326,7 +302,7 @@ class AgentLink:
                 relay = bool(beat) and beat.get("relay") == self.id
             # the relay: a beat within the last interval (one comes every interval + 0.125 s at most) says the
             # agent lived then: no lock to look at (a system call)
-            overdue = self._beat is None or time.monotonic() - self._beat.when() > self.interval
+            overdue = exited or self._beat is None or time.monotonic() - self._beat.when() > self.interval
             if (not relay or overdue) and not self._free() and relay and self._killed_hung():
                 deadline = time.monotonic() + 1.0
                 while not self._free() and time.monotonic() < deadline:  # the kernel frees its lock
@@ -339,16 +315,33 @@ class AgentLink:
                 self._replace()
             look = time.monotonic() + self._pause(relay, n)
 
+    def _watch_exit(self, pid: int | None) -> None:
+        """Have the watcher's wait end the moment agent ``pid`` exits (its pidfd, Linux 5.3+), so that a dead
+        agent is replaced at once, with no look for it. Where its pid cannot be waited on (an older kernel, an
+        agent in another PID namespace), the looks find a dead agent as they find a hung one. None: it exited."""
+        if self._exit_fd is not None:
+            os.close(self._exit_fd)
+        self._exit_fd, self._exit_fds = None, ()
+        if pid is None:  # (its pidfd would stay readable)
+            return
+        self._exit_pid = pid
+        try:
+            self._exit_fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            return
+        self._exit_fds = (self._exit_fd,)
+
     def _pause(self, relay: bool, n: int) -> float:
         """Seconds to the watcher's next look. The relay: until the agent's latest beat would be 3 intervals +
-        :data:`STALL_MARGIN` old (beats come every sample, so ~2-3 looks a second while it lives; a dead or hung
-        agent is seen as soon as it is stale), at least :data:`WATCH_S`. The others: :data:`BACKUP_S` (each
-        look of an idle thread costs ~100 us of CPU, and the relay's already see a dead agent within 3 intervals
-        + 0.25 s), after a first second at :data:`WATCH_S`."""
+        :data:`STALL_MARGIN` old (a dead or hung agent is seen as soon as it is stale) or, when its exit wakes
+        this thread, :data:`HANG_SLACK_S` later (only a hung agent waits for a look: ~1.5 looks a second at
+        100 ms while it lives, not ~3), at least :data:`WATCH_S`. The others: :data:`BACKUP_S` (each look of an
+        idle thread costs ~100-200 us of CPU here), after a first second at :data:`WATCH_S`."""
         if not relay:
             return WATCH_S if n < 1 / WATCH_S else BACKUP_S
         age = time.monotonic() - self._beat.when() if self._beat is not None else 0.0
-        return min(WATCH_MAX_S, max(WATCH_S, 3 * self.interval + STALL_MARGIN - age))
+        slack = HANG_SLACK_S if self._exit_fd is not None else 0.0
+        return min(WATCH_MAX_S, max(WATCH_S, 3 * self.interval + STALL_MARGIN + slack - age))
 
     def _free(self) -> bool:
         """Whether ``agent.lock`` is free (no agent): then this worker holds it."""
@@ -486,8 +479,9 @@ class AgentLink:
                 pass
         if self._life is not None:
             os.close(self._life)
-        for fd in (self._probe, self._stopped, self._stop_w):
-            os.close(fd)
+        for fd in (self._probe, self._stopped, self._stop_w, self._exit_fd):
+            if fd is not None:
+                os.close(fd)
         self._sock.close()
         _in_use.discard(self.id)
 
