@@ -264,3 +264,27 @@ def test_leave_returns_once_the_agent_sampled_the_worker_not_at_its_next_tick(co
         took = time.monotonic() - t0
     assert took < 4.0, f"leave waited {took:.1f} s: for a tick 5 s away"
     assert any(p.tags["dag"] == "7" for p in points(tmp_path)), "its last sample is in the sink when leave returns"
+
+
+def test_a_killed_agent_is_replaced_at_once_not_at_a_look(config):
+    """The watchers wait on the agent's pidfd: a dead agent is seen the moment it exits. A look would see it only
+    once its beat is over an interval old (here 2 s: it is killed just after one), or at the others' every 5 s."""
+    import signal
+
+    cfg = config(**{"polling-interval": 2000})
+    a, b = link(cfg, 1), link(cfg, 2)
+    try:
+        a.started()
+        wait_until(lambda: a.beat() is not None and b.beat() is not None, what="the agent's beat")
+        wait_until(lambda: a._exit_fd is not None and b._exit_fd is not None, what="its exit waited for")
+        time.sleep(1.2)  # past the watchers' first second (looks every 0.15 s)
+        wait_until(lambda: time.monotonic() - a.beat()["time"] < 0.2, timeout=5, what="a fresh beat")
+        old = a.beat()["pid"]
+        os.kill(old, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(lambda: {p.pid for p in agent_processes(a.folder)} - {old}, timeout=10, what="the next agent")
+        took = time.monotonic() - killed
+        assert took < 1.0, f"the next agent came {took:.2f} s after the kill"
+    finally:
+        b.leave()
+        a.leave()
