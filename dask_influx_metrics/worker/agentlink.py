@@ -479,9 +479,10 @@ class AgentLink:
                 pass
         if self._life is not None:
             os.close(self._life)
-        for fd in (self._probe, self._stopped, self._stop_w, self._exit_fd):
-            if fd is not None:
-                os.close(fd)
+        for fd in (self._probe, self._stopped, self._stop_w):
+            os.close(fd)
+        if self._exit_fd is not None and not self._watcher.is_alive():  # (a watcher still replacing may use it)
+            os.close(self._exit_fd)
         self._sock.close()
         _in_use.discard(self.id)
 
