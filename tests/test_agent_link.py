@@ -288,3 +288,28 @@ def test_a_killed_agent_is_replaced_at_once_not_at_a_look(config):
     finally:
         b.leave()
         a.leave()
+
+
+def test_waiting_for_the_agent_works_with_descriptors_past_1023(config):
+    """A worker with many connections open: the pipe the agent says "ready" on may be past descriptor 1023,
+    where select.select fails (and with it a watcher replacing a dead agent)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("this process may not open 1,200 descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:  # the link's own descriptors come after these
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        w = link(config(), 1)
+        try:
+            w.started(timeout=20)
+            assert w.found(20) is not None, "the agent sampled the worker"
+        finally:
+            w.leave()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -210,9 +210,12 @@ class AgentLink:
         pipe, self._ready = self._ready, None
         if pipe is None:
             return
+        poll = select.poll()  # (select.select fails on descriptors past 1023)
+        poll.register(pipe, select.POLLIN)
+        poll.register(self._stopped, select.POLLIN)
         with pipe:
-            ready = select.select([pipe, self._stopped], [], [], timeout)[0]
-            line = pipe.readline() if pipe in ready else b""
+            ready = [fd for fd, _ in poll.poll(timeout * 1000)]
+            line = pipe.readline() if pipe.fileno() in ready else b""
         self._reap()
         if line != b"ready\n" and not self._closed.is_set():
             self.report(
