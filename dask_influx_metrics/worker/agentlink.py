@@ -88,7 +88,7 @@ class AgentLink:
         self._launchers: list[subprocess.Popen] = []  # reaped as they exit (at once: see LAUNCH)
         self._ready = None  # the pipe the agent this worker launched says "ready" on, until started() reads it
         self._beat, self._beat_inode, self._beat_pid = None, None, None
-        self._exit_pid, self._exit_fd, self._exit_fds = None, None, ()  # the agent whose exit the watcher awaits
+        self._exit_pid, self._exit_fd = None, None  # the agent whose exit the watcher waits for, and its pidfd
         self._closed = threading.Event()  # leaving: the watcher stops, started() and found() give up
         self._stopped, self._stop_w = os.pipe()  # readable once stop_waiting() was called (started() waits on it)
         self._left, self._held = False, False  # leave() ran; this worker holds agent.lock (the agent is gone)
@@ -286,7 +286,8 @@ class AgentLink:
                 self._watch_exit(self._beat_pid)
             self._parked = True  # set before idle() is looked at: a nudge from then on wakes this wait
             self._parked = (due := self._next_due()) == math.inf and self._every is not None  # untimed for fn
-            exited = self._wake.wait(max(0.0, min(look, due) - time.monotonic()), self._exit_fds)
+            fds = () if self._exit_fd is None else (self._exit_fd,)
+            exited = self._wake.wait(max(0.0, min(look, due) - time.monotonic()), fds)
             self._wake.clear()  # before fn runs: what comes while it runs wakes the next round
             if self._closed.is_set():
                 return
@@ -324,15 +325,14 @@ class AgentLink:
         agent in another PID namespace), the looks find a dead agent as they find a hung one. None: it exited."""
         if self._exit_fd is not None:
             os.close(self._exit_fd)
-        self._exit_fd, self._exit_fds = None, ()
+        self._exit_fd = None
         if pid is None:  # (its pidfd would stay readable)
             return
         self._exit_pid = pid
         try:
             self._exit_fd = os.pidfd_open(pid)
         except (AttributeError, OSError):
-            return
-        self._exit_fds = (self._exit_fd,)
+            pass
 
     def _pause(self, relay: bool, n: int) -> float:
         """Seconds to the watcher's next look. The relay: until the agent's latest beat would be 3 intervals +
