@@ -17,7 +17,7 @@ from distributed import Client, LocalCluster
 from polling import wait_until
 
 from dask_influx_metrics import Monitor
-from dask_influx_metrics.names import DASHBOARD_PAGE
+from dask_influx_metrics.names import DASHBOARD_PAGE, JOBS_PLUGIN
 
 pytest.importorskip("bokeh")
 # the text of the page as drawn, Bokeh's shadow roots included
@@ -113,7 +113,7 @@ def test_two_jobs_live_in_a_browser(monitored, cluster, tmp_path):
         two.gather(futures[1])
         view = monitor._repr_html_()  # a notebook's view
         assert one.id in view and two.id in view and DASHBOARD_PAGE in view, view
-        page = settled_totals(monitor)  # the page's busy GPU-seconds once the last heartbeats carried them
+        page = settled_totals(monitor)  # the page's busy GPU-seconds once a sample after the last task reached it
         monitor.stop()
     # the same counters, read back from the spool (the default sink) after the run
     table = monitor.accounting()
@@ -123,16 +123,26 @@ def test_two_jobs_live_in_a_browser(monitored, cluster, tmp_path):
         assert page[job] == pytest.approx(totals[job], rel=0.05), (page, totals.to_dict())
 
 
-def settled_totals(monitor, timeout: float = 10.0) -> dict:
-    """``{job: busy GPU-seconds}`` the page shows, once two readings a second apart agree."""
-    last, deadline = None, time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        now = {r["job"]: r["busy_s"] for r in monitor.live()}
-        if now == last and all(v is not None for v in now.values()):
-            return now
-        last = now
-        time.sleep(1.0)
-    raise AssertionError(f"the page's totals did not settle: {last}")
+def settled_totals(monitor, timeout: float = 30.0) -> dict:
+    """``{job: busy GPU-seconds}`` the page shows once every task has ended on the workers (a cancelled task
+    runs on) and a sample taken a second after that has reached the page (the host's latest beat, as the
+    page's health row dates it)."""
+    client = monitor.client
+    wait_until(lambda: not any(client.run(_executing).values()), timeout, "the workers' tasks ended")
+    ended = time.time()
+    wait_until(lambda: client.run_on_scheduler(_page)[1] > ended + 1.0, timeout, "a sample after the tasks")
+    return client.run_on_scheduler(_page)[0]
+
+
+def _executing(dask_worker=None) -> int:
+    return dask_worker.state.executing_count
+
+
+def _page(dask_scheduler=None) -> tuple[dict, float]:
+    """The page's busy GPU-seconds per job, and the time of the oldest host's latest sample."""
+    live, now = dask_scheduler.plugins[JOBS_PLUGIN].live, time.time()
+    sampled = min((now - h["age"] for h in live.health(now)), default=0.0)
+    return {r["job"]: r["busy_s"] for r in live.jobs(now)}, sampled
 
 
 def _hold(seconds):
