@@ -73,3 +73,25 @@ def test_shares_read_between_rebuilds_are_kept():
     live.observe([gpu(a, "GPU-s", utilization_gpu=90.0, worker_gpu_share=60.0)], now=0.2)  # a sample between
     live.update([a], [gpu(a, "GPU-s", utilization_gpu=90.0)], now=0.5, shared={"GPU-s"})
     assert live.entries["1"]["gpus"][0][4] == 60
+
+
+def test_a_jobs_energy_is_not_known_until_its_gpus_counter_is_read_then_it_is_the_counters():
+    """The heartbeat's accounting rows from a real Accounting: energy is the job's part of the counter's
+    delta, so before the counter's first read since the job began it is None (the page's "-"), not 0."""
+    from dask_influx_metrics.sampling.accounting import Accounting
+    from dask_influx_metrics.sampling.live import accounting_rows
+
+    acc = Accounting(interval_s=10, step_s=0.5, tags={"host": "h", "worker": "agent-h"}, since_ns=0)
+    busy = Snapshot(((("k", 0), 7, 1),), 1, 0, 7)
+
+    def sample(k, counter=None):
+        device = {"utilization_gpu": 80.0, "power_draw": 300.0}
+        if counter is not None:
+            device["total_energy_consumption"] = counter
+        workers = [("w", "tcp://w:1", busy, {})]
+        acc.update(k * 500_000_000, k * 500_000_000, [("GPU-1", device, {"index": "0"}, [("w", {})])], workers)
+        return accounting_rows(acc.live())
+
+    assert sample(0, counter=1_000_000) == [[7, 40, None, 80, None, None, 1]]  # the counter's first read
+    assert sample(1)[0][1:3] == [80, None]  # provisional energy is not the job's total
+    assert sample(2, counter=1_300_000)[0][1:3] == [120, 300]  # read again: the delta, all the job's

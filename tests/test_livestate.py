@@ -128,6 +128,21 @@ def test_accounting_counters_add_up_over_the_samplers_and_give_their_now_figures
     assert (later[1]["busy_s"], later[1]["util"], later[1]["gpus"]) == (40.0, 0.0, 0)
 
 
+def test_a_total_one_sampler_cannot_give_yet_is_not_known_never_a_part():
+    """Energy comes with each GPU's counter read (every 10 s): until then a host's total for the job is None,
+    and so is the sum over the hosts (the page shows "-", never the other hosts' part as the job's)."""
+    state = LiveState()
+    one = entry([[1, 1]], [gpu("GPU-a", 90)], host="n1", acct=[[1, 3000, 9000, 80, None, 2048, 1]])
+    two = entry([[1, 1]], [gpu("GPU-b", 50)], host="n2", acct=[[1, 1000, None, 45, 40, 1024, 1]])
+    state.update([("tcp://a:1", 100.0, one), ("tcp://b:1", 100.0, two)], now=100.0)
+    [row] = state.jobs(now=100.0)
+    assert (row["busy_s"], row["energy_j"], formatted(row)["energy"]) == (40.0, None, "-")
+    read = entry([[1, 1]], [gpu("GPU-b", 50)], host="n2", acct=[[1, 1100, 2500, 45, 40, 1024, 1]])
+    state.update([("tcp://b:1", 101.0, read)], now=101.0)  # its counter read: the sum is known again
+    [row] = state.jobs(now=101.0)
+    assert (row["busy_s"], row["energy_j"]) == (41.0, 11500.0)
+
+
 def test_health_per_sampling_process():
     state = LiveState()
     state.update([("tcp://w:1", 100.0, entry([], [], host="n1", pid=7, samples=50, age=0.3))], now=100.0)

@@ -21,7 +21,7 @@ be known then: left out, never guessed).
 Beside them, :attr:`LiveFigures.accounting`: the sampler's per-job accounting counters
 (:class:`.accounting.Accounting`, when ``accounting`` is tracked) as one row per job, summed over its GPUs:
 ``[job, busy, energy, util, sm, mem, gpus]``: busy GPU-seconds in hundredths (an int: fewer bytes on
-the heartbeat), energy in J, then the job's own figures of the latest settled windows (``util`` and ``sm`` %
+the heartbeat), energy in J (None: not known yet on one of its GPUs, :func:`accounting_rows`), then the job's own figures of the latest settled windows (``util`` and ``sm`` %
 of one GPU, summed; ``mem`` MiB its workers hold; None: not known) and the GPUs it ran on there.
 
 Example
@@ -119,20 +119,25 @@ def accounting_rows(live: dict) -> list:
     """One row per job (see :attr:`LiveFigures.accounting`) from :meth:`.accounting.Accounting.live`.
 
     >>> accounting_rows({"jobs": {"3": {"gpus": {"GPU-a": {"busy_seconds": 12.34, "energy_joules": 4567.8},
-    ...     "GPU-b": {"busy_seconds": 1.0}}, "now": {"GPU-a": {"utilization_gpu": 87.0, "sm_active": None,
-    ...     "memory_bytes": 2 ** 30}}}}})
-    [[3, 1334, 4568, 87, None, 1024, 1]]
+    ...     "GPU-b": {"busy_seconds": 1.0, "energy_joules": 100.0}}, "now": {"GPU-a": {"utilization_gpu": 87.0,
+    ...     "sm_active": None, "memory_bytes": 2 ** 30}}}}})
+    [[3, 1334, 4668, 87, None, 1024, 1]]
+
+    A total one of its GPUs cannot give yet is None, never a part taken for the whole: energy until the GPU's
+    energy counter was read since the job began there (every 10 s), or on a GPU with no power reading.
+
+    >>> accounting_rows({"jobs": {"3": {"gpus": {"GPU-a": {"busy_seconds": 2.0, "energy_joules": 400.0},
+    ...     "GPU-b": {"busy_seconds": 1.0}}}}})[0][:3]
+    [3, 300, None]
     """
     rows = []
     for job, row in live.get("jobs", {}).items():
         totals = row.get("gpus", {}).values()
-        busy = sum(t.get("busy_seconds") or 0.0 for t in totals)
-        energy = sum(t.get("energy_joules") or 0.0 for t in totals)
+        busy, energy = (_sum(t.get(f) for t in totals) for f in ("busy_seconds", "energy_joules"))
         now = list(row.get("now", {}).values())
         util, sm, mem = (_sum(n.get(f) for n in now) for f in ("utilization_gpu", "sm_active", "memory_bytes"))
-        rows.append(
-            [int(job), round(busy * 100), round(energy), _round(util), _round(sm), _round(mem and mem / MIB), len(now)]
-        )
+        busy = None if busy is None else round(busy * 100)
+        rows.append([int(job), busy, _round(energy), _round(util), _round(sm), _round(mem and mem / MIB), len(now)])
     return sorted(rows)
 
 

@@ -139,16 +139,22 @@ class LiveState:
                     _add(r, "sm", sm, scale, weight)
                     _add(r, "mem", own, 1.0, 1.0)  # what its workers' processes hold: theirs whole
                     r["gpus"] += 1
+        unknown = set()  # (job, figure) a sampler cannot give yet: the sum is not known either
         for key, counters in self.accounting.items():  # the samplers' counters (and "now" where fresh)
             for job, (busy, energy, util, sm, mem, gpus) in counters.jobs.items():
                 r = row(job)
-                r["busy_s"] = (r["busy_s"] or 0.0) + busy
-                r["energy_j"] = (r["energy_j"] or 0.0) + energy
+                for figure, value in (("busy_s", busy), ("energy_j", energy)):
+                    if value is None:
+                        unknown.add((job, figure))
+                    else:
+                        r[figure] = (r[figure] or 0.0) + value
                 if key in covered and job in counters.now:
                     _add(r, "util", util, 1.0, 1.0)
                     _add(r, "sm", sm, 1.0, 1.0)
                     _add(r, "mem", mem, 1.0, 1.0)
                     r["gpus"] += gpus
+        for job, figure in unknown:
+            rows[job][figure] = None
         if book is not None:
             for number, job in book.jobs.items():
                 row(number)["label"] = job.label
@@ -168,7 +174,7 @@ class LiveState:
 
 class Counters:
     """One sampler's per-job accounting as its heartbeats carried it (rows ``[job, busy in 0.01 s, energy J,
-    util, sm, mem, gpus]``, :mod:`..sampling.live`). A job whose rows the sampler dropped (``accounting.retention``
+    util, sm, mem, gpus]``, :mod:`..sampling.live`; None: not known yet). A job whose rows the sampler dropped (``accounting.retention``
     after it last ran there) keeps its last totals here; a job whose totals went down (dropped, then run
     again: counted from 0) adds its new count to the old, as Prometheus's ``increase`` takes a counter reset.
 
@@ -177,6 +183,8 @@ class Counters:
     ((5.0, 90.0), set())
     >>> c.take(3.0, [[7, 100, 10, 80, 70, 10, 1]]); c.jobs[7][:2], c.now
     ((6.0, 100.0), {7})
+    >>> c.take(4.0, [[8, 100, None, 80, 70, 10, 1]]); c.jobs[8][:2]  # its energy not known yet
+    (1.0, None)
     """
 
     def __init__(self):
@@ -189,14 +197,17 @@ class Counters:
     def take(self, t: float, rows) -> None:
         self.t, self.now = t, {row[0] for row in rows}
         for job, busy, energy, util, sm, mem, gpus in rows:
-            busy, energy = busy / 100, float(energy)
+            now = (None if busy is None else busy / 100, None if energy is None else float(energy))
             last = self._last.get(job)
-            if last is not None and (busy < last[0] or energy < last[1]):  # counted anew from 0
-                base = self._base.get(job, (0.0, 0.0))
-                self._base[job] = (base[0] + last[0], base[1] + last[1])
-            self._last[job] = (busy, energy)
-            base = self._base.get(job, (0.0, 0.0))
-            self.jobs[job] = (base[0] + busy, base[1] + energy, util, sm, mem, gpus)
+            if last is not None and any(a is not None and b is not None and a < b for a, b in zip(now, last)):
+                self._base[job] = _plus(self._base.get(job, (0.0, 0.0)), last)  # counted anew from 0
+            self._last[job] = now
+            self.jobs[job] = (*_plus(self._base.get(job, (0.0, 0.0)), now), util, sm, mem, gpus)
+
+
+def _plus(a: tuple, b: tuple) -> tuple:
+    """Element-wise sum of two ``(busy, energy)``; None where either is not known."""
+    return tuple(None if x is None or y is None else x + y for x, y in zip(a, b))
 
 
 def _add(row: dict, figure: str, value, scale, weight: float) -> None:
