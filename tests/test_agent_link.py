@@ -313,3 +313,39 @@ def test_waiting_for_the_agent_works_with_descriptors_past_1023(config):
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_new_agents_beat_file_is_followed_while_other_threads_read_the_old_one(config):
+    """The watcher and the event loop both read the agent's beat, and either may follow a new agent's file: the
+    reader the other holds stays open until leave(), and the beat is never briefly unset (a Dask test failed on
+    the watcher's "'NoneType' object is not callable" when the event loop followed the file first)."""
+    import signal
+
+    a = link(config(), 1)
+    errors, stop = [], threading.Event()
+
+    def reading():  # as the event loop's heartbeats and task starts do, meanwhile
+        while not stop.is_set():
+            try:
+                a._follow_beat()
+                a.beat()
+            except Exception as e:
+                errors.append(e)
+            time.sleep(0.001)
+
+    reader = threading.Thread(target=reading)
+    try:
+        a.started()
+        wait_until(lambda: a.beat() is not None, what="the agent's beat")
+        held, old = a._beat, a.beat()["pid"]
+        reader.start()
+        os.kill(old, signal.SIGKILL)
+        wait_until(lambda: (a.beat() or {}).get("pid") not in (None, old), what="the next agent's beat")
+        assert a._beat is not held and held()["pid"] == old  # the old file's reader still reads its last beat
+    finally:
+        stop.set()
+        if reader.is_alive():
+            reader.join()
+        a.leave()
+    assert errors == []
+    assert held.buffer.raw().closed  # closed at leave(), with the link's current reader

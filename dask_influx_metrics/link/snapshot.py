@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import struct
 import time
 from typing import Callable, NamedTuple
@@ -236,25 +237,36 @@ class BeatReader:
     def __init__(self, buffer: SnapshotBuffer, worker_id: str):
         self.buffer, self.worker_id = buffer, worker_id
         self._seq, self._last = -1, None
-        self._doc, self._decoded = None, {}
+        self._decoded = (None, {})  # the JSON part as read, and decoded (one attribute: threads share a reader)
+
+    @classmethod
+    def open(cls, path: str, worker_id: str) -> BeatReader | None:
+        """A reader of the beat file at ``path``; None while there is none (or it is not whole yet)."""
+        try:
+            return cls(SnapshotBuffer.open(path, BEAT_BYTES), worker_id)
+        except (OSError, ValueError):
+            return None
+
+    def inode(self) -> int:
+        """The file's inode: a new agent writes a new file (its readers then follow it)."""
+        return os.fstat(self.buffer.fd).st_ino
 
     def __call__(self) -> dict | None:
         seq = self.buffer.version()
         if seq != self._seq or seq % 2:
-            data = self.buffer.read()
-            self._last = None
+            data, last = self.buffer.read(), None
             if data and len(data) >= _BEAT.size:
                 head, _, tail = data[_BEAT.size :].partition(b"\n")
                 try:
-                    if tail != self._doc:  # what changes less often: decoded when it changed
-                        self._doc, self._decoded = tail, json.loads(tail) if tail else {}
+                    if tail != self._decoded[0]:  # what changes less often: decoded when it changed
+                        self._decoded = (tail, json.loads(tail) if tail else {})
                     fast = json.loads(head)
                 except ValueError:
-                    self._doc, self._decoded, fast = None, {}, {}
+                    self._decoded, fast = (None, {}), {}
                 pid, samples, extra, when = _BEAT.unpack_from(data)
-                self._last = {**self._decoded, **fast, "pid": pid, "samples": samples, "extra": extra, "time": when}
+                last = {**self._decoded[1], **fast, "pid": pid, "samples": samples, "extra": extra, "time": when}
             # cached under the version seen before the read; a failed read is read again next time
-            self._seq = seq if self._last is not None or not seq else -1
+            self._last, self._seq = last, seq if last is not None or not seq else -1
         return self._last
 
     def when(self) -> float:

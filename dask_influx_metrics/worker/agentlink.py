@@ -48,7 +48,7 @@ from ..link import runfolder
 from ..link.outbox import BUDGET_BYTES as OUTBOX_BUDGET
 from ..link.outbox import Outbox
 from ..link.seqlock import SnapshotBuffer
-from ..link.snapshot import BEAT_BYTES, BUFFER_BYTES, BeatReader, Publisher, write_delay
+from ..link.snapshot import BUFFER_BYTES, BeatReader, Publisher, write_delay
 from ..notices import Once
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class AgentLink:
         self._launchers: list[subprocess.Popen] = []  # reaped as they exit (at once: see LAUNCH)
         self._ready = None  # the pipe the agent this worker launched says "ready" on, until started() reads it
         self._beat, self._beat_inode, self._beat_pid = None, None, None
+        self._swap, self._retired = threading.Lock(), []  # beat readers replaced by a newer file's (_open_beat)
         self._exit_pid, self._exit_fd = None, None  # the agent whose exit the watcher waits for, and its pidfd
         self._closed = threading.Event()  # leaving: the watcher stops, started() and found() give up
         self._stopped, self._stop_w = os.pipe()  # readable once stop_waiting() was called (started() waits on it)
@@ -135,14 +136,18 @@ class AgentLink:
         return self._read_beat()
 
     def _read_beat(self) -> dict | None:
-        if self._beat is None:
-            path = os.path.join(self.folder, runfolder.BEAT)
-            try:
-                self._beat = BeatReader(SnapshotBuffer.open(path, BEAT_BYTES), self.id)
-                self._beat_inode = os.fstat(self._beat.buffer.fd).st_ino
-            except (OSError, ValueError):
-                return None
-        return self._beat()
+        reader = self._beat or self._open_beat()  # (one read of the attribute: another thread may replace it)
+        return reader() if reader is not None else None
+
+    def _open_beat(self) -> BeatReader | None:
+        """Read the beat file there now from now on. The reader it replaces stays open until :meth:`leave`: the
+        watcher and the event loop both read the beat, and either may be reading that one now."""
+        reader = BeatReader.open(os.path.join(self.folder, runfolder.BEAT), self.id)
+        if reader is not None:
+            with self._swap:
+                self._retired.append(self._beat)
+                self._beat, self._beat_inode = reader, reader.inode()
+        return reader
 
     def _follow_beat(self) -> None:
         """A new agent writes a new beat file: read that one from now on."""
@@ -151,9 +156,7 @@ class AgentLink:
         except OSError:
             return
         if self._beat is not None and inode != self._beat_inode:
-            old, self._beat = self._beat, None
-            self._read_beat()
-            old.buffer.close()
+            self._open_beat()
         beat = self._read_beat()
         if beat and beat["pid"] != self._beat_pid:  # a new agent (one with no room writes its beat in place)
             self._ticks, self._beat_pid = (None, None), beat["pid"]
@@ -472,7 +475,7 @@ class AgentLink:
                 self.wake("folder")
                 woke = now
             time.sleep(0.002)
-        for fd_owner in (self._snap, self._beat and self._beat.buffer):
+        for fd_owner in (self._snap, *(r.buffer for r in (self._beat, *self._retired) if r is not None)):
             if fd_owner is not None:
                 fd_owner.close()
         for path in (snap, os.path.join(self._dir, runfolder.life_lock(self.id))):
