@@ -349,3 +349,28 @@ def test_a_new_agents_beat_file_is_followed_while_other_threads_read_the_old_one
         a.leave()
     assert errors == []
     assert held.buffer.raw().closed  # closed at leave(), with the link's current reader
+
+
+def test_an_agent_that_cannot_be_run_on_a_replace_is_said_so_never_started(config, monkeypatch):
+    """A worker that found agent.lock held (a failed launch's child still holds it for a moment) replaces the agent
+    on its watcher's looks; where the agent cannot even be run, each try is said as it is (no "another was
+    started") and counted, and after MAX_RESTARTS the worker gives up (it then samples in-process)."""
+    import sys
+
+    from dask_influx_metrics.worker.agentlink import MAX_RESTARTS
+
+    cfg, reports = config(), []
+    folder = runfolder.session_folder(cfg["session"], cfg["settings"].get("run_directory"))
+    os.makedirs(os.path.join(folder, runfolder.WORKERS), exist_ok=True)
+    held = runfolder.try_lock(folder, runfolder.AGENT_LOCK)
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    w = link(cfg, 1, reports)
+    try:
+        os.close(held)  # the lock is free: the watcher's next look (every 0.15 s in its first second) replaces
+        wait_until(lambda: w.failed is not None, timeout=10, what="the worker giving up")
+        tries = [m for _, m in reports if m.startswith("cannot start the sampling agent (FileNotFoundError")]
+        assert len(tries) == MAX_RESTARTS, reports
+        assert not [m for _, m in reports if "another was started" in m], reports
+        assert f"stopped {MAX_RESTARTS + 1} times" in w.failed
+    finally:
+        w.leave()

@@ -339,10 +339,9 @@ class AgentLink:
 
     def _pause(self, relay: bool, n: int) -> float:
         """Seconds to the watcher's next look. The relay: until the agent's latest beat would be 3 intervals +
-        :data:`STALL_MARGIN` old (a dead or hung agent is seen as soon as it is stale) or, when its exit wakes
-        this thread, :data:`HANG_SLACK_S` later (only a hung agent waits for a look: ~1.5 looks a second at
-        100 ms while it lives, not ~3), at least :data:`WATCH_S`. The others: :data:`BACKUP_S` (each look of an
-        idle thread costs ~100-200 us of CPU here), after a first second at :data:`WATCH_S`."""
+        :data:`STALL_MARGIN` old, or :data:`HANG_SLACK_S` later when the agent's exit wakes this thread (only a
+        hung agent waits for a look: ~1.5 looks a second at 100 ms, not ~3), at least :data:`WATCH_S`. The others:
+        :data:`BACKUP_S` (a look of an idle thread costs ~100-200 us of CPU), after a first second at :data:`WATCH_S`."""
         if not relay:
             return WATCH_S if n < 1 / WATCH_S else BACKUP_S
         age = time.monotonic() - self._beat.when() if self._beat is not None else 0.0
@@ -395,9 +394,11 @@ class AgentLink:
             # the lock goes to the new agent with this descriptor's open file (closed here, never unlocked)
             try:
                 self._start(self._probe)
-            except OSError as e:  # cannot even run it: counted like an agent that died at once
+            except OSError as e:  # cannot even run it: counted like an agent that died at once, none said started
                 self.report("agent", f"cannot start the sampling agent ({type(e).__name__}: {e})")
-            self._probe = os.open(os.path.join(self.folder, runfolder.AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
+                return
+            finally:
+                self._probe = os.open(os.path.join(self.folder, runfolder.AGENT_LOCK), os.O_RDWR | os.O_CREAT, 0o600)
         self.started()
         self.gaps += 1
         self.report(
