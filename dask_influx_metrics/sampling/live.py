@@ -21,8 +21,9 @@ be known then: left out, never guessed).
 Beside them, :attr:`LiveFigures.accounting`: the sampler's per-job accounting counters
 (:class:`.accounting.Accounting`, when ``accounting`` is tracked) as one row per job, summed over its GPUs:
 ``[job, busy, energy, util, sm, mem, gpus]``: busy GPU-seconds in hundredths (an int: fewer bytes on
-the heartbeat), energy in J (None: not known yet on one of its GPUs, :func:`accounting_rows`), then the job's own figures of the latest settled windows (``util`` and ``sm`` %
-of one GPU, summed; ``mem`` MiB its workers hold; None: not known) and the GPUs it ran on there.
+the heartbeat), energy in J (None: not known yet on one of its GPUs, :func:`accounting_rows`), then the
+job's own figures of the latest settled windows (``util`` and ``sm`` % of one GPU, summed; ``mem`` MiB its
+workers hold; None: not known) and the GPUs it ran on there.
 
 Example
 -------

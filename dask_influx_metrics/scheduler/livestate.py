@@ -174,9 +174,10 @@ class LiveState:
 
 class Counters:
     """One sampler's per-job accounting as its heartbeats carried it (rows ``[job, busy in 0.01 s, energy J,
-    util, sm, mem, gpus]``, :mod:`..sampling.live`; None: not known yet). A job whose rows the sampler dropped (``accounting.retention``
-    after it last ran there) keeps its last totals here; a job whose totals went down (dropped, then run
-    again: counted from 0) adds its new count to the old, as Prometheus's ``increase`` takes a counter reset.
+    util, sm, mem, gpus]``, :mod:`..sampling.live`; None: not known yet). A job whose rows the sampler dropped
+    (``accounting.retention`` after it last ran there) keeps its last totals here; a job whose totals went down
+    (dropped, then run again: counted from 0) adds its new count to the old, as Prometheus's ``increase`` takes
+    a counter reset.
 
     >>> c = Counters()
     >>> c.take(1.0, [[7, 500, 90, 50, 40, 10, 1]]); c.take(2.0, []); c.jobs[7][:2], c.now

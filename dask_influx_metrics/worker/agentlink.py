@@ -340,8 +340,8 @@ class AgentLink:
     def _pause(self, relay: bool, n: int) -> float:
         """Seconds to the watcher's next look. The relay: until the agent's latest beat would be 3 intervals +
         :data:`STALL_MARGIN` old, or :data:`HANG_SLACK_S` later when the agent's exit wakes this thread (only a
-        hung agent waits for a look: ~1.5 looks a second at 100 ms, not ~3), at least :data:`WATCH_S`. The others:
-        :data:`BACKUP_S` (a look of an idle thread costs ~100-200 us of CPU), after a first second at :data:`WATCH_S`."""
+        hung agent waits for a look: ~1.5 looks a second at 100 ms, not ~3), at least :data:`WATCH_S`. Others:
+        :data:`BACKUP_S` (a look of an idle thread costs ~100-200 us of CPU), after a first second at WATCH_S."""
         if not relay:
             return WATCH_S if n < 1 / WATCH_S else BACKUP_S
         age = time.monotonic() - self._beat.when() if self._beat is not None else 0.0
