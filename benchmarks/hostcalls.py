@@ -7,7 +7,8 @@ minimal sampler's (issue 46), on :mod:`benchmarks.hostcost`'s cluster.
 (``sys.orig_argv``), a profile function on their sampling thread (the agent's ``influx-metrics-agent``, the
 minimal's main thread) that counts, between one ``time.sleep`` (a sample's end) and the next, over
 :data:`SAMPLES` samples after :data:`SKIP`: each Python function entered (a generator resumed counts too), each C
-function called, and the distinct Python functions. The replay's own code (``tests/fake_nvml.py``, the
+function called, the distinct Python functions, and each bytecode executed (``sys.settrace``'s opcode events:
+how much Python a sample runs, which a function count hides in loops). The replay's own code (``tests/fake_nvml.py``, the
 ``pynvml`` shim) is left out: a GPU host runs the real ``pynvml``'s, which is counted. Idle workers, every
 metric @100 ms, UDP into a bound loopback socket nobody reads; 1 GPU + 1 worker and 1 GPU + 4 workers; the
 difference between them is the cost of each worker beyond the first. ``python -m benchmarks.hostcalls``.
@@ -41,17 +42,19 @@ _role = "agent" if "dask_influx_metrics.agent" in _argv else "minimal" if "bench
 
 
 def _counter(role, skip, samples):
-    sleep, seen, state = time.sleep, set(), {"n": -skip, "py": 0, "c": 0}
-    modules = collections.Counter()
+    sleep, seen, state = time.sleep, set(), {"n": -skip, "py": 0, "c": 0, "ops": 0}
+    modules, ops = collections.Counter(), collections.Counter()
 
     def profile(frame, event, arg):
         if event == "c_call" and arg is sleep:
             state["n"] += 1
             if state["n"] == samples:
                 sys.setprofile(None)
+                sys.settrace(None)
                 n = state["n"]
                 out = {"role": role, "samples": n, "python": state["py"] / n, "c": state["c"] / n,
-                       "distinct": len(seen), "modules": {k: v / n for k, v in modules.most_common()}}
+                       "distinct": len(seen), "modules": {k: v / n for k, v in modules.most_common()},
+                       "bytecodes": state["ops"] / n, "bytecodes_by": {k: v / n for k, v in ops.most_common()}}
                 with open(os.path.join(_out, f"{role}.{os.getpid()}.json"), "w") as f:
                     json.dump(out, f)
             return
@@ -68,15 +71,38 @@ def _counter(role, skip, samples):
             seen.add(code)
             modules["/".join(path.split("/")[-2:])] += 1
 
-    return profile
+    def trace(frame, event, arg):  # each bytecode a sample executes, by function (the replay's left out)
+        code = frame.f_code
+        if "fake_nvml" in code.co_filename or code.co_filename.endswith("shim/pynvml.py"):
+            return None
+        frame.f_trace_opcodes, frame.f_trace_lines = True, False
+        name = code.co_filename.split("/")[-1] + ":" + code.co_qualname
+
+        def opcode(frame, event, arg):
+            if event == "opcode" and state["n"] >= 0:
+                state["ops"] += 1
+                ops[name] += 1
+            return opcode
+
+        return opcode
+
+    return profile, trace
+
+
+def _install(role, skip, samples):
+    profile, trace = _counter(role, skip, samples)
+    sys.setprofile(profile)
+    sys.settrace(trace)
 
 
 if _out and _role == "minimal":
-    sys.setprofile(_counter(_role, %(skip)d, %(samples)d))
+    _install(_role, %(skip)d, %(samples)d)
 elif _out and _role == "agent":
     def _first(frame, event, arg):  # each new thread: only the sampling thread keeps a counter
-        here = threading.current_thread().name == "influx-metrics-agent"
-        sys.setprofile(_counter(_role, %(skip)d, %(samples)d) if here else None)
+        if threading.current_thread().name == "influx-metrics-agent":
+            _install(_role, %(skip)d, %(samples)d)
+        else:
+            sys.setprofile(None)
     threading.setprofile(_first)
 '''
 
@@ -123,9 +149,16 @@ def _top(modules: dict, k: int = 6) -> str:
     return ", ".join(f"{m} {v:.1f}" for m, v in list(modules.items())[:k])
 
 
-def _row(what: str, agent: float, minimal: float, notes: str, details=None) -> dict:
-    what += ": Python functions entered per sample, the agent's sampling thread vs the minimal sampler"
-    return common.row(NAME, what, round(agent, 1), "calls", round(minimal, 1), notes=notes, details=details)
+KINDS = {  # what a row counts: (key in the counts, its words, its unit)
+    "python": ("Python functions entered per sample", "calls"),
+    "bytecodes": ("bytecodes executed per sample (our Python and the libraries', the replay's left out)", "ops"),
+}
+
+
+def _row(kind: str, what: str, agent: float, minimal: float, notes: str, details=None) -> dict:
+    words, unit = KINDS[kind]
+    what += f": {words}, the agent's sampling thread vs the minimal sampler"
+    return common.row(NAME, what, round(agent, 1), unit, round(minimal, 1), notes=notes, details=details)
 
 
 def run(quick: bool) -> list[dict]:
@@ -144,14 +177,17 @@ def run(quick: bool) -> list[dict]:
             f"C functions {a['c']:.0f} vs {b['c']:.0f}; distinct Python functions {a['distinct']} vs {b['distinct']}; "
             f"the agent's by module: {_top(a['modules'])}"
         )
-        rows.append(_row(what, a["python"], b["python"], notes, details=c))  # by module: in the JSON
+        rows.append(_row("python", what, a["python"], b["python"], notes, details=c))  # by function: in the JSON
+        notes = f"the agent's by function: {_top(a['bytecodes_by'])}"
+        rows.append(_row("bytecodes", what, a["bytecodes"], b["bytecodes"], notes))
     (g1, n1), (g4, n4) = SETUPS
     one, four = counted[g1, n1], counted[g4, n4]
-    per = {(k, f): (four[k][f] - one[k][f]) / (n4 - n1) for k in ("agent", "minimal") for f in ("python", "c")}
+    keys = ("python", "c", "bytecodes")
+    per = {(k, f): (four[k][f] - one[k][f]) / (n4 - n1) for k in ("agent", "minimal") for f in keys}
+    what = "each idle worker beyond the first (1 GPU)"
     notes = f"C functions {per['agent', 'c']:.0f} vs {per['minimal', 'c']:.0f}"
-    rows.append(
-        _row("each idle worker beyond the first (1 GPU)", per["agent", "python"], per["minimal", "python"], notes)
-    )
+    rows.append(_row("python", what, per["agent", "python"], per["minimal", "python"], notes))
+    rows.append(_row("bytecodes", what, per["agent", "bytecodes"], per["minimal", "bytecodes"], ""))
     return rows
 
 

@@ -1,4 +1,5 @@
-"""benchmarks/hostcalls: its counter counts a sampling thread's calls per sample, from one sleep to the next."""
+"""benchmarks/hostcalls: its counter counts a sampling thread's calls and bytecodes per sample, from one sleep to the
+next."""
 
 import json
 import sys
@@ -8,7 +9,7 @@ import time
 from benchmarks import hostcalls
 
 
-def test_the_counter_counts_functions_entered_between_sleeps(tmp_path, monkeypatch):
+def test_the_counter_counts_functions_entered_and_bytecodes_between_sleeps(tmp_path, monkeypatch):
     monkeypatch.setenv("HOSTCALLS_DIR", str(tmp_path))
     namespace: dict = {}
     exec(compile(hostcalls.SITECUSTOMIZE % {"skip": 1, "samples": 3}, "sitecustomize", "exec"), namespace)
@@ -20,7 +21,7 @@ def test_the_counter_counts_functions_entered_between_sleeps(tmp_path, monkeypat
         return two()
 
     def sampler():
-        sys.setprofile(namespace["_counter"]("test", 1, 3))
+        namespace["_install"]("test", 1, 3)
         for _ in range(6):  # 1 skipped, 3 counted, then the counter writes and stops
             one()
             time.sleep(0)
@@ -32,4 +33,8 @@ def test_the_counter_counts_functions_entered_between_sleeps(tmp_path, monkeypat
     counts = json.loads(path.read_text())
     assert counts["samples"] == 3
     assert counts["python"] == 2.0 and counts["c"] == 1.0 and counts["distinct"] == 2
-    assert sys.getprofile() is None  # only the sampling thread was profiled
+    # each bytecode of the two functions, the same in every sample; none of the sampling loop's own frame
+    by = counts["bytecodes_by"]
+    assert sorted(k.rsplit(".", 1)[-1] for k in by) == ["one", "two"]
+    assert counts["bytecodes"] == sum(by.values()) and all(v == int(v) > 0 for v in by.values())
+    assert sys.getprofile() is None and sys.gettrace() is None  # only the sampling thread was counted
