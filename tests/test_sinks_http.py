@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import time
@@ -53,6 +54,27 @@ def test_dead_url_sends_every_line_to_the_fallback(caplog):
     assert sorted(fallback.lines) == sorted(lines) and fallback.closed
     assert (sink.points_written, sink.points_failed) == (0, 250)
     assert len([r for r in caplog.records if "cannot reach" in r.message]) == 1  # once, not per batch
+
+
+def test_a_post_that_cannot_reach_the_server_leaves_no_frame_for_the_garbage_collector():
+    """The failed request's frames (which hold its body: a whole batch) are freed at once, not when the cyclic
+    collector runs (late, for the oldest generation): with the server down, a worker's memory grew meanwhile."""
+    sink = HttpSink(dead_url(), "db", HttpOptions(batch_size=1000, flush_interval=0.0, timeout=2), fallback=ListSink())
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds unreachable is kept in gc.garbage, to be looked at
+    try:
+        sink.send(numbered(1000))
+        assert sink.drain(10) and sink.points_failed == 1000
+        gc.collect()
+        frames = [o for o in gc.garbage if type(o).__name__ == "frame"]
+        mine = [
+            f.f_code.co_name for f in frames if any(p in f.f_code.co_filename for p in ("requests", "urllib3", "sinks"))
+        ]
+        assert mine == []  # (before: urlopen, _make_request, request, ... five of them holding the body)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        sink.close()
 
 
 def test_a_line_influxd_cannot_parse_is_kept_alone_with_the_reason_never_counted_written(
