@@ -444,11 +444,13 @@ def _let_go(error: BaseException) -> None:
     the chain in locals of the frames their tracebacks hold (a cycle), and some of those frames hold the request's
     body, a whole batch. With the server down, each try left one behind (``benchmarks.memory``'s ``http-dead``:
     22 MB more after 36,000 samples; a process's memory grew by the batches until the collector came)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        error.__traceback__ = None
-        error = error.__cause__ or error.__context__
+    chain, seen = [error], set()
+    while chain:
+        e = chain.pop()
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            e.__traceback__ = None
+            chain += (e.__cause__, e.__context__)
 
 
 def _reason(response: requests.Response) -> str:
