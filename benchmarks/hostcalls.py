@@ -149,7 +149,7 @@ def _top(modules: dict, k: int = 6) -> str:
     return ", ".join(f"{m} {v:.1f}" for m, v in list(modules.items())[:k])
 
 
-KINDS = {  # what a row counts: (key in the counts, its words, its unit)
+KINDS = {  # what a row counts (its key in the counts): its words, its unit
     "python": ("Python functions entered per sample", "calls"),
     "bytecodes": ("bytecodes executed per sample (our Python and the libraries', the replay's left out)", "ops"),
 }
@@ -177,7 +177,9 @@ def run(quick: bool) -> list[dict]:
             f"C functions {a['c']:.0f} vs {b['c']:.0f}; distinct Python functions {a['distinct']} vs {b['distinct']}; "
             f"the agent's by module: {_top(a['modules'])}"
         )
-        rows.append(_row("python", what, a["python"], b["python"], notes, details=c))  # by function: in the JSON
+        rows.append(
+            _row("python", what, a["python"], b["python"], notes, details=c)
+        )  # by module and function: in the JSON
         notes = f"the agent's by function: {_top(a['bytecodes_by'])}"
         rows.append(_row("bytecodes", what, a["bytecodes"], b["bytecodes"], notes))
     (g1, n1), (g4, n4) = SETUPS
