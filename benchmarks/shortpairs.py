@@ -17,24 +17,33 @@ an idle-spinning or busy worker's own CPU moves by ~0.5 s a round), and what the
 installed, no session: nothing sampled, no task tagged), and rotates the three rounds' order from one set
 to the next: its ratio to off is what the instrument reads for a monitor that costs next to nothing.
 
+``--burn`` adds another third round, "off + burner": the monitor off, and a separate process that spends, every
+200 ms, the CPU the monitor itself spent in the "on" rounds so far (their median rate: the agent + its threads in
+the workers), busy-looping. Its ratio to off is what that much CPU costs the workload on this machine whoever
+spends it; the rest of "on"'s is the monitor's own doing (the hooks on the event loops, the tagging, what its
+threads and datagrams do to the processes they share the cores with).
+
 ``--graph`` runs issue 46's other per-task row instead: one graph of about 50,000 tasks (:func:`graph_tasks`)
 per round on the same 2 workers, the monitor at its default polling interval (200 ms); results in
 ``graphpairs.json``.
 
-Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S] [--control] [--graph]``; with
+Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S] [--control | --burn] [--graph]``; with
 ``BENCH_GPU_SOURCE=nvml`` the agent reads the node's own GPUs instead of 8 simulated ones per worker.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import multiprocessing
 import os
 import statistics
 import time
 
 from benchmarks import common, workload
 
-MODES = {"off": {}, "on": {"interval_ms": 50}, "attached": {"interval_ms": 50, "start": False}}
+MODES = {"off": {}, "on": {"interval_ms": 50}, "attached": {"interval_ms": 50, "start": False}, "burn": {}}
+BURN_PERIOD = 0.2  # s: the burner's cycle, the agent's default polling interval
 GRAPH_TASKS = 50_000  # issue 46: a 50,000-task graph, 2 workers, default settings
 
 
@@ -49,12 +58,44 @@ def graph_tasks(client, n: int) -> float:
     return time.perf_counter() - t0
 
 
+def _burn(stop, share: float) -> None:
+    """Busy-loop ``share`` of one core (thread CPU) in each :data:`BURN_PERIOD` until ``stop`` is set."""
+    while not stop.is_set():
+        t = time.thread_time()
+        while time.thread_time() - t < share * BURN_PERIOD:
+            pass
+        stop.wait(BURN_PERIOD * (1 - share))
+
+
+@contextlib.contextmanager
+def burning(share: float):
+    """A separate process spending ``share`` of a core meanwhile (none when 0)."""
+    if not share:
+        yield
+        return
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    proc = ctx.Process(target=_burn, args=(stop, share), daemon=True)
+    proc.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        proc.join(5)
+
+
 def pairs(
-    n: int, after_array: int = 0, seconds: float | None = None, control: bool = False, graph: bool = False
+    n: int,
+    after_array: int = 0,
+    seconds: float | None = None,
+    control: bool = False,
+    graph: bool = False,
+    burn: bool = False,
 ) -> dict:
-    """``{"off": [s, ...], "on": [s, ...]}`` (and ``"attached"`` with ``control``): the short-task rounds'
+    """``{"off": [s, ...], "on": [s, ...]}`` (and ``"attached"`` with ``control``, ``"burn"`` with ``burn``): the rounds'
     wall times, alternated (with ``control``, the order rotates by one each set); no new set starts once
-    ``seconds`` have passed (a lent GPU machine's command has a time limit). Each set is printed as it
+    ``seconds`` have passed (a lent GPU machine's command has a time limit); ``burn``: with an "off + burner"
+    round instead (the module's docstring; it follows an "on" round in the first set). Each set is printed as it
     ends, so that a run stopped from outside still leaves its rounds in the log. ``graph``: the rounds run
     :func:`graph_tasks` with the monitor at its default polling interval instead of the short tasks @50 ms."""
     from distributed import Client, LocalCluster
@@ -69,20 +110,23 @@ def pairs(
             for kw in workload.array_modes().values():
                 workload.monitored(client, sizes, **kw)
         deadline = None if seconds is None else time.monotonic() + seconds
-        modes = list(MODES) if control else ["off", "on"]
+        modes = ["off", "on", "attached" if control else "burn"] if control or burn else ["off", "on"]
         work, sizes = (graph_tasks, (GRAPH_TASKS,)) if graph else (workload.short_tasks, (4000,))
         settings = {mode: dict(MODES[mode]) for mode in modes}
         if graph:  # the default settings: the monitor's own polling interval
             from dask_influx_metrics import config
 
-            for mode in modes[1:]:
-                settings[mode]["interval_ms"] = config.value("polling-interval")
+            for mode in modes:
+                if "interval_ms" in settings[mode]:
+                    settings[mode]["interval_ms"] = config.value("polling-interval")
         runs: dict = {mode: [] for mode in modes}
         cpu: dict = {mode: [] for mode in modes}
         while len(runs["on"]) < n and (deadline is None or time.monotonic() < deadline):
-            k = len(runs["on"]) % len(modes) if control else 0
+            k = len(runs["on"]) % len(modes) if len(modes) > 2 else 0
             for mode in modes[k:] + modes[:k]:
-                r = workload.monitored(client, sizes, work=work, **settings[mode])
+                share = statistics.median(c[2] / s for c, s in zip(cpu["on"], runs["on"])) if mode == "burn" else 0
+                with burning(share):
+                    r = workload.monitored(client, sizes, work=work, **settings[mode])
                 runs[mode].append(r["seconds"])
                 cpu[mode].append([r["cpu"], r["scheduler_cpu"], r["monitor_cpu"]])
             shown = ", ".join(f"{mode} {runs[mode][-1]:.3f} s ({sum(cpu[mode][-1][:2]):.2f} s CPU)" for mode in modes)
@@ -122,14 +166,20 @@ def main() -> None:
     p.add_argument("--seconds", type=float, help="start no new pair after this many seconds")
     p.add_argument("--after-array", type=int, default=0, metavar="N", help="N rounds of the array modes first")
     p.add_argument("--control", action="store_true", help="an attached-only round in each pair too")
+    p.add_argument("--burn", action="store_true", help="an off + burner round (the monitor's CPU) in each pair too")
     p.add_argument("--graph", action="store_true", help="the 50,000-task graph at the default settings instead")
     args = p.parse_args()
-    runs, cpu = pairs(args.pairs, args.after_array, args.seconds, args.control, args.graph)
+    if args.control and args.burn:
+        p.error("--control and --burn: one third round at a time")
+    runs, cpu = pairs(args.pairs, args.after_array, args.seconds, args.control, args.graph, args.burn)
     print("on vs off:", summary(runs["off"], runs["on"]))
     print("on vs off:", cpu_summary(cpu["off"], cpu["on"]))
     if args.control:
         print("attached only vs off:", summary(runs["off"], runs["attached"]))
         print("attached only vs off:", cpu_summary(cpu["off"], cpu["attached"]))
+    if args.burn:
+        print("off + burner vs off:", summary(runs["off"], runs["burn"]))
+        print("off + burner vs off:", cpu_summary(cpu["off"], cpu["burn"]))
     for mode, seconds in runs.items():
         print(f"{mode:3s} {', '.join(f'{s:.2f}' for s in seconds)} s")
     path = common.write_json(
