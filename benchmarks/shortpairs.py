@@ -27,8 +27,8 @@ threads and datagrams do to the processes they share the cores with).
 per round on the same 2 workers, the monitor at its default polling interval (200 ms); results in
 ``graphpairs.json``.
 
-Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S] [--control | --burn] [--graph]``; with
-``BENCH_GPU_SOURCE=nvml`` the agent reads the node's own GPUs instead of 8 simulated ones per worker.
+Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S] [--control | --burn]
+[--graph]``; with ``BENCH_GPU_SOURCE=nvml`` the agent reads the node's own GPUs instead of 8 simulated ones per worker.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def pairs(
     graph: bool = False,
     burn: bool = False,
 ) -> dict:
-    """``{"off": [s, ...], "on": [s, ...]}`` (and ``"attached"`` with ``control``, ``"burn"`` with ``burn``): the rounds'
-    wall times, alternated (with ``control``, the order rotates by one each set); no new set starts once
+    """``{"off": [s, ...], "on": [s, ...]}`` (and ``"attached"`` with ``control``, ``"burn"`` with ``burn``): the
+    rounds' wall times, alternated (with ``control``, the order rotates by one each set); no new set starts once
     ``seconds`` have passed (a lent GPU machine's command has a time limit); ``burn``: with an "off + burner"
     round instead (the module's docstring; it follows an "on" round in the first set). Each set is printed as it
     ends, so that a run stopped from outside still leaves its rounds in the log. ``graph``: the rounds run
@@ -147,14 +147,15 @@ def summary(off: list, on: list) -> str:
     )
 
 
-def cpu_summary(off: list, on: list) -> str:
+def cpu_summary(off: list, on: list, name: str = "on") -> str:
     """What the rounds cost in CPU: the medians of the worker processes with the agent, and of the scheduler's
     process, and the per-pair difference of their sum."""
     med = [statistics.median(c[i] for c in rounds) for rounds in (off, on) for i in (0, 1)]
     more = statistics.median(sum(a[:2]) - sum(b[:2]) for a, b in zip(on, off))
     own = statistics.median(c[2] for c in on) if on[0][2] is not None else None
     return (
-        f"CPU a round, workers + agent / scheduler: off {med[0]:.3f} / {med[1]:.3f} s, on {med[2]:.3f} / {med[3]:.3f} s;"
+        f"CPU a round, workers + agent / scheduler: off {med[0]:.3f} / {med[1]:.3f} s,"
+        f" {name} {med[2]:.3f} / {med[3]:.3f} s;"
         f" per-pair difference of the sum, median {more:+.3f} s"
         + (f"; the monitor's own (the agent + its threads in the workers), median {own:.3f} s" if own else "")
     )
@@ -176,10 +177,10 @@ def main() -> None:
     print("on vs off:", cpu_summary(cpu["off"], cpu["on"]))
     if args.control:
         print("attached only vs off:", summary(runs["off"], runs["attached"]))
-        print("attached only vs off:", cpu_summary(cpu["off"], cpu["attached"]))
+        print("attached only vs off:", cpu_summary(cpu["off"], cpu["attached"], "attached"))
     if args.burn:
         print("off + burner vs off:", summary(runs["off"], runs["burn"]))
-        print("off + burner vs off:", cpu_summary(cpu["off"], cpu["burn"]))
+        print("off + burner vs off:", cpu_summary(cpu["off"], cpu["burn"], "off + burner"))
     for mode, seconds in runs.items():
         print(f"{mode:3s} {', '.join(f'{s:.2f}' for s in seconds)} s")
     path = common.write_json(
