@@ -93,9 +93,9 @@ def pairs(
     burn: bool = False,
 ) -> dict:
     """``{"off": [s, ...], "on": [s, ...]}`` (and ``"attached"`` with ``control``, ``"burn"`` with ``burn``): the
-    rounds' wall times, alternated (with ``control``, the order rotates by one each set); no new set starts once
-    ``seconds`` have passed (a lent GPU machine's command has a time limit); ``burn``: with an "off + burner"
-    round instead (the module's docstring; it follows an "on" round in the first set). Each set is printed as it
+    rounds' wall times, alternated (with ``control`` or ``burn``, the order rotates by one each set); no new set
+    starts once ``seconds`` have passed (a lent GPU machine's command has a time limit); ``burn``: an "off + burner"
+    round as the third (the module's docstring; it follows an "on" round in the first set). Each set is printed as it
     ends, so that a run stopped from outside still leaves its rounds in the log. ``graph``: the rounds run
     :func:`graph_tasks` with the monitor at its default polling interval instead of the short tasks @50 ms."""
     from distributed import Client, LocalCluster
