@@ -177,9 +177,8 @@ def run(quick: bool) -> list[dict]:
             f"C functions {a['c']:.0f} vs {b['c']:.0f}; distinct Python functions {a['distinct']} vs {b['distinct']}; "
             f"the agent's by module: {_top(a['modules'])}"
         )
-        rows.append(
-            _row("python", what, a["python"], b["python"], notes, details=c)
-        )  # by module and function: in the JSON
+        # by module and function: in the JSON
+        rows.append(_row("python", what, a["python"], b["python"], notes, details=c))
         notes = f"the agent's by function: {_top(a['bytecodes_by'])}"
         rows.append(_row("bytecodes", what, a["bytecodes"], b["bytecodes"], notes))
     (g1, n1), (g4, n4) = SETUPS
