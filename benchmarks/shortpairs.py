@@ -17,9 +17,10 @@ an idle-spinning or busy worker's own CPU moves by ~0.5 s a round), and what the
 installed, no session: nothing sampled, no task tagged), and rotates the three rounds' order from one set
 to the next: its ratio to off is what the instrument reads for a monitor that costs next to nothing.
 
-``--burn`` adds another third round, "off + burner": the monitor off, and a separate process that spends, every
-200 ms, the CPU the monitor itself spent in the "on" rounds so far (their median rate: the agent + its threads in
-the workers), busy-looping. Its ratio to off is what that much CPU costs the workload on this machine whoever
+``--burn`` adds another third round, "off + burner": the monitor off, and a separate process that spends the CPU
+the monitor itself spent in the "on" rounds so far (their median rate: the agent + its threads in the workers),
+busy-looping, in one burst every polling interval of the "on" rounds (50 ms; the graph's 200 ms), as the agent
+spends it. Its ratio to off is what that much CPU costs the workload on this machine whoever
 spends it; the rest of "on"'s is the monitor's own doing (the hooks on the event loops, the tagging, what its
 threads and datagrams do to the processes they share the cores with).
 
@@ -43,7 +44,6 @@ import time
 from benchmarks import common, workload
 
 MODES = {"off": {}, "on": {"interval_ms": 50}, "attached": {"interval_ms": 50, "start": False}, "burn": {}}
-BURN_PERIOD = 0.2  # s: the burner's cycle, the agent's default polling interval
 GRAPH_TASKS = 50_000  # issue 46: a 50,000-task graph, 2 workers, default settings
 
 
@@ -58,24 +58,24 @@ def graph_tasks(client, n: int) -> float:
     return time.perf_counter() - t0
 
 
-def _burn(stop, share: float) -> None:
-    """Busy-loop ``share`` of one core (thread CPU) in each :data:`BURN_PERIOD` until ``stop`` is set."""
+def _burn(stop, share: float, period: float) -> None:
+    """Busy-loop ``share`` of one core (thread CPU) in each ``period`` s until ``stop`` is set."""
     while not stop.is_set():
         t = time.thread_time()
-        while time.thread_time() - t < share * BURN_PERIOD:
+        while time.thread_time() - t < share * period:
             pass
-        stop.wait(BURN_PERIOD * (1 - share))
+        stop.wait(period * (1 - share))
 
 
 @contextlib.contextmanager
-def burning(share: float):
-    """A separate process spending ``share`` of a core meanwhile (none when 0)."""
+def burning(share: float, period: float):
+    """A separate process spending ``share`` of a core meanwhile, in a burst every ``period`` s (none when 0)."""
     if not share:
         yield
         return
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
-    proc = ctx.Process(target=_burn, args=(stop, share), daemon=True)
+    proc = ctx.Process(target=_burn, args=(stop, share, period), daemon=True)
     proc.start()
     try:
         yield
@@ -125,7 +125,7 @@ def pairs(
             k = len(runs["on"]) % len(modes) if len(modes) > 2 else 0
             for mode in modes[k:] + modes[:k]:
                 share = statistics.median(c[2] / s for c, s in zip(cpu["on"], runs["on"])) if mode == "burn" else 0
-                with burning(share):
+                with burning(share, settings["on"]["interval_ms"] / 1000):  # at the monitor's own rhythm
                     r = workload.monitored(client, sizes, work=work, **settings[mode])
                 runs[mode].append(r["seconds"])
                 cpu[mode].append([r["cpu"], r["scheduler_cpu"], r["monitor_cpu"]])
