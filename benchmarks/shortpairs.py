@@ -24,12 +24,16 @@ spends it. Its ratio to off is what that much CPU costs the workload on this mac
 spends it; the rest of "on"'s is the monitor's own doing (the hooks on the event loops, the tagging, what its
 threads and datagrams do to the processes they share the cores with).
 
+``--lean`` adds another third round, "on" without the task stream and fine metrics (``tracking``: every other
+name): no per-task point is made, written, forwarded or sent. Its ratio to "on" is what those two cost the round.
+
 ``--graph`` runs issue 46's other per-task row instead: one graph of about 50,000 tasks (:func:`graph_tasks`)
 per round on the same 2 workers, the monitor at its default polling interval (200 ms); results in
 ``graphpairs.json``.
 
-Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S] [--control | --burn]
-[--graph]``; with ``BENCH_GPU_SOURCE=nvml`` the agent reads the node's own GPUs instead of 8 simulated ones per worker.
+Run: ``.venv/bin/python -m benchmarks.shortpairs [--pairs 24] [--after-array 7] [--seconds S]
+[--control | --burn | --lean] [--graph]``; with ``BENCH_GPU_SOURCE=nvml`` the agent reads the node's own GPUs
+instead of 8 simulated ones per worker.
 """
 
 from __future__ import annotations
@@ -43,7 +47,9 @@ import time
 
 from benchmarks import common, workload
 
-MODES = {"off": {}, "on": {"interval_ms": 50}, "attached": {"interval_ms": 50, "start": False}, "burn": {}}
+MODES = {"off": {}, "on": {"interval_ms": 50}, "attached": {"interval_ms": 50, "start": False}, "burn": {}, "lean": {}}
+NAMES = {"attached": "attached only", "burn": "off + burner", "lean": "on without the task stream"}  # in the output
+NOT_LEAN = ("task-stream", "fine-metrics")  # the tracking names a "lean" round leaves out
 GRAPH_TASKS = 50_000  # issue 46: a 50,000-task graph, 2 workers, default settings
 
 
@@ -88,17 +94,18 @@ def pairs(
     n: int,
     after_array: int = 0,
     seconds: float | None = None,
-    control: bool = False,
+    third: str | None = None,
     graph: bool = False,
-    burn: bool = False,
 ) -> dict:
-    """``{"off": [s, ...], "on": [s, ...]}`` (and ``"attached"`` with ``control``, ``"burn"`` with ``burn``): the
-    rounds' wall times, alternated (with ``control`` or ``burn``, the order rotates by one each set); no new set
-    starts once ``seconds`` have passed (a lent GPU machine's command has a time limit); ``burn``: an "off + burner"
-    round as the third (the module's docstring; it follows an "on" round in the first set). Each set is printed as it
-    ends, so that a run stopped from outside still leaves its rounds in the log. ``graph``: the rounds run
-    :func:`graph_tasks` with the monitor at its default polling interval instead of the short tasks @50 ms."""
+    """``{"off": [s, ...], "on": [s, ...]}`` (and ``third``'s, a key of :data:`NAMES`): the rounds' wall times,
+    alternated (with a third round, the order rotates by one each set); no new set starts once ``seconds`` have
+    passed (a lent GPU machine's command has a time limit); ``"burn"``: an "off + burner" round (the module's
+    docstring; it follows an "on" round in the first set). Each set is printed as it ends, so that a run stopped from
+    outside still leaves its rounds in the log. ``graph``: the rounds run :func:`graph_tasks` with the monitor at its
+    default polling interval instead of the short tasks @50 ms."""
     from distributed import Client, LocalCluster
+
+    from dask_influx_metrics import config, schema
 
     sizes = (2000, 3000, 750)
     with (
@@ -110,12 +117,12 @@ def pairs(
             for kw in workload.array_modes().values():
                 workload.monitored(client, sizes, **kw)
         deadline = None if seconds is None else time.monotonic() + seconds
-        modes = ["off", "on", "attached" if control else "burn"] if control or burn else ["off", "on"]
+        modes = ["off", "on", third] if third else ["off", "on"]
         work, sizes = (graph_tasks, (GRAPH_TASKS,)) if graph else (workload.short_tasks, (4000,))
         settings = {mode: dict(MODES[mode]) for mode in modes}
+        if third == "lean":
+            settings["lean"] = {**settings["on"], "tracking": [t for t in schema.TRACKING if t not in NOT_LEAN]}
         if graph:  # the default settings: the monitor's own polling interval
-            from dask_influx_metrics import config
-
             for mode in modes:
                 if "interval_ms" in settings[mode]:
                     settings[mode]["interval_ms"] = config.value("polling-interval")
@@ -166,21 +173,30 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=24, help="alternated off/on pairs (default 24)")
     p.add_argument("--seconds", type=float, help="start no new pair after this many seconds")
     p.add_argument("--after-array", type=int, default=0, metavar="N", help="N rounds of the array modes first")
-    p.add_argument("--control", action="store_true", help="an attached-only round in each pair too")
-    p.add_argument("--burn", action="store_true", help="an off + burner round (the monitor's CPU) in each pair too")
+    third = p.add_mutually_exclusive_group()
+    third.add_argument(
+        "--control", dest="third", action="store_const", const="attached", help="an attached-only round in each set"
+    )
+    third.add_argument(
+        "--burn", dest="third", action="store_const", const="burn", help="an off + burner round (the monitor's CPU)"
+    )
+    third.add_argument(
+        "--lean",
+        dest="third",
+        action="store_const",
+        const="lean",
+        help="an on round without the task stream and fine metrics",
+    )
     p.add_argument("--graph", action="store_true", help="the 50,000-task graph at the default settings instead")
     args = p.parse_args()
-    if args.control and args.burn:
-        p.error("--control and --burn: one third round at a time")
-    runs, cpu = pairs(args.pairs, args.after_array, args.seconds, args.control, args.graph, args.burn)
+    runs, cpu = pairs(args.pairs, args.after_array, args.seconds, args.third, args.graph)
     print("on vs off:", summary(runs["off"], runs["on"]))
     print("on vs off:", cpu_summary(cpu["off"], cpu["on"]))
-    if args.control:
-        print("attached only vs off:", summary(runs["off"], runs["attached"]))
-        print("attached only vs off:", cpu_summary(cpu["off"], cpu["attached"], "attached"))
-    if args.burn:
-        print("off + burner vs off:", summary(runs["off"], runs["burn"]))
-        print("off + burner vs off:", cpu_summary(cpu["off"], cpu["burn"], "off + burner"))
+    if args.third:
+        name = NAMES[args.third]
+        print(f"{name} vs off:", summary(runs["off"], runs[args.third]))
+        print(f"{name} vs off:", cpu_summary(cpu["off"], cpu[args.third], name))
+        print(f"on vs {name}, paired:", summary(runs[args.third], runs["on"]))
     for mode, seconds in runs.items():
         print(f"{mode:3s} {', '.join(f'{s:.2f}' for s in seconds)} s")
     path = common.write_json(
