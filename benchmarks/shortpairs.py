@@ -46,10 +46,17 @@ import statistics
 import time
 
 from benchmarks import common, workload
+from dask_influx_metrics import schema
 
-MODES = {"off": {}, "on": {"interval_ms": 50}, "attached": {"interval_ms": 50, "start": False}, "burn": {}, "lean": {}}
-NAMES = {"attached": "attached only", "burn": "off + burner", "lean": "on without the task stream"}  # in the output
 NOT_LEAN = ("task-stream", "fine-metrics")  # the tracking names a "lean" round leaves out
+MODES = {
+    "off": {},
+    "on": {"interval_ms": 50},
+    "attached": {"interval_ms": 50, "start": False},
+    "burn": {},
+    "lean": {"interval_ms": 50, "tracking": [t for t in schema.TRACKING if t not in NOT_LEAN]},
+}
+NAMES = {"attached": "attached only", "burn": "off + burner", "lean": "on without the task stream"}  # in the output
 GRAPH_TASKS = 50_000  # issue 46: a 50,000-task graph, 2 workers, default settings
 
 
@@ -105,7 +112,7 @@ def pairs(
     default polling interval instead of the short tasks @50 ms."""
     from distributed import Client, LocalCluster
 
-    from dask_influx_metrics import config, schema
+    from dask_influx_metrics import config
 
     sizes = (2000, 3000, 750)
     with (
@@ -120,8 +127,6 @@ def pairs(
         modes = ["off", "on", third] if third else ["off", "on"]
         work, sizes = (graph_tasks, (GRAPH_TASKS,)) if graph else (workload.short_tasks, (4000,))
         settings = {mode: dict(MODES[mode]) for mode in modes}
-        if third == "lean":
-            settings["lean"] = {**settings["on"], "tracking": [t for t in schema.TRACKING if t not in NOT_LEAN]}
         if graph:  # the default settings: the monitor's own polling interval
             for mode in modes:
                 if "interval_ms" in settings[mode]:
