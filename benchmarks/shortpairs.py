@@ -48,13 +48,14 @@ import time
 from benchmarks import common, workload
 from dask_influx_metrics import schema
 
+INTERVAL_MS = 50  # the short round's polling interval (the graph's: the default)
 NOT_LEAN = ("task-stream", "fine-metrics")  # the tracking names a "lean" round leaves out
 MODES = {
     "off": {},
-    "on": {"interval_ms": 50},
-    "attached": {"interval_ms": 50, "start": False},
+    "on": {"interval_ms": INTERVAL_MS},
+    "attached": {"interval_ms": INTERVAL_MS, "start": False},
     "burn": {},
-    "lean": {"interval_ms": 50, "tracking": [t for t in schema.TRACKING if t not in NOT_LEAN]},
+    "lean": {"interval_ms": INTERVAL_MS, "tracking": [t for t in schema.TRACKING if t not in NOT_LEAN]},
 }
 NAMES = {"attached": "attached only", "burn": "off + burner", "lean": "on without the task stream"}  # in the output
 GRAPH_TASKS = 50_000  # issue 46: a 50,000-task graph, 2 workers, default settings
